@@ -1,0 +1,30 @@
+"""Shared fixtures: the shared data folder, a 1-rank process group, the deepspeed launcher."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def shared_data_dir() -> Path:
+    return Path(os.environ.get("WIDENET_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    path = shared_data_dir()
+    if not path.is_dir():
+        pytest.skip(f"shared data not found at {path}; set WIDENET_SHARED_DATA to the shared/data folder")
+    return path
+
+
+@pytest.fixture(scope="session")
+def dist():
+    """A 1-rank gloo group: DeepSpeed's MoE all-to-all needs one even with ep_size 1."""
+    from widenet_ds.distributed import init_distributed
+    init_distributed()
+    yield

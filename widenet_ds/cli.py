@@ -1,0 +1,48 @@
+"""The `widenet-ds` console command: one entry, subcommands implemented where their concept lives."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from widenet_ds.errors import WideNetError
+
+# name -> (module:function, one-line help). Imported lazily so `widenet-ds params` does not pay for
+# the data pipeline's imports and vice versa.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "params": ("widenet_ds.params:cli", "parameter counts of every preset (or one config)"),
+    "train-tokenizer": ("widenet_ds.data.tokenizer:cli", "train a WordPiece vocabulary over text sources"),
+    "prepare-data": ("widenet_ds.data.prepare:cli", "build sharded MLM+SOP pretraining examples"),
+    "squad-eval": ("widenet_ds.tasks.squad_metrics:cli", "official SQuAD v1.1/v2.0 scores of a predictions file"),
+    "glue-eval": ("widenet_ds.tasks.glue_metrics:cli", "GLUE metrics of a predictions file"),
+    "convert": ("widenet_ds.convert.cli:cli", "convert checkpoints: to-folder, reshard, to-albert, from-albert"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: widenet-ds <command> [options]", "", "commands:"]
+    lines += [f"  {name:<16} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines += ["", "`widenet-ds <command> --help` shows the options of one command."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"widenet-ds: unknown command {name!r}.\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, func_name = SUBCOMMANDS[name][0].split(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    try:
+        return int(func(rest) or 0)
+    except WideNetError as err:
+        print(f"widenet-ds {name}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

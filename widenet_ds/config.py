@@ -1,0 +1,287 @@
+"""Typed, validated model configuration and the named presets.
+
+Every field is checked at construction; errors name the field and the fix. Configs round-trip through
+JSON (`to_json` / `from_json`), and unknown keys are refused rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+from widenet_ds.errors import ConfigError
+
+FORMAT_VERSION = 1
+
+NoisePolicy = Literal["gaussian", "jitter", "rsample", "none"]
+CombineWeights = Literal["raw", "renormalize"]
+BalanceLoss = Literal["switch", "widenet_tf"]
+Dispatch = Literal["deepspeed"]
+Activation = Literal["gelu", "gelu_new"]
+NormPosition = Literal["post", "pre"]
+FFNKind = Literal["moe", "dense"]
+
+
+def _check_choice(obj: Any, name: str, literal: Any) -> None:
+    choices = get_args(literal)
+    value = getattr(obj, name)
+    if value not in choices:
+        raise ConfigError(f"{type(obj).__name__}.{name} = {value!r} is not one of {list(choices)}; pick one of those.")
+
+
+def _check_positive(obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigError(f"{type(obj).__name__}.{name} = {value!r} must be a positive number.")
+
+
+def _check_fraction(obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+            raise ConfigError(f"{type(obj).__name__}.{name} = {value!r} must be in [0, 1).")
+
+
+def _from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
+    """Build a dataclass from a dict, refusing unknown keys with a did-you-mean hint."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a JSON object, got {type(data).__name__}.")
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            hint = difflib.get_close_matches(key, names, n=1)
+            fix = f" Did you mean {hint[0]!r}?" if hint else f" Known keys: {sorted(names)}."
+            raise ConfigError(f"{where}: unknown key {key!r}.{fix}")
+    return cls(**data)
+
+
+@dataclass
+class MoEConfig:
+    """The shared Mixture-of-Experts layer: router, capacity, balance loss, expert parallelism.
+
+    Defaults are the paper's NLP setting (K = 2, C = 1.2, lambda = 0.01, Gaussian logit noise with std
+    1/E, raw top-k probabilities as combine weights). DeepSpeed's own choices are options: `noise =
+    "jitter" | "rsample"`, `second_expert_sampling = True` (Gumbel sampling of the 2nd expert, training
+    only here) and `combine_weights = "renormalize"` (top-k weights rescaled to sum to 1).
+    """
+
+    num_experts: int = 4
+    top_k: int = 2
+    capacity_factor: float = 1.2
+    eval_capacity_factor: float = 2.0
+    min_capacity: int = 4
+    drop_tokens: bool = True
+    noise: NoisePolicy = "gaussian"
+    second_expert_sampling: bool = False
+    combine_weights: CombineWeights = "raw"
+    balance_loss: BalanceLoss = "switch"
+    balance_loss_weight: float = 0.01
+    ep_size: int = 1
+    dispatch: Dispatch = "deepspeed"
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "num_experts", "top_k", "capacity_factor", "eval_capacity_factor", "ep_size")
+        for name in ("num_experts", "top_k", "min_capacity", "ep_size"):
+            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
+                raise ConfigError(f"MoEConfig.{name} = {getattr(self, name)!r} must be an integer.")
+        if self.top_k > self.num_experts:
+            raise ConfigError(
+                f"MoEConfig.top_k = {self.top_k} exceeds num_experts = {self.num_experts}; "
+                f"lower top_k or add experts.")
+        if self.num_experts % self.ep_size:
+            raise ConfigError(
+                f"MoEConfig.num_experts = {self.num_experts} is not divisible by ep_size = {self.ep_size}; "
+                f"each expert-parallel rank must hold the same number of experts: pick an ep_size that "
+                f"divides {self.num_experts}.")
+        if self.min_capacity < 0:
+            raise ConfigError(f"MoEConfig.min_capacity = {self.min_capacity} must be >= 0.")
+        if self.balance_loss_weight < 0:
+            raise ConfigError(f"MoEConfig.balance_loss_weight = {self.balance_loss_weight} must be >= 0.")
+        for name, literal in (("noise", NoisePolicy), ("combine_weights", CombineWeights),
+                              ("balance_loss", BalanceLoss), ("dispatch", Dispatch)):
+            _check_choice(self, name, literal)
+        if self.noise == "rsample" and self.top_k != 1:
+            raise ConfigError(
+                "MoEConfig.noise = 'rsample' is DeepSpeed's top-1 policy; with top_k = 2 use "
+                "second_expert_sampling = true for DeepSpeed's Gumbel 2nd choice, or noise = 'gaussian'.")
+
+
+@dataclass
+class ModelConfig:
+    """A WideNet / ALBERT / BERT-with-factorized-embeddings encoder and its heads.
+
+    Sharing flags express the paper's Table 3 ablations without code forks:
+    `share_attention`, `share_ffn` (one MoE or FFN for all blocks), `share_layernorm` (ALBERT) and
+    `ffn = "dense"` (a plain FFN, not a one-expert MoE). `routing_groups` G splits the blocks into G
+    groups that reuse the routing computed at each group's first block (G = num_layers routes every block).
+    """
+
+    vocab_size: int = 30000
+    embedding_size: int = 128
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    classifier_dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    activation: Activation = "gelu"
+    norm_position: NormPosition = "post"
+    share_attention: bool = True
+    share_ffn: bool = True
+    share_layernorm: bool = False
+    ffn: FFNKind = "moe"
+    routing_groups: int | None = None
+    activation_checkpointing: bool = False
+    moe: MoEConfig = field(default_factory=MoEConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.moe, dict):
+            self.moe = _from_dict(MoEConfig, self.moe, "ModelConfig.moe")
+        _check_positive(self, "vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads",
+                        "intermediate_size", "max_position_embeddings", "type_vocab_size", "layer_norm_eps",
+                        "initializer_range")
+        _check_fraction(self, "hidden_dropout", "attention_dropout", "classifier_dropout")
+        for name, literal in (("activation", Activation), ("norm_position", NormPosition), ("ffn", FFNKind)):
+            _check_choice(self, name, literal)
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"ModelConfig.hidden_size = {self.hidden_size} is not divisible by num_heads = {self.num_heads}; "
+                f"choose num_heads dividing hidden_size (e.g. {self.hidden_size // 64 or 1} heads of 64).")
+        if self.routing_groups is None:
+            self.routing_groups = self.num_layers
+        if self.ffn == "moe":
+            if not 1 <= self.routing_groups <= self.num_layers or self.num_layers % self.routing_groups:
+                raise ConfigError(
+                    f"ModelConfig.routing_groups = {self.routing_groups} must divide num_layers = "
+                    f"{self.num_layers}; use a divisor (num_layers routes at every block).")
+            if self.routing_groups != self.num_layers and not self.share_ffn:
+                raise ConfigError(
+                    "ModelConfig.routing_groups < num_layers reuses one router's decisions across blocks, "
+                    "which needs share_ffn = true; set share_ffn = true or routing_groups = num_layers.")
+        elif self.moe.ep_size != 1:
+            raise ConfigError(
+                f"ModelConfig.ffn = 'dense' has no experts to place, but moe.ep_size = {self.moe.ep_size}; "
+                f"set moe.ep_size = 1 or ffn = 'moe'.")
+        if self.share_layernorm and not (self.share_attention and self.share_ffn):
+            raise ConfigError(
+                "ModelConfig.share_layernorm = true with unshared attention/FFN has no counterpart in the paper "
+                "or ALBERT; share attention and FFN too, or set share_layernorm = false.")
+
+    # -- derived -------------------------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.ffn == "moe"
+
+    @property
+    def num_routing_calls(self) -> int:
+        """Routing calls per forward: one per block, fewer with routing groups."""
+        return self.routing_groups if self.is_moe else 0
+
+    # -- (de)serialisation ---------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        data = dict(data)
+        data.pop("format_version", None)
+        return _from_dict(cls, data, "ModelConfig")
+
+    def to_json(self, path: str | os.PathLike) -> None:
+        payload = {"format_version": FORMAT_VERSION, **self.to_dict()}
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump(payload, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+        os.replace(tmp, path)
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> "ModelConfig":
+        try:
+            with open(path) as fh:
+                data = json.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"model config {path} does not exist; pass a JSON file or a preset name "
+                              f"({', '.join(PRESETS)}).") from None
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"model config {path} is not valid JSON: {err}.") from None
+        version = data.get("format_version", FORMAT_VERSION) if isinstance(data, dict) else None
+        if version != FORMAT_VERSION:
+            raise ConfigError(f"model config {path} has format_version {version}; this widenet-ds reads "
+                              f"version {FORMAT_VERSION}.")
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> "ModelConfig":
+        if name not in PRESETS:
+            hint = difflib.get_close_matches(name, PRESETS, n=1)
+            raise ConfigError(f"unknown preset {name!r}." + (f" Did you mean {hint[0]!r}?" if hint else "")
+                              + f" Presets: {', '.join(PRESETS)}.")
+        data = PRESETS[name]()
+        moe_overrides = overrides.pop("moe", None) or {}
+        data.update(overrides)
+        data["moe"] = {**data.get("moe", {}), **moe_overrides}
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, name_or_path: str, **overrides: Any) -> "ModelConfig":
+        """A preset name or a JSON file."""
+        if name_or_path in PRESETS:
+            return cls.from_preset(name_or_path, **overrides)
+        cfg = cls.from_json(name_or_path)
+        return cls.from_dict({**cfg.to_dict(), **overrides}) if overrides else cfg
+
+
+# --- presets ----------------------------------------------------------------------------------------
+# Base dimensions are the paper's NLP setting (= ALBERT-base): H 768, 12 heads, 12 blocks, F 3072,
+# factorized embeddings E 128, V 30000. All base presets are post-LN, like ALBERT/BERT.
+
+_BASE = dict(vocab_size=30000, embedding_size=128, hidden_size=768, num_layers=12, num_heads=12,
+             intermediate_size=3072, max_position_embeddings=512)
+_TINY = dict(vocab_size=30000, embedding_size=64, hidden_size=128, num_layers=4, num_heads=2,
+             intermediate_size=512, max_position_embeddings=512)
+_SMALL = dict(vocab_size=30000, embedding_size=128, hidden_size=256, num_layers=6, num_heads=4,
+              intermediate_size=1024, max_position_embeddings=512)
+
+_ALBERT = dict(share_attention=True, share_ffn=True, share_layernorm=True, ffn="dense")
+_BERT = dict(share_attention=False, share_ffn=False, share_layernorm=False, ffn="dense",
+             hidden_dropout=0.1, attention_dropout=0.1)
+_WIDENET = dict(share_attention=True, share_ffn=True, share_layernorm=False, ffn="moe")
+
+
+def _preset(dims: dict, kind: dict, experts: int | None = None):
+    def build() -> dict[str, Any]:
+        data = {**dims, **kind}
+        data["moe"] = {"num_experts": experts} if experts else {}
+        return data
+    return build
+
+
+PRESETS = {
+    "albert-base": _preset(_BASE, _ALBERT),
+    "bert-base-factorized": _preset(_BASE, _BERT),
+    "widenet-base-e4": _preset(_BASE, _WIDENET, 4),
+    "widenet-base-e8": _preset(_BASE, _WIDENET, 8),
+    "widenet-base-e16": _preset(_BASE, _WIDENET, 16),
+    # CPU presets for demos and tests: same structure, small dimensions.
+    "albert-small": _preset(_SMALL, _ALBERT),
+    "widenet-small-e4": _preset(_SMALL, _WIDENET, 4),
+    "albert-tiny": _preset(_TINY, _ALBERT),
+    "bert-tiny-factorized": _preset(_TINY, _BERT),
+    "widenet-tiny-e4": _preset(_TINY, _WIDENET, 4),
+}
+BASE_PRESETS = ("albert-base", "bert-base-factorized", "widenet-base-e4", "widenet-base-e8", "widenet-base-e16")

@@ -1,0 +1,422 @@
+"""`widenet-ds prepare-data`: text sources -> tokenizer + sharded ALBERT examples + manifest.
+
+The document stream is cut into partitions of about `partition_chars` characters. Partition k is
+processed with its own generator seeded by (seed, k) and written as shard `part-k` of each split, so
+the output is byte-identical for any number of workers: workers only change who computes a
+partition, never what it contains. The main process reads the sources and keeps at most
+`workers + 1` partitions in flight, so memory does not grow with the corpus.
+
+Re-runs: the settings (sources, tokenizer, example options, seed; not the worker count) are hashed
+into every shard's meta. A re-run with the same settings skips finished shards; with different
+settings it stops and names the changed keys (pass --overwrite, or use a new --output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import itertools
+import json
+import multiprocessing
+import os
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from widenet_ds.data.examples import ExampleConfig, SpecialIds, create_examples, mask_tokens
+from widenet_ds.data.sentences import sentence_spans
+from widenet_ds.data.shards import ShardBuilder, read_complete_meta, token_dtype
+from widenet_ds.data.sources import DocumentStream, SkipCounter, WeightedSource
+from widenet_ds.data.tokenizer import file_sha256, load_tokenizer, save_tokenizer, train_tokenizer
+from widenet_ds.errors import DataError
+
+FORMAT_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+SETTINGS_FILE = "prepare_settings.json"
+SPLITS = ("train", "valid")
+# Documents per tokenizer call: big enough to amortise the call, small enough that the Rust
+# encodings (tens of bytes per token) stay small.
+_ENCODE_BATCH_CHARS = 1 << 20
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    example: ExampleConfig = field(default_factory=ExampleConfig)
+    masking: str = "dynamic"
+    dupe_factor: int = 1
+    seed: int = 12345
+    valid_fraction: float = 0.01
+    partition_chars: int = 16 << 20
+
+    def __post_init__(self) -> None:
+        if self.masking not in ("static", "dynamic"):
+            raise DataError(f"--masking {self.masking!r} must be 'static' or 'dynamic'")
+        if self.dupe_factor < 1:
+            raise DataError(f"--dupe-factor {self.dupe_factor} must be at least 1")
+        if not 0.0 <= self.valid_fraction <= 0.5:
+            raise DataError(f"--valid-fraction {self.valid_fraction} must be in [0, 0.5]")
+        if self.partition_chars < 1024:
+            raise DataError(f"partition size {self.partition_chars} characters is too small (>= 1024)")
+
+    @property
+    def valid_stride(self) -> int:
+        """Every `valid_stride`-th document of each source goes to the valid split (0: none)."""
+        return round(1 / self.valid_fraction) if self.valid_fraction else 0
+
+
+@dataclass
+class PartitionResult:
+    partition: int
+    metas: dict[str, dict]      # split -> shard meta
+    counts: Counter             # documents, sentences, examples, tokens, ...
+    skipped: Counter            # reason -> count
+
+
+# ---------------------------------------------------------------- tokenize + build (worker side)
+
+class _Worker:
+    """Per-process state: built once per worker (spawned processes cannot share the tokenizer)."""
+
+    def __init__(self, tokenizer_json: str, config: PrepareConfig, settings_sha256: str, output: str):
+        self.tokenizer = Tokenizer.from_str(tokenizer_json)
+        self.ids = SpecialIds(self.tokenizer)
+        self.dtype = token_dtype(self.ids.vocab_size)
+        self.config = config
+        self.settings_sha256 = settings_sha256
+        self.output = Path(output)
+
+    def segments(self, texts: list[str], counts: Counter) -> Iterator[list[list[int]]]:
+        """Each document as a list of sentences of token ids. One tokenizer call per batch of
+        documents; sentences are cut from the token stream at the character offsets of the splitter."""
+        max_len = self.config.example.max_segment_tokens
+        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        for text, encoding in zip(texts, encodings):
+            ends = [end for _, end in sentence_spans(text)]
+            last = len(ends) - 1
+            sentences: list[list[int]] = []
+            current: list[int] = []
+            sentence = 0
+            for token, (start, _) in zip(encoding.ids, encoding.offsets):
+                if sentence < last and start >= ends[sentence]:
+                    if current:
+                        sentences.append(current)
+                        current = []
+                    while sentence < last and start >= ends[sentence]:
+                        sentence += 1
+                current.append(token)
+            if current:
+                sentences.append(current)
+            counts["sentences"] += len(sentences)
+            pieces: list[list[int]] = []
+            for tokens in sentences:
+                if len(tokens) > max_len:
+                    counts["sentences cut into pieces (longer than half an example)"] += 1
+                    pieces.extend(tokens[i:i + max_len] for i in range(0, len(tokens), max_len))
+                else:
+                    pieces.append(tokens)
+            yield pieces
+
+    def process(self, partition: int, documents: list[tuple[bool, str]]) -> PartitionResult:
+        rng = random.Random(f"partition/{self.config.seed}/{partition}")
+        counts, skipped = Counter(), Counter()
+        by_split: dict[str, list[list[list[int]]]] = {"train": [], "valid": []}
+        batch: list[tuple[bool, str]] = []
+        batch_chars = 0
+        for item in itertools.chain(documents, [None]):
+            if item is not None:
+                batch.append(item)
+                batch_chars += len(item[1])
+            if batch and (item is None or batch_chars >= _ENCODE_BATCH_CHARS):
+                texts = [text for _, text in batch]
+                for (is_valid, _), segments in zip(batch, self.segments(texts, counts)):
+                    by_split["valid" if is_valid else "train"].append(segments)
+                batch, batch_chars = [], 0
+        counts["documents"] += len(documents)
+        builders = {split: ShardBuilder(self.dtype) for split in SPLITS}
+        static = self.config.masking == "static"
+        for split in SPLITS:
+            # As BERT: the split is passed `dupe_factor` times, each with new random choices.
+            for _ in range(self.config.dupe_factor if static else 1):
+                for segments in by_split[split]:
+                    for example in create_examples(segments, self.config.example, self.ids, rng, skipped):
+                        positions, inputs = (mask_tokens(example.tokens, self.config.example, self.ids, rng)
+                                             if static else ((), ()))
+                        builders[split].add(example.tokens, example.a_length, example.sop_label, positions, inputs)
+            counts[f"{split} examples"] += len(builders[split])
+            counts["example tokens"] += len(builders[split].tokens)
+        # The train shard is written last and carries the partition's counts: once its meta exists,
+        # the whole partition is done and a re-run can report it without recomputing.
+        stats = {"counts": dict(counts), "skipped": dict(skipped)}
+        metas = {split: builders[split].write(self.output / split / f"part-{partition:05d}",
+                                              self.settings_sha256, stats if split == "train" else {})
+                 for split in ("valid", "train")}
+        return PartitionResult(partition, metas, counts, skipped)
+
+
+_WORKER: _Worker | None = None
+
+
+def _init_worker(*args) -> None:
+    global _WORKER
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
+    _WORKER = _Worker(*args)
+
+
+def _run_partition(partition: int, documents: list[tuple[bool, str]]) -> PartitionResult:
+    assert _WORKER is not None
+    return _WORKER.process(partition, documents)
+
+
+# ---------------------------------------------------------------- orchestration (main process)
+
+def _partitions(stream: DocumentStream, config: PrepareConfig) -> Iterator[list[tuple[bool, str]]]:
+    """Cut the stream into partitions; mark every `valid_stride`-th document of a source as valid."""
+    stride = config.valid_stride
+    partition: list[tuple[bool, str]] = []
+    chars = 0
+    for source_position, text in stream.numbered():
+        partition.append((bool(stride) and source_position % stride == stride - 1, text))
+        chars += len(text)
+        if chars >= config.partition_chars:
+            yield partition
+            partition, chars = [], 0
+    if partition:
+        yield partition
+
+
+def _settings(sources: list[WeightedSource], config: PrepareConfig, tokenizer_spec: str,
+              vocab_size: int, tokenizer_sha256: str | None) -> dict:
+    return {
+        "format_version": FORMAT_VERSION,
+        "sources": [{"source": repr(s.source), "weight": s.weight} for s in sources],
+        "tokenizer": tokenizer_spec if tokenizer_sha256 is None else tokenizer_sha256,
+        "train_vocab_size": vocab_size if tokenizer_spec == "train" else None,
+        **{k: v for k, v in asdict(config).items() if k != "example"},
+        **{f"example.{k}": v for k, v in asdict(config.example).items()},
+    }
+
+
+def _check_previous_settings(output: Path, settings: dict, overwrite: bool) -> None:
+    path = output / SETTINGS_FILE
+    if not path.is_file():
+        return
+    previous = json.loads(path.read_text())
+    if previous == settings:
+        return
+    changed = sorted(k for k in set(previous) | set(settings) if previous.get(k) != settings.get(k))
+    if not overwrite:
+        raise DataError(f"{output} was prepared with other settings (changed: {', '.join(changed)}); its "
+                        "shards do not match this run. Pass --overwrite to rebuild them, or use a new --output")
+    for split in SPLITS:
+        for file in (output / split).glob("part-*"):
+            file.unlink()
+    for name in ("tokenizer.json", "vocab.txt"):
+        (output / name).unlink(missing_ok=True)
+
+
+def prepare(sources: list[WeightedSource], output: Path, config: PrepareConfig, tokenizer: str = "train",
+            vocab_size: int = 30000, workers: int = 1, overwrite: bool = False,
+            progress: bool = True) -> dict:
+    """Build the data folder; return the manifest. `tokenizer`: "train" or a tokenizer/vocab path."""
+    if not sources:
+        raise DataError("no sources given; pass --source PATH (or hf:NAME) or --default-corpus")
+    if workers < 1:
+        raise DataError(f"--workers {workers} must be at least 1")
+    output.mkdir(parents=True, exist_ok=True)
+    given_sha = None if tokenizer == "train" else file_sha256(_tokenizer_file(Path(tokenizer)))
+    settings = _settings(sources, config, tokenizer, vocab_size, given_sha)
+    _check_previous_settings(output, settings, overwrite)
+    (output / MANIFEST_FILE).unlink(missing_ok=True)  # present only when the data is complete
+    _write_json(output / SETTINGS_FILE, settings)
+
+    tok = _resolve_tokenizer(sources, output, config, tokenizer, vocab_size, progress)
+    tokenizer_sha = save_tokenizer(tok, output) if given_sha or not (output / "tokenizer.json").is_file() \
+        else file_sha256(output / "tokenizer.json")
+    settings_sha = hashlib.sha256(json.dumps([settings, tokenizer_sha], sort_keys=True).encode()).hexdigest()
+
+    started = time.perf_counter()
+    stream = DocumentStream(sources, config.seed)
+    results: dict[int, PartitionResult] = {}
+    worker_args = (tok.to_str(), config, settings_sha, str(output))
+    bar = _progress_bar(progress)
+    pending: collections.deque = collections.deque()
+    pool = None
+    if workers == 1:
+        _init_worker(*worker_args)
+    else:
+        pool = multiprocessing.get_context("spawn").Pool(workers, _init_worker, worker_args)
+    try:
+        for partition, documents in enumerate(_partitions(stream, config)):
+            previous = _finished_partition(output, partition, settings_sha)
+            if previous is not None:
+                results[partition] = previous
+                bar.update(len(documents))
+                continue
+            if pool is None:
+                results[partition] = _run_partition(partition, documents)
+            else:
+                pending.append(pool.apply_async(_run_partition, (partition, documents)))
+                while len(pending) > workers:
+                    result = pending.popleft().get()
+                    results[result.partition] = result
+            bar.update(len(documents))
+            bar.set_postfix(partitions=len(results))
+        while pending:
+            result = pending.popleft().get()
+            results[result.partition] = result
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    manifest = _manifest(results, settings, tokenizer_sha, settings_sha, tok, config, stream.skipped,
+                         time.perf_counter() - started)
+    _write_json(output / MANIFEST_FILE, manifest)
+    return manifest
+
+
+def _tokenizer_file(path: Path) -> Path:
+    if path.is_dir():
+        for name in ("tokenizer.json", "vocab.txt"):
+            if (path / name).is_file():
+                return path / name
+    if not path.is_file():
+        raise DataError(f"--tokenizer {str(path)!r} does not exist; pass 'train', a tokenizer.json, a "
+                        "vocab.txt or a folder holding one")
+    return path
+
+
+def _resolve_tokenizer(sources, output, config, tokenizer, vocab_size, progress) -> Tokenizer:
+    if tokenizer != "train":
+        return load_tokenizer(tokenizer)
+    if (output / "tokenizer.json").is_file():  # trained by an earlier run with the same settings
+        return load_tokenizer(output / "tokenizer.json")
+    skipped = SkipCounter()
+    trained = train_tokenizer(DocumentStream(sources, config.seed, skipped), vocab_size, show_progress=progress)
+    if skipped and progress:
+        print(f"tokenizer training skipped: {dict(skipped)}", file=sys.stderr)
+    return trained
+
+
+def _finished_partition(output: Path, partition: int, settings_sha: str) -> PartitionResult | None:
+    metas = {}
+    for split in SPLITS:
+        meta = read_complete_meta(output / split / f"part-{partition:05d}", settings_sha)
+        if meta is None:
+            return None
+        metas[split] = meta
+    stats = metas["train"]["stats"]
+    return PartitionResult(partition, metas, Counter(stats["counts"]), Counter(stats["skipped"]))
+
+
+def _manifest(results: dict[int, PartitionResult], settings: dict, tokenizer_sha: str, settings_sha: str,
+              tok: Tokenizer, config: PrepareConfig, source_skips: Counter, seconds: float) -> dict:
+    if not results:
+        raise DataError("the sources hold no documents (empty files or only blank lines); nothing to prepare")
+    counts, skipped = Counter(), Counter(source_skips)
+    for result in results.values():
+        counts.update(result.counts)
+        skipped.update(result.skipped)
+    splits = {}
+    for split in SPLITS:
+        shards = [{"name": f"{split}/part-{p:05d}", **{k: results[p].metas[split][k]
+                                                       for k in ("examples", "tokens", "masks", "bin_bytes", "bin_sha256")}}
+                  for p in sorted(results)]
+        shards = [s for s in shards if s["examples"]]
+        splits[split] = {"examples": sum(s["examples"] for s in shards),
+                         "tokens": sum(s["tokens"] for s in shards), "shards": shards}
+    if not splits["train"]["examples"]:
+        raise DataError(f"no training examples could be built ({counts['documents']} documents, skipped: "
+                        f"{dict(skipped)}); documents need at least two sentences for sentence-order pairs")
+    vocab_size = tok.get_vocab_size()
+    return {
+        "format_version": FORMAT_VERSION,
+        "seq_length": config.example.seq_length,
+        "vocab_size": vocab_size,
+        "dtype": token_dtype(vocab_size).name,
+        "masking": config.masking,
+        "max_predictions_per_seq": config.example.max_predictions,
+        "masked_lm_prob": config.example.masked_lm_prob,
+        "max_ngram": config.example.max_ngram,
+        "seed": config.seed,
+        "tokenizer_sha256": tokenizer_sha,
+        "settings_sha256": settings_sha,
+        "settings": settings,
+        "splits": splits,
+        "summary": {"counts": dict(sorted(counts.items())), "skipped": dict(sorted(skipped.items())),
+                    "seconds": round(seconds, 2)},
+    }
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _progress_bar(enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(unit=" docs", desc="prepare-data", disable=not enabled, file=sys.stderr)
+
+
+def format_summary(manifest: dict) -> str:
+    summary = manifest["summary"]
+    lines = [f"prepared {manifest['splits']['train']['examples']} train / {manifest['splits']['valid']['examples']}"
+             f" valid examples of {manifest['seq_length']} tokens in {summary['seconds']} s"]
+    lines += [f"  {name}: {value}" for name, value in summary["counts"].items()]
+    lines += [f"  skipped {value}: {reason}" for reason, value in summary["skipped"].items()]
+    return "\n".join(lines)
+
+
+def cli(argv: list[str]) -> int:
+    """`widenet-ds prepare-data`: build sharded ALBERT MLM+SOP examples and their tokenizer."""
+    from widenet_ds.data.default_corpus import DefaultCorpusSource
+    from widenet_ds.data.sources import parse_source
+
+    parser = argparse.ArgumentParser(prog="widenet-ds prepare-data", description=cli.__doc__)
+    parser.add_argument("--source", action="append", default=[], metavar="PATH[:WEIGHT]",
+                        help="text file/folder, .jsonl, .parquet, or hf:NAME[@CONFIG] (hf:wikipedia, "
+                             "hf:bookcorpus); repeatable; WEIGHT repeats (>1) or subsamples (<1) documents")
+    parser.add_argument("--default-corpus", action="store_true", help="add the embedded English corpus")
+    parser.add_argument("--text-field", default="text", help="JSON/Parquet/HF field holding the text")
+    parser.add_argument("--document-per-file", action="store_true",
+                        help="a text file is one document (default: one per blank-line block)")
+    parser.add_argument("--tokenizer", default="train", help="'train', or a tokenizer.json / vocab.txt / folder")
+    parser.add_argument("--vocab-size", type=int, default=30000, help="when training the tokenizer")
+    parser.add_argument("--seq-length", type=int, default=128)
+    parser.add_argument("--short-seq-prob", type=float, default=0.1)
+    parser.add_argument("--masked-lm-prob", type=float, default=0.15)
+    parser.add_argument("--max-predictions-per-seq", type=int, default=None)
+    parser.add_argument("--max-ngram", type=int, default=3)
+    parser.add_argument("--masking", choices=("static", "dynamic"), default="dynamic",
+                        help="static: masks drawn once and stored (x dupe-factor); dynamic: in the loader")
+    parser.add_argument("--dupe-factor", type=int, default=1, help="static masking: copies with new masks")
+    parser.add_argument("--valid-fraction", type=float, default=0.01)
+    parser.add_argument("--partition-mb", type=float, default=16, help="text per shard (millions of chars)")
+    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--seed", type=int, default=12345)
+    parser.add_argument("--overwrite", action="store_true", help="rebuild shards made with other settings")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+
+    sources = [parse_source(spec, args.text_field, args.document_per_file) for spec in args.source]
+    if args.default_corpus:
+        sources.append(WeightedSource(DefaultCorpusSource()))
+    example = ExampleConfig(args.seq_length, args.short_seq_prob, args.masked_lm_prob,
+                            args.max_predictions_per_seq, args.max_ngram)
+    config = PrepareConfig(example, args.masking, args.dupe_factor, args.seed, args.valid_fraction,
+                           int(args.partition_mb * (1 << 20)))
+    manifest = prepare(sources, args.output, config, args.tokenizer, args.vocab_size, args.workers,
+                       args.overwrite, progress=not args.no_progress)
+    print(format_summary(manifest))
+    print(f"data written to {args.output}")
+    return 0

@@ -1,0 +1,122 @@
+"""BERT-style uncased WordPiece tokenizer: train one with `tokenizers`, or load `vocab.txt`/`tokenizer.json`.
+
+The tokenizer is saved next to the prepared data (`tokenizer.json` + `vocab.txt`) and the manifest
+records the SHA-256 of `tokenizer.json`, so pretraining and finetuning provably use the same one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import Tokenizer
+from tokenizers.implementations import BertWordPieceTokenizer
+
+from widenet_ds.errors import DataError
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+TOKENIZER_FILE = "tokenizer.json"
+VOCAB_FILE = "vocab.txt"
+
+
+def train_tokenizer(documents: Iterable[str], vocab_size: int = 30000, min_frequency: int = 2,
+                    show_progress: bool = True) -> Tokenizer:
+    """Train an uncased WordPiece vocabulary (BERT normalisation: lower-case, strip accents,
+    split CJK characters) over `documents`, streamed."""
+    if vocab_size < 100:
+        raise DataError(f"--vocab-size {vocab_size} is too small for WordPiece; use at least 100 "
+                        "(BERT uses 30522, ALBERT 30000)")
+    wordpiece = BertWordPieceTokenizer(lowercase=True, clean_text=True, handle_chinese_chars=True)
+    wordpiece.train_from_iterator(documents, vocab_size=vocab_size, min_frequency=min_frequency,
+                                  special_tokens=list(SPECIAL_TOKENS), limit_alphabet=1000,
+                                  wordpieces_prefix="##", show_progress=show_progress)
+    tokenizer = wordpiece._tokenizer  # the plain `tokenizers.Tokenizer` inside the helper class
+    if tokenizer.get_vocab_size() <= len(SPECIAL_TOKENS):
+        raise DataError("the tokenizer learned no vocabulary: the training text is empty")
+    return tokenizer
+
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    """A data folder (its `tokenizer.json`, else `vocab.txt`), a `tokenizer.json` or a `vocab.txt`."""
+    path = Path(path)
+    if path.is_dir():
+        for name in (TOKENIZER_FILE, VOCAB_FILE):
+            if (path / name).is_file():
+                return load_tokenizer(path / name)
+        raise DataError(f"{path} holds neither {TOKENIZER_FILE} nor {VOCAB_FILE}; pass the data folder "
+                        "written by `widenet-ds prepare-data` or a tokenizer file")
+    if not path.is_file():
+        raise DataError(f"tokenizer {str(path)!r} does not exist; pass a tokenizer.json, a vocab.txt or "
+                        "a folder holding one")
+    if path.suffix == ".json":
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as err:  # tokenizers raises a bare Exception on malformed JSON
+            raise DataError(f"{path} is not a valid tokenizers JSON file: {err}") from err
+    else:
+        tokenizer = BertWordPieceTokenizer(str(path), lowercase=True)._tokenizer
+    missing = [token for token in SPECIAL_TOKENS if tokenizer.token_to_id(token) is None]
+    if missing:
+        raise DataError(f"tokenizer {path} lacks the special tokens {missing}; a BERT-style WordPiece "
+                        "vocabulary needs [PAD] [UNK] [CLS] [SEP] [MASK]")
+    return tokenizer
+
+
+def save_tokenizer(tokenizer: Tokenizer, folder: Path) -> str:
+    """Write `tokenizer.json` and `vocab.txt` into `folder` (atomically); return the JSON's SHA-256."""
+    folder.mkdir(parents=True, exist_ok=True)
+    json_tmp = folder / f".{TOKENIZER_FILE}.tmp"
+    tokenizer.save(str(json_tmp))
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    if [index for _, index in vocab] != list(range(len(vocab))):
+        raise DataError("tokenizer ids are not contiguous from 0; cannot write vocab.txt")
+    vocab_tmp = folder / f".{VOCAB_FILE}.tmp"
+    vocab_tmp.write_text("".join(token + "\n" for token, _ in vocab), encoding="utf-8")
+    os.replace(json_tmp, folder / TOKENIZER_FILE)
+    os.replace(vocab_tmp, folder / VOCAB_FILE)
+    return file_sha256(folder / TOKENIZER_FILE)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def cli(argv: list[str]) -> int:
+    """`widenet-ds train-tokenizer`: train a WordPiece vocabulary and save it into --output."""
+    from widenet_ds.data.sources import DocumentStream, SkipCounter, WeightedSource, parse_source
+    from widenet_ds.data.default_corpus import DefaultCorpusSource
+
+    parser = argparse.ArgumentParser(prog="widenet-ds train-tokenizer", description=cli.__doc__)
+    parser.add_argument("--source", action="append", default=[], metavar="PATH[:WEIGHT]",
+                        help="text file/folder, .jsonl, .parquet or hf:NAME[@CONFIG]; repeatable")
+    parser.add_argument("--default-corpus", action="store_true",
+                        help="add the embedded English corpus (needs no network)")
+    parser.add_argument("--text-field", default="text", help="JSON/Parquet/HF field holding the text")
+    parser.add_argument("--document-per-file", action="store_true",
+                        help="a text file is one document (default: one per blank-line block)")
+    parser.add_argument("--vocab-size", type=int, default=30000)
+    parser.add_argument("--min-frequency", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=12345, help="seed of the weighted source mix")
+    parser.add_argument("--output", required=True, type=Path, help="folder for tokenizer.json + vocab.txt")
+    args = parser.parse_args(argv)
+
+    sources = [parse_source(spec, args.text_field, args.document_per_file) for spec in args.source]
+    if args.default_corpus:
+        sources.append(WeightedSource(DefaultCorpusSource()))
+    if not sources:
+        parser.error("give at least one --source or --default-corpus")
+    skipped = SkipCounter()
+    tokenizer = train_tokenizer(DocumentStream(sources, args.seed, skipped), args.vocab_size,
+                                args.min_frequency)
+    sha = save_tokenizer(tokenizer, args.output)
+    print(f"vocabulary of {tokenizer.get_vocab_size()} tokens saved to {args.output} (sha256 {sha[:12]})")
+    for reason, count in sorted(skipped.items()):
+        print(f"  skipped {count} records: {reason}")
+    return 0

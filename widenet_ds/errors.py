@@ -1,0 +1,21 @@
+"""User-facing errors. Each message names the problem and the fix."""
+
+
+class WideNetError(Exception):
+    """Base class of every error caused by user input (configs, data, checkpoints, launch)."""
+
+
+class ConfigError(WideNetError, ValueError):
+    """A model, training or DeepSpeed configuration that cannot work."""
+
+
+class DataError(WideNetError, ValueError):
+    """Input data that is missing, malformed or does not match the run."""
+
+
+class CheckpointError(WideNetError, ValueError):
+    """A checkpoint or exported folder that is missing, partial or of another model."""
+
+
+class LaunchError(WideNetError, RuntimeError):
+    """A launch environment (hostfile, Slurm, MPI, world size) that cannot run the job."""

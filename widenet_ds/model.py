@@ -1,0 +1,373 @@
+"""WideNet encoder and its heads (pretraining MLM + SOP, GLUE classification/regression, SQuAD spans).
+
+Reads top-down: outputs, embeddings, attention, encoder (the sharing), heads, task models. Sharing is a
+loop over one module (a ModuleList of length 1 when shared, D when not), never copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from widenet_ds.config import ModelConfig
+from widenet_ds.moe import FeedForward, MoEFeedForward, Routing
+
+
+# --- outputs ----------------------------------------------------------------------------------------
+@dataclass
+class RoutingStats:
+    """Per routing call (one per block, or per routing group): how the shared MoE spread the tokens."""
+
+    expert_counts: Tensor      # [calls, E] routes assigned per expert (before capacity dropping)
+    dropped_fraction: Tensor   # [calls] fraction of routes dropped by capacity
+
+    @property
+    def expert_load(self) -> Tensor:
+        """[calls, E] fraction of routes per expert."""
+        counts = self.expert_counts.float()
+        return counts / counts.sum(dim=1, keepdim=True).clamp(min=1)
+
+
+@dataclass
+class EncoderOutput:
+    sequence: Tensor                     # [B, S, H]
+    pooled: Tensor                       # [B, H]
+    balance_loss: Tensor                 # sum over routing calls (unweighted)
+    routing: RoutingStats | None
+
+
+@dataclass
+class PreTrainingOutput:
+    loss: Tensor | None
+    mlm_loss: Tensor | None
+    sop_loss: Tensor | None
+    balance_loss: Tensor
+    mlm_logits: Tensor
+    sop_logits: Tensor
+    routing: RoutingStats | None = None
+
+
+@dataclass
+class ClassificationOutput:
+    loss: Tensor | None
+    task_loss: Tensor | None
+    balance_loss: Tensor
+    logits: Tensor                       # [B, num_labels] ([B, 1] for regression)
+    routing: RoutingStats | None = None
+
+
+@dataclass
+class QuestionAnsweringOutput:
+    loss: Tensor | None
+    task_loss: Tensor | None
+    balance_loss: Tensor
+    start_logits: Tensor                 # [B, S]
+    end_logits: Tensor                   # [B, S]
+    routing: RoutingStats | None = None
+
+
+# --- embeddings -------------------------------------------------------------------------------------
+class FactorizedEmbeddings(nn.Module):
+    """ALBERT's factorized embeddings: V x E_emb tables, LayerNorm(E_emb), then a projection E_emb -> H."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.word = nn.Embedding(cfg.vocab_size, cfg.embedding_size)
+        self.position = nn.Embedding(cfg.max_position_embeddings, cfg.embedding_size)
+        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.embedding_size)
+        self.norm = nn.LayerNorm(cfg.embedding_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+        self.projection = nn.Linear(cfg.embedding_size, cfg.hidden_size)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word(input_ids) + self.position(positions)[None] + self.token_type(token_type_ids)
+        return self.projection(self.dropout(self.norm(x)))
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.output = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.attention_dropout = cfg.attention_dropout
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def forward(self, x: Tensor, attend: Tensor) -> Tensor:
+        # x: [B, S, H]; attend: bool [B, 1, 1, S], True where a key may be attended
+        batch, seq, hidden = x.shape
+
+        def heads(t: Tensor) -> Tensor:  # [B, S, H] -> [B, heads, S, head_dim]
+            return t.view(batch, seq, self.num_heads, -1).transpose(1, 2)
+
+        context = F.scaled_dot_product_attention(
+            heads(self.query(x)), heads(self.key(x)), heads(self.value(x)), attn_mask=attend,
+            dropout_p=self.attention_dropout if self.training else 0.0)
+        return self.dropout(self.output(context.transpose(1, 2).reshape(batch, seq, hidden)))
+
+
+# --- encoder ----------------------------------------------------------------------------------------
+class WideNetEncoder(nn.Module):
+    """D blocks over (possibly) shared attention and FFN/MoE, each block with its own two LayerNorms.
+
+    post-LN (BERT/ALBERT): x = LN_att_i(x + MHA(x)); x = LN_ffn_i(x + FFN(x))
+    pre-LN (paper eq. 6-8): x = x + MHA(LN_att_i(x)); x = x + FFN(LN_ffn_i(x)); final LayerNorm at the end.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        blocks = cfg.num_layers
+
+        def copies(make, shared: bool) -> nn.ModuleList:
+            return nn.ModuleList(make() for _ in range(1 if shared else blocks))
+
+        def layer_norm() -> nn.LayerNorm:
+            return nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+        self.attention = copies(lambda: SelfAttention(cfg), cfg.share_attention)
+        if cfg.is_moe:
+            self.ffn = copies(lambda: MoEFeedForward(cfg), cfg.share_ffn)
+        else:
+            self.ffn = copies(lambda: FeedForward(cfg.hidden_size, cfg.intermediate_size, cfg.activation),
+                              cfg.share_ffn)
+        self.attention_norm = copies(layer_norm, cfg.share_layernorm)
+        self.ffn_norm = copies(layer_norm, cfg.share_layernorm)
+        self.final_norm = layer_norm() if cfg.norm_position == "pre" else None
+        self.ffn_dropout = nn.Dropout(cfg.hidden_dropout)
+        self.blocks_per_routing_group = blocks // cfg.routing_groups if cfg.is_moe else 1
+
+    def _block(self, i: int, x: Tensor, attend: Tensor,
+               routing: Routing | None) -> tuple[Tensor, Routing | None]:
+        pick = lambda modules: modules[0 if len(modules) == 1 else i]  # noqa: E731
+        attention, ffn, ln_att, ln_ffn = (pick(self.attention), pick(self.ffn),
+                                          pick(self.attention_norm), pick(self.ffn_norm))
+
+        def feed_forward(h: Tensor) -> tuple[Tensor, Routing | None]:
+            if self.cfg.is_moe:
+                out, used = ffn(h, routing)
+                return self.ffn_dropout(out), used
+            return self.ffn_dropout(ffn(h)), None
+
+        if self.cfg.norm_position == "post":
+            x = ln_att(x + attention(x, attend))
+            out, routing = feed_forward(x)
+            return ln_ffn(x + out), routing
+        x = x + attention(ln_att(x), attend)
+        out, routing = feed_forward(ln_ffn(x))
+        return x + out, routing
+
+    def forward(self, x: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor, RoutingStats | None]:
+        attend = attention_mask.bool()[:, None, None, :]
+        routings: list[Routing] = []
+        routing = None
+        for i in range(self.cfg.num_layers):
+            # Routing groups: the group's first block routes, the others reuse its decisions.
+            reuse = routing if i % self.blocks_per_routing_group else None
+            if self.cfg.activation_checkpointing and self.training:
+                # Non-reentrant: shared weights are used by every block, which reentrant checkpointing under
+                # ZeRO 2 reports as "gradient computed twice".
+                x, used = checkpoint(self._block, i, x, attend, reuse, use_reentrant=False)
+            else:
+                x, used = self._block(i, x, attend, reuse)
+            if used is not None and reuse is None:
+                routings.append(used)
+            routing = used
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        if not routings:
+            return x, x.new_zeros(()), None
+        balance = torch.stack([r.balance_loss for r in routings]).sum()
+        stats = RoutingStats(
+            expert_counts=torch.stack([r.expert_counts for r in routings]),
+            dropped_fraction=torch.stack([r.dropped_routes.float() / r.expert_index.numel() for r in routings]))
+        return x, balance, stats
+
+
+class WideNetModel(nn.Module):
+    """Embeddings + encoder + pooler: the body every task model shares."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embeddings = FactorizedEmbeddings(cfg)
+        self.encoder = WideNetEncoder(cfg)
+        self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None) -> EncoderOutput:
+        # input_ids: [B, S]
+        if input_ids.shape[1] > self.cfg.max_position_embeddings:
+            from widenet_ds.errors import ConfigError
+            raise ConfigError(f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings = "
+                              f"{self.cfg.max_position_embeddings}; truncate inputs to that length.")
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        x = self.embeddings(input_ids, token_type_ids)
+        x, balance, routing = self.encoder(x, attention_mask)
+        pooled = torch.tanh(self.pooler(x[:, 0]))
+        return EncoderOutput(x, pooled, balance, routing)
+
+
+# --- heads ------------------------------------------------------------------------------------------
+class MaskedLMHead(nn.Module):
+    """H -> E_emb, activation, LayerNorm, then the decoder tied to the word embeddings (+ bias)."""
+
+    def __init__(self, cfg: ModelConfig, word_embeddings: nn.Embedding) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.embedding_size)
+        self.norm = nn.LayerNorm(cfg.embedding_size, eps=cfg.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        self.approximate = "tanh" if cfg.activation == "gelu_new" else "none"
+        self.word_embeddings = [word_embeddings]  # a list: tied, not registered a second time
+
+    def forward(self, sequence: Tensor) -> Tensor:
+        h = self.norm(F.gelu(self.dense(sequence), approximate=self.approximate))
+        return F.linear(h, self.word_embeddings[0].weight, self.bias)
+
+
+def _init_weights(model: nn.Module, cfg: ModelConfig) -> None:
+    """BERT/ALBERT initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms.
+
+    Non-expert parameters draw from the global RNG in module order; experts draw from their own
+    generator keyed by the global expert index, so the model is the same whatever the ep_size.
+    """
+    experts = {id(p) for m in model.modules() if isinstance(m, MoEFeedForward) for p in m.experts.parameters()}
+    for module in model.modules():
+        params = list(module.parameters(recurse=False))
+        if any(id(p) in experts for p in params):
+            continue
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=cfg.initializer_range)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+    base_seed = torch.initial_seed()
+    for module in model.modules():
+        if isinstance(module, MoEFeedForward):
+            for expert, index in zip(module.experts, module.global_expert_indices()):
+                generator = torch.Generator().manual_seed((base_seed * 1_000_003 + index) % (2 ** 63))
+                for linear in (expert.fc_in, expert.fc_out):
+                    weight = torch.empty(linear.weight.shape).normal_(0.0, cfg.initializer_range, generator=generator)
+                    with torch.no_grad():
+                        linear.weight.copy_(weight)
+                        linear.bias.zero_()
+
+
+class WideNetPreTrainedModel(nn.Module):
+    """Shared plumbing of the task models: init, expert groups, the body's balance-loss bookkeeping."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.widenet = WideNetModel(cfg)
+
+    def post_init(self) -> None:
+        _init_weights(self, self.cfg)
+
+    def ensure_process_groups(self) -> None:
+        """Expert-parallel groups for use outside a DeepSpeed engine (the engine makes them itself)."""
+        for module in self.modules():
+            if isinstance(module, MoEFeedForward):
+                module.ensure_process_groups()
+
+    def _total_loss(self, task_loss: Tensor | None, balance: Tensor) -> Tensor | None:
+        if task_loss is None:
+            return None
+        if self.cfg.is_moe:
+            return task_loss + self.cfg.moe.balance_loss_weight * balance
+        return task_loss
+
+    @classmethod
+    def from_pretrained(cls, folder, **kwargs):
+        from widenet_ds.checkpoint_folder import load_pretrained
+        return load_pretrained(cls, folder, **kwargs)
+
+
+class WideNetForPreTraining(WideNetPreTrainedModel):
+    """MLM + sentence-order prediction (ALBERT)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.mlm_head = MaskedLMHead(cfg, self.widenet.embeddings.word)
+        self.sop_dropout = nn.Dropout(cfg.classifier_dropout)
+        self.sop_head = nn.Linear(cfg.hidden_size, 2)
+        self.post_init()
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None, mlm_labels: Tensor | None = None,
+                sop_labels: Tensor | None = None) -> PreTrainingOutput:
+        body = self.widenet(input_ids, token_type_ids, attention_mask)
+        mlm_logits = self.mlm_head(body.sequence)                         # [B, S, V]
+        sop_logits = self.sop_head(self.sop_dropout(body.pooled))         # [B, 2]
+        mlm_loss = sop_loss = None
+        if mlm_labels is not None:
+            mlm_loss = F.cross_entropy(mlm_logits.reshape(-1, mlm_logits.shape[-1]).float(),
+                                       mlm_labels.reshape(-1), ignore_index=-100)
+        if sop_labels is not None:
+            sop_loss = F.cross_entropy(sop_logits.float(), sop_labels)
+        task = None
+        if mlm_loss is not None or sop_loss is not None:
+            task = sum(l for l in (mlm_loss, sop_loss) if l is not None)
+        return PreTrainingOutput(self._total_loss(task, body.balance_loss), mlm_loss, sop_loss,
+                                 body.balance_loss, mlm_logits, sop_logits, body.routing)
+
+
+class WideNetForSequenceClassification(WideNetPreTrainedModel):
+    """GLUE: classification on the pooled [CLS] (num_labels = 1 is regression, e.g. STS-B)."""
+
+    def __init__(self, cfg: ModelConfig, num_labels: int) -> None:
+        super().__init__(cfg)
+        self.num_labels = num_labels
+        self.dropout = nn.Dropout(cfg.classifier_dropout)
+        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
+        self.post_init()
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None, labels: Tensor | None = None) -> ClassificationOutput:
+        body = self.widenet(input_ids, token_type_ids, attention_mask)
+        logits = self.classifier(self.dropout(body.pooled))
+        task_loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                task_loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            else:
+                task_loss = F.cross_entropy(logits.float(), labels)
+        return ClassificationOutput(self._total_loss(task_loss, body.balance_loss), task_loss,
+                                    body.balance_loss, logits, body.routing)
+
+
+class WideNetForQuestionAnswering(WideNetPreTrainedModel):
+    """SQuAD: start/end logits per token; position 0 ([CLS]) is the null answer of SQuAD 2.0."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.qa_outputs = nn.Linear(cfg.hidden_size, 2)
+        self.post_init()
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None, start_positions: Tensor | None = None,
+                end_positions: Tensor | None = None) -> QuestionAnsweringOutput:
+        body = self.widenet(input_ids, token_type_ids, attention_mask)
+        start_logits, end_logits = self.qa_outputs(body.sequence).float().unbind(dim=-1)
+        if attention_mask is not None:
+            # Padding can never be an answer boundary.
+            start_logits = start_logits.masked_fill(attention_mask == 0, -1e4)
+            end_logits = end_logits.masked_fill(attention_mask == 0, -1e4)
+        task_loss = None
+        if start_positions is not None and end_positions is not None:
+            task_loss = (F.cross_entropy(start_logits, start_positions)
+                         + F.cross_entropy(end_logits, end_positions)) / 2
+        return QuestionAnsweringOutput(self._total_loss(task_loss, body.balance_loss), task_loss,
+                                       body.balance_loss, start_logits, end_logits, body.routing)

@@ -1,0 +1,90 @@
+"""Finetuning defaults per task. Every field can be overridden; `source` says where the numbers come from.
+
+- "widenet-table7": the WideNet paper's Table 7 (MNLI, SST-2, SQuAD v1.1 / v2.0).
+- "albert+widenet-moe": steps, warmup, batch, lr and dropout of the ALBERT paper's finetuning table
+  (Lan et al. 2020, appendix A.4; WideNet takes MNLI and SQuAD unchanged from it), with the MoE
+  settings WideNet uses for GLUE (C = 1.2, lambda = 0.01). Not given by the WideNet paper: a stated
+  default, not a reproduction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from widenet_ds.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class FinetuneRecipe:
+    steps: int
+    warmup_steps: int
+    batch_size: int  # global, over all ranks and accumulation steps
+    learning_rate: float
+    capacity_factor: float  # MoE capacity C during finetuning
+    balance_weight: float  # lambda, weight of the load-balance loss
+    dropout: float  # hidden/attention dropout of the encoder
+    classifier_dropout: float
+    max_seq_length: int
+    source: str
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "max_seq_length"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.warmup_steps <= self.steps:
+            raise ConfigError(f"warmup_steps must be in [0, steps={self.steps}], got {self.warmup_steps}")
+        if self.learning_rate <= 0:
+            raise ConfigError(f"learning_rate must be positive, got {self.learning_rate}")
+        if self.capacity_factor <= 0:
+            raise ConfigError(f"capacity_factor must be positive, got {self.capacity_factor}")
+        if self.balance_weight < 0:
+            raise ConfigError(f"balance_weight must be >= 0, got {self.balance_weight}")
+        for name in ("dropout", "classifier_dropout"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+
+
+def _albert(steps, warmup, batch, lr, dropout) -> FinetuneRecipe:
+    return FinetuneRecipe(steps, warmup, batch, lr, capacity_factor=1.2, balance_weight=0.01, dropout=dropout,
+                          classifier_dropout=0.1, max_seq_length=512, source="albert+widenet-moe")
+
+
+def _table7(steps, warmup, batch, lr, c, lam, dropout, max_len) -> FinetuneRecipe:
+    return FinetuneRecipe(steps, warmup, batch, lr, capacity_factor=c, balance_weight=lam, dropout=dropout,
+                          classifier_dropout=0.1, max_seq_length=max_len, source="widenet-table7")
+
+
+RECIPES: dict[str, FinetuneRecipe] = {
+    "CoLA": _albert(5336, 320, 16, 1e-5, 0.0),
+    "STS-B": _albert(3598, 214, 16, 2e-5, 0.0),
+    "SST-2": _table7(5234, 314, 128, 4e-5, 1.2, 0.01, 0.0, 512),
+    "MNLI": _table7(10000, 1000, 128, 3e-5, 1.2, 0.01, 0.0, 512),
+    "QNLI": _albert(33112, 1986, 32, 1e-5, 0.0),
+    "QQP": _albert(14000, 1000, 128, 5e-5, 0.1),
+    "RTE": _albert(800, 200, 32, 3e-5, 0.1),
+    "MRPC": _albert(800, 200, 32, 2e-5, 0.0),
+    "WNLI": _albert(2000, 250, 16, 2e-5, 0.1),
+    "SQuAD1.1": _table7(3649, 365, 48, 5e-5, 2.0, 0.0, 0.1, 384),
+    "SQuAD2.0": _table7(8144, 814, 48, 3e-5, 1.2, 0.01, 0.0, 512),
+}
+
+
+def recipe_for(task: str, **overrides) -> FinetuneRecipe:
+    """The default recipe of `task` (a GLUE name in any spelling, or SQuAD1.1 / SQuAD2.0) with overrides;
+    None-valued overrides are ignored so argparse defaults of None pass through."""
+    from widenet_ds.tasks.glue import get_glue_task
+
+    squad = {"squad1.1": "SQuAD1.1", "squad": "SQuAD1.1", "squad2.0": "SQuAD2.0", "squad_v2": "SQuAD2.0"}
+    name = squad.get(task.lower()) or get_glue_task(task).name
+    if name not in RECIPES:
+        raise ConfigError(f"{name} has no finetuning recipe (the diagnostic AX set is predicted by the MNLI model)")
+    known = {f.name for f in dataclasses.fields(FinetuneRecipe)} - {"source"}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ConfigError(f"unknown recipe fields {unknown}; known: {sorted(known)}")
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    recipe = RECIPES[name]
+    if changes:
+        recipe = dataclasses.replace(recipe, **changes, source=f"{recipe.source} + overrides {sorted(changes)}")
+    return recipe

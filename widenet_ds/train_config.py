@@ -1,0 +1,127 @@
+"""Pretraining settings: one typed, validated place, built from the command line.
+
+Batch sizes, learning rate, schedule, precision and ZeRO live ONLY in the DeepSpeed JSON (users bring
+their own; see ds_configs/README.md); the model lives in its model config; the sequence length and
+vocabulary come from the prepared data's manifest. Nothing here repeats any of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, get_args
+
+from widenet_ds.errors import ConfigError
+
+OptimizerChoice = Literal["auto", "deepspeed-fused", "torch-lamb"]
+LATEST = "latest"
+
+
+@dataclass
+class PretrainConfig:
+    """Everything a pretraining run needs besides the DeepSpeed JSON and the model config.
+
+    `max_steps` counts optimizer steps; it defaults to the schedule's `total_num_steps` in the
+    DeepSpeed JSON. `resume` is None (a fresh run), "latest" (the newest complete checkpoint in
+    `output_dir`, or a fresh start when there is none yet, so a requeued job simply continues) or a
+    checkpoint folder. `init_from` starts a new phase (e.g. phase 2, seq 512) from the weights of
+    another run's checkpoint, with a fresh optimizer and schedule.
+    """
+
+    model_config: str  # a preset name or a model-config JSON file
+    deepspeed_config: Path
+    data_dir: Path
+    output_dir: Path
+    max_steps: int | None = None
+    log_interval: int = 10
+    save_interval: int = 1000
+    keep_last: int = 3
+    eval_interval: int = 1000  # 0: no validation
+    eval_batches: int = 20
+    seed: int = 1234
+    activation_checkpointing: bool | None = None  # None: as the model config says
+    optimizer: OptimizerChoice = "auto"
+    resume: str | None = None
+    init_from: Path | None = None
+    tensorboard: bool = True
+    progress_bar: bool = True
+
+    def __post_init__(self) -> None:
+        self.deepspeed_config = Path(self.deepspeed_config)
+        self.data_dir = Path(self.data_dir)
+        self.output_dir = Path(self.output_dir)
+        if self.init_from is not None:
+            self.init_from = Path(self.init_from)
+        if self.max_steps is not None and self.max_steps <= 0:
+            raise ConfigError(f"--max-steps must be positive, got {self.max_steps}.")
+        for name in ("log_interval", "save_interval", "keep_last", "eval_batches"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}.")
+        if self.eval_interval < 0:
+            raise ConfigError(f"--eval-interval must be >= 0 (0 turns validation off), got {self.eval_interval}.")
+        if self.optimizer not in get_args(OptimizerChoice):
+            raise ConfigError(f"--optimizer {self.optimizer!r} is not one of {list(get_args(OptimizerChoice))}.")
+        if self.resume is not None and self.init_from is not None:
+            raise ConfigError("--resume continues a run and --init-from starts a new phase from another run's "
+                              "weights; pass only one of them.")
+        if not self.deepspeed_config.is_file():
+            raise ConfigError(f"DeepSpeed config {self.deepspeed_config} does not exist; pass --deepspeed_config "
+                              f"with a JSON file, e.g. ds_configs/cpu_small.json (see ds_configs/README.md).")
+        if self.output_dir.exists() and not self.output_dir.is_dir():
+            raise ConfigError(f"--output-dir {self.output_dir} exists and is not a directory.")
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.output_dir / "checkpoints"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="run_pretrain.py",
+        description="WideNet / ALBERT MLM+SOP pretraining on DeepSpeed. Start it with the `deepspeed` "
+                    "launcher (or launcher.sh, srun, mpiexec). Batch sizes, learning rate, schedule, "
+                    "precision and ZeRO stage come from the DeepSpeed JSON only.")
+    parser.add_argument("--model-config", required=True,
+                        help="a preset name (e.g. widenet-base-e4, albert-base, widenet-tiny-e4) or a model-config JSON")
+    parser.add_argument("--deepspeed_config", "--deepspeed-config", dest="deepspeed_config", required=True,
+                        type=Path, help="DeepSpeed JSON (see ds_configs/README.md)")
+    parser.add_argument("--data", dest="data_dir", required=True, type=Path,
+                        help="prepared data folder (`widenet-ds prepare-data`)")
+    parser.add_argument("--output-dir", required=True, type=Path,
+                        help="checkpoints/, tensorboard/, metrics.jsonl and the model config go here")
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="optimizer steps to run (default: the scheduler's total_num_steps)")
+    parser.add_argument("--log-interval", type=int, default=PretrainConfig.log_interval,
+                        help="steps between metric records (TensorBoard + metrics.jsonl)")
+    parser.add_argument("--save-interval", type=int, default=PretrainConfig.save_interval,
+                        help="steps between checkpoints (one is always written at the end)")
+    parser.add_argument("--keep-last", type=int, default=PretrainConfig.keep_last,
+                        help="complete checkpoints to keep; older ones are deleted")
+    parser.add_argument("--eval-interval", type=int, default=PretrainConfig.eval_interval,
+                        help="steps between validations on the held-out split (0: none)")
+    parser.add_argument("--eval-batches", type=int, default=PretrainConfig.eval_batches,
+                        help="micro-batches per rank in each validation")
+    parser.add_argument("--seed", type=int, default=PretrainConfig.seed)
+    parser.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=None,
+                        help="recompute each block in backward (non-reentrant); default: as the model config")
+    parser.add_argument("--optimizer", choices=get_args(OptimizerChoice), default="auto",
+                        help="for a JSON asking for Lamb: DeepSpeed's fused CUDA kernel or our PyTorch LAMB "
+                             "(per-tensor trust ratio, also under ZeRO); auto picks (see docs/pretraining.md)")
+    parser.add_argument("--resume", nargs="?", const=LATEST, default=None, metavar="CHECKPOINT",
+                        help="continue exactly: from the latest checkpoint in --output-dir (no value; a fresh "
+                             "start if there is none yet) or from the given checkpoint folder")
+    parser.add_argument("--init-from", type=Path, default=None, metavar="CHECKPOINT",
+                        help="start a new phase (e.g. seq 512) from another run's checkpoint weights")
+    parser.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
+                        help="write metrics.jsonl only")
+    parser.add_argument("--no-progress-bar", dest="progress_bar", action="store_false")
+    # Passed by the `deepspeed` launcher; the rank itself comes from the environment.
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> PretrainConfig:
+    args = vars(build_parser().parse_args(argv))
+    args.pop("local_rank")
+    return PretrainConfig(**args)
