@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 
@@ -35,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"widenet-ds: unknown command {name!r}.\n\n{_usage()}", file=sys.stderr)
         return 2
+    # DeepSpeed logs to stdout from import on; machine-readable output (--json) must stay clean.
+    with contextlib.redirect_stdout(sys.stderr):
+        import deepspeed  # noqa: F401
     module_name, func_name = SUBCOMMANDS[name][0].split(":")
     func = getattr(importlib.import_module(module_name), func_name)
     try:

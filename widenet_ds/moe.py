@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,11 @@ class Routing:
     weight: Tensor            # float [k, T], combine weight of each route
     expert_counts: Tensor     # int [E], routes assigned to each expert before capacity dropping
     dropped_routes: Tensor    # int scalar, routes dropped by capacity
+
+
+def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: float) -> int:
+    """B = ceil(K * C * T / E) in exact arithmetic, so float rounding never adds or removes a slot."""
+    return math.ceil(Fraction(k * num_tokens) * Fraction(str(capacity_factor)) / num_experts)
 
 
 def route_tokens(logits: Tensor, cfg: MoEConfig, *, training: bool,
@@ -90,9 +96,8 @@ def route_tokens(logits: Tensor, cfg: MoEConfig, *, training: bool,
 
     expert_counts = torch.stack(masks).sum(dim=(0, 1)).detach()
     if cfg.drop_tokens:
-        capacity = math.ceil((num_tokens / num_experts) * (cfg.capacity_factor if training
-                                                           else cfg.eval_capacity_factor) * k)
-        capacity = max(capacity, cfg.min_capacity)
+        factor = cfg.capacity_factor if training else cfg.eval_capacity_factor
+        capacity = max(expert_capacity(num_tokens, num_experts, k, factor), cfg.min_capacity)
     else:
         # No dropping: every expert's buffer holds its busiest rank's load.
         busiest = expert_counts.max().clone()

@@ -32,13 +32,11 @@ from tokenizers import Tokenizer
 
 from widenet_ds.data.examples import ExampleConfig, SpecialIds, create_examples, mask_tokens
 from widenet_ds.data.sentences import sentence_spans
-from widenet_ds.data.shards import ShardBuilder, read_complete_meta, token_dtype
+from widenet_ds.data.shards import FORMAT_VERSION, MANIFEST_FILE, ShardBuilder, read_complete_meta, token_dtype
 from widenet_ds.data.sources import DocumentStream, SkipCounter, WeightedSource
 from widenet_ds.data.tokenizer import file_sha256, load_tokenizer, save_tokenizer, train_tokenizer
 from widenet_ds.errors import DataError
 
-FORMAT_VERSION = 1
-MANIFEST_FILE = "manifest.json"
 SETTINGS_FILE = "prepare_settings.json"
 SPLITS = ("train", "valid")
 # Documents per tokenizer call: big enough to amortise the call, small enough that the Rust

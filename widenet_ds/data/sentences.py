@@ -13,6 +13,7 @@ and cut the token sequence at these offsets (much faster than one tokenizer call
 
 from __future__ import annotations
 
+import itertools
 import re
 
 # Lower-cased abbreviations that end with a period but rarely end a sentence.
@@ -28,6 +29,7 @@ _ABBREVIATIONS = frozenset(
 # A candidate boundary: terminal punctuation, optional closing quotes/brackets, then whitespace and
 # a character that can start a sentence (upper case, digit, opening quote/bracket).
 _CANDIDATE = re.compile(r"""([.!?]+)(["'\u2019\u201d)\]]*)\s+(?=["'\u2018\u201c(\[]?[A-Z0-9])""")
+_PARAGRAPH_BREAK = re.compile(r"\n[^\S\n]*(?=\n)")
 _WORD_BEFORE = re.compile(r"(\S+)$")
 
 
@@ -45,25 +47,21 @@ def _is_abbreviation(text: str, period_pos: int) -> bool:
 def sentence_spans(text: str) -> list[tuple[int, int]]:
     """(start, end) character spans of the sentences of `text`, in order.
 
-    Each line is split separately (a line break always ends a sentence: headings, list items and
-    one-sentence-per-line corpora keep their boundaries). Spans exclude surrounding whitespace;
-    blank lines produce nothing.
+    A blank line always ends a sentence (paragraphs, headings); a single line break is just
+    whitespace, so hard-wrapped books and one-sentence-per-line corpora both split correctly.
+    Spans exclude surrounding whitespace; blank text produces nothing.
     """
     spans: list[tuple[int, int]] = []
-    line_start = 0
-    length = len(text)
-    while line_start <= length:
-        line_end = text.find("\n", line_start)
-        if line_end == -1:
-            line_end = length
-        start = line_start
-        for match in _CANDIDATE.finditer(text, line_start, line_end):
+    paragraph_start = 0
+    for paragraph_end in itertools.chain((m.start() for m in _PARAGRAPH_BREAK.finditer(text)), [len(text)]):
+        start = paragraph_start
+        for match in _CANDIDATE.finditer(text, paragraph_start, paragraph_end):
             if match.group(1) == "." and _is_abbreviation(text, match.start(1)):
                 continue
             _append_stripped(text, start, match.end(2), spans)
             start = match.end()
-        _append_stripped(text, start, line_end, spans)
-        line_start = line_end + 1
+        _append_stripped(text, start, paragraph_end, spans)
+        paragraph_start = paragraph_end + 1
     return spans
 
 

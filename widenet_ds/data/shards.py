@@ -150,3 +150,27 @@ def verify_shard_checksum(stem: Path, meta: dict) -> None:
     if digest.hexdigest() != meta["bin_sha256"]:
         raise DataError(f"shard {stem}.bin does not match its checksum: the file is corrupt; delete it and "
                         "re-run `widenet-ds prepare-data` with the same arguments")
+
+
+MANIFEST_FILE = "manifest.json"
+FORMAT_VERSION = 1
+
+
+def read_manifest(data_dir: Path) -> dict:
+    """The manifest of a finished data folder (it is written only after every shard is complete)."""
+    path = Path(data_dir) / MANIFEST_FILE
+    if not Path(data_dir).is_dir():
+        raise DataError(f"data folder {str(data_dir)!r} does not exist; run `widenet-ds prepare-data --output "
+                        f"{data_dir} ...` first")
+    if not path.is_file():
+        raise DataError(f"{data_dir} has no {MANIFEST_FILE}: the preparation did not finish (or this is not a "
+                        "prepared data folder); re-run `widenet-ds prepare-data` with the same arguments to "
+                        "complete it")
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as err:
+        raise DataError(f"{path} is not valid JSON ({err}); re-run `widenet-ds prepare-data`") from err
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise DataError(f"{path} has format version {manifest.get('format_version')}, this widenet-ds reads "
+                        f"{FORMAT_VERSION}; re-run `widenet-ds prepare-data` with this version")
+    return manifest

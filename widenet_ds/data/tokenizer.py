@@ -42,6 +42,8 @@ def train_tokenizer(documents: Iterable[str], vocab_size: int = 30000, min_frequ
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     """A data folder (its `tokenizer.json`, else `vocab.txt`), a `tokenizer.json` or a `vocab.txt`."""
     path = Path(path)
+    if path.is_dir() and (path / "manifest.json").is_file():
+        return _load_data_folder_tokenizer(path)
     if path.is_dir():
         for name in (TOKENIZER_FILE, VOCAB_FILE):
             if (path / name).is_file():
@@ -63,6 +65,22 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
         raise DataError(f"tokenizer {path} lacks the special tokens {missing}; a BERT-style WordPiece "
                         "vocabulary needs [PAD] [UNK] [CLS] [SEP] [MASK]")
     return tokenizer
+
+
+def _load_data_folder_tokenizer(data_dir: Path) -> Tokenizer:
+    """The tokenizer of a prepared data folder, checked against the hash its shards were built with."""
+    from widenet_ds.data.shards import read_manifest
+
+    manifest = read_manifest(data_dir)
+    path = data_dir / TOKENIZER_FILE
+    if not path.is_file():
+        raise DataError(f"{path} is missing; the shards of {data_dir} need the tokenizer they were built "
+                        "with: re-run `widenet-ds prepare-data`")
+    if file_sha256(path) != manifest["tokenizer_sha256"]:
+        raise DataError(f"{path} is not the tokenizer the shards of {data_dir} were built with (sha256 "
+                        "differs from the manifest's tokenizer_sha256); restore that file or re-run "
+                        "`widenet-ds prepare-data` with this tokenizer into a new --output")
+    return load_tokenizer(path)
 
 
 def save_tokenizer(tokenizer: Tokenizer, folder: Path) -> str:

@@ -58,15 +58,16 @@ def check_max_length(max_seq_length: int, max_position_embeddings: int) -> None:
 
 
 def truncate_longest_first(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
-    """Lengths after removing tokens one at a time from the longer sequence (from b on ties) until
-    both fit in `budget` — HF's longest_first, in closed form."""
+    """Lengths after longest-first truncation to `budget` tokens, as the `tokenizers` library (HF fast
+    tokenizers) computes it: the shorter side is kept whole if it fits in half the budget; otherwise
+    the longer side gets ceil(budget / 2) and the other the rest (b counts as longer on ties)."""
     if len_a + len_b <= budget:
         return len_a, len_b
-    short, long_ = sorted((len_a, len_b))
+    short = min(len_a, len_b)
     if short <= budget // 2:
-        kept_short, kept_long = short, budget - short
-        return (kept_short, kept_long) if len_a <= len_b else (kept_long, kept_short)
-    return (budget + 1) // 2, budget // 2  # both cut to half: a keeps the odd token
+        return (short, budget - short) if len_a <= len_b else (budget - short, short)
+    half_up, half_down = (budget + 1) // 2, budget // 2
+    return (half_up, half_down) if len_a > len_b else (half_down, half_up)
 
 
 @dataclass

@@ -1,0 +1,254 @@
+"""Training checkpoints: save every N steps, keep the last K, resume exactly, stop on a signal.
+
+Layout of `<output>/checkpoints/`:
+
+    step120/                      DeepSpeed's files (model, experts, ZeRO optimizer partitions)
+        rank_00000_state.pt       per rank: data-loader state and RNG states (python, numpy, torch)
+        widenet_checkpoint.json   written last, by rank 0, once every rank has finished: the
+                                  checkpoint is complete iff this exists (step, model config, ...)
+    latest                        the newest complete tag, replaced atomically
+
+DeepSpeed's own `latest` is written by rank 0 before the other ranks are known to be done and not
+atomically, so we save with `save_latest=False` and write it ourselves after the final barrier.
+Old tags are deleted only after the new one is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as torch_dist
+
+from widenet_ds.errors import CheckpointError
+
+META_FILE = "widenet_checkpoint.json"
+LATEST_FILE = "latest"
+FORMAT_VERSION = 1
+_TAG = re.compile(r"^step(\d+)$")
+# Fields that change neither the weights' shapes nor their meaning: a run may resume with them changed.
+_RUNTIME_ONLY_FIELDS = ("activation_checkpointing",)
+
+
+@dataclass
+class TrainingState:
+    """Counters that continue across a resume."""
+
+    step: int = 0  # optimizer steps done
+    samples: int = 0  # training samples consumed over all ranks
+
+
+def tag_for(step: int) -> str:
+    return f"step{step}"
+
+
+def config_sha256(model_config: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(model_config, sort_keys=True).encode()).hexdigest()
+
+
+def _rank_file(tag_dir: Path, rank: int) -> Path:
+    return tag_dir / f"rank_{rank:05d}_state.pt"
+
+
+def _write_json_atomic(path: Path, payload: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+# --- finding and checking checkpoints ---------------------------------------------------------------
+def read_meta(tag_dir: Path) -> dict[str, Any]:
+    path = Path(tag_dir) / META_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{tag_dir} is not a complete widenet-ds checkpoint (no {META_FILE}); it is "
+                              f"partial or from another program. Resume from a complete one (see "
+                              f"{Path(tag_dir).parent / LATEST_FILE}).")
+    return json.loads(path.read_text())
+
+
+def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
+    """The tag folder named by `latest`, or None when the folder holds no complete checkpoint yet."""
+    latest = Path(checkpoint_dir) / LATEST_FILE
+    if not latest.is_file():
+        return None
+    tag_dir = Path(checkpoint_dir) / latest.read_text().strip()
+    read_meta(tag_dir)  # refuses a `latest` pointing at a partial checkpoint
+    return tag_dir
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A tag folder, or a checkpoints folder (then its latest complete tag)."""
+    path = Path(path)
+    if (path / META_FILE).is_file():
+        return path
+    for folder in (path, path / "checkpoints"):
+        if (folder / LATEST_FILE).is_file():
+            return latest_checkpoint(folder)
+    raise CheckpointError(f"no widenet-ds checkpoint at {path}: expected a folder holding {META_FILE} (e.g. "
+                          f"<output>/checkpoints/step1000) or a checkpoints folder with a '{LATEST_FILE}' file.")
+
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
+    """`field: saved -> current` for every differing model-config field (nested ones dotted)."""
+    lines = []
+    for key in sorted(set(saved) | set(current)):
+        if not prefix and key in _RUNTIME_ONLY_FIELDS:
+            continue
+        a, b = saved.get(key, "<absent>"), current.get(key, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            lines += config_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            lines.append(f"{prefix}{key}: {a!r} (checkpoint) vs {b!r} (this run)")
+    return lines
+
+
+def check_same_model(meta: dict[str, Any], model_config: dict[str, Any], where: Path,
+                     ignore: tuple[str, ...] = ()) -> None:
+    diffs = [d for d in config_differences(meta["model_config"], model_config)
+             if d.split(":")[0] not in ignore]
+    if diffs:
+        raise CheckpointError(f"checkpoint {where} is of another model config; differing fields:\n  "
+                              + "\n  ".join(diffs)
+                              + "\nUse the checkpoint's model config, or another --output-dir for a new model.")
+
+
+# --- RNG states -------------------------------------------------------------------------------------
+def rng_state() -> dict[str, Any]:
+    """Every generator the training step draws from on this rank (MoE gate noise and dropout use
+    torch's global generator)."""
+    np_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"key": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np_state = state["numpy"]
+    np.random.set_state(("MT19937", np_state["key"].numpy().astype(np.uint32), np_state["pos"],
+                         np_state["has_gauss"], np_state["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+# --- save / load ------------------------------------------------------------------------------------
+class CheckpointManager:
+    """Saves and loads complete checkpoints of a DeepSpeed engine plus our per-rank state."""
+
+    def __init__(self, checkpoint_dir: Path, keep_last: int, rank: int, world_size: int) -> None:
+        self.checkpoint_dir = Path(checkpoint_dir)
+        self.keep_last = keep_last
+        self.rank = rank
+        self.world_size = world_size
+
+    def save(self, engine, state: TrainingState, loader, meta: dict[str, Any]) -> Path:
+        """Collective (all ranks). `meta` (model config, data manifest, ...) goes to the JSON marker."""
+        tag = tag_for(state.step)
+        tag_dir = self.checkpoint_dir / tag
+        tag_dir.mkdir(parents=True, exist_ok=True)
+        torch.save({"loader": loader.state_dict(), "rng": rng_state(), "step": state.step},
+                   _rank_file(tag_dir, self.rank))
+        # Ends with a barrier: every rank's files are written when it returns.
+        engine.save_checkpoint(str(self.checkpoint_dir), tag=tag, save_latest=False)
+        if self.rank == 0:
+            _write_json_atomic(tag_dir / META_FILE, {
+                "format_version": FORMAT_VERSION, "step": state.step, "samples": state.samples,
+                "world_size": self.world_size, "model_config_sha256": config_sha256(meta["model_config"]),
+                **meta,
+            })
+            latest_tmp = self.checkpoint_dir / (LATEST_FILE + ".tmp")
+            latest_tmp.write_text(tag)
+            os.replace(latest_tmp, self.checkpoint_dir / LATEST_FILE)
+            self._prune(current_step=state.step)
+        if torch_dist.is_initialized():
+            torch_dist.barrier()
+        return tag_dir
+
+    def _prune(self, current_step: int) -> None:
+        """Keep the newest `keep_last` complete tags up to now; drop older ones, partial ones, and tags
+        beyond `current_step` left by an interrupted earlier attempt of this run."""
+        tags = []
+        for child in self.checkpoint_dir.iterdir():
+            match = _TAG.match(child.name)
+            if match and child.is_dir():
+                tags.append((int(match.group(1)), child))
+        complete = sorted((step, d) for step, d in tags if step <= current_step and (d / META_FILE).is_file())
+        keep = {d for _, d in complete[-self.keep_last:]}
+        for _, tag_dir in tags:
+            if tag_dir not in keep:
+                shutil.rmtree(tag_dir)
+
+    def load(self, engine, tag_dir: Path, loader) -> TrainingState:
+        """Collective. Restores engine (weights, optimizer, schedule), loader and RNG of this rank."""
+        meta = read_meta(tag_dir)
+        if meta["world_size"] != self.world_size:
+            raise CheckpointError(f"checkpoint {tag_dir} was written by {meta['world_size']} ranks, this run has "
+                                  f"{self.world_size}; an exact resume needs the same number of ranks (the data "
+                                  f"order and ZeRO partitions depend on it).")
+        load_path, _ = engine.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+        if load_path is None:
+            raise CheckpointError(f"DeepSpeed found no checkpoint files in {tag_dir}.")
+        rank_state = torch.load(_rank_file(tag_dir, self.rank), weights_only=True)
+        loader.load_state_dict(rank_state["loader"])
+        set_rng_state(rank_state["rng"])
+        if engine.global_steps != meta["step"]:
+            raise CheckpointError(f"checkpoint {tag_dir}: DeepSpeed restored global step {engine.global_steps}, "
+                                  f"our marker says {meta['step']}; the checkpoint folder is inconsistent.")
+        return TrainingState(step=meta["step"], samples=meta["samples"])
+
+
+def load_weights_only(engine, tag_dir: Path) -> None:
+    """Start a new phase from another run's weights: no optimizer, schedule, loader or RNG state."""
+    engine.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name, load_optimizer_states=False,
+                           load_lr_scheduler_states=False, load_module_only=True)
+
+
+# --- preemption -------------------------------------------------------------------------------------
+class StopRequest:
+    """SIGTERM / SIGUSR1 (Slurm preemption, `scancel`, the deepspeed launcher's shutdown) set a flag; the
+    training loop asks `agreed()` after each step so that all ranks stop, and save, at the same step."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self._previous = {}
+
+    def install(self) -> None:
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def _handle(self, signum, frame) -> None:
+        self.signal_name = signal.Signals(signum).name
+
+    def agreed(self) -> bool:
+        """Collective: True on every rank if any rank was signalled."""
+        flag = torch.tensor([1.0 if self.signal_name else 0.0])
+        if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
+            device = "cuda" if torch_dist.get_backend() == "nccl" else "cpu"
+            flag = flag.to(device)
+            torch_dist.all_reduce(flag, op=torch_dist.ReduceOp.MAX)
+        return bool(flag.item())

@@ -1,0 +1,186 @@
+"""What a pretraining run reports, and where: TensorBoard, `metrics.jsonl`, the console.
+
+`StepMetrics` gathers per-micro-batch figures on every rank (losses, accuracies, expert load per
+routing call, dropped routes, tokens) and reduces them over the data-parallel ranks with one
+all-reduce. `TrainingLog` (rank 0) writes the same scalars to TensorBoard and to `metrics.jsonl`
+(floats written with their full repr, so two runs compare bit for bit), and shows a progress bar on
+a terminal or one line per record in a log file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as torch_dist
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+
+class StepMetrics:
+    """Sums over the micro-batches of a logging window on this rank; `reduce` sums over ranks.
+
+    Losses are averaged over micro-batches and ranks; accuracies are correct / counted over all of
+    them; expert load is the fraction of routes per expert of each routing call (summed counts), the
+    dropped fraction the mean over micro-batches and ranks.
+    """
+
+    SUMS = ("loss", "mlm_loss", "sop_loss", "balance_loss", "mlm_correct", "mlm_count", "sop_correct",
+            "sop_count", "samples", "tokens", "micro_batches")
+
+    def __init__(self, blocks_of_calls: list[int], num_experts: int) -> None:
+        self.blocks_of_calls = blocks_of_calls  # block index of each routing call
+        self.num_experts = num_experts
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums = torch.zeros(len(self.SUMS), dtype=torch.float64)
+        self.expert_counts = torch.zeros(len(self.blocks_of_calls), self.num_experts, dtype=torch.float64)
+        self.dropped = torch.zeros(len(self.blocks_of_calls), dtype=torch.float64)
+
+    @torch.no_grad()
+    def add(self, output, batch: dict[str, torch.Tensor]) -> None:
+        """One micro-batch: `output` of WideNetForPreTraining with labels, `batch` its inputs."""
+        mlm_labels, sop_labels = batch["mlm_labels"], batch["sop_labels"]
+        predicted = mlm_labels != -100
+        mlm_correct = (output.mlm_logits.argmax(-1) == mlm_labels) & predicted
+        values = {
+            "loss": output.loss, "mlm_loss": output.mlm_loss, "sop_loss": output.sop_loss,
+            "balance_loss": output.balance_loss, "mlm_correct": mlm_correct.sum(), "mlm_count": predicted.sum(),
+            "sop_correct": (output.sop_logits.argmax(-1) == sop_labels).sum(), "sop_count": sop_labels.numel(),
+            "samples": sop_labels.numel(), "tokens": batch["attention_mask"].sum(), "micro_batches": 1,
+        }
+        self.sums += torch.tensor([float(values[name]) for name in self.SUMS], dtype=torch.float64)
+        if output.routing is not None:
+            self.expert_counts += output.routing.expert_counts.detach().to(torch.float64).cpu()
+            self.dropped += output.routing.dropped_fraction.detach().to(torch.float64).cpu()
+
+    def reduce(self, prefix: str) -> tuple[dict[str, float], float, float]:
+        """Collective: every rank must call it at the same point. Returns the scalars (named
+        `prefix/...`), and the samples and real (unpadded) tokens of the window over all ranks."""
+        flat = torch.cat([self.sums, self.expert_counts.flatten(), self.dropped])
+        if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
+            device = "cuda" if torch_dist.get_backend() == "nccl" else "cpu"
+            flat = flat.to(device)
+            torch_dist.all_reduce(flat)
+            flat = flat.cpu()
+        sums = dict(zip(self.SUMS, flat[: len(self.SUMS)].tolist()))
+        n = sums["micro_batches"]
+        scalars = {f"{prefix}/{name}": sums[name] / n for name in ("loss", "mlm_loss", "sop_loss", "balance_loss")}
+        scalars[f"{prefix}/mlm_accuracy"] = sums["mlm_correct"] / max(sums["mlm_count"], 1.0)
+        scalars[f"{prefix}/sop_accuracy"] = sums["sop_correct"] / max(sums["sop_count"], 1.0)
+        counts = flat[len(self.SUMS): len(self.SUMS) + self.expert_counts.numel()].view_as(self.expert_counts)
+        dropped = flat[len(self.SUMS) + self.expert_counts.numel():] / n
+        if prefix == "train":
+            for call, block in enumerate(self.blocks_of_calls):
+                load = counts[call] / counts[call].sum().clamp(min=1.0)
+                for expert in range(self.num_experts):
+                    scalars[f"moe/block_{block:02d}/expert_{expert:02d}_load"] = load[expert].item()
+                scalars[f"moe/block_{block:02d}/dropped_fraction"] = dropped[call].item()
+        self.reset()
+        return scalars, sums["samples"], sums["tokens"]
+
+
+def memory_mib() -> float:
+    """Peak memory of this process: CUDA allocations on a GPU, resident set size on CPU."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+class TrainingLog:
+    """Rank 0's sinks. Other ranks get one with `enabled=False`, whose methods do nothing.
+
+    On resume from step k, records after k from the interrupted run are dropped (TensorBoard's
+    purge_step, and a rewrite of metrics.jsonl), so each step appears once.
+    """
+
+    def __init__(self, output_dir: Path, *, enabled: bool, tensorboard: bool, progress_bar: bool,
+                 start_step: int, max_steps: int) -> None:
+        self.enabled = enabled
+        self.writer = None
+        self.bar = None
+        self.metrics_path = Path(output_dir) / METRICS_FILE
+        if not enabled:
+            return
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        _truncate_jsonl(self.metrics_path, after_step=start_step)
+        self.metrics_file = open(self.metrics_path, "a")
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(Path(output_dir) / TENSORBOARD_DIR), purge_step=start_step + 1)
+        if progress_bar and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=max_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+    def record(self, step: int, scalars: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        if self.writer is not None:
+            for name, value in scalars.items():
+                self.writer.add_scalar(name, value, step)
+            self.writer.flush()
+        self.metrics_file.write(json.dumps({"step": step, "time": time.time(), **scalars}) + "\n")
+        self.metrics_file.flush()
+        if "train/loss" in scalars:
+            self._console(step, scalars)
+
+    def advance(self, steps: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(steps)
+
+    def event(self, step: int, message: str) -> None:
+        """A notable moment (checkpoint saved, resumed, stopped by a signal): console + metrics.jsonl."""
+        if not self.enabled:
+            return
+        self.metrics_file.write(json.dumps({"step": step, "time": time.time(), "event": message}) + "\n")
+        self.metrics_file.flush()
+        self._print(f"[step {step}] {message}")
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self.writer is not None:
+            self.writer.close()
+        if self.bar is not None:
+            self.bar.close()
+        self.metrics_file.close()
+
+    def _console(self, step: int, s: dict[str, float]) -> None:
+        figures = (f"loss {s['train/loss']:.4f} | mlm {s['train/mlm_loss']:.4f} acc {s['train/mlm_accuracy']:.3f}"
+                   f" | sop {s['train/sop_loss']:.4f} acc {s['train/sop_accuracy']:.3f}"
+                   f" | lr {s['optim/lr']:.3g} | {s['perf/samples_per_second']:.1f} samples/s")
+        if self.bar is not None:
+            self.bar.set_postfix_str(figures, refresh=True)
+        else:
+            self._print(f"[step {step}] {figures}")
+
+    def _print(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            print(line, flush=True)
+
+
+def _truncate_jsonl(path: Path, after_step: int) -> None:
+    """Keep the records of steps <= after_step (a resumed run rewrites what came after)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line)["step"] <= after_step]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The records of a metrics.jsonl (events included)."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
