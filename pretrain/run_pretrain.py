@@ -1,0 +1,26 @@
+"""WideNet / ALBERT MLM+SOP pretraining on DeepSpeed.
+
+    deepspeed pretrain/run_pretrain.py --model-config widenet-base-e4 \
+        --deepspeed_config ds_configs/pretrain_phase1_seq128_lamb.json \
+        --data data/wiki_books_seq128 --output-dir runs/widenet-e4-phase1
+
+Also started by launcher.sh, srun and mpiexec. Options: `--help`; the details: docs/pretraining.md.
+"""
+
+import sys
+
+from widenet_ds.errors import WideNetError
+from widenet_ds.pretrain import run
+from widenet_ds.train_config import parse_args
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(parse_args(argv))
+    except WideNetError as err:
+        print(f"run_pretrain.py: error: {err}", file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""MLM + SOP pretraining on DeepSpeed: checks, then the loop.
+
+`run(cfg)` first resolves and checks everything that can be wrong -- data, model config, DeepSpeed
+JSON, optimizer choice, output folder, checkpoint to resume -- and only then builds the model and
+the engine. The loop: accumulate micro-batches, step, log, validate, save; a SIGTERM/SIGUSR1 makes
+every rank save the same step and exit cleanly.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as torch_dist
+
+from widenet_ds.checkpointing import (CheckpointManager, StopRequest, TrainingState, check_same_model,
+                                      latest_checkpoint, load_weights_only, read_meta, resolve_checkpoint)
+from widenet_ds.config import PRESETS, ModelConfig
+from widenet_ds.data.loader import PretrainingDataLoader
+from widenet_ds.data.shards import read_manifest
+from widenet_ds.distributed import init_distributed
+from widenet_ds.ds_config import DeepSpeedSettings, load_ds_config, validate_ds_config
+from widenet_ds.engine import build_engine, plan_optimizer
+from widenet_ds.errors import CheckpointError, ConfigError, DataError
+from widenet_ds.training_log import StepMetrics, TrainingLog, memory_mib
+from widenet_ds.train_config import LATEST, PretrainConfig
+
+logger = logging.getLogger(__name__)
+
+MODEL_CONFIG_FILE = "model_config.json"
+
+
+@dataclass
+class RunPlan:
+    """Everything checked before the first tensor is allocated."""
+
+    model_config: ModelConfig
+    ds: DeepSpeedSettings
+    max_steps: int
+    manifest: dict[str, Any]
+    resume_from: Path | None
+    init_from: Path | None
+
+
+# --- checks -----------------------------------------------------------------------------------------
+def resolve_model_config(name_or_path: str, manifest: dict[str, Any], activation_checkpointing: bool | None,
+                         data_dir: Path) -> ModelConfig:
+    """A preset takes the data's vocabulary size; a JSON config must already match it."""
+    overrides: dict[str, Any] = {}
+    if activation_checkpointing is not None:
+        overrides["activation_checkpointing"] = activation_checkpointing
+    if name_or_path in PRESETS:
+        overrides["vocab_size"] = manifest["vocab_size"]
+    cfg = ModelConfig.load(name_or_path, **overrides)
+    if cfg.vocab_size != manifest["vocab_size"]:
+        raise DataError(f"model config {name_or_path} has vocab_size {cfg.vocab_size}, the data in {data_dir} was "
+                        f"tokenized with {manifest['vocab_size']} tokens; use data prepared with this model's "
+                        f"tokenizer or set vocab_size to {manifest['vocab_size']}.")
+    if manifest["seq_length"] > cfg.max_position_embeddings:
+        raise DataError(f"the data in {data_dir} has sequences of {manifest['seq_length']} tokens, more than the "
+                        f"model's max_position_embeddings {cfg.max_position_embeddings}; prepare the data with "
+                        f"--seq-length {cfg.max_position_embeddings} or raise max_position_embeddings.")
+    return cfg
+
+
+def resolve_max_steps(requested: int | None, schedule_steps: int | None) -> int:
+    if requested is None:
+        if schedule_steps is None:
+            raise ConfigError("no step count: pass --max-steps, or use a scheduler with total_num_steps "
+                              "(WarmupDecayLR) in the DeepSpeed config.")
+        return schedule_steps
+    if schedule_steps is not None and requested > schedule_steps:
+        raise ConfigError(f"--max-steps {requested} runs past the schedule's total_num_steps {schedule_steps}, where "
+                          f"the learning rate has decayed to its minimum; raise total_num_steps in the DeepSpeed "
+                          f"config or lower --max-steps.")
+    return requested
+
+
+def find_resume_point(cfg: PretrainConfig, model_config: dict[str, Any]) -> Path | None:
+    """The checkpoint to continue from, after refusing an output folder that belongs to another run."""
+    existing = latest_checkpoint(cfg.checkpoint_dir) if cfg.checkpoint_dir.is_dir() else None
+    if existing is not None:
+        check_same_model(read_meta(existing), model_config, existing)
+    if cfg.resume is None:
+        if existing is not None:
+            raise CheckpointError(f"--output-dir {cfg.output_dir} already holds checkpoints of this model (up to "
+                                  f"{existing.name}); pass --resume to continue that run, or choose a new --output-dir.")
+        return None
+    if cfg.resume == LATEST:
+        return existing  # None: nothing saved yet, so a requeued job starts from step 0
+    source = resolve_checkpoint(Path(cfg.resume))
+    check_same_model(read_meta(source), model_config, source)
+    return source
+
+
+def plan_run(cfg: PretrainConfig, world_size: int) -> RunPlan:
+    """All checks that need no model: each failure is one clear error before training starts."""
+    manifest = read_manifest(cfg.data_dir)
+    model_config = resolve_model_config(cfg.model_config, manifest, cfg.activation_checkpointing, cfg.data_dir)
+    if model_config.is_moe and world_size % model_config.moe.ep_size:
+        raise ConfigError(f"moe.ep_size {model_config.moe.ep_size} does not divide the world size {world_size}; "
+                          f"pick an ep_size dividing the number of ranks.")
+    cuda = torch.cuda.is_available()
+    ds = validate_ds_config(load_ds_config(cfg.deepspeed_config), world_size=world_size,
+                            has_moe=model_config.is_moe, cuda_available=cuda)
+    plan_optimizer(ds, cfg.optimizer, cuda)
+    max_steps = resolve_max_steps(cfg.max_steps, ds.total_num_steps)
+    resume_from = find_resume_point(cfg, model_config.to_dict())
+    init_from = None
+    if cfg.init_from is not None:
+        init_from = resolve_checkpoint(cfg.init_from)
+        # A new phase may change the expert placement, not the weights' shapes or meaning.
+        check_same_model(read_meta(init_from), model_config.to_dict(), init_from, ignore=("moe.ep_size",))
+    if resume_from is not None:
+        saved = read_meta(resume_from)["data_manifest"]
+        if saved["tokenizer_sha256"] != manifest["tokenizer_sha256"]:
+            raise DataError(f"checkpoint {resume_from} was trained on data of another tokenizer than {cfg.data_dir}; "
+                            f"resume with the same data (a new phase on new data: use --init-from).")
+    return RunPlan(model_config, ds, max_steps, manifest, resume_from, init_from)
+
+
+# --- the loop ---------------------------------------------------------------------------------------
+def routing_blocks(cfg: ModelConfig) -> list[int]:
+    """Block index of each routing call: the first block of every routing group."""
+    if not cfg.is_moe:
+        return []
+    per_group = cfg.num_layers // cfg.routing_groups
+    return [group * per_group for group in range(cfg.routing_groups)]
+
+
+def expert_grad_norm_stage0(model: torch.nn.Module, ep_size: int) -> float:
+    """Global gradient 2-norm without ZeRO, where DeepSpeed does not compute one (fp32, stage 0).
+    Dense gradients are already averaged over ranks; each expert's gradient lives on the ranks of its
+    expert-parallel position, replicated world / ep_size times."""
+    from deepspeed.moe.utils import is_moe_param
+
+    dense = torch.zeros((), dtype=torch.float64)
+    experts = torch.zeros((), dtype=torch.float64)
+    for p in model.parameters():
+        if p.grad is not None:
+            square = p.grad.detach().double().square().sum().cpu()
+            if is_moe_param(p):
+                experts += square
+            else:
+                dense += square
+    world = torch_dist.get_world_size() if torch_dist.is_initialized() else 1
+    if world > 1:
+        torch_dist.all_reduce(experts)
+        experts /= world // ep_size
+    return float((dense + experts).sqrt())
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
+    return {name: tensor.to(device) for name, tensor in batch.items()}
+
+
+@torch.no_grad()
+def validate(engine, loader: PretrainingDataLoader, start_state: dict, batches: int,
+             metrics: StepMetrics) -> dict[str, float]:
+    """MLM/SOP on the held-out split: the same `batches` micro-batches every time (the loader is rewound)."""
+    engine.eval()
+    loader.load_state_dict(start_state)
+    for _, batch in zip(range(batches), loader):
+        batch = _to_device(batch, engine.device)
+        metrics.add(engine(**batch), batch)
+    engine.train()
+    scalars, _, _ = metrics.reduce("valid")
+    return scalars
+
+
+def run(cfg: PretrainConfig) -> int:
+    init_distributed()
+    rank = torch_dist.get_rank()
+    world = torch_dist.get_world_size()
+    plan = plan_run(cfg, world)
+    micro = plan.ds.batch.micro_batch_size
+    train_loader = PretrainingDataLoader(cfg.data_dir, micro, rank, world, cfg.seed, split="train")
+    valid_loader = None
+    if cfg.eval_interval:
+        if "valid" not in plan.manifest["splits"]:
+            raise DataError(f"{cfg.data_dir} has no 'valid' split for --eval-interval; prepare the data with "
+                            f"--valid-fraction > 0, or pass --eval-interval 0.")
+        valid_loader = PretrainingDataLoader(cfg.data_dir, micro, rank, world, cfg.seed, split="valid")
+
+    # The same initial weights on every rank; then per-rank streams for gate noise and dropout.
+    _seed_everything(cfg.seed)
+    from widenet_ds.model import WideNetForPreTraining
+
+    model = WideNetForPreTraining(plan.model_config)
+    engine, optimizer_plan = build_engine(model, plan.ds, cfg.optimizer)
+    _seed_everything(cfg.seed + 1 + rank)
+
+    checkpoints = CheckpointManager(cfg.checkpoint_dir, cfg.keep_last, rank, world)
+    state = TrainingState()
+    if plan.resume_from is not None:
+        state = checkpoints.load(engine, plan.resume_from, train_loader)
+    elif plan.init_from is not None:
+        load_weights_only(engine, plan.init_from)
+    if rank == 0:
+        cfg.output_dir.mkdir(parents=True, exist_ok=True)
+        plan.model_config.to_json(cfg.output_dir / MODEL_CONFIG_FILE)
+    meta = {"model_config": plan.model_config.to_dict(), "deepspeed_config": plan.ds.config,
+            "data_manifest": {k: plan.manifest[k] for k in ("seq_length", "vocab_size", "tokenizer_sha256")}}
+
+    log = TrainingLog(cfg.output_dir, enabled=rank == 0, tensorboard=cfg.tensorboard,
+                      progress_bar=cfg.progress_bar, start_step=state.step, max_steps=plan.max_steps)
+    log.event(state.step, f"optimizer: {optimizer_plan.reason}")
+    if plan.resume_from is not None:
+        log.event(state.step, f"resumed from {plan.resume_from}")
+    elif plan.init_from is not None:
+        log.event(state.step, f"weights from {plan.init_from} (new optimizer and schedule)")
+    stop = StopRequest()
+    stop.install()
+    try:
+        _train(cfg, plan, engine, train_loader, valid_loader, checkpoints, state, log, stop, meta)
+    finally:
+        stop.uninstall()
+        log.close()
+    return 0
+
+
+def _train(cfg, plan: RunPlan, engine, train_loader, valid_loader, checkpoints: CheckpointManager,
+           state: TrainingState, log: TrainingLog, stop: StopRequest, meta: dict[str, Any]) -> None:
+    mcfg = plan.model_config
+    num_experts = mcfg.moe.num_experts if mcfg.is_moe else 0
+    train_metrics = StepMetrics(routing_blocks(mcfg), num_experts)
+    valid_metrics = StepMetrics(routing_blocks(mcfg), num_experts)
+    valid_start = valid_loader.state_dict() if valid_loader is not None else None
+    own_grad_norm = plan.ds.zero_stage == 0 and plan.ds.precision == "fp32"
+    accumulation = plan.ds.batch.gradient_accumulation_steps
+    batches = iter(train_loader)
+    window_seconds = 0.0  # training time of the logging window (validation and saving excluded)
+    saved_step = state.step if plan.resume_from is not None else None
+    engine.train()
+    while state.step < plan.max_steps:
+        lr = engine.get_lr()[0]  # the rate this step uses (read before the scheduler advances)
+        log_now = (state.step + 1) % cfg.log_interval == 0 or state.step + 1 == plan.max_steps
+        grad_norm = None
+        step_start = time.perf_counter()
+        for micro_step in range(accumulation):
+            batch = _to_device(next(batches), engine.device)
+            output = engine(**batch)
+            engine.backward(output.loss)
+            if log_now and own_grad_norm and micro_step == accumulation - 1:
+                grad_norm = expert_grad_norm_stage0(engine.module, mcfg.moe.ep_size if mcfg.is_moe else 1)
+            engine.step()
+            train_metrics.add(output, batch)
+        state.step += 1
+        state.samples += plan.ds.batch.train_batch_size
+        log.advance()
+        window_seconds += time.perf_counter() - step_start
+
+        if log_now:
+            scalars, samples, tokens = train_metrics.reduce("train")
+            if grad_norm is None:
+                grad_norm = float(engine.get_global_grad_norm())
+            scalars.update({
+                "optim/lr": lr, "optim/grad_norm": grad_norm,
+                # fp32 / bf16 optimizers do no loss scaling and have no loss_scale attribute.
+                "optim/loss_scale": float(getattr(engine.optimizer, "loss_scale", 1.0)),
+                "perf/samples_per_second": samples / window_seconds,
+                "perf/tokens_per_second": tokens / window_seconds,
+                "perf/memory_mib": memory_mib(),
+            })
+            log.record(state.step, scalars)
+            window_seconds = 0.0
+        if valid_loader is not None and state.step % cfg.eval_interval == 0:
+            log.record(state.step, validate(engine, valid_loader, valid_start, cfg.eval_batches, valid_metrics))
+        stopping = stop.agreed()
+        if stopping or state.step % cfg.save_interval == 0 or state.step == plan.max_steps:
+            if saved_step != state.step:
+                tag_dir = checkpoints.save(engine, state, train_loader, meta)
+                saved_step = state.step
+                log.event(state.step, f"checkpoint saved: {tag_dir}")
+        if stopping:
+            log.event(state.step, f"stopped by {stop.signal_name or 'a signal on another rank'}; resume with --resume")
+            return
