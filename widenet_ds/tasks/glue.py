@@ -204,7 +204,8 @@ def read_glue_tsv(task: GlueTask | str, path: str | os.PathLike, labelled: bool 
         line_no = row + first_data_line
         fields = line.split("\t")
         if len(fields) < need:
-            missing = [f"{k} (column {c})" for k, c in named.items() if c is not None and cols[k] >= len(fields)]
+            missing = [f"{k} (column {c if isinstance(c, int) else repr(c)})"
+                       for k, c in named.items() if c is not None and cols[k] >= len(fields)]
             skip(f"malformed line: {len(fields)} fields, missing {', '.join(missing)}", line_no)
             continue
         label: int | float | None = None
