@@ -19,6 +19,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("widenet_ds.convert.cli:cli", "convert checkpoints: to-folder, reshard, to-albert, from-albert"),
 }
 
+# Commands that never import DeepSpeed (start fast, print nothing of DeepSpeed's).
+LIGHT_COMMANDS = {"squad-eval", "glue-eval"}
+
 
 def _usage() -> str:
     lines = ["usage: widenet-ds <command> [options]", "", "commands:"]
@@ -36,9 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"widenet-ds: unknown command {name!r}.\n\n{_usage()}", file=sys.stderr)
         return 2
-    # DeepSpeed logs to stdout from import on; machine-readable output (--json) must stay clean.
-    with contextlib.redirect_stdout(sys.stderr):
-        import deepspeed  # noqa: F401
+    if name not in LIGHT_COMMANDS:
+        # DeepSpeed logs to stdout from import on; machine-readable output (--json) must stay clean.
+        with contextlib.redirect_stdout(sys.stderr):
+            import deepspeed  # noqa: F401
     module_name, func_name = SUBCOMMANDS[name][0].split(":")
     func = getattr(importlib.import_module(module_name), func_name)
     try:

@@ -92,33 +92,29 @@ class _Worker:
 
     def segments(self, texts: list[str], counts: Counter) -> Iterator[list[list[int]]]:
         """Each document as a list of sentences of token ids. One tokenizer call per batch of
-        documents; sentences are cut from the token stream at the character offsets of the splitter."""
+        documents; the token stream is cut where the splitter's sentences start (one `char_to_token`
+        call per sentence instead of a Python loop over every token's offsets)."""
         max_len = self.config.example.max_segment_tokens
         encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
         for text, encoding in zip(texts, encodings):
-            ends = [end for _, end in sentence_spans(text)]
-            last = len(ends) - 1
-            sentences: list[list[int]] = []
-            current: list[int] = []
-            sentence = 0
-            for token, (start, _) in zip(encoding.ids, encoding.offsets):
-                if sentence < last and start >= ends[sentence]:
-                    if current:
-                        sentences.append(current)
-                        current = []
-                    while sentence < last and start >= ends[sentence]:
-                        sentence += 1
-                current.append(token)
-            if current:
-                sentences.append(current)
-            counts["sentences"] += len(sentences)
+            ids = encoding.ids
+            cuts = [0]
+            for start, end in sentence_spans(text)[1:]:
+                token = None
+                while token is None and start < end:  # a character the normaliser dropped has no token
+                    token = encoding.char_to_token(start)
+                    start += 1
+                if token is not None and token > cuts[-1]:
+                    cuts.append(token)
+            cuts.append(len(ids))
             pieces: list[list[int]] = []
-            for tokens in sentences:
-                if len(tokens) > max_len:
+            for begin, end in zip(cuts, cuts[1:]):
+                if end - begin > max_len:
                     counts["sentences cut into pieces (longer than half an example)"] += 1
-                    pieces.extend(tokens[i:i + max_len] for i in range(0, len(tokens), max_len))
-                else:
-                    pieces.append(tokens)
+                    pieces.extend(ids[i:min(i + max_len, end)] for i in range(begin, end, max_len))
+                elif end > begin:
+                    pieces.append(ids[begin:end])
+            counts["sentences"] += len(cuts) - 1
             yield pieces
 
     def process(self, partition: int, documents: list[tuple[bool, str]]) -> PartitionResult:
@@ -161,9 +157,10 @@ class _Worker:
 _WORKER: _Worker | None = None
 
 
-def _init_worker(*args) -> None:
+def _init_worker(*args, in_pool: bool = True) -> None:
     global _WORKER
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
+    if in_pool:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
     _WORKER = _Worker(*args)
 
 
@@ -247,7 +244,7 @@ def prepare(sources: list[WeightedSource], output: Path, config: PrepareConfig, 
     pending: collections.deque = collections.deque()
     pool = None
     if workers == 1:
-        _init_worker(*worker_args)
+        _init_worker(*worker_args, in_pool=False)
     else:
         pool = multiprocessing.get_context("spawn").Pool(workers, _init_worker, worker_args)
     try:
