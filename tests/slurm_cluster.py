@@ -36,11 +36,16 @@ class SlurmCluster:
     node: str
     env: dict[str, str]  # os.environ + SLURM_CONF: pass to every Slurm client call
 
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(args, env=self.env, capture_output=True, text=True, check=check, timeout=60)
+    def run(self, *args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """A Slurm client command; `env` (default: self.env) is also what `sbatch` hands to the job."""
+        proc = subprocess.run(args, env=self.env if env is None else env, capture_output=True, text=True,
+                              timeout=60)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+        return proc
 
-    def sbatch(self, *args: str) -> int:
-        out = self.run("sbatch", "--parsable", *args).stdout.strip()
+    def sbatch(self, *args: str, env: dict[str, str] | None = None) -> int:
+        out = self.run("sbatch", "--parsable", *args, env=env).stdout.strip()
         return int(out.split(";")[0])
 
     def job_field(self, job_id: int, field: str) -> str:
@@ -106,7 +111,8 @@ SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={munge_socket}
+# cred_expire also delays a requeued job's restart (120 s by default): 5 s keeps the test short.
+AuthInfo=socket={munge_socket},cred_expire=5
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool
 SlurmctldPidFile={root}/slurmctld.pid

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from widenet_ds.data.examples import ExampleConfig
+from widenet_ds.data.loader import PretrainingDataLoader
 from widenet_ds.data.prepare import PrepareConfig, cli, prepare
 from widenet_ds.data.shards import read_manifest
 from widenet_ds.data.sources import parse_source
@@ -156,6 +157,9 @@ def test_non_utf8_document_is_skipped_and_counted(tmp_path, vocab):
     manifest = _prepare_text(tmp_path, vocab, GOOD_DOC + b"Bad \xff\xfe bytes here. Second one.\n\n" + GOOD_DOC)
     assert manifest["summary"]["skipped"] == {"document with non-UTF-8 bytes": 1}
     assert manifest["summary"]["counts"]["documents"] == 2
+    assert list(manifest["splits"]) == ["train"]  # --valid-fraction 0: no held-out split
+    with pytest.raises(DataError, match="split 'valid' is not in .*--valid-fraction"):
+        PretrainingDataLoader(tmp_path / "out", 1, split="valid")
 
 
 def test_one_sentence_document_is_skipped_and_counted(tmp_path, vocab):
@@ -170,5 +174,9 @@ def test_ten_megabyte_single_line_is_cut_into_examples(tmp_path, vocab):
     manifest = _prepare_text(tmp_path, vocab, GOOD_DOC + line, partition_chars=1 << 20)
     counts = manifest["summary"]["counts"]
     assert counts["sentences cut into pieces (longer than half an example)"] == 1
-    # The line becomes (64 - 3) // 2 = 30-token pieces, packed two per example.
-    assert manifest["splits"]["train"]["examples"] > 10 * 2**20 // len(words) * 10 // 61 * 0.9
+    # Pieces of (64 - 3) // 2 = 30 tokens are packed as BERT does (up to 61 tokens, truncating the
+    # overflow), so most of the line's 11 tokens per repetition end up in examples.
+    line_tokens = 11 * (len(line) // len(words))
+    examples = manifest["splits"]["train"]["examples"]
+    content_tokens = manifest["splits"]["train"]["tokens"] - 3 * examples
+    assert 0.6 * line_tokens < content_tokens <= line_tokens + 100

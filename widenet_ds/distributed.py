@@ -3,6 +3,8 @@ all-to-all runs even with ep_size 1), so a single process gets a 1-rank gloo gro
 
 from __future__ import annotations
 
+import atexit
+
 import torch
 import torch.distributed as torch_dist
 
@@ -24,6 +26,14 @@ def init_distributed(backend: str | None = None) -> None:
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+    # Tear the groups down before interpreter exit (and, under mpiexec, before mpi4py's MPI_Finalize,
+    # registered earlier so run later): left to static destructors, gloo's threads abort ~1 exit in 10.
+    atexit.register(_destroy_process_groups)
+
+
+def _destroy_process_groups() -> None:
+    if torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
 
 
 def rank() -> int:

@@ -179,7 +179,7 @@ def _zero_stage(config: dict[str, Any], has_moe: bool) -> int:
     if stage == 3 and has_moe:
         raise ConfigError("DeepSpeed config asks for ZeRO stage 3, but DeepSpeed's MoE supports ZeRO stage 1 "
                           "and 2 only; set zero_optimization.stage to 2 (or 1), e.g. "
-                          "ds_configs/pretrain_phase1_seq128_lamb_zero2.json.")
+                          "ds_configs/pretrain_phase1_seq128_lamb_zero2_bf16.json.")
     return stage
 
 
@@ -198,9 +198,8 @@ def _precision(config: dict[str, Any], cuda_available: bool) -> str:
     if fp16 and bf16:
         raise ConfigError("DeepSpeed config enables both fp16 and bf16; keep one of them.")
     if fp16 and not cuda_available:
-        raise ConfigError(f"fp16 needs a CUDA device (DeepSpeed's CPU accelerator has no fp16 training); "
-                          f"use {CPU_CONFIG_HINT} or remove fp16 from the DeepSpeed config "
-                          f"(bf16 works on CPU).")
+        raise ConfigError(f"fp16 needs a CUDA device; use {CPU_CONFIG_HINT} or remove fp16 from the DeepSpeed "
+                          f"config (DeepSpeed's CPU accelerator trains in fp32 or bf16).")
     return "fp16" if fp16 else "bf16" if bf16 else "fp32"
 
 

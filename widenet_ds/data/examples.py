@@ -81,7 +81,7 @@ class SpecialIds:
         self.replacement_ids = [i for i in range(self.vocab_size) if not self.special[i]]
 
 
-def create_examples(segments: Sequence[list[int]], config: ExampleConfig, ids: SpecialIds,
+def create_examples(segments: Sequence[Sequence[int]], config: ExampleConfig, ids: SpecialIds,
                     rng: random.Random, stats: Counter) -> list[Example]:
     """The examples of one document, given its sentences as token-id lists."""
     if len(segments) < 2:
@@ -92,7 +92,7 @@ def create_examples(segments: Sequence[list[int]], config: ExampleConfig, ids: S
     if rng.random() < config.short_seq_prob:
         target = rng.randint(2, max_tokens)
     examples: list[Example] = []
-    chunk: list[list[int]] = []
+    chunk: list[Sequence[int]] = []
     chunk_length = 0
     for index, segment in enumerate(segments):
         chunk.append(segment)

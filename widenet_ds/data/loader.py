@@ -76,7 +76,9 @@ class PretrainingDataLoader:
         self.data_dir = Path(data_dir)
         self.manifest = read_manifest(self.data_dir)
         if split not in self.manifest["splits"]:
-            raise DataError(f"split {split!r} is not in {self.data_dir}; choose one of {list(self.manifest['splits'])}")
+            raise DataError(f"split {split!r} is not in {self.data_dir} (splits: {list(self.manifest['splits'])}); "
+                            "a corpus too small for the held-out fraction has no 'valid' split: raise "
+                            "--valid-fraction or prepare more documents")
         tokenizer = load_tokenizer(self.data_dir)  # checks its hash against the manifest
         self.ids = SpecialIds(tokenizer)
         if self.ids.vocab_size != self.manifest["vocab_size"]:
@@ -99,9 +101,6 @@ class PretrainingDataLoader:
         for shard in self.shards:
             self.shard_starts.append(self.shard_starts[-1] + shard.num_examples)
         self.num_examples = self.shard_starts[-1]
-        if self.num_examples == 0:
-            raise DataError(f"split {split!r} of {self.data_dir} holds no examples (corpus too small for a "
-                            "held-out split?); use split='train' or prepare more documents")
 
         self.micro_batch_size, self.rank, self.world_size, self.seed = micro_batch_size, rank, world_size, seed
         self.split, self.drop_last = split, drop_last

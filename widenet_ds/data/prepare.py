@@ -14,9 +14,9 @@ settings it stops and names the changed keys (pass --overwrite, or use a new --o
 from __future__ import annotations
 
 import argparse
+import array
 import collections
 import hashlib
-import itertools
 import json
 import multiprocessing
 import os
@@ -34,7 +34,7 @@ from widenet_ds.data.examples import ExampleConfig, SpecialIds, create_examples,
 from widenet_ds.data.sentences import sentence_spans
 from widenet_ds.data.shards import FORMAT_VERSION, MANIFEST_FILE, ShardBuilder, read_complete_meta, token_dtype
 from widenet_ds.data.sources import DocumentStream, SkipCounter, WeightedSource
-from widenet_ds.data.tokenizer import file_sha256, load_tokenizer, save_tokenizer, train_tokenizer
+from widenet_ds.data.tokenizer import BatchEncoder, file_sha256, load_tokenizer, save_tokenizer, train_tokenizer
 from widenet_ds.errors import DataError
 
 SETTINGS_FILE = "prepare_settings.json"
@@ -84,18 +84,20 @@ class _Worker:
 
     def __init__(self, tokenizer_json: str, config: PrepareConfig, settings_sha256: str, output: str):
         self.tokenizer = Tokenizer.from_str(tokenizer_json)
+        self.encode = BatchEncoder(self.tokenizer)
         self.ids = SpecialIds(self.tokenizer)
         self.dtype = token_dtype(self.ids.vocab_size)
+        self.typecode = "H" if self.dtype.itemsize == 2 else "I"
         self.config = config
         self.settings_sha256 = settings_sha256
         self.output = Path(output)
 
-    def segments(self, texts: list[str], counts: Counter) -> Iterator[list[list[int]]]:
+    def segments(self, texts: list[str], counts: Counter) -> Iterator[list[array.array]]:
         """Each document as a list of sentences of token ids. One tokenizer call per batch of
         documents; the token stream is cut where the splitter's sentences start (one `char_to_token`
         call per sentence instead of a Python loop over every token's offsets)."""
         max_len = self.config.example.max_segment_tokens
-        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        encodings = self.encode(texts)
         for text, encoding in zip(texts, encodings):
             ids = encoding.ids
             cuts = [0]
@@ -107,39 +109,36 @@ class _Worker:
                 if token is not None and token > cuts[-1]:
                     cuts.append(token)
             cuts.append(len(ids))
-            pieces: list[list[int]] = []
+            # Compact arrays: a partition's sentences stay in memory for the dupe-factor passes, and
+            # Python int lists would cost ~36 bytes per token instead of 2-4.
+            pieces: list[array.array] = []
             for begin, end in zip(cuts, cuts[1:]):
                 if end - begin > max_len:
                     counts["sentences cut into pieces (longer than half an example)"] += 1
-                    pieces.extend(ids[i:min(i + max_len, end)] for i in range(begin, end, max_len))
+                    pieces.extend(array.array(self.typecode, ids[i:min(i + max_len, end)])
+                                  for i in range(begin, end, max_len))
                 elif end > begin:
-                    pieces.append(ids[begin:end])
+                    pieces.append(array.array(self.typecode, ids[begin:end]))
             counts["sentences"] += len(cuts) - 1
             yield pieces
 
     def process(self, partition: int, documents: list[tuple[bool, str]]) -> PartitionResult:
         rng = random.Random(f"partition/{self.config.seed}/{partition}")
         counts, skipped = Counter(), Counter()
-        by_split: dict[str, list[list[list[int]]]] = {"train": [], "valid": []}
-        batch: list[tuple[bool, str]] = []
-        batch_chars = 0
-        for item in itertools.chain(documents, [None]):
-            if item is not None:
-                batch.append(item)
-                batch_chars += len(item[1])
-            if batch and (item is None or batch_chars >= _ENCODE_BATCH_CHARS):
-                texts = [text for _, text in batch]
-                for (is_valid, _), segments in zip(batch, self.segments(texts, counts)):
-                    by_split["valid" if is_valid else "train"].append(segments)
-                batch, batch_chars = [], 0
+        by_split: dict[str, list[list[array.array]]] = {"train": [], "valid": []}
+        for batch in _encode_batches(documents):
+            texts = [text for _, text in batch]
+            for (is_valid, _), segments in zip(batch, self.segments(texts, counts)):
+                by_split["valid" if is_valid else "train"].append(segments)
         counts["documents"] += len(documents)
         builders = {split: ShardBuilder(self.dtype) for split in SPLITS}
         static = self.config.masking == "static"
         for split in SPLITS:
             # As BERT: the split is passed `dupe_factor` times, each with new random choices.
-            for _ in range(self.config.dupe_factor if static else 1):
+            for copy in range(self.config.dupe_factor if static else 1):
+                copy_skips = skipped if copy == 0 else Counter()  # count each skipped record once
                 for segments in by_split[split]:
-                    for example in create_examples(segments, self.config.example, self.ids, rng, skipped):
+                    for example in create_examples(segments, self.config.example, self.ids, rng, copy_skips):
                         positions, inputs = (mask_tokens(example.tokens, self.config.example, self.ids, rng)
                                              if static else ((), ()))
                         builders[split].add(example.tokens, example.a_length, example.sop_label, positions, inputs)
@@ -154,6 +153,21 @@ class _Worker:
         return PartitionResult(partition, metas, counts, skipped)
 
 
+def _encode_batches(documents: list[tuple[bool, str]]) -> Iterator[list[tuple[bool, str]]]:
+    batch: list[tuple[bool, str]] = []
+    chars = 0
+    for item in documents:
+        batch.append(item)
+        chars += len(item[1])
+        if chars >= _ENCODE_BATCH_CHARS:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+# The multiprocessing initializer pattern: each pool process builds its `_Worker` once, and the
+# tasks (partition number + documents) find it here instead of re-sending the tokenizer each time.
 _WORKER: _Worker | None = None
 
 
@@ -325,9 +339,10 @@ def _manifest(results: dict[int, PartitionResult], settings: dict, tokenizer_sha
                                                        for k in ("examples", "tokens", "masks", "bin_bytes", "bin_sha256")}}
                   for p in sorted(results)]
         shards = [s for s in shards if s["examples"]]
-        splits[split] = {"examples": sum(s["examples"] for s in shards),
-                         "tokens": sum(s["tokens"] for s in shards), "shards": shards}
-    if not splits["train"]["examples"]:
+        if shards:  # a corpus too small for a held-out split has no "valid" entry
+            splits[split] = {"examples": sum(s["examples"] for s in shards),
+                             "tokens": sum(s["tokens"] for s in shards), "shards": shards}
+    if "train" not in splits:
         raise DataError(f"no training examples could be built ({counts['documents']} documents, skipped: "
                         f"{dict(skipped)}); documents need at least two sentences for sentence-order pairs")
     vocab_size = tok.get_vocab_size()
@@ -364,8 +379,8 @@ def _progress_bar(enabled: bool):
 
 def format_summary(manifest: dict) -> str:
     summary = manifest["summary"]
-    lines = [f"prepared {manifest['splits']['train']['examples']} train / {manifest['splits']['valid']['examples']}"
-             f" valid examples of {manifest['seq_length']} tokens in {summary['seconds']} s"]
+    examples = " / ".join(f"{info['examples']} {split}" for split, info in manifest["splits"].items())
+    lines = [f"prepared {examples} examples of {manifest['seq_length']} tokens in {summary['seconds']} s"]
     lines += [f"  {name}: {value}" for name, value in summary["counts"].items()]
     lines += [f"  skipped {value}: {reason}" for reason, value in summary["skipped"].items()]
     return "\n".join(lines)

@@ -1,0 +1,55 @@
+"""Shared pieces of the pretraining tests: tiny prepared data, tiny configs, metrics readers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from launching import REPO  # noqa: E402
+
+RUN_PRETRAIN = REPO / "pretrain" / "run_pretrain.py"
+CPU_CONFIG = REPO / "ds_configs" / "cpu_small.json"
+BOOKS = ("corpus/books/pg11.txt", "corpus/books/pg84.txt")
+
+
+def prepare_data(output: Path, sources: list[Path], seq_length: int = 64, tokenizer: str = "train") -> Path:
+    """A real prepared data folder built by `widenet-ds prepare-data` (no sources: the embedded corpus)."""
+    from widenet_ds.data.prepare import cli as prepare_cli
+
+    args = [arg for source in sources for arg in ("--source", str(source))] or ["--default-corpus"]
+    args += ["--tokenizer", tokenizer, "--seq-length", str(seq_length), "--valid-fraction", "0.05",
+             "--output", str(output), "--workers", "1", "--no-progress"]
+    if tokenizer == "train":
+        args += ["--vocab-size", "1000"]
+    assert prepare_cli(args) == 0, "prepare-data failed"
+    return output
+
+
+def write_ds_config(path: Path, **changes) -> Path:
+    """cpu_small.json with top-level keys replaced (`zero_optimization={"stage": 2}`, ...)."""
+    config = json.loads(CPU_CONFIG.read_text())
+    config.update(changes)
+    path.write_text(json.dumps(config))
+    return path
+
+
+def write_model_config(path: Path, preset: str = "widenet-tiny-e4", vocab_size: int = 1000, **overrides) -> Path:
+    from widenet_ds.config import ModelConfig
+
+    ModelConfig.from_preset(preset, vocab_size=vocab_size, **overrides).to_json(path)
+    return path
+
+
+def train_losses(output_dir: Path, key: str = "train/loss") -> dict[int, float]:
+    """step -> value of the records holding `key` in metrics.jsonl."""
+    from widenet_ds.training_log import read_metrics
+
+    return {r["step"]: r[key] for r in read_metrics(Path(output_dir) / "metrics.jsonl") if key in r}
+
+
+def events(output_dir: Path) -> list[str]:
+    from widenet_ds.training_log import read_metrics
+
+    return [r["event"] for r in read_metrics(Path(output_dir) / "metrics.jsonl") if "event" in r]

@@ -1,0 +1,245 @@
+"""Launch paths: the rank-environment resolver, the pre-launch checks, launcher.sh, and real
+`mpiexec -n 2` runs (process group through our code; same losses as the `deepspeed` launcher)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from widenet_ds.errors import LaunchError
+from widenet_ds.launch_env import (SLURM_PORT_BASE, check_hostfile, check_world, cli, first_host,
+                                   resolve_launch_env)
+
+sys.path.insert(0, str(Path(__file__).parent))
+from launch_inputs import pretrain_args, prepare_tiny_corpus, tiny_model_config, train_losses  # noqa: E402
+from launching import REPO, free_port  # noqa: E402
+
+BIN = Path(sys.executable).parent
+LAUNCHER_SH = REPO / "slurm" / "launcher.sh"
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """This environment without any rank variables of the test process itself, venv tools first."""
+    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("SLURM_", "PMI_", "OMPI_"))}
+    return {**env, "PATH": f"{BIN}:{env['PATH']}", "OMP_NUM_THREADS": "1", **extra}
+
+
+# --- resolve_launch_env --------------------------------------------------------------------------
+SLURM_STEP = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_LOCALID": "1",
+              "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "8", "SLURM_JOB_NODELIST": "gpu[07-10]",
+              "SLURM_STEP_NODELIST": "gpu[07-10]"}
+
+
+def test_launcher_variables_are_taken_as_they_are():
+    environ = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29511",
+               **SLURM_STEP}  # a `deepspeed` run inside an allocation: the launcher's variables win
+    env = resolve_launch_env(environ)
+    assert (env.source, env.rank, env.local_rank, env.world_size, env.master_addr, env.master_port) == \
+        ("launcher", 1, 1, 2, "10.0.0.1", 29511)
+
+
+def test_partial_launcher_variables_name_what_is_missing():
+    with pytest.raises(LaunchError, match=r"RANK set but LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT missing"):
+        resolve_launch_env({"RANK": "0"})
+
+
+def test_slurm_step_gives_rank_world_first_host_and_job_port():
+    environ = dict(SLURM_STEP)
+    env = resolve_launch_env(environ)
+    assert (env.source, env.rank, env.local_rank, env.world_size, env.master_addr) == ("slurm", 3, 1, 8, "gpu07")
+    assert environ["RANK"] == "3" and environ["WORLD_SIZE"] == "8" and environ["MASTER_ADDR"] == "gpu07"
+    assert SLURM_PORT_BASE <= env.master_port < 65536
+    # Every task of the step computes the same port; a requeued run of the job gets another one.
+    assert resolve_launch_env({**SLURM_STEP, "SLURM_PROCID": "0"}).master_port == env.master_port
+    assert resolve_launch_env({**SLURM_STEP, "SLURM_RESTART_COUNT": "1"}).master_port != env.master_port
+    assert resolve_launch_env({**SLURM_STEP, "MASTER_PORT": "31000"}).master_port == 31000
+
+
+def test_slurm_batch_script_with_many_tasks_but_no_srun_fails_naming_srun():
+    # What the batch shell itself sees (no SLURM_STEP_ID): python was started without srun.
+    batch = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2",
+             "SLURM_JOB_NODELIST": "vm"}
+    with pytest.raises(LaunchError, match=r"2 tasks but this process was started without srun.*srun python"):
+        resolve_launch_env(batch)
+    # A 1-task job may run python directly: one rank.
+    assert resolve_launch_env({**batch, "SLURM_NTASKS": "1"}).world_size == 1
+
+
+def test_slurm_step_without_task_count_fails_naming_ntasks():
+    environ = {k: v for k, v in SLURM_STEP.items() if k not in ("SLURM_NTASKS", "SLURM_STEP_NUM_TASKS")}
+    with pytest.raises(LaunchError, match=r"lacks SLURM_NTASKS.*--ntasks=N"):
+        resolve_launch_env(environ)
+
+
+def test_srun_with_pmi2_is_read_from_slurm_without_mpi():
+    # srun --mpi=pmi2 sets PMI_RANK == SLURM_PROCID; no mpi4py round trip needed (none could happen here).
+    env = resolve_launch_env({**SLURM_STEP, "PMI_RANK": "3", "PMI_SIZE": "8"})
+    assert (env.source, env.rank, env.world_size) == ("slurm", 3, 8)
+
+
+def test_plain_process_is_one_rank_on_loopback():
+    environ: dict[str, str] = {}
+    env = resolve_launch_env(environ)
+    assert (env.source, env.rank, env.world_size, env.master_addr) == ("single", 0, 1, "127.0.0.1")
+    assert environ["MASTER_PORT"] == str(env.master_port)
+
+
+@pytest.mark.parametrize("nodelist, host", [("vm", "vm"), ("gpu[07-09,12]", "gpu07"), ("a[3],b1", "a3"),
+                                            ("node-1,node-2", "node-1"), ("rack1-n[0001-0004]", "rack1-n0001")])
+def test_first_host_of_slurm_node_list(nodelist, host):
+    assert first_host(nodelist) == host
+
+
+# --- hostfile and world checks -------------------------------------------------------------------
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_hostfile_with_unresolvable_host_names_host_and_fix(tmp_path):
+    hostfile = write(tmp_path / "hosts", "localhost slots=2\n# a comment\nno-such-node.invalid slots=8\n")
+    with pytest.raises(LaunchError, match=r"host 'no-such-node.invalid' .* does not resolve.*/etc/hosts"):
+        check_hostfile(hostfile)
+
+
+def test_more_ranks_than_slots_is_refused(tmp_path):
+    hostfile = write(tmp_path / "hosts", "localhost slots=2\n127.0.0.1 slots=1\n")
+    assert check_hostfile(hostfile, 3) == {"localhost": 2, "127.0.0.1": 1}
+    with pytest.raises(LaunchError, match=r"4 ranks requested but hostfile .* offers 3 slots.*request at most 3"):
+        check_hostfile(hostfile, 4)
+    # --num_gpus G starts G ranks on every chosen host: each needs G slots.
+    with pytest.raises(LaunchError, match=r"2 ranks per node .* fewer slots to 127.0.0.1: 1"):
+        check_hostfile(hostfile, num_nodes=2, ranks_per_node=2)
+    assert check_hostfile(hostfile, num_nodes=1, ranks_per_node=2) == {"localhost": 2}
+    with pytest.raises(LaunchError, match=r"3 nodes requested but hostfile .* lists 2 hosts"):
+        check_hostfile(hostfile, num_nodes=3)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("localhost 2\n", r"is not `<host> slots=<N>`"),
+    ("localhost slots=2\nlocalhost slots=2\n", r"listed twice"),
+    ("localhost slots=0\n", r"slots=0"),
+    ("# only a comment\n", r"lists no hosts"),
+])
+def test_malformed_hostfile_names_the_line(tmp_path, text, message):
+    with pytest.raises(LaunchError, match=message):
+        check_hostfile(write(tmp_path / "hosts", text))
+
+
+def test_missing_hostfile(tmp_path):
+    with pytest.raises(LaunchError, match=r"does not exist.*leave out --hostfile"):
+        check_hostfile(tmp_path / "nope")
+
+
+def test_check_hostfile_cli(tmp_path, capsys):
+    hostfile = write(tmp_path / "hosts", "localhost slots=2\n")
+    assert cli(["check-hostfile", "--hostfile", str(hostfile), "--num-ranks", "2"]) == 0
+    assert capsys.readouterr().out.strip() == "localhost:2"
+    assert cli(["check-hostfile", "--hostfile", str(hostfile), "--num-gpus", "3"]) == 2
+    assert "request at most 2 GPUs per node" in capsys.readouterr().err
+
+
+def test_ep_size_must_divide_world_size_and_experts():
+    check_world(world_size=4, ep_size=2, num_experts=8)
+    with pytest.raises(LaunchError, match=r"ep_size 4 does not divide the world size 2; use one of \[1, 2\]"):
+        check_world(world_size=2, ep_size=4, num_experts=4)
+    with pytest.raises(LaunchError, match=r"ep_size 2 does not divide num_experts 3"):
+        check_world(world_size=2, ep_size=2, num_experts=3)
+
+
+def test_launcher_sh_refuses_bad_hostfile_before_starting_deepspeed(tmp_path):
+    hostfile = write(tmp_path / "hosts", "localhost slots=2\nno-such-node.invalid slots=2\n")
+    start = time.monotonic()
+    proc = subprocess.run([str(LAUNCHER_SH), "pretrain", "--hostfile", str(hostfile), "--", "--anything"],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "no-such-node.invalid" in proc.stderr and "remove its line" in proc.stderr
+    assert "launcher.sh: deepspeed" not in proc.stdout  # never got as far as the launcher
+    assert time.monotonic() - start < 20
+
+    proc = subprocess.run([str(LAUNCHER_SH), "pretrain", "--hostfile", str(write(tmp_path / "one", "localhost slots=2\n")),
+                           "--num-gpus", "4", "--", "--anything"],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "request at most 2 GPUs per node" in proc.stderr
+
+
+# --- real multi-process launches -----------------------------------------------------------------
+ALL_REDUCE = """
+import json, os, torch, torch.distributed as dist
+from widenet_ds.distributed import init_distributed
+from widenet_ds.launch_env import resolve_launch_env
+init_distributed()
+value = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(value)
+print(json.dumps({"rank": dist.get_rank(), "world": dist.get_world_size(), "local_rank": int(os.environ["LOCAL_RANK"]),
+                  "port": int(os.environ["MASTER_PORT"]), "sum": value.item(), "has_pmi": "PMI_RANK" in os.environ}))
+"""
+
+
+@pytest.mark.multirank
+def test_mpiexec_two_ranks_initialise_through_launch_env(tmp_path):
+    script = write(tmp_path / "all_reduce.py", ALL_REDUCE)
+    proc = subprocess.run([str(BIN / "mpiexec"), "-n", "2", sys.executable, str(script)], env=subprocess_env(),
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")),
+                  key=lambda row: row["rank"])
+    assert [(r["rank"], r["world"], r["local_rank"], r["sum"]) for r in rows] == [(0, 2, 0, 3.0), (1, 2, 1, 3.0)]
+    assert all(r["has_pmi"] for r in rows)
+    # Rank 0's free port, shared over MPI - not DeepSpeed's fixed 29500, which collides between jobs.
+    assert rows[0]["port"] == rows[1]["port"] != 29500
+
+
+@pytest.fixture(scope="module")
+def corpus(shared_data, tmp_path_factory):
+    return prepare_tiny_corpus(shared_data, tmp_path_factory.mktemp("corpus") / "alice")
+
+
+@pytest.mark.multirank
+@pytest.mark.slow
+def test_mpiexec_and_deepspeed_launcher_give_the_same_losses_with_ep2(tmp_path, corpus):
+    model = tiny_model_config(tmp_path / "tiny_ep2.json", ep_size=2)
+    steps = 5
+    mpi = subprocess.run([str(BIN / "mpiexec"), "-n", "2", sys.executable, str(REPO / "pretrain/run_pretrain.py"),
+                          *pretrain_args(corpus, model, tmp_path / "mpi", steps)],
+                         env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert mpi.returncode == 0, mpi.stdout[-3000:] + mpi.stderr[-3000:]
+    hostfile = write(tmp_path / "hosts", "localhost slots=2\n")
+    ds = subprocess.run([str(LAUNCHER_SH), "pretrain", "--hostfile", str(hostfile), "--master-addr", "127.0.0.1",
+                         "--master-port", str(free_port()), "--no-ssh-check", "--",
+                         *pretrain_args(corpus, model, tmp_path / "ds", steps)],
+                        env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert ds.returncode == 0, ds.stdout[-3000:] + ds.stderr[-3000:]
+    assert "--hostfile" in ds.stdout.splitlines()[0]  # launcher.sh handed the hostfile to deepspeed
+
+    for run in ("mpi", "ds"):
+        final = tmp_path / run / "checkpoints" / f"step{steps}"
+        assert json.loads((final / "widenet_checkpoint.json").read_text())["world_size"] == 2
+        assert (final / "rank_00000_state.pt").exists() and (final / "rank_00001_state.pt").exists()
+    mpi_losses, ds_losses = train_losses(tmp_path / "mpi"), train_losses(tmp_path / "ds")
+    assert [step for step, _ in mpi_losses] == list(range(1, steps + 1))
+    assert [step for step, _ in ds_losses] == list(range(1, steps + 1))
+    torch.testing.assert_close(torch.tensor([loss for _, loss in mpi_losses], dtype=torch.float64),
+                               torch.tensor([loss for _, loss in ds_losses], dtype=torch.float64),
+                               rtol=1e-6, atol=0)
+
+
+@pytest.mark.multirank
+def test_ep_size_not_dividing_world_size_fails_fast_under_mpiexec(tmp_path, corpus):
+    model = tiny_model_config(tmp_path / "tiny_ep4.json", ep_size=4)
+    start = time.monotonic()
+    proc = subprocess.run([str(BIN / "mpiexec"), "-n", "2", sys.executable, str(REPO / "pretrain/run_pretrain.py"),
+                           *pretrain_args(corpus, model, tmp_path / "run", 5)],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0
+    assert "ep_size 4 does not divide the world size 2" in proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert time.monotonic() - start < 60

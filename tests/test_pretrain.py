@@ -1,0 +1,117 @@
+"""The pretraining entry point in one process: each bad input fails with one clear error before any
+training starts (nothing written), and phase 2 starts from phase 1's weights on new, longer data."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from widenet_ds.errors import CheckpointError, ConfigError, DataError
+from widenet_ds.pretrain import run
+from widenet_ds.train_config import parse_args
+
+sys.path.insert(0, str(Path(__file__).parent))
+from pretrain_support import BOOKS, CPU_CONFIG, prepare_data, train_losses, write_ds_config  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, shared_data):
+    root = tmp_path_factory.mktemp("pretrain")
+    seq64 = prepare_data(root / "seq64", [shared_data / BOOKS[0]])
+    # Phase-2 data: longer sequences, the same tokenizer.
+    seq128 = prepare_data(root / "seq128", [shared_data / BOOKS[1]], seq_length=128,
+                          tokenizer=str(seq64 / "tokenizer.json"))
+    return {"root": root, "seq64": seq64, "seq128": seq128}
+
+
+def args(data, output_dir, *extra, model="albert-tiny", ds=CPU_CONFIG, data_dir=None):
+    return ["--model-config", model, "--deepspeed_config", str(ds), "--data", str(data_dir or data["seq64"]),
+            "--output-dir", str(output_dir), "--max-steps", "2", "--log-interval", "1", "--eval-interval", "0",
+            "--no-progress-bar", "--no-tensorboard", *extra]
+
+
+@pytest.fixture(scope="module")
+def albert_run(data, dist):
+    """A finished 2-step albert-tiny run: a real output folder with a real checkpoint."""
+    out = data["root"] / "albert"
+    assert run(parse_args(args(data, out))) == 0
+    return out
+
+
+def assert_fails_before_training(argv, error, pattern, output_dir):
+    before = sorted(p.relative_to(output_dir) for p in output_dir.rglob("*")) if output_dir.exists() else None
+    with pytest.raises(error, match=pattern):
+        run(parse_args(argv))
+    after = sorted(p.relative_to(output_dir) for p in output_dir.rglob("*")) if output_dir.exists() else None
+    assert after == before, "a failed start must not write anything"
+
+
+def test_batch_sizes_disagreeing_with_the_world_size(data, tmp_path, dist):
+    ds = write_ds_config(tmp_path / "ds.json", gradient_accumulation_steps=1)  # 16 != 8 x 1 x 1 rank
+    assert_fails_before_training(args(data, tmp_path / "out", ds=ds), ConfigError,
+                                 r"batch sizes disagree with the world size.*set gradient_accumulation_steps to 2",
+                                 tmp_path / "out")
+
+
+def test_zero3_with_moe(data, tmp_path, dist):
+    ds = write_ds_config(tmp_path / "ds.json", zero_optimization={"stage": 3})
+    assert_fails_before_training(args(data, tmp_path / "out", ds=ds, model="widenet-tiny-e4"), ConfigError,
+                                 r"ZeRO stage 3, but DeepSpeed's MoE supports ZeRO stage 1 and 2 only",
+                                 tmp_path / "out")
+
+
+def test_fp16_on_cpu(data, tmp_path, dist):
+    ds = write_ds_config(tmp_path / "ds.json", fp16={"enabled": True})
+    assert_fails_before_training(args(data, tmp_path / "out", ds=ds), ConfigError,
+                                 r"fp16 needs a CUDA device; use ds_configs/cpu_small.json", tmp_path / "out")
+
+
+def test_missing_data_manifest(data, tmp_path, dist):
+    (tmp_path / "data").mkdir()
+    assert_fails_before_training(args(data, tmp_path / "out", data_dir=tmp_path / "data"), DataError,
+                                 r"has no manifest.json.*prepare-data", tmp_path / "out")
+
+
+def test_output_dir_holding_another_models_checkpoints(data, albert_run, dist):
+    for extra in ((), ("--resume",)):
+        assert_fails_before_training(args(data, albert_run, *extra, model="widenet-tiny-e4"), CheckpointError,
+                                     r"of another model config; differing fields:(.|\n)*ffn: 'dense' \(checkpoint\) "
+                                     r"vs 'moe' \(this run\)", albert_run)
+
+
+def test_same_model_in_a_used_output_dir_needs_resume(data, albert_run, dist):
+    assert_fails_before_training(args(data, albert_run), CheckpointError,
+                                 r"already holds checkpoints of this model \(up to step2\); pass --resume", albert_run)
+
+
+def test_resume_from_a_checkpoint_of_another_model_config(data, albert_run, tmp_path, dist):
+    checkpoint = albert_run / "checkpoints" / "step2"
+    assert_fails_before_training(args(data, tmp_path / "out", "--resume", str(checkpoint), model="bert-tiny-factorized"),
+                                 CheckpointError, r"share_attention: True \(checkpoint\) vs False \(this run\)",
+                                 tmp_path / "out")
+
+
+def test_resume_latest_in_an_empty_output_dir_starts_from_step_zero(data, tmp_path, dist):
+    # What a requeued Slurm job does on its first start: --resume with nothing saved yet.
+    assert run(parse_args(args(data, tmp_path / "out", "--resume", "--max-steps", "1"))) == 0
+    assert sorted(train_losses(tmp_path / "out")) == [1]
+
+
+def test_phase2_starts_from_phase1_weights_with_new_sequence_length(data, albert_run, tmp_path, dist):
+    out = tmp_path / "phase2"
+    phase1 = albert_run / "checkpoints"
+    # One step: WarmupDecayLR's first step runs at warmup_min_lr = 0, so the weights stay phase 1's.
+    assert run(parse_args(args(data, out, "--init-from", str(phase1), "--max-steps", "1",
+                               data_dir=data["seq128"]))) == 0
+    from widenet_ds.checkpointing import read_meta
+
+    meta = read_meta(out / "checkpoints" / "step1")
+    assert meta["data_manifest"]["seq_length"] == 128 and meta["step"] == 1
+    old = torch.load(phase1 / "step2" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    new = torch.load(out / "checkpoints" / "step1" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    assert old.keys() == new.keys()
+    for name in old:
+        assert torch.equal(old[name], new[name]), name

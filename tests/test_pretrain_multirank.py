@@ -1,0 +1,186 @@
+"""pretrain/run_pretrain.py under the real `deepspeed` launcher, 2 CPU ranks, ep_size 2, fp32, ZeRO 2.
+
+One uninterrupted reference run; against it: a run killed with SIGKILL after a checkpoint and resumed,
+a run stopped by SIGTERM and resumed (per-step losses equal to the last bit), activation
+checkpointing (same losses), the TensorBoard scalars, and a batch size that does not fit 2 ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from launching import REPO, deepspeed_command, run_deepspeed  # noqa: E402
+from pretrain_support import (BOOKS, RUN_PRETRAIN, events, prepare_data, train_losses,  # noqa: E402
+                              write_ds_config, write_model_config)
+
+pytestmark = pytest.mark.multirank
+
+STEPS = 10
+SAVE_EVERY = 3
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, shared_data):
+    root = tmp_path_factory.mktemp("multirank")
+    return {
+        "data": prepare_data(root / "data", [shared_data / b for b in BOOKS]),
+        "model": write_model_config(root / "widenet_ep2.json", moe={"ep_size": 2}),
+        "ds": write_ds_config(root / "zero2.json", zero_optimization={"stage": 2}),
+        "root": root,
+    }
+
+
+def run_args(inputs, output_dir: Path, *extra: str) -> list[str]:
+    return ["--model-config", str(inputs["model"]), "--deepspeed_config", str(inputs["ds"]),
+            "--data", str(inputs["data"]), "--output-dir", str(output_dir), "--max-steps", str(STEPS),
+            "--log-interval", "1", "--save-interval", str(SAVE_EVERY), "--eval-interval", "5",
+            "--eval-batches", "2", "--no-progress-bar", *extra]
+
+
+def launch_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def reference(inputs):
+    out = inputs["root"] / "reference"
+    run_deepspeed(RUN_PRETRAIN, run_args(inputs, out))
+    return out
+
+
+def start(inputs, output_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen(deepspeed_command(RUN_PRETRAIN, run_args(inputs, output_dir)), cwd=REPO,
+                            env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, text=True)
+
+
+def wait_for_checkpoint(proc: subprocess.Popen, output_dir: Path, timeout: float = 180) -> str:
+    latest = output_dir / "checkpoints" / "latest"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if latest.is_file():
+            return latest.read_text()
+        if proc.poll() is not None:
+            pytest.fail(f"run ended ({proc.returncode}) before its first checkpoint:\n{proc.stdout.read()[-4000:]}")
+        time.sleep(0.01)
+    pytest.fail("no checkpoint within the timeout")
+
+
+def rank_pids(launcher_pid: int) -> list[int]:
+    import psutil
+
+    children = psutil.Process(launcher_pid).children(recursive=True)
+    # The ranks are the children started with --local_rank (launch.py's own command names the script too).
+    return [p.pid for p in children if any(part.startswith("--local_rank") for part in p.cmdline())]
+
+
+def assert_same_losses(reference: Path, resumed: Path) -> None:
+    for key in ("train/loss", "train/mlm_loss", "train/sop_loss", "valid/loss"):
+        expected, got = train_losses(reference, key), train_losses(resumed, key)
+        assert sorted(got) == sorted(expected), f"{key}: steps {sorted(got)} vs {sorted(expected)}"
+        # Exact float equality (metrics.jsonl keeps the full repr): the resumed run is the same run.
+        mismatches = {s: (expected[s], got[s]) for s in expected if expected[s] != got[s]}
+        assert not mismatches, f"{key} differs after resume: {mismatches}"
+
+
+def test_reference_run_learns_and_logs_every_step(reference):
+    losses = train_losses(reference)
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert (reference / "checkpoints" / "latest").read_text() == f"step{STEPS}"
+
+
+def test_sigkill_after_checkpoint_then_resume_gives_identical_losses(inputs, reference):
+    out = inputs["root"] / "sigkill"
+    proc = start(inputs, out)
+    first = wait_for_checkpoint(proc, out)
+    os.killpg(proc.pid, signal.SIGKILL)  # launcher and both ranks, no chance to save anything
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    killed_at = (out / "checkpoints" / "latest").read_text()
+    assert killed_at != f"step{STEPS}", "the run finished before it could be killed; the test proved nothing"
+    assert first.startswith("step")
+
+    run_deepspeed(RUN_PRETRAIN, run_args(inputs, out, "--resume"))
+    assert any(e.startswith("resumed from") for e in events(out))
+    assert_same_losses(reference, out)
+
+
+def test_sigterm_saves_exits_cleanly_and_resumes_identically(inputs, reference):
+    out = inputs["root"] / "sigterm"
+    proc = start(inputs, out)
+    wait_for_checkpoint(proc, out)
+    pids = rank_pids(proc.pid)
+    assert len(pids) == 2
+    for pid in pids:  # as Slurm does on preemption: every task gets the signal
+        os.kill(pid, signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output[-4000:]
+    stopped = [e for e in events(out) if e.startswith("stopped by SIGTERM")]
+    assert stopped, events(out)
+    stop_step = max(train_losses(out))
+    assert stop_step < STEPS, "the run finished before the signal; the test proved nothing"
+    assert (out / "checkpoints" / "latest").read_text() == f"step{stop_step}"
+
+    run_deepspeed(RUN_PRETRAIN, run_args(inputs, out, "--resume"))
+    assert_same_losses(reference, out)
+
+
+def test_activation_checkpointing_under_zero2_matches_losses(inputs, reference):
+    out = inputs["root"] / "activation_checkpointing"
+    args = run_args(inputs, out, "--activation-checkpointing")
+    args[args.index("--max-steps") + 1] = "2"
+    run_deepspeed(RUN_PRETRAIN, args)
+    expected, got = train_losses(reference), train_losses(out)
+    assert sorted(got) == [1, 2]
+    for step in (1, 2):
+        assert got[step] == pytest.approx(expected[step], rel=1e-6, abs=0), (step, got, expected)
+
+
+def test_tensorboard_holds_every_scalar(reference):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(reference / "tensorboard"), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    tags = set(accumulator.Tags()["scalars"])
+    expected = {f"train/{name}" for name in ("loss", "mlm_loss", "mlm_accuracy", "sop_loss", "sop_accuracy",
+                                             "balance_loss")}
+    expected |= {f"valid/{name}" for name in ("loss", "mlm_loss", "mlm_accuracy", "sop_loss", "sop_accuracy")}
+    expected |= {"optim/lr", "optim/grad_norm", "optim/loss_scale", "perf/samples_per_second",
+                 "perf/tokens_per_second", "perf/memory_mib"}
+    for block in range(4):  # widenet-tiny-e4: 4 blocks, 4 experts, one routing call per block
+        expected |= {f"moe/block_{block:02d}/expert_{e:02d}_load" for e in range(4)}
+        expected.add(f"moe/block_{block:02d}/dropped_fraction")
+    assert not expected - tags, f"missing: {sorted(expected - tags)}"
+    assert [e.step for e in accumulator.Scalars("train/loss")] == list(range(1, STEPS + 1))
+    # TensorBoard and metrics.jsonl hold the same numbers (TensorBoard stores float32).
+    jsonl = train_losses(reference, "moe/block_02/expert_01_load")
+    for event in accumulator.Scalars("moe/block_02/expert_01_load"):
+        assert event.value == pytest.approx(jsonl[event.step], rel=1e-6)
+    for step in range(1, STEPS + 1):
+        loads = [train_losses(reference, f"moe/block_00/expert_{e:02d}_load")[step] for e in range(4)]
+        assert sum(loads) == pytest.approx(1.0)
+    assert all(e.value > 0 for e in accumulator.Scalars("optim/grad_norm"))
+    assert accumulator.Scalars("perf/memory_mib")[-1].value > 50
+
+
+def test_batch_size_that_does_not_fit_two_ranks_fails_before_training(inputs):
+    # 16 = 8 x 2 x 1 rank: right for one rank, wrong for two.
+    ds = write_ds_config(inputs["root"] / "accum2.json", gradient_accumulation_steps=2)
+    out = inputs["root"] / "bad_batch"
+    args = run_args(inputs, out)
+    args[args.index("--deepspeed_config") + 1] = str(ds)
+    proc = run_deepspeed(RUN_PRETRAIN, args, check=False)
+    assert proc.returncode != 0
+    text = proc.stdout + proc.stderr
+    assert "train_batch_size 16 != train_micro_batch_size_per_gpu 8 x gradient_accumulation_steps 2 x 2" in text
+    assert "set gradient_accumulation_steps to 1" in text
+    assert not (out / "metrics.jsonl").exists() and not (out / "checkpoints").exists()
