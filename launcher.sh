@@ -6,6 +6,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="${WIDENET_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
+# The tools of the environment: overridable to run under another one (a cluster module, a container).
+PYTHON="${PYTHON:-$PY}"
+DEEPSPEED="${DEEPSPEED:-$VENV/bin/deepspeed}"
 export WIDENET_SHARED_DATA="${WIDENET_SHARED_DATA:-$ROOT/../shared/data}"
 
 usage() {
@@ -22,11 +25,16 @@ commands:
   test [PYTEST ARGS]    set up (packages, Slurm for the cluster tests) and run the test suite
   -h, --help            this text
 
-launch options [L] for pretrain/finetune:
-  --hostfile FILE       deepspeed hostfile ("host slots=N" per line); checked before launching
-  --num-ranks N         local ranks (default: all local devices; 2 CPU ranks on a CPU machine)
-  --include/--exclude/--master_addr/--master_port VALUE   passed to the deepspeed launcher
+launch options [L] for pretrain/finetune (before `--`):
+  --hostfile FILE       nodes to run on, deepspeed's format ("host slots=N" per line; passwordless ssh +
+                        pdsh); checked first: hosts must resolve and have the slots asked for
+  --num-nodes N         the first N hosts of the hostfile
+  --num-gpus G          ranks per node (default: every GPU; without GPUs one CPU rank per core, at most 8)
+  --master-addr ADDR    rendezvous address (default: 127.0.0.1 locally; deepspeed asks the first host)
+  --master-port PORT    rendezvous port (default 29500)
+  --no-ssh-check        skip deepspeed's ssh probe of the first host
 Everything after `--` goes to the entrypoint unchanged (quoted as given).
+Environment: PYTHON, DEEPSPEED name other tools than .venv's; WIDENET_SHARED_DATA the shared data.
 EOF
 }
 
@@ -48,28 +56,51 @@ setup() {
 }
 
 deepspeed_launch() {
-  # deepspeed_launch <script> <launcher/launch options...> -- <script args...>
-  local script="$1"; shift
-  local launch=() hostfile="" ranks=""
-  while [[ $# -gt 0 && "$1" != "--" ]]; do
+  # deepspeed_launch <entrypoint> [launch options] [-- entrypoint options]
+  local entrypoint="$1"; shift
+  local hostfile="" num_nodes="" num_gpus="" master_addr="" master_port="" ssh_check=1
+  while [[ $# -gt 0 ]]; do
     case "$1" in
-      --hostfile) hostfile="$2"; shift 2 ;;
-      --num-ranks) ranks="$2"; shift 2 ;;
-      --include|--exclude|--master_addr|--master_port|--num_nodes) launch+=("$1" "$2"); shift 2 ;;
-      *) echo "launcher.sh: unknown launch option $1 (script arguments go after --)" >&2; exit 2 ;;
+      --hostfile) hostfile="${2:?--hostfile needs a file}"; shift 2 ;;
+      --num-nodes) num_nodes="${2:?--num-nodes needs a number}"; shift 2 ;;
+      --num-gpus|--num-ranks) num_gpus="${2:?$1 needs a number}"; shift 2 ;;
+      --master-addr) master_addr="${2:?--master-addr needs an address}"; shift 2 ;;
+      --master-port) master_port="${2:?--master-port needs a port}"; shift 2 ;;
+      --no-ssh-check) ssh_check=0; shift ;;
+      --) shift; break ;;
+      *) echo "launcher.sh: error: unknown launch option '$1'; entrypoint options go after '--'" >&2; exit 2 ;;
     esac
   done
-  [[ "${1:-}" == "--" ]] && shift
+  local ds_args=()
   if [[ -n "$hostfile" ]]; then
-    "$PY" -m widenet_ds.launch_env check-hostfile --hostfile "$hostfile" ${ranks:+--num-ranks "$ranks"}
-    launch+=(--hostfile "$hostfile")
+    local check=(--hostfile "$hostfile")
+    [[ -n "$num_nodes" ]] && check+=(--num-nodes "$num_nodes")
+    [[ -n "$num_gpus" ]] && check+=(--num-gpus "$num_gpus")
+    # Unresolvable hosts or too few slots fail here, naming the fix, before any rank starts.
+    "$PYTHON" -m widenet_ds.launch_env check-hostfile "${check[@]}" >/dev/null || exit 2
+    ds_args+=(--hostfile "$hostfile")
+    [[ -n "$num_nodes" ]] && ds_args+=(--num_nodes "$num_nodes")
+  else
+    if [[ -n "$num_nodes" && "$num_nodes" != 1 ]]; then
+      echo "launcher.sh: error: --num-nodes $num_nodes needs --hostfile listing the nodes" >&2; exit 2
+    fi
+    if [[ -z "$num_gpus" ]] && ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then
+      # deepspeed's CPU default is one rank per NUMA node (often 1); CPU runs want one per core.
+      local cores; cores=$(nproc)
+      num_gpus=$(( cores < 8 ? cores : 8 ))
+    fi
   fi
-  if [[ -n "$ranks" ]]; then
-    launch+=(--num_gpus "$ranks")
-  elif [[ -z "$hostfile" ]] && ! "$PY" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    launch+=(--num_gpus 2)  # CPU machine: two local ranks stand in for devices
-  fi
-  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/deepspeed" "${launch[@]}" "$script" "$@"
+  [[ -n "$num_gpus" ]] && ds_args+=(--num_gpus "$num_gpus")
+  [[ -n "$master_addr" ]] && ds_args+=(--master_addr "$master_addr")
+  [[ -n "$master_port" ]] && ds_args+=(--master_port "$master_port")
+  [[ "$ssh_check" == 0 ]] && ds_args+=(--no_ssh_check)
+  echo "launcher.sh: $DEEPSPEED ${ds_args[*]} $entrypoint $*"
+  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$DEEPSPEED" "${ds_args[@]}" "$entrypoint" "$@"
+}
+
+ensure_venv() {
+  # pretrain/finetune/convert in an existing environment start at once; set it up otherwise.
+  [[ -x "$DEEPSPEED" ]] || setup
 }
 
 demo() {
@@ -81,20 +112,20 @@ demo() {
   "$VENV/bin/widenet-ds" prepare-data --default-corpus --tokenizer train --vocab-size 8000 \
     --seq-length 128 --output "$run/data" --workers 2 --seed 1
   echo "[demo] 2/3 pretraining widenet-small-e4 on 2 CPU ranks, expert parallel 2" >&2
-  deepspeed_launch "$ROOT/pretrain/run_pretrain.py" --num-ranks 2 -- \
+  ( deepspeed_launch "$ROOT/pretrain/run_pretrain.py" --num-gpus 2 -- \
     --preset widenet-small-e4 --moe-ep-size 2 --deepspeed_config "$ROOT/ds_configs/cpu_small.json" \
     --data "$run/data" --output-dir "$run/pretrain" --max-steps "${WIDENET_DEMO_STEPS:-300}" \
-    --save-interval 100 --eval-interval 100
+    --save-interval 100 --eval-interval 100 )
   if [[ ! -d "$sst2" ]]; then
     echo "[demo] SST-2 not found at $sst2: set WIDENET_SHARED_DATA to a folder with glue/SST-2" \
          "(train.tsv, dev.tsv); skipping the finetune step." >&2
     exit 1
   fi
   echo "[demo] 3/3 finetuning on SST-2 ($sst2)" >&2
-  deepspeed_launch "$ROOT/finetune/run_glue.py" --num-ranks 2 -- \
+  ( deepspeed_launch "$ROOT/finetune/run_glue.py" --num-gpus 2 -- \
     --task sst2 --data "$sst2" --init "$run/pretrain" --output-dir "$run/sst2" \
     --deepspeed_config "$ROOT/ds_configs/finetune_cpu_small.json" --max-steps "${WIDENET_DEMO_FT_STEPS:-150}" \
-    --max-train-examples 4000
+    --max-train-examples 4000 )
 }
 
 run_tests() {
@@ -111,13 +142,13 @@ cmd="${1:-}"
 case "$cmd" in
   setup) setup ;;
   demo) demo ;;
-  pretrain) setup; deepspeed_launch "$ROOT/pretrain/run_pretrain.py" "$@" ;;
+  pretrain) ensure_venv; deepspeed_launch "$ROOT/pretrain/run_pretrain.py" "$@" ;;
   finetune)
-    setup
+    ensure_venv
     script="$ROOT/finetune/run_glue.py"
     if [[ "${1:-}" == "--squad" ]]; then script="$ROOT/finetune/run_squad.py"; shift; fi
     deepspeed_launch "$script" "$@" ;;
-  convert) setup; "$VENV/bin/widenet-ds" convert "$@" ;;
+  convert) ensure_venv; "$VENV/bin/widenet-ds" convert "$@" ;;
   test) run_tests "$@" ;;
   -h|--help|help|"") usage ;;
   *) echo "launcher.sh: unknown command '$cmd'" >&2; usage >&2; exit 2 ;;

@@ -22,7 +22,7 @@ from launch_inputs import pretrain_args, prepare_tiny_corpus, tiny_model_config,
 from launching import REPO, free_port  # noqa: E402
 
 BIN = Path(sys.executable).parent
-LAUNCHER_SH = REPO / "slurm" / "launcher.sh"
+LAUNCHER_SH = REPO / "launcher.sh"
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
@@ -173,25 +173,26 @@ def test_launcher_sh_refuses_bad_hostfile_before_starting_deepspeed(tmp_path):
 
 # --- real multi-process launches -----------------------------------------------------------------
 ALL_REDUCE = """
-import json, os, torch, torch.distributed as dist
+import json, os, sys, torch, torch.distributed as dist
 from widenet_ds.distributed import init_distributed
 from widenet_ds.launch_env import resolve_launch_env
 init_distributed()
 value = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(value)
-print(json.dumps({"rank": dist.get_rank(), "world": dist.get_world_size(), "local_rank": int(os.environ["LOCAL_RANK"]),
-                  "port": int(os.environ["MASTER_PORT"]), "sum": value.item(), "has_pmi": "PMI_RANK" in os.environ}))
+row = {"rank": dist.get_rank(), "world": dist.get_world_size(), "local_rank": int(os.environ["LOCAL_RANK"]),
+       "port": int(os.environ["MASTER_PORT"]), "sum": value.item(), "has_pmi": "PMI_RANK" in os.environ}
+with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}.json"), "w") as out:  # mpiexec mixes stdout lines
+    json.dump(row, out)
 """
 
 
 @pytest.mark.multirank
 def test_mpiexec_two_ranks_initialise_through_launch_env(tmp_path):
     script = write(tmp_path / "all_reduce.py", ALL_REDUCE)
-    proc = subprocess.run([str(BIN / "mpiexec"), "-n", "2", sys.executable, str(script)], env=subprocess_env(),
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run([str(BIN / "mpiexec"), "-n", "2", sys.executable, str(script), str(tmp_path)],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")),
-                  key=lambda row: row["rank"])
+    rows = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [(r["rank"], r["world"], r["local_rank"], r["sum"]) for r in rows] == [(0, 2, 0, 3.0), (1, 2, 1, 3.0)]
     assert all(r["has_pmi"] for r in rows)
     # Rank 0's free port, shared over MPI - not DeepSpeed's fixed 29500, which collides between jobs.

@@ -71,7 +71,7 @@ def resolve_launch_env(environ: MutableMapping[str, str] | None = None) -> Launc
     # variable means a launcher already placed this process.
     if any(name in environ for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE")):
         env = _from_launcher(environ)
-    elif _mpi_size(environ) is not None and not _slurm_step_matches_mpi(environ):
+    elif _mpi_rank_size(environ) is not None and not _slurm_step_matches_mpi(environ):
         env = _from_mpi(environ)
     elif "SLURM_JOB_ID" in environ:
         env = _from_slurm(environ)
@@ -126,7 +126,7 @@ def _from_launcher(environ: MutableMapping[str, str]) -> LaunchEnv:
 MPI_RANK_SIZE_VARS = (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"))
 
 
-def _mpi_size(environ: MutableMapping[str, str]) -> tuple[int, int] | None:
+def _mpi_rank_size(environ: MutableMapping[str, str]) -> tuple[int, int] | None:
     for rank_var, size_var in MPI_RANK_SIZE_VARS:
         if rank_var in environ and size_var in environ:
             return _int_var(environ, rank_var, "MPI"), _int_var(environ, size_var, "MPI")
@@ -135,7 +135,7 @@ def _mpi_size(environ: MutableMapping[str, str]) -> tuple[int, int] | None:
 
 def _slurm_step_matches_mpi(environ: MutableMapping[str, str]) -> bool:
     """`srun --mpi=pmi2` sets PMI_RANK == SLURM_PROCID: Slurm alone describes those ranks."""
-    mpi = _mpi_size(environ)
+    mpi = _mpi_rank_size(environ)
     step = _slurm_step_tasks(environ)
     return (mpi is not None and "SLURM_STEP_ID" in environ and step is not None
             and environ.get("SLURM_PROCID") == str(mpi[0]) and step == mpi[1])
