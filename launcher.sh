@@ -111,11 +111,15 @@ demo() {
   echo "[demo] 1/3 preparing the embedded default corpus -> $run/data" >&2
   "$VENV/bin/widenet-ds" prepare-data --default-corpus --tokenizer train --vocab-size 8000 \
     --seq-length 128 --output "$run/data" --workers 2 --seed 1
-  echo "[demo] 2/3 pretraining widenet-small-e4 on 2 CPU ranks, expert parallel 2" >&2
+  echo "[demo] 2/3 pretraining widenet-tiny-e4 on 2 CPU ranks, expert parallel 2" >&2
+  local vocab
+  vocab="$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$run/data/manifest.json")"
+  "$VENV/bin/widenet-ds" model-config widenet-tiny-e4 --set vocab_size="$vocab" --set moe.ep_size=2 \
+    --output "$run/model.json"
   ( deepspeed_launch "$ROOT/pretrain/run_pretrain.py" --num-gpus 2 -- \
-    --preset widenet-small-e4 --moe-ep-size 2 --deepspeed_config "$ROOT/ds_configs/cpu_small.json" \
+    --model-config "$run/model.json" --deepspeed_config "$ROOT/ds_configs/cpu_small.json" \
     --data "$run/data" --output-dir "$run/pretrain" --max-steps "${WIDENET_DEMO_STEPS:-300}" \
-    --save-interval 100 --eval-interval 100 )
+    --save-interval 100 --eval-interval 100 --resume )
   if [[ ! -d "$sst2" ]]; then
     echo "[demo] SST-2 not found at $sst2: set WIDENET_SHARED_DATA to a folder with glue/SST-2" \
          "(train.tsv, dev.tsv); skipping the finetune step." >&2

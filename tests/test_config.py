@@ -72,3 +72,15 @@ def test_moe_config_defaults_are_the_papers():
     moe = MoEConfig()
     assert (moe.top_k, moe.capacity_factor, moe.balance_loss_weight, moe.noise) == (2, 1.2, 0.01, "gaussian")
     assert moe.second_expert_sampling is False
+
+
+def test_model_config_cli_writes_overrides_and_refuses_bad_ones(tmp_path, capsys):
+    from widenet_ds.cli import main
+    out = tmp_path / "m.json"
+    assert main(["model-config", "widenet-tiny-e4", "--set", "vocab_size=8000", "--set", "moe.ep_size=2",
+                 "--set", "norm_position=pre", "--output", str(out)]) == 0
+    cfg = ModelConfig.from_json(out)
+    assert (cfg.vocab_size, cfg.moe.ep_size, cfg.norm_position) == (8000, 2, "pre")
+    assert main(["model-config", "widenet-tiny-e4", "--set", "moe.ep_size=3", "--output", str(tmp_path / "x.json")]) == 2
+    assert "not divisible by ep_size = 3" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()

@@ -194,6 +194,7 @@ CASES = [
     ("stage1", 1, None, {}, False),
     ("stage2", 2, None, {}, False),
     ("stage2_round_robin", 2, None, {"round_robin_gradients": True}, False),
+    ("stage0_moe_ep2", 0, 2, {}, False),
     ("stage1_moe_ep1", 1, 1, {}, False),
     ("stage2_moe_ep2", 2, 2, {}, False),
     ("stage1_naive", 1, None, {}, True),
@@ -294,6 +295,7 @@ def _zero_worker(out: Path) -> None:
             "steps_per_print": 10**6,
             "zero_optimization": {"stage": stage, **zero_extra},
             "zero_allow_untested_optimizer": True,
+            "gradient_clipping": 0.0,  # DeepSpeed clips at 1.0 unless told; the reference does not clip
         }
         lamb = Lamb(build_param_groups(model, LAMB_HP["weight_decay"]), lr=LAMB_HP["lr"])
         engine, *_ = deepspeed.initialize(model=model, optimizer=lamb, config=config)

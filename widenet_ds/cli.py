@@ -11,6 +11,7 @@ from widenet_ds.errors import WideNetError
 # name -> (module:function, one-line help). Imported lazily so `widenet-ds params` does not pay for
 # the data pipeline's imports and vice versa.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "model-config": ("widenet_ds.config:cli", "write a model-config JSON from a preset plus overrides"),
     "params": ("widenet_ds.params:cli", "parameter counts of every preset (or one config)"),
     "train-tokenizer": ("widenet_ds.data.tokenizer:cli", "train a WordPiece vocabulary over text sources"),
     "prepare-data": ("widenet_ds.data.prepare:cli", "build sharded MLM+SOP pretraining examples"),
@@ -20,7 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 # Commands that never import DeepSpeed (start fast, print nothing of DeepSpeed's).
-LIGHT_COMMANDS = {"squad-eval", "glue-eval"}
+LIGHT_COMMANDS = {"squad-eval", "glue-eval", "model-config"}
 
 
 def _usage() -> str:

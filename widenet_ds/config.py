@@ -20,7 +20,7 @@ FORMAT_VERSION = 1
 NoisePolicy = Literal["gaussian", "jitter", "rsample", "none"]
 CombineWeights = Literal["raw", "renormalize"]
 BalanceLoss = Literal["switch", "widenet_tf"]
-Dispatch = Literal["deepspeed"]
+Dispatch = Literal["deepspeed", "dropless"]
 Activation = Literal["gelu", "gelu_new"]
 NormPosition = Literal["post", "pre"]
 FFNKind = Literal["moe", "dense"]
@@ -68,6 +68,10 @@ class MoEConfig:
     1/E, raw top-k probabilities as combine weights). DeepSpeed's own choices are options: `noise =
     "jitter" | "rsample"`, `second_expert_sampling = True` (Gumbel sampling of the 2nd expert, training
     only here) and `combine_weights = "renormalize"` (top-k weights rescaled to sum to 1).
+
+    `dispatch`: "deepspeed" runs DeepSpeed's capacity buffers (B = ceil(K * C * T / E) slots per expert,
+    overflow dropped); "dropless" runs every route on exactly its tokens (no capacity, nothing dropped,
+    capacity factors and drop_tokens unused; ep_size 1), see widenet_ds/dropless.py.
     """
 
     num_experts: int = 4
@@ -105,6 +109,11 @@ class MoEConfig:
         for name, literal in (("noise", NoisePolicy), ("combine_weights", CombineWeights),
                               ("balance_loss", BalanceLoss), ("dispatch", Dispatch)):
             _check_choice(self, name, literal)
+        if self.dispatch == "dropless" and self.ep_size != 1:
+            raise ConfigError(
+                f"MoEConfig.dispatch = 'dropless' runs with ep_size = 1 only (experts on other ranks would need a "
+                f"variable-size all-to-all), but ep_size = {self.ep_size}; set ep_size = 1 or "
+                f"dispatch = 'deepspeed'.")
         if self.noise == "rsample" and self.top_k != 1:
             raise ConfigError(
                 "MoEConfig.noise = 'rsample' is DeepSpeed's top-1 policy; with top_k = 2 use "
@@ -285,3 +294,36 @@ PRESETS = {
     "widenet-tiny-e4": _preset(_TINY, _WIDENET, 4),
 }
 BASE_PRESETS = ("albert-base", "bert-base-factorized", "widenet-base-e4", "widenet-base-e8", "widenet-base-e16")
+
+
+def cli(argv: list[str]) -> int:
+    """`widenet-ds model-config`: write a model-config JSON from a preset (or a JSON) plus overrides."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="widenet-ds model-config", description=cli.__doc__)
+    parser.add_argument("base", help=f"a preset ({', '.join(PRESETS)}) or a model-config JSON")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a field; moe fields as moe.KEY (e.g. moe.ep_size=2); VALUE is JSON "
+                             "(numbers, true/false) or a plain string; repeatable")
+    parser.add_argument("--output", required=True, help="the JSON file to write")
+    args = parser.parse_args(argv)
+    overrides: dict[str, Any] = {}
+    for item in args.set:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r} is not KEY=VALUE; e.g. --set moe.ep_size=2.")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        if key.startswith("moe."):
+            overrides.setdefault("moe", {})[key[4:]] = value
+        else:
+            overrides[key] = value
+    base = ModelConfig.load(args.base)
+    data = base.to_dict()
+    data["moe"] = {**data["moe"], **overrides.pop("moe", {})}
+    cfg = ModelConfig.from_dict({**data, **overrides})
+    cfg.to_json(args.output)
+    print(f"wrote {args.output}")
+    return 0

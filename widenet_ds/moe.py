@@ -6,7 +6,8 @@ We replace two pieces:
 
 * the gate (`WideNetGate`): the paper's Gaussian logit noise, raw or renormalised combine weights, two
   balance-loss forms, no Gumbel sampling in eval, per-call routing statistics;
-* the layer's forward (`SharedMOELayer`): it takes and returns the routing explicitly. WideNet calls the
+* the layer's forward (`SharedMOELayer`): it takes and returns the routing explicitly, and with
+  `dispatch = "dropless"` runs the experts on exactly their routed tokens (widenet_ds/dropless.py). WideNet calls the
   one layer D times per forward; DeepSpeed's `MOELayer` keeps `l_aux` in an attribute that each call
   overwrites, and routing groups need to reuse a routing computed earlier, so state must not live in
   the module.
@@ -28,6 +29,7 @@ from deepspeed.moe.sharded_moe import (MOELayer, TopKGate, _AllToAll, _route_slo
 from deepspeed.utils import groups
 
 from widenet_ds.config import ModelConfig, MoEConfig
+from widenet_ds.dropless import dropless_experts
 
 
 @dataclass
@@ -35,7 +37,7 @@ class Routing:
     """One routing call's decisions, in DeepSpeed's sparse-route layout ([k, tokens] per field)."""
 
     balance_loss: Tensor      # scalar, differentiable w.r.t. the router
-    capacity: int             # slots per expert on this rank
+    capacity: int             # slots per expert on this rank; 0 = unbounded (dropless dispatch)
     expert_index: Tensor      # int32 [k, T], -1 where the route overflowed its expert and was dropped
     location: Tensor          # int32 [k, T], slot inside the expert's buffer
     weight: Tensor            # float [k, T], combine weight of each route
@@ -95,16 +97,12 @@ def route_tokens(logits: Tensor, cfg: MoEConfig, *, training: bool,
     balance_loss = num_experts * torch.sum(mean_prob * routed_fraction)
 
     expert_counts = torch.stack(masks).sum(dim=(0, 1)).detach()
-    if cfg.drop_tokens:
-        factor = cfg.capacity_factor if training else cfg.eval_capacity_factor
-        capacity = max(expert_capacity(num_tokens, num_experts, k, factor), cfg.min_capacity)
+    if cfg.dispatch == "dropless":
+        # Every route runs on its expert: no capacity to compute, no route to drop.
+        capacity, kept = 0, masks
     else:
-        # No dropping: every expert's buffer holds its busiest rank's load.
-        busiest = expert_counts.max().clone()
-        if ep_group is not None and torch.distributed.get_world_size(ep_group) > 1:
-            torch.distributed.all_reduce(busiest, op=torch.distributed.ReduceOp.MAX, group=ep_group)
-        capacity = int(busiest)
-    kept = [mask * torch.lt(loc, capacity) for mask, loc in zip(masks, locations)]
+        capacity = _capacity(cfg, num_tokens, expert_counts, training, ep_group)
+        kept = [mask * torch.lt(loc, capacity) for mask, loc in zip(masks, locations)]
 
     weights = torch.stack([(probs * mask.float()).sum(dim=1) for mask in kept])
     if cfg.combine_weights == "renormalize":
@@ -114,6 +112,18 @@ def route_tokens(logits: Tensor, cfg: MoEConfig, *, training: bool,
     location = torch.stack([(loc * mask).sum(dim=1) for loc, mask in zip(locations, kept)]).to(torch.int32)
     dropped = (num_tokens * k - sum(mask.sum() for mask in kept)).detach()
     return Routing(balance_loss, capacity, expert_index, location, weights, expert_counts, dropped)
+
+
+def _capacity(cfg: MoEConfig, num_tokens: int, expert_counts: Tensor, training: bool,
+              ep_group: torch.distributed.ProcessGroup | None) -> int:
+    if cfg.drop_tokens:
+        factor = cfg.capacity_factor if training else cfg.eval_capacity_factor
+        return max(expert_capacity(num_tokens, len(expert_counts), cfg.top_k, factor), cfg.min_capacity)
+    # No dropping: every expert's buffer holds its busiest rank's load.
+    busiest = expert_counts.max().clone()
+    if ep_group is not None and torch.distributed.get_world_size(ep_group) > 1:
+        torch.distributed.all_reduce(busiest, op=torch.distributed.ReduceOp.MAX, group=ep_group)
+    return int(busiest)
 
 
 class WideNetGate(TopKGate):
@@ -143,6 +153,9 @@ class SharedMOELayer(MOELayer):
         tokens = hidden.reshape(-1, model_dim)
         if routing is None:
             routing = self.gate(tokens)
+        if self.gate.cfg.dispatch == "dropless":
+            combined = dropless_experts(tokens, routing, self.experts.deepspeed_experts)
+            return combined.reshape(hidden.shape), routing
         num_experts = self.ep_size * self.num_local_experts
         slots = _route_slots(routing.expert_index, routing.location, num_experts, routing.capacity)
         dispatched = _sparse_encode(tokens, slots, num_experts, routing.capacity)      # [E, C, M]

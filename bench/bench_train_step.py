@@ -1,0 +1,205 @@
+"""Training-step throughput, model FLOPs, MFU and peak memory per token: ours against HF ALBERT.
+
+Every model runs through the same DeepSpeed engine and the same LAMB (`--optimizer`: DeepSpeed's fused
+`Lamb`, the default on CUDA, or `widenet_ds.lamb.Lamb`, the only one on CPU), on the same random batch shape, one
+fresh subprocess per model (so peak memory is that model's). A step is forward + backward + optimizer
+step; tokens/s is micro-batch x seq_len over the median step time after warm-up. MFU is the model's
+training FLOPs (widenet_ds.flops: K routes per token, capacity padding NOT counted, MLM logits over all
+positions) per second over a large matmul's FLOP/s timed in the same run, in the same dtype.
+
+    python bench/bench_train_step.py --batch 8 --seq 128 --warmup 3 --repeats 5          # CPU
+    python bench/bench_train_step.py --batch 64 --seq 128 --dtype bf16 --warmup 5 --repeats 20   # GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.common import device, gemm_peak_flops, init_single_rank, machine, median_seconds, sync  # noqa: E402
+
+# name -> (preset, MoEConfig overrides); "hf-albert" is transformers' AlbertForPreTraining.
+MODELS = {
+    "hf-albert": ("albert-base", {}),
+    "albert-base": ("albert-base", {}),
+    "widenet-base-e4": ("widenet-base-e4", {"dispatch": "deepspeed"}),
+    "widenet-base-e4-dropless": ("widenet-base-e4", {"dispatch": "dropless"}),
+    "widenet-base-e8": ("widenet-base-e8", {"dispatch": "deepspeed"}),
+    "widenet-base-e8-dropless": ("widenet-base-e8", {"dispatch": "dropless"}),
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _build(name: str, compile_model: bool):
+    from widenet_ds.config import ModelConfig
+    from widenet_ds.model import WideNetForPreTraining
+    preset, moe = MODELS[name]
+    cfg = ModelConfig.from_preset(preset, moe=moe)
+    if name == "hf-albert":
+        import transformers
+        hf_cfg = transformers.AlbertConfig(
+            vocab_size=cfg.vocab_size, embedding_size=cfg.embedding_size, hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+            intermediate_size=cfg.intermediate_size, hidden_act="gelu", hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0, classifier_dropout_prob=cfg.classifier_dropout,
+            max_position_embeddings=cfg.max_position_embeddings, num_hidden_groups=1, inner_group_num=1,
+            layer_norm_eps=cfg.layer_norm_eps, attn_implementation="sdpa")
+        model = transformers.AlbertForPreTraining(hf_cfg)
+        kwargs = lambda b: dict(input_ids=b["input_ids"], token_type_ids=b["token_type_ids"],  # noqa: E731
+                                attention_mask=b["attention_mask"], labels=b["mlm_labels"],
+                                sentence_order_label=b["sop_labels"])
+    else:
+        model = WideNetForPreTraining(cfg)
+        kwargs = lambda b: b  # noqa: E731
+    if compile_model:
+        model.compile()
+    return cfg, model, kwargs
+
+
+def zero_stage(dtype: str) -> int:
+    # DeepSpeed's bf16 master-weight optimizer comes with ZeRO (stage 1, as ds_configs/*_bf16.json); fp32 needs none.
+    return 1 if dtype == "bf16" else 0
+
+
+def _engine(model, dtype: str, micro_batch: int, optimizer_name: str):
+    import deepspeed
+    from widenet_ds.lamb import Lamb, build_param_groups
+    groups = build_param_groups(model, weight_decay=0.01)
+    config = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
+              "steps_per_print": 10 ** 9, "gradient_clipping": 1.0, "zero_allow_untested_optimizer": True,
+              "bf16": {"enabled": dtype == "bf16"}, "zero_optimization": {"stage": zero_stage(dtype)}}
+    optimizer = None
+    lamb = {"lr": 1e-4, "weight_decay": 0.01, "betas": [0.9, 0.999], "eps": 1e-6}
+    if optimizer_name == "fused-lamb":
+        config["optimizer"] = {"type": "Lamb", "params": lamb}   # DeepSpeed's fused CUDA kernel
+    else:
+        optimizer = Lamb(groups, **lamb)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, optimizer=optimizer, config=config)
+    return engine
+
+
+def _batch(vocab: int, batch: int, seq: int, dev: torch.device) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, vocab, (batch, seq), generator=gen)
+    types = torch.zeros_like(ids)
+    types[:, seq // 2:] = 1
+    labels = torch.where(torch.rand(batch, seq, generator=gen) < 0.15, ids, torch.full_like(ids, -100))
+    sop = torch.randint(0, 2, (batch,), generator=gen)
+    batch_ = dict(input_ids=ids, token_type_ids=types, attention_mask=torch.ones_like(ids), mlm_labels=labels,
+                  sop_labels=sop)
+    return {k: v.to(dev) for k, v in batch_.items()}
+
+
+def worker(args) -> dict:
+    """One model in this process: returns its step time, FLOPs and peak memory."""
+    from widenet_ds.flops import flops_per_token
+    init_single_rank()
+    torch.manual_seed(0)
+    cfg, model, kwargs = _build(args.worker, args.compile)
+    engine = _engine(model, args.dtype, args.batch, args.optimizer)
+    batch = kwargs(_batch(cfg.vocab_size, args.batch, args.seq, engine.device))
+    losses = []
+
+    def step():
+        loss = engine(**batch).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.detach())
+
+    if torch.cuda.is_available():
+        step()  # allocator and kernels warm before the peak is tracked
+        torch.cuda.reset_peak_memory_stats()
+    seconds = median_seconds(step, warmup=args.warmup, repeats=args.repeats)
+    sync()
+    if torch.cuda.is_available():
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # whole-process RSS, bytes
+    tokens = args.batch * args.seq
+    flops = flops_per_token(cfg, args.seq)
+    padded = flops_per_token(cfg, args.seq, capacity_padding=True, tokens_per_call=tokens) \
+        if cfg.is_moe and cfg.moe.dispatch == "deepspeed" else flops
+    return dict(model=args.worker, seconds=seconds, tokens_per_s=tokens / seconds,
+                train_flops_per_token=flops.training, padded_train_flops_per_token=padded.training,
+                peak_bytes=peak, final_loss=float(losses[-1]), finite=bool(all(torch.isfinite(l) for l in losses)))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--optimizer", choices=("fused-lamb", "torch-lamb"),
+                        default="fused-lamb" if torch.cuda.is_available() else "torch-lamb",
+                        help="DeepSpeed's fused CUDA Lamb (CUDA only) or widenet_ds.lamb.Lamb")
+    parser.add_argument("--compile", action="store_true", help="torch.compile each model (ours and HF's)")
+    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--worker", choices=list(MODELS), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print("RESULT " + json.dumps(worker(args)), flush=True)
+        return 0
+
+    peak = gemm_peak_flops(DTYPES[args.dtype])
+    results = []
+    for name in args.models:
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--batch", str(args.batch),
+               "--seq", str(args.seq), "--dtype", args.dtype, "--warmup", str(args.warmup),
+               "--repeats", str(args.repeats), "--optimizer", args.optimizer] + (["--compile"] if args.compile else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+        if proc.returncode or not lines:
+            print(f"{name}: FAILED (rc {proc.returncode})\n{proc.stderr[-3000:]}", file=sys.stderr)
+            continue
+        results.append(json.loads(lines[-1][len("RESULT "):]))
+
+    print(f"\n# Training step: {machine()}; {args.dtype}, micro-batch {args.batch} x seq {args.seq}, "
+          f"median of {args.repeats} steps after {args.warmup} warm-up; GEMM peak {peak / 1e12:.2f} TFLOP/s "
+          f"({args.dtype}); optimizer {args.optimizer}, ZeRO stage {zero_stage(args.dtype)}{'; torch.compile' if args.compile else ''}")
+    print(f"{'model':<26}{'step ms':>10}{'tokens/s':>11}{'GFLOP/tok':>11}{'+padding':>10}"
+          f"{'TFLOP/s':>9}{'MFU':>7}{'peak MiB':>10}{'KiB/tok':>9}{'loss':>8}")
+    by_name = {r["model"]: r for r in results}
+    for r in results:
+        achieved = r["train_flops_per_token"] * r["tokens_per_s"]
+        tokens = args.batch * args.seq
+        print(f"{r['model']:<26}{r['seconds'] * 1e3:>10.1f}{r['tokens_per_s']:>11.0f}"
+              f"{r['train_flops_per_token'] / 1e9:>11.3f}{r['padded_train_flops_per_token'] / 1e9:>10.3f}"
+              f"{achieved / 1e12:>9.2f}{achieved / peak:>7.1%}{r['peak_bytes'] / 2**20:>10.0f}"
+              f"{r['peak_bytes'] / tokens / 1024:>9.1f}{r['final_loss']:>8.3f}" + ("" if r["finite"] else "  NaN!"))
+    print("(GFLOP/tok: training FLOPs per token, K routes, no capacity padding; +padding: with DeepSpeed's "
+          "capacity slots; MFU from the first; peak: GPU max allocated, or process max RSS on CPU)")
+
+    def ratio(a: str, b: str) -> float | None:
+        return by_name[a]["tokens_per_s"] / by_name[b]["tokens_per_s"] if a in by_name and b in by_name else None
+
+    print("\nratios")
+    if (r := ratio("albert-base", "hf-albert")) is not None:
+        print(f"  albert-base / HF AlbertForPreTraining tokens/s      = {r:.3f}   (target >= 1.0)")
+    for moe in ("widenet-base-e4", "widenet-base-e8", "widenet-base-e4-dropless", "widenet-base-e8-dropless"):
+        if (r := ratio(moe, "albert-base")) is not None:
+            ideal = by_name["albert-base"]["train_flops_per_token"] / by_name[moe]["train_flops_per_token"]
+            target = "   (target >= 0.90)" if moe == "widenet-base-e4" else ""
+            print(f"  {moe} / albert-base tokens/s = {r:.3f}; FLOP-ideal {ideal:.3f}; "
+                  f"fraction of ideal = {r / ideal:.3f}{target}")
+    for experts in ("e4", "e8"):
+        if (r := ratio(f"widenet-base-{experts}-dropless", f"widenet-base-{experts}")) is not None:
+            print(f"  widenet-base-{experts}: dropless / capacity-1.2 tokens/s = {r:.3f}   (target >= 1.10)")
+    if args.json:
+        with open(f"{args.json}.tmp", "w") as fh:
+            json.dump(dict(machine=machine(), args=vars(args), gemm_peak=peak, results=results), fh, indent=1)
+        os.replace(f"{args.json}.tmp", args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Dropless dispatch: DeepSpeed's capacity path when nothing overflows, and no dropped route when skewed."""
+
+import pytest
+import torch
+
+from widenet_ds.config import ModelConfig, MoEConfig
+from widenet_ds.errors import ConfigError
+from widenet_ds.model import WideNetForPreTraining
+from widenet_ds.moe import MoEFeedForward
+
+pytestmark = pytest.mark.usefixtures("dist")
+
+
+def _layer(dispatch: str, **moe) -> MoEFeedForward:
+    cfg = ModelConfig.from_preset("widenet-tiny-e4", hidden_size=16, num_heads=2, intermediate_size=32,
+                                  moe={"noise": "none", "dispatch": dispatch, **moe})
+    layer = MoEFeedForward(cfg)
+    layer.ensure_process_groups()
+    return layer
+
+
+def _pair(**moe) -> tuple[MoEFeedForward, MoEFeedForward]:
+    """A capacity-path layer with room for every route (B = K * C * T / E >= T) and its dropless twin."""
+    torch.manual_seed(0)
+    stock = _layer("deepspeed", capacity_factor=4.0, eval_capacity_factor=4.0, **moe)
+    dropless = _layer("dropless", **moe)
+    dropless.load_state_dict(stock.state_dict())
+    return stock, dropless
+
+
+def _run(layer: MoEFeedForward, x: torch.Tensor):
+    x = x.detach().clone().requires_grad_(True)
+    out, routing = layer.train()(x)
+    (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+    grads = {name: p.grad.clone() for name, p in layer.named_parameters()}
+    return out, routing, x.grad, grads
+
+
+@pytest.mark.parametrize("moe", [dict(top_k=2, combine_weights="raw"), dict(top_k=2, combine_weights="renormalize"),
+                                 dict(top_k=1, combine_weights="raw"), dict(top_k=2, num_experts=3)])
+def test_dropless_equals_deepspeed_path_when_nothing_overflows(moe):
+    stock, dropless = _pair(**moe)
+    x = torch.randn(3, 7, 16)
+    out_a, routing_a, dx_a, grads_a = _run(stock, x)
+    out_b, routing_b, dx_b, grads_b = _run(dropless, x)
+    assert int(routing_a.dropped_routes) == 0 == int(routing_b.dropped_routes)
+    assert torch.equal(routing_a.expert_index, routing_b.expert_index)
+    assert torch.equal(routing_a.expert_counts, routing_b.expert_counts)
+    assert torch.equal(routing_a.balance_loss, routing_b.balance_loss)
+    torch.testing.assert_close(out_b, out_a, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(dx_b, dx_a, atol=1e-6, rtol=1e-5)
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def _skewed(layer: MoEFeedForward) -> MoEFeedForward:
+    with torch.no_grad():
+        layer.gate.wg.weight.zero_()
+        layer.gate.wg.weight[0, 0] = 10.0      # x[0] > 0: every token's first choice is expert 0
+        layer.gate.wg.weight[1, 0] = 5.0       # ... and its second choice expert 1
+    return layer
+
+
+def test_dropless_drops_nothing_under_a_skewed_router():
+    torch.manual_seed(1)
+    capacity_layer = _skewed(_layer("deepspeed", capacity_factor=1.2, min_capacity=0))
+    dropless = _skewed(_layer("dropless"))
+    dropless.load_state_dict(capacity_layer.state_dict())
+    x = torch.randn(2, 20, 16)
+    x[..., 0] = x[..., 0].abs() + 1.0
+    capped, capped_routing = capacity_layer.train()(x)
+    out, routing = dropless.train()(x)
+    tokens = x.shape[0] * x.shape[1]
+    # capacity ceil(2 * 1.2 * 40 / 4) = 24 slots for 40 first choices: the capacity path drops
+    assert capped_routing.expert_counts.tolist()[:2] == [tokens, tokens]
+    assert int(capped_routing.dropped_routes) == 2 * (tokens - 24)
+    assert (capped.reshape(tokens, -1).abs().sum(dim=1) == 0).sum() == tokens - 24
+    # dropless: every route runs, every token gets an output
+    assert int(routing.dropped_routes) == 0 and torch.all(routing.expert_index >= 0)
+    assert torch.all(out.reshape(tokens, -1).abs().sum(dim=1) > 0)
+    # and that output is the routed experts' weighted sum, token by token
+    flat = x.reshape(tokens, -1)
+    expected = torch.stack([
+        sum(routing.weight[j, t] * dropless.experts[int(routing.expert_index[j, t])](flat[t]) for j in range(2))
+        for t in range(tokens)])
+    torch.testing.assert_close(out.reshape(tokens, -1), expected, atol=1e-6, rtol=1e-5)
+    assert torch.equal(routing.balance_loss, capped_routing.balance_loss)
+
+
+def test_dropless_pretraining_model_matches_the_capacity_path():
+    ids = torch.randint(0, 200, (2, 16), generator=torch.Generator().manual_seed(3))
+    labels = torch.where(torch.rand(2, 16, generator=torch.Generator().manual_seed(4)) < 0.3, ids, -100)
+    results = []
+    for moe in (dict(dispatch="deepspeed", capacity_factor=4.0), dict(dispatch="dropless")):
+        torch.manual_seed(0)
+        cfg = ModelConfig.from_preset("widenet-tiny-e4", vocab_size=200, routing_groups=2,
+                                      moe={"noise": "none", **moe})
+        model = WideNetForPreTraining(cfg)
+        model.ensure_process_groups()
+        out = model(ids, mlm_labels=labels, sop_labels=torch.tensor([0, 1]))
+        out.loss.backward()
+        results.append((out, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (a, grads_a), (b, grads_b) = results
+    torch.testing.assert_close(b.loss, a.loss, atol=1e-6, rtol=1e-6)
+    assert torch.equal(a.routing.expert_counts, b.routing.expert_counts)
+    assert torch.all(b.routing.dropped_fraction == 0)
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_dropless_with_expert_parallelism_is_refused_with_the_fix():
+    with pytest.raises(ConfigError, match="ep_size = 1 or dispatch = 'deepspeed'"):
+        MoEConfig(num_experts=4, ep_size=2, dispatch="dropless")
