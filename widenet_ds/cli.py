@@ -21,7 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 # Commands that never import DeepSpeed (start fast, print nothing of DeepSpeed's).
-LIGHT_COMMANDS = {"squad-eval", "glue-eval", "model-config"}
+LIGHT_COMMANDS = {"squad-eval", "glue-eval", "model-config", "prepare-data", "train-tokenizer"}
 
 
 def _usage() -> str:
