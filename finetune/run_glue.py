@@ -1,0 +1,22 @@
+"""Finetune on a GLUE task (CoLA SST-2 MRPC STS-B QQP MNLI QNLI RTE WNLI) with DeepSpeed.
+
+    deepspeed finetune/run_glue.py --task sst2 --data glue_data/SST-2 --init runs/e8 \\
+        --deepspeed_config ds_configs/finetune_sst2.json --output-dir runs/e8-sst2 --seeds 5
+"""
+
+import argparse
+import sys
+
+from widenet_ds.finetune import add_common_arguments, main
+from widenet_ds.finetune_tasks import GlueTaskRun
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", required=True, help="GLUE task name in any spelling (sst2, SST-2, mnli, ...)")
+    add_common_arguments(p)
+    return p
+
+
+if __name__ == "__main__":
+    sys.exit(main(parser(), GlueTaskRun))

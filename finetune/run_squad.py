@@ -1,0 +1,25 @@
+"""Finetune on SQuAD v1.1 / v2.0 with DeepSpeed; writes predictions.json (+ null_odds.json for v2.0).
+
+    deepspeed finetune/run_squad.py --version 2.0 --data squad/ --init runs/e8 \\
+        --deepspeed_config ds_configs/finetune_squad20.json --output-dir runs/e8-squad2
+"""
+
+import argparse
+import sys
+
+from widenet_ds.finetune import add_common_arguments, main
+from widenet_ds.finetune_tasks import SquadTaskRun
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", choices=("1.1", "2.0"), required=True)
+    p.add_argument("--train-file", help="SQuAD JSON to train on (default: --data/train-v<version>.json)")
+    p.add_argument("--dev-file", help="SQuAD JSON to evaluate on (default: --data/dev-v<version>.json)")
+    p.add_argument("--doc-stride", type=int, default=128, help="tokens shared by consecutive windows")
+    add_common_arguments(p)
+    return p
+
+
+if __name__ == "__main__":
+    sys.exit(main(parser(), SquadTaskRun))

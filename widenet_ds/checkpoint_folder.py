@@ -1,0 +1,360 @@
+"""The portable checkpoint folder: what `widenet-ds convert to-folder` writes and `from_pretrained` reads.
+
+    <folder>/config.json        {"format_version": 1, "architecture": ..., "model": ModelConfig.to_dict(),
+                                 "num_labels": ..., "dtype": ..., "provenance": {...}}
+    <folder>/model.safetensors  our state-dict keys; experts under their GLOBAL index
+    <folder>/tokenizer.json, vocab.txt   when known
+    <folder>/README.md          where it came from (source checkpoint, step)
+
+Experts are stored by global index (the keys a model with `moe.ep_size = 1` has), e.g.
+`widenet.encoder.ffn.0.moe.deepspeed_moe.experts.deepspeed_experts.<global>.fc_in.weight`, the names
+DeepSpeed's per-expert files also use. `config.json` records the ep_size it was trained with; any ep_size
+loads it: each rank takes the experts `MoEFeedForward.global_expert_indices()` says it holds.
+
+Every load checks key sets and shapes against the config: an unknown, missing or mis-shaped key is an
+error naming it. Pretraining heads (MLM, SOP) that a task model does not have are reported as unused,
+task heads the folder does not have as newly initialised; the encoder must always match exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from widenet_ds.config import ModelConfig
+from widenet_ds.errors import CheckpointError, ConfigError
+
+FORMAT_VERSION = 1
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+README_FILE = "README.md"
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_EXPERTS = ".moe.deepspeed_moe.experts.deepspeed_experts."
+_BODY = "widenet."
+
+
+# --- architectures ----------------------------------------------------------------------------------
+def architectures() -> dict[str, type[nn.Module]]:
+    from widenet_ds.model import (WideNetForPreTraining, WideNetForQuestionAnswering,
+                                  WideNetForSequenceClassification)
+    return {cls.__name__: cls for cls in (WideNetForPreTraining, WideNetForSequenceClassification,
+                                          WideNetForQuestionAnswering)}
+
+
+def _model_kwargs(architecture: str, num_labels: int | None) -> dict[str, Any]:
+    return {"num_labels": num_labels} if architecture == "WideNetForSequenceClassification" else {}
+
+
+def infer_architecture(shapes: dict[str, tuple[int, ...]]) -> tuple[str, int | None]:
+    """(architecture, num_labels) from the head keys of a state dict."""
+    if "mlm_head.bias" in shapes:
+        return "WideNetForPreTraining", None
+    if "classifier.weight" in shapes:
+        return "WideNetForSequenceClassification", shapes["classifier.weight"][0]
+    if "qa_outputs.weight" in shapes:
+        return "WideNetForQuestionAnswering", None
+    raise CheckpointError("the weights hold none of the known heads (mlm_head, classifier, qa_outputs); they are not "
+                          "a widenet-ds model's.")
+
+
+def expected_shapes(architecture: str, cfg: ModelConfig, num_labels: int | None = None) -> dict[str, tuple[int, ...]]:
+    """Every key (experts by global index) and its shape, from a model built on the meta device."""
+    classes = architectures()
+    if architecture not in classes:
+        raise CheckpointError(f"unknown architecture {architecture!r}; known: {', '.join(classes)}.")
+    canonical = ModelConfig.from_dict({**cfg.to_dict(), "moe": {**cfg.to_dict()["moe"], "ep_size": 1}})
+    with torch.device("meta"):
+        model = classes[architecture](canonical, **_model_kwargs(architecture, num_labels))
+    return {key: tuple(t.shape) for key, t in model.state_dict().items()}
+
+
+def check_weights(shapes: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], where: str) -> None:
+    """Refuse any unknown, missing or mis-shaped key, naming them."""
+    unknown = sorted(set(shapes) - set(expected))
+    missing = sorted(set(expected) - set(shapes))
+    wrong = [f"{k}: {tuple(shapes[k])} (weights) vs {expected[k]} (config)" for k in sorted(set(shapes) & set(expected))
+             if tuple(shapes[k]) != expected[k]]
+    if unknown or missing or wrong:
+        parts = []
+        if unknown:
+            parts.append(f"{len(unknown)} unknown key(s): {', '.join(unknown[:6])}")
+        if missing:
+            parts.append(f"{len(missing)} missing key(s): {', '.join(missing[:6])}")
+        if wrong:
+            parts.append(f"{len(wrong)} shape mismatch(es): {'; '.join(wrong[:6])}")
+        raise CheckpointError(f"{where}: the weights do not match the model config -- " + "; ".join(parts)
+                              + ". Use the config the weights were saved with.")
+
+
+# --- global <-> local experts -----------------------------------------------------------------------
+def global_key_map(model: nn.Module) -> dict[str, str]:
+    """model state-dict key -> its key in a folder (local expert index replaced by the global one)."""
+    from widenet_ds.moe import MoEFeedForward
+
+    renames: dict[str, str] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, MoEFeedForward):
+            for local, global_index in enumerate(module.global_expert_indices()):
+                renames[f"{name}{_EXPERTS}{local}."] = f"{name}{_EXPERTS}{global_index}."
+    mapping = {}
+    for key in model.state_dict():
+        mapping[key] = key
+        for local_prefix, global_prefix in renames.items():
+            if key.startswith(local_prefix):
+                mapping[key] = global_prefix + key[len(local_prefix):]
+                break
+    return mapping
+
+
+def is_expert_key(key: str) -> bool:
+    return _EXPERTS in key
+
+
+# --- the portable checkpoint ------------------------------------------------------------------------
+@dataclass
+class PortableCheckpoint:
+    """Full weights (experts by global index), the config they belong to, and where they came from."""
+
+    config: ModelConfig
+    architecture: str
+    state: dict[str, Tensor]
+    num_labels: int | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def check(self, where: str) -> None:
+        shapes = {k: tuple(t.shape) for k, t in self.state.items()}
+        check_weights(shapes, expected_shapes(self.architecture, self.config, self.num_labels), where)
+
+
+# --- safetensors ------------------------------------------------------------------------------------
+def read_safetensors(path: Path) -> dict[str, Tensor]:
+    """A safetensors file; pickles (PyTorch .bin/.pt) and damaged files are refused, never unpickled."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path} does not exist.")
+    with open(path, "rb") as fh:
+        head = fh.read(2)
+    if head[:1] == b"\x80" or head == b"PK":
+        raise CheckpointError(f"{path} is a pickle (a PyTorch .bin/.pt file), not safetensors; pickles can run code "
+                              f"when loaded and are refused. Re-save the weights as safetensors (transformers: "
+                              f"save_pretrained(..., safe_serialization=True)).")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"{path} is not a readable safetensors file ({err}); it is truncated or damaged -- "
+                              f"copy or convert it again.") from None
+
+
+def write_safetensors(state: dict[str, Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    from safetensors.torch import save_file
+
+    # safetensors refuses shared storage (tied weights): every tensor gets its own contiguous copy.
+    save_file({k: t.detach().to("cpu").clone().contiguous() for k, t in state.items()}, str(path),
+              metadata=metadata)
+
+
+# --- atomic folder writes ---------------------------------------------------------------------------
+@contextmanager
+def atomic_folder(target: Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yield `<target>.tmp-<pid>` to write into; move it to `target` only when the block completes."""
+    target = Path(target)
+    if target.exists() and not overwrite:
+        raise CheckpointError(f"{target} already exists; choose another output or pass --overwrite.")
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if target.exists():
+        old = target.with_name(f"{target.name}.old-{os.getpid()}")
+        os.replace(target, old)
+        os.replace(tmp, target)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, target)
+
+
+# --- save / read ------------------------------------------------------------------------------------
+def save_folder(checkpoint: PortableCheckpoint, target: Path, *, dtype: str = "fp32",
+                tokenizer_files: tuple[Path, ...] = (), overwrite: bool = False) -> Path:
+    """Write a checked PortableCheckpoint as a folder, atomically."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype {dtype!r} is not one of {list(DTYPES)}.")
+    checkpoint.check(f"weights for {target}")
+    config = {"format_version": FORMAT_VERSION, "architecture": checkpoint.architecture,
+              "model": checkpoint.config.to_dict(), "num_labels": checkpoint.num_labels, "dtype": dtype,
+              "experts": "stored by global index; any moe.ep_size dividing num_experts loads them",
+              "provenance": checkpoint.provenance}
+    with atomic_folder(target, overwrite) as tmp:
+        state = {k: t.to(DTYPES[dtype]) if t.is_floating_point() else t for k, t in checkpoint.state.items()}
+        write_safetensors(state, tmp / WEIGHTS_FILE, metadata={"format": "pt", "widenet_format_version": "1"})
+        for path in tokenizer_files:
+            shutil.copyfile(path, tmp / Path(path).name)
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        (tmp / README_FILE).write_text(_readme(checkpoint, dtype, [Path(p).name for p in tokenizer_files]))
+    return Path(target)
+
+
+def _readme(checkpoint: PortableCheckpoint, dtype: str, tokenizer_names: list[str]) -> str:
+    cfg = checkpoint.config
+    experts = (f"{cfg.moe.num_experts} experts (trained with ep_size {cfg.moe.ep_size}; stored by global index)"
+               if cfg.is_moe else "dense FFN")
+    lines = [f"# {checkpoint.architecture} (widenet-ds checkpoint folder, format {FORMAT_VERSION})", "",
+             f"- written: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
+             f"- model: hidden {cfg.hidden_size}, {cfg.num_layers} blocks, {experts}",
+             f"- weights: {WEIGHTS_FILE} ({dtype})",
+             f"- tokenizer: {', '.join(tokenizer_names) if tokenizer_names else 'not included'}"]
+    lines += [f"- {key}: {value}" for key, value in sorted(checkpoint.provenance.items())]
+    lines += ["", "Load with `WideNetForPreTraining.from_pretrained(folder)` (or a task model's, whose head is then "
+                  "newly initialised); see docs/checkpoints.md.", ""]
+    return "\n".join(lines)
+
+
+def is_folder(path: Path) -> bool:
+    return (Path(path) / CONFIG_FILE).is_file()
+
+
+def read_folder(folder: Path) -> PortableCheckpoint:
+    folder = Path(folder)
+    config_path = folder / CONFIG_FILE
+    if not config_path.is_file():
+        raise CheckpointError(f"{folder} is not a widenet-ds checkpoint folder (no {CONFIG_FILE}); write one with "
+                              f"`widenet-ds convert to-folder`.")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{config_path} is not valid JSON: {err}.") from None
+    version = config.get("format_version") if isinstance(config, dict) else None
+    if version != FORMAT_VERSION:
+        raise CheckpointError(f"{config_path} has format_version {version!r}; this widenet-ds reads version "
+                              f"{FORMAT_VERSION} (a folder of another program, or of a newer widenet-ds).")
+    for key in ("architecture", "model"):
+        if key not in config:
+            raise CheckpointError(f"{config_path} has no {key!r} entry; the folder is damaged, convert it again.")
+    try:
+        model_config = ModelConfig.from_dict(config["model"])
+    except ConfigError as err:
+        raise CheckpointError(f"{config_path}: {err}") from None
+    weights_path = folder / WEIGHTS_FILE
+    if not weights_path.is_file():
+        pickles = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl"))
+        hint = f" (found {', '.join(pickles)}: pickles are refused)" if pickles else ""
+        raise CheckpointError(f"{folder} has no {WEIGHTS_FILE}{hint}; the folder is incomplete.")
+    checkpoint = PortableCheckpoint(model_config, config["architecture"], read_safetensors(weights_path),
+                                    config.get("num_labels"), config.get("provenance", {}))
+    checkpoint.check(f"{folder}: {CONFIG_FILE} vs {WEIGHTS_FILE}")
+    return checkpoint
+
+
+def read_checkpoint(source: Path, *, tag: str | None = None, model_config: Path | None = None) -> PortableCheckpoint:
+    """A folder, or a DeepSpeed checkpoint (tag folder, checkpoints folder or run output folder)."""
+    if is_folder(source):
+        if tag is not None:
+            raise CheckpointError(f"{source} is a checkpoint folder, which has no tags; drop the tag {tag!r}.")
+        return read_folder(source)
+    from widenet_ds.convert.deepspeed_checkpoint import read_deepspeed_checkpoint
+    return read_deepspeed_checkpoint(source, tag=tag, model_config=model_config)
+
+
+# --- loading into a model ---------------------------------------------------------------------------
+@dataclass
+class LoadReport:
+    """What `from_pretrained` loaded; `summary()` is the lines a finetune log should show."""
+
+    source: str
+    architecture: str                    # of the saved weights
+    loaded: int                          # tensors copied into this model
+    new: list[str]                       # this model's keys the source lacks (newly initialised heads)
+    unused: list[str]                    # source keys this model has no place for (e.g. pretraining heads)
+    experts_on_this_rank: list[int]      # global expert indices this rank loaded
+    saved_ep_size: int | None
+    ep_size: int | None
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        lines = [f"loaded {self.loaded} tensors from {self.source} ({self.architecture}"
+                 + (f", step {self.provenance['step']}" if "step" in self.provenance else "") + ")"]
+        if self.ep_size is not None:
+            lines.append(f"experts: saved with ep_size {self.saved_ep_size}, loaded with ep_size {self.ep_size}; "
+                         f"this rank holds global experts {self.experts_on_this_rank}")
+        if self.new:
+            lines.append(f"newly initialised: {', '.join(self.new)}")
+        if self.unused:
+            lines.append(f"unused from the checkpoint: {', '.join(self.unused)}")
+        return "\n".join(lines)
+
+
+def load_into(model: nn.Module, checkpoint: PortableCheckpoint, source: str) -> LoadReport:
+    """Copy a checkpoint's weights into `model` (any ep_size); heads may differ, the encoder may not."""
+    to_global = global_key_map(model)
+    own = model.state_dict()
+    same_head = type(model).__name__ == checkpoint.architecture
+    wanted = {key for key in to_global.values()}
+    new = sorted(local for local, key in to_global.items() if key not in checkpoint.state)
+    unused = sorted(key for key in checkpoint.state if key not in wanted and not is_expert_key(key))
+    body_problems = [k for k in new + unused if k.startswith(_BODY)]
+    if body_problems or (same_head and (new or unused)):
+        raise CheckpointError(f"{source}: weights do not fit {type(model).__name__} -- missing "
+                              f"{[k for k in new][:6]}, unknown {unused[:6]}; the model config differs from the "
+                              f"checkpoint's (load with the checkpoint's config).")
+    loaded = {}
+    for local, key in to_global.items():
+        if key in checkpoint.state:
+            tensor = checkpoint.state[key]
+            if tuple(tensor.shape) != tuple(own[local].shape):
+                raise CheckpointError(f"{source}: {key} has shape {tuple(tensor.shape)}, the model expects "
+                                      f"{tuple(own[local].shape)}; the model config differs from the checkpoint's.")
+            loaded[local] = tensor
+    missing, unexpected = model.load_state_dict(loaded, strict=False)
+    assert sorted(missing) == new and not unexpected, (missing, unexpected)
+    from widenet_ds.moe import MoEFeedForward
+    experts = sorted({i for m in model.modules() if isinstance(m, MoEFeedForward) for i in m.global_expert_indices()})
+    cfg = getattr(model, "cfg", None)
+    is_moe = cfg is not None and cfg.is_moe
+    return LoadReport(source, checkpoint.architecture, len(loaded), new, unused, experts,
+                      checkpoint.config.moe.ep_size if checkpoint.config.is_moe else None,
+                      cfg.moe.ep_size if is_moe else None, dict(checkpoint.provenance))
+
+
+def load_pretrained(cls: type[nn.Module], source, *, model_overrides: dict[str, Any] | None = None,
+                    tag: str | None = None, model_config: Path | None = None,
+                    **model_kwargs: Any) -> tuple[nn.Module, LoadReport]:
+    """`cls.from_pretrained(source)` -> (model, report): build `cls` with the saved config, load the weights.
+
+    source: a checkpoint folder, or a DeepSpeed checkpoint of any ep_size and world size (a tag folder, a
+      checkpoints folder or a run's output folder; `tag` picks one, default the latest complete one).
+    model_overrides: config fields that keep the shapes (dropouts, `moe.capacity_factor`, ...), `moe` as a
+      dict; `moe.ep_size` is this run's expert parallelism (default 1: every expert in this process).
+    model_config: a model-config JSON for DeepSpeed checkpoints that do not record theirs.
+    model_kwargs: the task model's own arguments (`num_labels` for sequence classification).
+    Log `report.summary()`: what was loaded, newly initialised and left unused.
+    """
+    checkpoint = read_checkpoint(Path(source), tag=tag, model_config=model_config)
+    data = checkpoint.config.to_dict()
+    overrides = dict(model_overrides or {})
+    moe = dict(overrides.pop("moe", None) or {})
+    if checkpoint.config.is_moe:
+        moe.setdefault("ep_size", 1)
+    data["moe"] = {**data["moe"], **moe}
+    cfg = ModelConfig.from_dict({**data, **overrides})
+    if cls.__name__ == checkpoint.architecture == "WideNetForSequenceClassification":
+        model_kwargs.setdefault("num_labels", checkpoint.num_labels)
+    model = cls(cfg, **model_kwargs)
+    return model, load_into(model, checkpoint, str(source))
