@@ -146,8 +146,9 @@ def read_safetensors(path: Path) -> dict[str, Tensor]:
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist.")
     with open(path, "rb") as fh:
-        head = fh.read(2)
-    if head[:1] == b"\x80" or head == b"PK":
+        head = fh.read(9)
+    # safetensors: an 8-byte header length, then the JSON header; pickles start with PROTO (0x80) or a zip's "PK".
+    if head[8:9] != b"{" and (head[:1] == b"\x80" or head[:2] == b"PK"):
         raise CheckpointError(f"{path} is a pickle (a PyTorch .bin/.pt file), not safetensors; pickles can run code "
                               f"when loaded and are refused. Re-save the weights as safetensors (transformers: "
                               f"save_pretrained(..., safe_serialization=True)).")

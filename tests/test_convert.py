@@ -1,0 +1,183 @@
+"""`widenet-ds convert` on real DeepSpeed checkpoints written by 2 launcher ranks with ep_size 2.
+
+Each checkpoint comes with the engine's own eval logits on a fixed batch per rank (written right after
+saving); every conversion must reproduce them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "scripts"))
+from launching import REPO, run_deepspeed  # noqa: E402
+from convert_make_checkpoint import fixed_batch  # noqa: E402
+
+from widenet_ds.checkpoint_folder import read_folder, save_folder  # noqa: E402
+from widenet_ds.convert.cli import cli as convert  # noqa: E402
+from widenet_ds.convert.deepspeed_checkpoint import read_deepspeed_checkpoint  # noqa: E402
+from widenet_ds.errors import CheckpointError  # noqa: E402
+from widenet_ds.model import WideNetForPreTraining, WideNetForSequenceClassification  # noqa: E402
+
+pytestmark = [pytest.mark.multirank, pytest.mark.usefixtures("dist")]
+SCRIPT = REPO / "tests/scripts/convert_make_checkpoint.py"
+ZERO_STAGES = (0, 1, 2)
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory) -> dict[int, Path]:
+    """ZeRO stage -> run folder of a 2-rank, ep_size 2 training run saved at step 2."""
+    root = tmp_path_factory.mktemp("convert")
+    runs = {}
+    for stage in ZERO_STAGES:
+        runs[stage] = root / f"zero{stage}"
+        run_deepspeed(SCRIPT, ["save", str(runs[stage]), "2", str(stage)], num_ranks=2)
+    return runs
+
+
+def engine_logits(run: Path, rank: int) -> dict[str, torch.Tensor]:
+    return load_file(run / f"logits.rank{rank}.safetensors")
+
+
+def eval_logits(model: WideNetForPreTraining, rank: int) -> dict[str, torch.Tensor]:
+    model.ensure_process_groups()
+    model.eval()
+    batch = fixed_batch(rank)
+    with torch.no_grad():
+        out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    return {"mlm_logits": out.mlm_logits, "sop_logits": out.sop_logits}
+
+
+@pytest.mark.parametrize("stage", ZERO_STAGES)
+def test_to_folder_then_one_process_model_gives_the_engines_logits(checkpoints, stage, tmp_path):
+    run = checkpoints[stage]
+    tokenizer = tmp_path / "vocab.txt"
+    tokenizer.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")
+    assert convert(["to-folder", str(run), str(tmp_path / "folder"), "--tokenizer", str(tokenizer)]) == 0
+    config = json.loads((tmp_path / "folder" / "config.json").read_text())
+    assert config["format_version"] == 1 and config["architecture"] == "WideNetForPreTraining"
+    assert config["model"]["moe"]["ep_size"] == 2 and config["provenance"]["step"] == 2
+    assert config["provenance"]["zero_stage"] == stage
+    assert (tmp_path / "folder" / "vocab.txt").read_text() == tokenizer.read_text()
+    assert "step: 2" in (tmp_path / "folder" / "README.md").read_text()
+    assert not list(tmp_path.glob("folder.tmp-*"))
+
+    model, report = WideNetForPreTraining.from_pretrained(tmp_path / "folder")  # ep_size 1: all 4 experts here
+    assert report.saved_ep_size == 2 and report.ep_size == 1 and report.experts_on_this_rank == [0, 1, 2, 3]
+    assert not report.new and not report.unused
+    for rank in (0, 1):  # rank 1's batch went through experts 2, 3 on rank 1 of the engine
+        got, want = eval_logits(model, rank), engine_logits(run, rank)
+        assert torch.equal(got["mlm_logits"], want["mlm_logits"]), (got["mlm_logits"] - want["mlm_logits"]).abs().max()
+        assert torch.equal(got["sop_logits"], want["sop_logits"])
+
+
+def test_bf16_folder_stores_bf16_and_loads_close(checkpoints, tmp_path):
+    assert convert(["to-folder", str(checkpoints[1]), str(tmp_path / "bf16"), "--dtype", "bf16"]) == 0
+    assert all(t.dtype == torch.bfloat16 for t in load_file(tmp_path / "bf16" / "model.safetensors").values())
+    model, _ = WideNetForPreTraining.from_pretrained(tmp_path / "bf16")
+    got, want = eval_logits(model, 0), engine_logits(checkpoints[1], 0)
+    assert (got["mlm_logits"] - want["mlm_logits"]).abs().max() < 0.1  # bf16 rounding of the weights only
+
+
+def test_raw_checkpoint_of_another_ep_size_starts_a_classifier_and_reports_what_it_loaded(checkpoints):
+    run = checkpoints[2]
+    model, report = WideNetForSequenceClassification.from_pretrained(
+        run / "checkpoints", num_labels=3, model_overrides={"hidden_dropout": 0.1, "moe": {"capacity_factor": 2.0}})
+    assert model.cfg.moe.ep_size == 1 and model.cfg.hidden_dropout == 0.1 and model.cfg.moe.capacity_factor == 2.0
+    assert report.new == ["classifier.bias", "classifier.weight"]
+    assert report.unused == sorted(["mlm_head.bias", "mlm_head.dense.weight", "mlm_head.dense.bias",
+                                    "mlm_head.norm.weight", "mlm_head.norm.bias", "sop_head.weight", "sop_head.bias"])
+    summary = report.summary()
+    assert "step 2" in summary and "saved with ep_size 2, loaded with ep_size 1" in summary
+    assert "newly initialised: classifier.bias, classifier.weight" in summary
+    # the encoder is the checkpoint's, tensor for tensor
+    saved = read_deepspeed_checkpoint(run).state
+    for key, tensor in model.state_dict().items():
+        if key.startswith("widenet."):
+            assert torch.equal(tensor, saved[key]), key
+
+
+def test_reshard_ep2_to_ep1_to_ep2_loads_in_engines_with_identical_logits(checkpoints, tmp_path):
+    run = checkpoints[2]
+    assert convert(["reshard", str(run), str(tmp_path / "ep1"), "--ep-size", "1", "--world-size", "1"]) == 0
+    meta = json.loads((tmp_path / "ep1" / "step2" / "widenet_checkpoint.json").read_text())
+    assert meta["model_config"]["moe"]["ep_size"] == 1 and meta["world_size"] == 1
+    assert meta["optimizer_states"] is False and meta["resharded_from"]["ep_size"] == 2
+    run_deepspeed(SCRIPT, ["load", str(tmp_path / "ep1" / "step2"), "1", str(tmp_path / "ep1_logits")], num_ranks=1)
+    for name, tensor in load_file(tmp_path / "ep1_logits.rank0.safetensors").items():
+        assert torch.equal(tensor, engine_logits(run, 0)[name]), name
+
+    assert convert(["reshard", str(tmp_path / "ep1"), str(tmp_path / "ep2"), "--ep-size", "2", "--world-size", "2"]) == 0
+    assert convert(["to-folder", str(tmp_path / "ep2"), str(tmp_path / "folder")]) == 0
+    proc = run_deepspeed(SCRIPT, ["load", str(tmp_path / "ep2" / "step2"), "2", str(tmp_path / "ep2_logits"),
+                                  str(tmp_path / "folder")], num_ranks=2)
+    assert "this rank holds global experts [2, 3]" in proc.stdout + proc.stderr
+    for rank in (0, 1):
+        for prefix in ("ep2_logits", "ep2_logits.folder"):  # the resharded checkpoint, and the folder at ep_size 2
+            for name, tensor in load_file(tmp_path / f"{prefix}.rank{rank}.safetensors").items():
+                assert torch.equal(tensor, engine_logits(run, rank)[name]), (prefix, rank, name)
+
+
+def test_reshard_refuses_layouts_that_cannot_hold_the_experts(checkpoints, tmp_path):
+    from widenet_ds.errors import ConfigError
+    with pytest.raises(ConfigError, match="does not divide --world-size"):
+        convert(["reshard", str(checkpoints[1]), str(tmp_path / "x"), "--ep-size", "2", "--world-size", "3"])
+    with pytest.raises(ConfigError, match="not divisible by ep_size = 3"):
+        convert(["reshard", str(checkpoints[1]), str(tmp_path / "x"), "--ep-size", "3", "--world-size", "3"])
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_tag_that_does_not_exist_is_named_with_the_ones_that_do(checkpoints, tmp_path):
+    with pytest.raises(CheckpointError, match=r"tag 'step7' does not exist .* available tags: step2"):
+        convert(["to-folder", str(checkpoints[1]), str(tmp_path / "out"), "--tag", "step7"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_moe_checkpoint_is_refused_by_to_albert(checkpoints, tmp_path):
+    with pytest.raises(CheckpointError, match="Mixture-of-Experts.*to-folder"):
+        convert(["to-albert", str(checkpoints[1]), str(tmp_path / "albert")])
+    assert not (tmp_path / "albert").exists() and not list(tmp_path.iterdir())
+
+
+def test_a_missing_expert_file_is_an_error_naming_it(checkpoints, tmp_path):
+    import shutil
+    partial = tmp_path / "partial"
+    shutil.copytree(checkpoints[1] / "checkpoints" / "step2", partial)
+    (partial / "layer_0_expert_3_mp_rank_00_model_states.pt").unlink()
+    with pytest.raises(CheckpointError, match="layer_0_expert_3_mp_rank_00_model_states.pt does not exist"):
+        convert(["to-folder", str(partial), str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_without_a_recorded_model_config_the_converter_asks_for_one(checkpoints, tmp_path):
+    import shutil
+    bare = tmp_path / "bare"
+    shutil.copytree(checkpoints[1] / "checkpoints" / "step2", bare)
+    (bare / "widenet_checkpoint.json").unlink()
+    with pytest.raises(CheckpointError, match="pass --model-config"):
+        convert(["to-folder", str(bare), str(tmp_path / "out")])
+    saved = json.loads((checkpoints[1] / "checkpoints" / "step2" / "widenet_checkpoint.json").read_text())
+    (tmp_path / "model.json").write_text(json.dumps(saved["model_config"]))
+    assert convert(["to-folder", str(bare), str(tmp_path / "out"), "--model-config", str(tmp_path / "model.json")]) == 0
+    # a config of another model is refused by the key/shape check, naming the keys
+    wrong = {**saved["model_config"], "moe": {**saved["model_config"]["moe"], "num_experts": 8}}
+    (tmp_path / "wrong.json").write_text(json.dumps(wrong))
+    with pytest.raises(CheckpointError, match="num_experts"):
+        convert(["to-folder", str(bare), str(tmp_path / "out2"), "--model-config", str(tmp_path / "wrong.json")])
+
+
+def test_a_failure_while_writing_leaves_no_output(checkpoints, tmp_path):
+    checkpoint = read_deepspeed_checkpoint(checkpoints[1])
+    with pytest.raises(FileNotFoundError):
+        save_folder(checkpoint, tmp_path / "out", tokenizer_files=(tmp_path / "no-such-tokenizer.json",))
+    assert list(tmp_path.iterdir()) == []
+    save_folder(checkpoint, tmp_path / "out")
+    with pytest.raises(CheckpointError, match="already exists"):
+        save_folder(checkpoint, tmp_path / "out")
+    assert read_folder(tmp_path / "out").provenance["step"] == 2

@@ -1,0 +1,114 @@
+"""`widenet-ds convert`: to-folder, reshard, to-albert, from-albert (docs/checkpoints.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from widenet_ds.errors import CheckpointError
+
+_SOURCE_HELP = ("a checkpoint folder, or a DeepSpeed checkpoint: a tag folder (<output>/checkpoints/step1000), a "
+                "checkpoints folder or a run's output folder (then --tag, or the latest complete tag)")
+
+
+def _tokenizer_files(paths: list[str]) -> tuple[Path, ...]:
+    """Files named by --tokenizer: tokenizer.json / vocab.txt, or folders holding them."""
+    from widenet_ds.convert.deepspeed_checkpoint import TOKENIZER_NAMES
+
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_file():
+            found.append(path)
+        elif path.is_dir() and any((path / n).is_file() for n in TOKENIZER_NAMES):
+            found += [path / n for n in TOKENIZER_NAMES if (path / n).is_file()]
+        else:
+            raise CheckpointError(f"--tokenizer {raw}: no such file, nor a folder holding {' or '.join(TOKENIZER_NAMES)}.")
+    return tuple(found)
+
+
+def _source_tokenizers(args) -> tuple[Path, ...]:
+    if args.tokenizer:
+        return _tokenizer_files(args.tokenizer)
+    from widenet_ds.checkpoint_folder import is_folder
+    source = Path(args.source)
+    if is_folder(source):
+        from widenet_ds.convert.deepspeed_checkpoint import TOKENIZER_NAMES
+        return tuple(source / n for n in TOKENIZER_NAMES if (source / n).is_file())
+    from widenet_ds.convert.deepspeed_checkpoint import find_tokenizer_files
+    return find_tokenizer_files(source, args.tag)
+
+
+def _add_source(parser: argparse.ArgumentParser, tokenizer: bool = True) -> None:
+    parser.add_argument("source", help=_SOURCE_HELP)
+    parser.add_argument("output", help="the folder to write (written under a temporary name, moved when complete)")
+    parser.add_argument("--tag", help="checkpoint tag, e.g. step1000 (default: the latest complete one)")
+    parser.add_argument("--model-config", type=Path,
+                        help="model-config JSON, for DeepSpeed checkpoints that do not record theirs")
+    if tokenizer:
+        parser.add_argument("--tokenizer", action="append", default=[],
+                            help="tokenizer.json / vocab.txt (or a folder holding them) to include; default: those "
+                                 "saved with the run, if any")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="widenet-ds convert", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    to_folder = commands.add_parser("to-folder", help="DeepSpeed checkpoint -> portable folder (config.json, "
+                                                      "model.safetensors, tokenizer, README)")
+    _add_source(to_folder)
+    to_folder.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
+
+    reshard = commands.add_parser("reshard", help="DeepSpeed checkpoint -> one for another ep_size / world size "
+                                                  "(model states; the optimizer starts anew)")
+    _add_source(reshard, tokenizer=False)
+    reshard.add_argument("--ep-size", type=int, required=True, help="expert parallelism of the new run")
+    reshard.add_argument("--world-size", type=int, required=True, help="number of ranks of the new run")
+
+    to_albert = commands.add_parser("to-albert", help="dense model -> HF AlbertForPreTraining folder")
+    _add_source(to_albert)
+
+    from_albert = commands.add_parser("from-albert", help="HF AlbertForPreTraining folder -> checkpoint folder "
+                                                          "(exact), or a WideNet upcycled from it")
+    from_albert.add_argument("source", help="HF folder with config.json + model.safetensors")
+    from_albert.add_argument("output", help="the checkpoint folder to write")
+    from_albert.add_argument("--upcycle-experts", type=int, metavar="E",
+                             help="initialise a WideNet with E experts, each ALBERT's FFN plus noise")
+    from_albert.add_argument("--upcycle-noise", type=float, default=0.01,
+                             help="expert noise std relative to each weight's std (default 0.01)")
+    from_albert.add_argument("--seed", type=int, default=0, help="seed of the expert noise and the new router")
+    from_albert.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    return parser
+
+
+def cli(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "to-folder":
+        from widenet_ds.checkpoint_folder import read_checkpoint, save_folder
+        checkpoint = read_checkpoint(Path(args.source), tag=args.tag, model_config=args.model_config)
+        tokenizers = _source_tokenizers(args)
+        out = save_folder(checkpoint, Path(args.output), dtype=args.dtype, tokenizer_files=tokenizers,
+                          overwrite=args.overwrite)
+        print(f"wrote {out}: {checkpoint.architecture}, step {checkpoint.provenance.get('step')}, {args.dtype}, "
+              f"tokenizer: {', '.join(p.name for p in tokenizers) or 'none found (pass --tokenizer)'}")
+    elif args.command == "reshard":
+        from widenet_ds.convert.reshard import reshard
+        out = reshard(Path(args.source), Path(args.output), ep_size=args.ep_size, world_size=args.world_size,
+                      tag=args.tag, model_config=args.model_config, overwrite=args.overwrite)
+        print(f"wrote {out} for ep_size {args.ep_size} on {args.world_size} rank(s): model states only, no optimizer "
+              f"states; load with engine.load_checkpoint(..., load_optimizer_states=False, load_module_only=True) "
+              f"or `pretrain --init-from {out}`")
+    elif args.command == "to-albert":
+        from widenet_ds.convert.albert import to_albert
+        out = to_albert(Path(args.source), Path(args.output), tag=args.tag, model_config=args.model_config,
+                        tokenizer_files=_source_tokenizers(args), overwrite=args.overwrite)
+        print(f"wrote {out}: transformers.AlbertForPreTraining.from_pretrained({str(out)!r}) loads it")
+    else:
+        from widenet_ds.convert.albert import from_albert
+        out = from_albert(Path(args.source), Path(args.output), upcycle_experts=args.upcycle_experts,
+                          noise=args.upcycle_noise, seed=args.seed, overwrite=args.overwrite)
+        kind = f"WideNet upcycled to {args.upcycle_experts} experts" if args.upcycle_experts else "exact conversion"
+        print(f"wrote {out} ({kind})")
+    return 0

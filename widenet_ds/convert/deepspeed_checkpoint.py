@@ -1,0 +1,168 @@
+"""Consolidate a DeepSpeed MoE checkpoint (any ep_size, any world size, ZeRO 0/1/2) into full weights.
+
+What DeepSpeed writes for our models (one tag folder, e.g. `<output>/checkpoints/step1000/`):
+
+    mp_rank_00_model_states.pt                    rank 0: every non-expert weight ("module"), the step,
+                                                  the LR schedule, dp_world_size, num_experts, ds_config
+    layer_<L>_expert_<g>_mp_rank_00_model_states.pt   one file per MoE layer L and GLOBAL expert g, keys
+                                                  already renamed to the global index (written by the
+                                                  first expert-data-parallel replica of each expert)
+    zero_pp_rank_<r>_mp_rank_00_optim_states.pt   ZeRO 1/2: rank r's optimizer partition
+    expp_rank_<e>_mp_rank_00_optim_states.pt      ZeRO 0: the optimizer state of expert-parallel rank e
+    widenet_checkpoint.json, rank_*_state.pt      ours (widenet_ds.checkpointing): complete marker, model
+                                                  config, step; per-rank loader/RNG state
+
+DeepSpeed's `zero_to_fp32` and universal checkpoints do not know the expert files (DeepSpeed #4497,
+#5716). The weights need neither: in the model-states files the non-expert weights are complete
+(rank 0's copy) and every expert has its own file, so the union is the whole model whatever the
+ep_size or world size was. These are the weights the engine computes with: with fp32 training they
+are the optimizer's master weights; with bf16/fp16 they are the 16-bit copies (see docs/checkpoints.md).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from widenet_ds.checkpoint_folder import PortableCheckpoint, infer_architecture, is_expert_key
+from widenet_ds.checkpointing import LATEST_FILE, META_FILE
+from widenet_ds.config import ModelConfig
+from widenet_ds.convert.torch_files import load_torch_file
+from widenet_ds.errors import CheckpointError
+
+MODEL_STATES = "mp_rank_00_model_states.pt"
+TOKENIZER_NAMES = ("tokenizer.json", "vocab.txt")
+
+
+def expert_file(tag_dir: Path, layer: int, expert: int) -> Path:
+    return Path(tag_dir) / f"layer_{layer}_expert_{expert}_mp_rank_00_model_states.pt"
+
+
+def _tags(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if (p / MODEL_STATES).is_file()) if folder.is_dir() else []
+
+
+def resolve_tag_dir(source: Path, tag: str | None = None) -> Path:
+    """The tag folder of `source`: a tag folder itself, or a checkpoints / run output folder (+ `tag`, or the
+    tag its `latest` file names)."""
+    source = Path(source)
+    if not source.exists():
+        raise CheckpointError(f"checkpoint {source} does not exist.")
+    parents = [source, source / "checkpoints"]
+    if tag is not None:
+        for parent in parents:
+            if (parent / tag).is_dir():
+                return parent / tag
+        available = sorted({t for parent in parents for t in _tags(parent)})
+        raise CheckpointError(f"checkpoint tag {tag!r} does not exist in {source}; available tags: "
+                              f"{', '.join(available) or 'none'}.")
+    if (source / MODEL_STATES).is_file() or (source / META_FILE).is_file():
+        return source
+    for parent in parents:
+        if (parent / LATEST_FILE).is_file():
+            latest = (parent / LATEST_FILE).read_text().strip()
+            if not (parent / latest).is_dir():
+                raise CheckpointError(f"{parent / LATEST_FILE} names tag {latest!r}, which does not exist in {parent}.")
+            return parent / latest
+    raise CheckpointError(f"no DeepSpeed checkpoint at {source}: expected a tag folder holding {MODEL_STATES}, or a "
+                          f"folder with a '{LATEST_FILE}' file (pass --tag to pick one; found tags: "
+                          f"{', '.join(sorted({t for p in parents for t in _tags(p)})) or 'none'}).")
+
+
+def read_marker(tag_dir: Path) -> dict[str, Any] | None:
+    path = tag_dir / META_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _model_config(tag_dir: Path, meta: dict | None, states: dict, explicit: Path | None) -> ModelConfig:
+    if explicit is not None:
+        return ModelConfig.from_json(explicit)
+    for where, holder in ((META_FILE, meta or {}), (f"{MODEL_STATES} client state", states)):
+        if isinstance(holder.get("model_config"), dict):
+            return ModelConfig.from_dict(holder["model_config"])
+    raise CheckpointError(f"{tag_dir} does not record its model config (no {META_FILE} and no 'model_config' in the "
+                          f"client state); pass --model-config with the JSON the run was trained with.")
+
+
+def zero_stage(states: dict) -> int:
+    return int((states.get("ds_config") or {}).get("zero_optimization", {}).get("stage", 0))
+
+
+def precision(states: dict) -> str:
+    config = states.get("ds_config") or {}
+    for name in ("bf16", "fp16"):
+        if (config.get(name) or {}).get("enabled"):
+            return name
+    return "fp32"
+
+
+def read_deepspeed_checkpoint(source: Path, *, tag: str | None = None,
+                              model_config: Path | None = None) -> PortableCheckpoint:
+    """All weights of a DeepSpeed checkpoint, experts by global index, checked against the model config."""
+    tag_dir = resolve_tag_dir(source, tag)
+    if any(tag_dir.glob("zero_pp_rank_*_mp_rank_*_model_states.pt")):
+        raise CheckpointError(f"{tag_dir} is a ZeRO stage 3 checkpoint; DeepSpeed MoE trains with ZeRO 1/2 only, and "
+                              f"widenet-ds converts those.")
+    if any(tag_dir.glob("mp_rank_0[1-9]_model_states.pt")):
+        raise CheckpointError(f"{tag_dir} holds several model-parallel ranks; widenet-ds trains without tensor "
+                              f"parallelism and cannot merge them.")
+    meta = read_marker(tag_dir)
+    states = load_torch_file(tag_dir / MODEL_STATES)
+    if not isinstance(states, dict) or not isinstance(states.get("module"), dict):
+        raise CheckpointError(f"{tag_dir / MODEL_STATES} holds no 'module' state dict; not a DeepSpeed checkpoint.")
+    cfg = _model_config(tag_dir, meta, states, model_config)
+
+    state: dict[str, Tensor] = {}
+    for key, tensor in states["module"].items():
+        if is_expert_key(key):
+            raise CheckpointError(f"{tag_dir / MODEL_STATES} holds expert weight {key}; DeepSpeed keeps experts in "
+                                  f"their own files, so this checkpoint is not one of DeepSpeed's MoE layout.")
+        state[key] = tensor
+    if cfg.is_moe:
+        saved_experts = states.get("num_experts")
+        if saved_experts is not None and saved_experts != [cfg.moe.num_experts] * len(saved_experts):
+            raise CheckpointError(f"{tag_dir} was saved with num_experts {saved_experts}, the model config says "
+                                  f"{cfg.moe.num_experts}; use the config the run was trained with.")
+        layers = 1 if cfg.share_ffn else cfg.num_layers
+        for layer in range(layers):
+            for expert in range(cfg.moe.num_experts):
+                for key, tensor in load_torch_file(expert_file(tag_dir, layer, expert)).items():
+                    if f".deepspeed_experts.{expert}." not in key or key in state:
+                        raise CheckpointError(f"{expert_file(tag_dir, layer, expert)} holds {key}, not expert "
+                                              f"{expert}'s weights; the checkpoint's files are mixed up.")
+                    state[key] = tensor
+    state = {k: t.float() if t.is_floating_point() else t for k, t in state.items()}
+    architecture, num_labels = ((meta or {}).get("architecture"), (meta or {}).get("num_labels"))
+    if architecture is None:
+        architecture, num_labels = infer_architecture({k: tuple(t.shape) for k, t in state.items()})
+    step = (meta or {}).get("step", states.get("global_steps"))
+    provenance = {
+        "source": str(tag_dir.resolve()), "tag": tag_dir.name, "step": step,
+        "world_size": (meta or {}).get("world_size", states.get("dp_world_size")),
+        "zero_stage": zero_stage(states), "training_precision": precision(states),
+        "weights": ("the engine's fp32 weights (= the optimizer's master weights)" if precision(states) == "fp32"
+                    else f"the engine's {precision(states)} weights (the fp32 master copy in the ZeRO shards is "
+                         f"not read)"),
+        "deepspeed_version": states.get("ds_version"),
+    }
+    checkpoint = PortableCheckpoint(cfg, architecture, state, num_labels, provenance)
+    checkpoint.check(f"DeepSpeed checkpoint {tag_dir}")
+    return checkpoint
+
+
+def find_tokenizer_files(source: Path, tag: str | None = None) -> tuple[Path, ...]:
+    """Tokenizer files saved with a run: in its output folder, or the data folder its marker names."""
+    tag_dir = resolve_tag_dir(source, tag)
+    meta = read_marker(tag_dir) or {}
+    candidates = [tag_dir.parent.parent, tag_dir.parent]
+    for key in ("tokenizer_dir", "data_dir"):
+        if meta.get(key):
+            candidates.append(Path(meta[key]))
+    for folder in candidates:
+        found = tuple(folder / name for name in TOKENIZER_NAMES if (folder / name).is_file())
+        if found:
+            return found
+    return ()

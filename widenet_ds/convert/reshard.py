@@ -1,0 +1,72 @@
+"""`convert reshard`: a DeepSpeed checkpoint saved with ep_size a on w ranks -> one for ep_size b on v ranks.
+
+Model states only. The non-expert weights and the per-expert files are independent of the layout
+(experts are filed by global index), so they are carried over byte for byte and the metadata is
+rewritten for the new world size; `widenet_checkpoint.json` records the new ep_size and world size.
+Optimizer states are NOT carried: ZeRO partitions flat buffers by world size and DeepSpeed has no
+re-partitioning for MoE expert groups (DeepSpeed #4497, #5716), so a resharded checkpoint starts a new
+optimizer. Load it with
+
+    engine.load_checkpoint(dir, tag, load_optimizer_states=False, load_lr_scheduler_states=False,
+                           load_module_only=True)
+
+which is what `pretrain --init-from` does (widenet_ds.checkpointing.load_weights_only).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from widenet_ds.checkpoint_folder import atomic_folder
+from widenet_ds.checkpointing import FORMAT_VERSION, LATEST_FILE, META_FILE, config_sha256
+from widenet_ds.config import ModelConfig
+from widenet_ds.convert.deepspeed_checkpoint import (MODEL_STATES, read_marker, expert_file, read_deepspeed_checkpoint,
+                                                     resolve_tag_dir)
+from widenet_ds.convert.torch_files import load_torch_file
+from widenet_ds.errors import ConfigError
+
+# Entries of the model-states file that describe the optimizer partitioning of the old layout.
+_OPTIMIZER_LAYOUT = ("optimizer", "param_shapes", "shared_params", "frozen_param_shapes", "frozen_param_fragments")
+
+
+def reshard(source: Path, target: Path, *, ep_size: int, world_size: int, tag: str | None = None,
+            model_config: Path | None = None, overwrite: bool = False) -> Path:
+    """Write `<target>/<tag>/` + `<target>/latest`; returns the new tag folder."""
+    tag_dir = resolve_tag_dir(source, tag)
+    checkpoint = read_deepspeed_checkpoint(tag_dir, model_config=model_config)  # complete and consistent
+    cfg = checkpoint.config
+    if world_size <= 0 or ep_size <= 0:
+        raise ConfigError(f"--ep-size {ep_size} and --world-size {world_size} must be positive.")
+    if world_size % ep_size:
+        raise ConfigError(f"--ep-size {ep_size} does not divide --world-size {world_size}; each group of ep_size "
+                          f"consecutive ranks holds all experts once.")
+    new_data = cfg.to_dict()
+    new_data["moe"]["ep_size"] = ep_size
+    new_cfg = ModelConfig.from_dict(new_data)  # refuses an ep_size that does not divide num_experts / a dense model
+
+    states = load_torch_file(tag_dir / MODEL_STATES)
+    states.update({name: None for name in _OPTIMIZER_LAYOUT if name in states})
+    states["dp_world_size"] = world_size
+    meta = read_marker(tag_dir) or {}
+    new_meta = {**meta, "format_version": FORMAT_VERSION, "step": checkpoint.provenance["step"],
+                "samples": meta.get("samples", states.get("global_samples")), "world_size": world_size,
+                "model_config": new_cfg.to_dict(), "model_config_sha256": config_sha256(new_cfg.to_dict()),
+                "resharded_from": {"source": str(tag_dir.resolve()), "ep_size": cfg.moe.ep_size if cfg.is_moe else None,
+                                   "world_size": checkpoint.provenance["world_size"]},
+                "optimizer_states": False}
+
+    with atomic_folder(target, overwrite) as tmp:
+        out = tmp / tag_dir.name
+        out.mkdir()
+        torch.save(states, out / MODEL_STATES)
+        if cfg.is_moe:
+            for layer in range(1 if cfg.share_ffn else cfg.num_layers):
+                for expert in range(cfg.moe.num_experts):
+                    shutil.copyfile(expert_file(tag_dir, layer, expert), expert_file(out, layer, expert))
+        (out / META_FILE).write_text(json.dumps(new_meta, indent=2, sort_keys=True) + "\n")
+        (tmp / LATEST_FILE).write_text(tag_dir.name)
+    return Path(target) / tag_dir.name
