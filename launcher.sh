@@ -127,9 +127,25 @@ demo() {
   fi
   echo "[demo] 3/3 finetuning on SST-2 ($sst2)" >&2
   ( deepspeed_launch "$ROOT/finetune/run_glue.py" --num-gpus 2 -- \
-    --task sst2 --data "$sst2" --init "$run/pretrain" --output-dir "$run/sst2" \
-    --deepspeed_config "$ROOT/ds_configs/finetune_cpu_small.json" --max-steps "${WIDENET_DEMO_FT_STEPS:-150}" \
-    --max-train-examples 4000 )
+    --task sst2 --data "$sst2" --init "$run/pretrain" --tokenizer "$run/data" --output-dir "$run/sst2" \
+    --deepspeed_config "$ROOT/ds_configs/finetune_cpu_small.json" --max-steps "${WIDENET_DEMO_FT_STEPS:-200}" \
+    --max-train-examples 6000 --max-seq-length 64 )
+  "$PY" - "$run" <<'PY'
+import json, sys
+from pathlib import Path
+run = Path(sys.argv[1])
+rows = [json.loads(line) for line in (run / "pretrain" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+train = [r for r in rows if "train/mlm_loss" in r]
+valid = [r for r in rows if "valid/mlm_loss" in r]
+result = json.loads((run / "sst2" / "results.json").read_text())
+print("\n== widenet-ds demo ==")
+print(f"pretraining ({train[-1]['step']} steps, widenet-tiny-e4, 2 ranks, ep 2): MLM loss "
+      f"{train[0]['train/mlm_loss']:.3f} -> {train[-1]['train/mlm_loss']:.3f}"
+      + (f", held-out MLM loss {valid[-1]['valid/mlm_loss']:.3f}" if valid else ""))
+print(f"SST-2 dev accuracy {result['median']['dev']['acc']:.4f} "
+      f"(majority class {result['baseline']['dev']['acc']:.4f})")
+print(f"outputs in {run}")
+PY
 }
 
 run_tests() {
