@@ -91,6 +91,11 @@ deepspeed_launch() {
     fi
   fi
   [[ -n "$num_gpus" ]] && ds_args+=(--num_gpus "$num_gpus")
+  if [[ -z "${OMP_NUM_THREADS:-}" && -n "$num_gpus" ]] && ! command -v nvidia-smi >/dev/null; then
+    # CPU ranks: share the cores instead of every rank starting one thread per core.
+    local threads=$(( $(nproc) / num_gpus ))
+    export OMP_NUM_THREADS=$(( threads > 0 ? threads : 1 ))
+  fi
   [[ -n "$master_addr" ]] && ds_args+=(--master_addr "$master_addr")
   [[ -n "$master_port" ]] && ds_args+=(--master_port "$master_port")
   [[ "$ssh_check" == 0 ]] && ds_args+=(--no_ssh_check)

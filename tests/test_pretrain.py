@@ -110,8 +110,8 @@ def test_phase2_starts_from_phase1_weights_with_new_sequence_length(data, albert
 
     meta = read_meta(out / "checkpoints" / "step1")
     assert meta["data_manifest"]["seq_length"] == 128 and meta["step"] == 1
-    old = torch.load(phase1 / "step2" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
-    new = torch.load(out / "checkpoints" / "step1" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    old = torch.load(phase1 / "step2" / "mp_rank_00_model_states.pt", weights_only=True)["module"]
+    new = torch.load(out / "checkpoints" / "step1" / "mp_rank_00_model_states.pt", weights_only=True)["module"]
     assert old.keys() == new.keys()
     for name in old:
         assert torch.equal(old[name], new[name]), name

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from widenet_ds.pretrain import run
 from widenet_ds.train_config import parse_args
@@ -28,8 +29,18 @@ def corpus(tmp_path_factory):
     return prepare_data(tmp_path_factory.mktemp("embedded") / "data", [])
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny matrices gain nothing from intra-op threads, and on a busy 2-core machine spinning OpenMP
+    threads slow a step down many times over (as OMP_NUM_THREADS=1 does for launcher runs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("preset", ["widenet-tiny-e4", "albert-tiny"])
-def test_300_steps_lower_the_mlm_loss(corpus, tmp_path, preset, dist):
+def test_300_steps_lower_the_mlm_loss(corpus, tmp_path, preset, dist, one_thread):
     out = tmp_path / preset
     assert run(parse_args(["--model-config", preset, "--deepspeed_config", str(CPU_CONFIG), "--data", str(corpus),
                            "--output-dir", str(out), "--log-interval", "10", "--eval-interval", "300",

@@ -7,7 +7,6 @@ checkpointing (same losses), the TensorBoard scalars, and a batch size that does
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

@@ -8,7 +8,6 @@ every rank save the same step and exit cleanly.
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from dataclasses import dataclass
@@ -30,8 +29,6 @@ from widenet_ds.engine import build_engine, plan_optimizer
 from widenet_ds.errors import CheckpointError, ConfigError, DataError
 from widenet_ds.training_log import StepMetrics, TrainingLog, memory_mib
 from widenet_ds.train_config import LATEST, PretrainConfig
-
-logger = logging.getLogger(__name__)
 
 MODEL_CONFIG_FILE = "model_config.json"
 

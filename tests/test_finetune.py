@@ -1,0 +1,118 @@
+"""End-to-end finetuning on 2 real CPU ranks (deepspeed launcher) and the entrypoints' error handling."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+from launching import REPO, run_deepspeed  # noqa: E402
+
+CPU_CONFIG = str(REPO / "ds_configs/finetune_cpu_small.json")
+
+
+def _vocab(shared_data):
+    return str(shared_data / "vocab/bert-base-uncased-vocab.txt")
+
+
+@pytest.mark.multirank
+@pytest.mark.slow
+def test_sst2_beats_the_majority_class(shared_data, tmp_path):
+    """A tiny random-init WideNet (ep 1, 2 data-parallel ranks) on 4,000 SST-2 training sentences for 120
+    steps, scored on the full dev set (872): lexical cues alone carry it well past the majority class."""
+    run_deepspeed(REPO / "finetune/run_glue.py", [
+        "--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--preset", "widenet-tiny-e4",
+        "--tokenizer", _vocab(shared_data), "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path),
+        "--max-steps", "120", "--max-train-examples", "4000", "--max-seq-length", "64"], timeout=600)
+    results = json.loads((tmp_path / "results.json").read_text())
+    acc, majority = results["median"]["dev"]["acc"], results["baseline"]["dev"]["acc"]
+    assert majority == pytest.approx(444 / 872)  # 'positive' is the training majority; 444 of 872 dev
+    assert acc >= majority + 0.08, (acc, majority)
+    # every dev example scored once, in the GLUE submission layout
+    rows = (tmp_path / "seed1" / "SST-2.dev.tsv").read_text().splitlines()
+    assert rows[0] == "index\tprediction" and len(rows) == 873
+
+
+@pytest.mark.multirank
+@pytest.mark.slow
+def test_squad_v11_slice_beats_the_empty_answer(shared_data, tmp_path):
+    """Trained and scored on the SAME 240-question slice of the v1.1 dev set (the shared data has no SQuAD
+    train set): this shows the span head, features, decoding and scoring work end to end, not
+    generalisation. The empty answer scores EM = F1 = 0."""
+    run_deepspeed(REPO / "finetune/run_squad.py", [
+        "--version", "1.1", "--data", str(shared_data / "squad/dev-v1.1.json"), "--preset", "widenet-tiny-e4",
+        "--tokenizer", _vocab(shared_data), "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path),
+        "--max-steps", "100", "--max-train-examples", "240", "--max-eval-examples", "240",
+        "--max-seq-length", "192", "--doc-stride", "48"], timeout=600)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["baseline"]["dev"] == {"exact_match": 0.0, "f1": 0.0}
+    assert results["median"]["dev"]["f1"] >= 8.0, results["median"]
+    predictions = json.loads((tmp_path / "seed1" / "predictions.json").read_text())
+    assert len(predictions) == 240
+
+
+@pytest.mark.multirank
+def test_seeds_report_the_median(shared_data, tmp_path):
+    run_deepspeed(REPO / "finetune/run_glue.py", [
+        "--task", "rte", "--data", str(shared_data / "glue/RTE"), "--preset", "widenet-tiny-e4",
+        "--tokenizer", _vocab(shared_data), "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path),
+        "--max-steps", "2", "--max-train-examples", "64", "--max-eval-examples", "60", "--seeds", "3",
+        "--max-seq-length", "64"], timeout=600)
+    results = json.loads((tmp_path / "results.json").read_text())
+    accs = sorted(run["metrics"]["dev"]["acc"] for run in results["per_seed"])
+    assert [run["seed"] for run in results["per_seed"]] == [1, 2, 3]
+    assert results["median"]["dev"]["acc"] == accs[1]
+
+
+def _run_single(script: str, args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / script), *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+
+
+def test_bad_inputs_fail_with_one_clear_line(shared_data, tmp_path):
+    common = ["--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path / "out"),
+              "--tokenizer", _vocab(shared_data), "--preset", "widenet-tiny-e4"]
+    cases = [
+        (["--task", "sst5", "--data", str(shared_data / "glue/SST-2")], "unknown GLUE task"),
+        (["--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--max-seq-length", "600"],
+         "max_position_embeddings"),
+    ]
+    bad_tsv = tmp_path / "SST-2"
+    bad_tsv.mkdir()
+    (bad_tsv / "train.tsv").write_text("text\tlabel\nfine film\t1\n")
+    (bad_tsv / "dev.tsv").write_text("text\tlabel\nfine film\t1\n")
+    cases.append((["--task", "sst2", "--data", str(bad_tsv)], "sentence"))
+    for args, message in cases:
+        proc = _run_single("finetune/run_glue.py", [*args, *common])
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        last = proc.stderr.strip().splitlines()[-1]
+        assert "error:" in last and message in last, last
+        assert "Traceback" not in proc.stderr
+
+
+def test_squad_answer_start_mismatch_and_vocab_mismatch(shared_data, tmp_path):
+    data = json.loads((shared_data / "squad/dev-v1.1.json").read_text())
+    data["data"] = data["data"][:1]
+    qa = data["data"][0]["paragraphs"][0]["qas"][0]
+    qa["answers"][0]["answer_start"] += 3
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    proc = _run_single("finetune/run_squad.py", [
+        "--version", "1.1", "--data", str(bad), "--preset", "widenet-tiny-e4", "--tokenizer", _vocab(shared_data),
+        "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path / "o")])
+    assert proc.returncode == 2 and qa["id"] in proc.stderr.strip().splitlines()[-1]
+
+    # a model whose vocabulary is not the tokenizer's
+    from widenet_ds.config import ModelConfig
+    from widenet_ds.checkpoint_folder import save_folder
+    from widenet_ds.model import WideNetForPreTraining
+    import torch
+    cfg = ModelConfig.from_preset("albert-tiny", vocab_size=1000)
+    torch.manual_seed(0)
+    save_folder(WideNetForPreTraining(cfg).state_dict(), cfg, tmp_path / "small-vocab")
+    proc = _run_single("finetune/run_glue.py", [
+        "--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--init", str(tmp_path / "small-vocab"),
+        "--tokenizer", _vocab(shared_data), "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path / "p")])
+    assert proc.returncode == 2
+    assert "1000" in proc.stderr.strip().splitlines()[-1] and "30522" in proc.stderr.strip().splitlines()[-1]
