@@ -19,16 +19,17 @@ def _vocab(shared_data):
 @pytest.mark.multirank
 @pytest.mark.slow
 def test_sst2_beats_the_majority_class(shared_data, tmp_path):
-    """A tiny random-init WideNet (ep 1, 2 data-parallel ranks) on 4,000 SST-2 training sentences for 120
-    steps, scored on the full dev set (872): lexical cues alone carry it well past the majority class."""
+    """A tiny random-init WideNet (ep 1, 2 data-parallel ranks) on 6,000 SST-2 training sentences for 200
+    steps, scored on the full dev set (872): lexical cues alone carry it well past the majority class
+    (measured: 0.741 against 0.509)."""
     run_deepspeed(REPO / "finetune/run_glue.py", [
         "--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--preset", "widenet-tiny-e4",
         "--tokenizer", _vocab(shared_data), "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path),
-        "--max-steps", "120", "--max-train-examples", "4000", "--max-seq-length", "64"], timeout=600)
+        "--max-steps", "200", "--max-train-examples", "6000", "--max-seq-length", "64"], timeout=900)
     results = json.loads((tmp_path / "results.json").read_text())
     acc, majority = results["median"]["dev"]["acc"], results["baseline"]["dev"]["acc"]
     assert majority == pytest.approx(444 / 872)  # 'positive' is the training majority; 444 of 872 dev
-    assert acc >= majority + 0.08, (acc, majority)
+    assert acc >= majority + 0.10, (acc, majority)
     # every dev example scored once, in the GLUE submission layout
     rows = (tmp_path / "seed1" / "SST-2.dev.tsv").read_text().splitlines()
     assert rows[0] == "index\tprediction" and len(rows) == 873
@@ -44,10 +45,10 @@ def test_squad_v11_slice_beats_the_empty_answer(shared_data, tmp_path):
         "--version", "1.1", "--data", str(shared_data / "squad/dev-v1.1.json"), "--preset", "widenet-tiny-e4",
         "--tokenizer", _vocab(shared_data), "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path),
         "--max-steps", "100", "--max-train-examples", "240", "--max-eval-examples", "240",
-        "--max-seq-length", "192", "--doc-stride", "48"], timeout=600)
+        "--max-seq-length", "128", "--doc-stride", "32"], timeout=600)
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["baseline"]["dev"] == {"exact_match": 0.0, "f1": 0.0}
-    assert results["median"]["dev"]["f1"] >= 8.0, results["median"]
+    assert results["median"]["dev"]["f1"] >= 15.0, results["median"]  # measured: F1 29.3, EM 22.9
     predictions = json.loads((tmp_path / "seed1" / "predictions.json").read_text())
     assert len(predictions) == 240
 
@@ -76,7 +77,7 @@ def test_bad_inputs_fail_with_one_clear_line(shared_data, tmp_path):
     cases = [
         (["--task", "sst5", "--data", str(shared_data / "glue/SST-2")], "unknown GLUE task"),
         (["--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--max-seq-length", "600"],
-         "max_position_embeddings"),
+         "position embeddings"),
     ]
     bad_tsv = tmp_path / "SST-2"
     bad_tsv.mkdir()
@@ -105,12 +106,13 @@ def test_squad_answer_start_mismatch_and_vocab_mismatch(shared_data, tmp_path):
 
     # a model whose vocabulary is not the tokenizer's
     from widenet_ds.config import ModelConfig
-    from widenet_ds.checkpoint_folder import save_folder
+    from widenet_ds.checkpoint_folder import PortableCheckpoint, save_folder
     from widenet_ds.model import WideNetForPreTraining
     import torch
     cfg = ModelConfig.from_preset("albert-tiny", vocab_size=1000)
     torch.manual_seed(0)
-    save_folder(WideNetForPreTraining(cfg).state_dict(), cfg, tmp_path / "small-vocab")
+    save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", WideNetForPreTraining(cfg).state_dict()),
+                tmp_path / "small-vocab")
     proc = _run_single("finetune/run_glue.py", [
         "--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--init", str(tmp_path / "small-vocab"),
         "--tokenizer", _vocab(shared_data), "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path / "p")])
