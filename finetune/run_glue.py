@@ -14,6 +14,8 @@ from widenet_ds.finetune_tasks import GlueTaskRun
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", required=True, help="GLUE task name in any spelling (sst2, SST-2, mnli, ...)")
+    p.add_argument("--predict-test", action="store_true",
+                   help="also write test-set predictions in the GLUE submission format (e.g. SST-2.tsv, MNLI-m.tsv)")
     add_common_arguments(p)
     return p
 

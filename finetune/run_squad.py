@@ -16,7 +16,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", choices=("1.1", "2.0"), required=True)
     p.add_argument("--train-file", help="SQuAD JSON to train on (default: --data/train-v<version>.json)")
     p.add_argument("--dev-file", help="SQuAD JSON to evaluate on (default: --data/dev-v<version>.json)")
-    p.add_argument("--doc-stride", type=int, default=128, help="tokens shared by consecutive windows")
+    p.add_argument("--doc-stride", type=int, help="tokens shared by consecutive windows (default: 128, at most "
+                                                "a quarter of the max length)")
     add_common_arguments(p)
     return p
 

@@ -196,7 +196,10 @@ def slurm_cluster(workdir: Path) -> Iterator[SlurmCluster]:
     ctld_port, slurmd_port = _free_ports(2)
     conf = root / "slurm.conf"
     conf.write_text(_slurm_conf(root, node, ctld_port, slurmd_port, munge_socket))
-    env = dict(os.environ, SLURM_CONF=str(conf))
+    # Jobs inherit this environment: leave out the test process's own rank variables (see child_env).
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env["SLURM_CONF"] = str(conf)
     cluster = SlurmCluster(root=root, conf=conf, node=node, env=env)
     munge_pid = munge_dir / "munged.pid"
     try:

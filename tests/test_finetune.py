@@ -3,11 +3,12 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-from launching import REPO, run_deepspeed  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent))
+from launching import REPO, child_env, run_deepspeed  # noqa: E402
 
 CPU_CONFIG = str(REPO / "ds_configs/finetune_cpu_small.json")
 
@@ -19,13 +20,13 @@ def _vocab(shared_data):
 @pytest.mark.multirank
 @pytest.mark.slow
 def test_sst2_beats_the_majority_class(shared_data, tmp_path):
-    """A tiny random-init WideNet (ep 1, 2 data-parallel ranks) on 6,000 SST-2 training sentences for 200
-    steps, scored on the full dev set (872): lexical cues alone carry it well past the majority class
-    (measured: 0.741 against 0.509)."""
+    """A tiny random-init WideNet (ep 1, 2 data-parallel ranks) on 4,000 SST-2 training sentences for 150
+    steps (the demo's settings), scored on the full dev set (872): lexical cues alone carry it well past the
+    majority class (measured: 0.719 against 0.509, ~60 s on 2 cores)."""
     run_deepspeed(REPO / "finetune/run_glue.py", [
         "--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--preset", "widenet-tiny-e4",
         "--tokenizer", _vocab(shared_data), "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path),
-        "--max-steps", "200", "--max-train-examples", "6000", "--max-seq-length", "64"], timeout=900)
+        "--max-steps", "150", "--max-train-examples", "4000", "--max-seq-length", "64"], timeout=900)
     results = json.loads((tmp_path / "results.json").read_text())
     acc, majority = results["median"]["dev"]["acc"], results["baseline"]["dev"]["acc"]
     assert majority == pytest.approx(444 / 872)  # 'positive' is the training majority; 444 of 872 dev
@@ -38,37 +39,45 @@ def test_sst2_beats_the_majority_class(shared_data, tmp_path):
 @pytest.mark.multirank
 @pytest.mark.slow
 def test_squad_v11_slice_beats_the_empty_answer(shared_data, tmp_path):
-    """Trained and scored on the SAME 240-question slice of the v1.1 dev set (the shared data has no SQuAD
-    train set): this shows the span head, features, decoding and scoring work end to end, not
-    generalisation. The empty answer scores EM = F1 = 0."""
+    """Trained and scored on the SAME 160-question slice of the v1.1 dev set (the shared data has no SQuAD
+    train set): this shows the span head, windowed features, decoding and scoring work end to end and that
+    the model learns span heuristics, not generalisation. The empty answer scores EM = F1 = 0. Batch 16 (8
+    per rank) keeps it short: measured EM 20.6 / F1 27.3 after 60 steps, ~45 s on 2 cores."""
+    config = json.loads(Path(CPU_CONFIG).read_text())
+    config.update(train_batch_size=16, train_micro_batch_size_per_gpu=8)
+    (tmp_path / "ds.json").write_text(json.dumps(config))
     run_deepspeed(REPO / "finetune/run_squad.py", [
         "--version", "1.1", "--data", str(shared_data / "squad/dev-v1.1.json"), "--preset", "widenet-tiny-e4",
-        "--tokenizer", _vocab(shared_data), "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path),
-        "--max-steps", "100", "--max-train-examples", "240", "--max-eval-examples", "240",
-        "--max-seq-length", "128", "--doc-stride", "32"], timeout=600)
-    results = json.loads((tmp_path / "results.json").read_text())
+        "--tokenizer", _vocab(shared_data), "--deepspeed_config", str(tmp_path / "ds.json"),
+        "--output-dir", str(tmp_path / "out"), "--max-steps", "60", "--max-train-examples", "160",
+        "--max-eval-examples", "160", "--max-seq-length", "128", "--doc-stride", "32"], timeout=600)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["baseline"]["dev"] == {"exact_match": 0.0, "f1": 0.0}
-    assert results["median"]["dev"]["f1"] >= 15.0, results["median"]  # measured: F1 29.3, EM 22.9
-    predictions = json.loads((tmp_path / "seed1" / "predictions.json").read_text())
-    assert len(predictions) == 240
+    assert results["median"]["dev"]["f1"] >= 10.0, results["median"]
+    predictions = json.loads((tmp_path / "out" / "seed1" / "predictions.json").read_text())
+    assert len(predictions) == 160
 
 
 @pytest.mark.multirank
-def test_seeds_report_the_median(shared_data, tmp_path):
+def test_seeds_report_the_median_and_test_files_are_written(shared_data, tmp_path):
     run_deepspeed(REPO / "finetune/run_glue.py", [
-        "--task", "rte", "--data", str(shared_data / "glue/RTE"), "--preset", "widenet-tiny-e4",
+        "--task", "cola", "--data", str(shared_data / "glue/CoLA"), "--preset", "widenet-tiny-e4",
         "--tokenizer", _vocab(shared_data), "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path),
         "--max-steps", "2", "--max-train-examples", "64", "--max-eval-examples", "60", "--seeds", "3",
-        "--max-seq-length", "64"], timeout=600)
+        "--max-seq-length", "64", "--predict-test"], timeout=600)
     results = json.loads((tmp_path / "results.json").read_text())
-    accs = sorted(run["metrics"]["dev"]["acc"] for run in results["per_seed"])
+    accs = sorted(run["metrics"]["dev"]["mcc"] for run in results["per_seed"])
     assert [run["seed"] for run in results["per_seed"]] == [1, 2, 3]
-    assert results["median"]["dev"]["acc"] == accs[1]
+    assert results["median"]["dev"]["mcc"] == accs[1]
+    # the unlabelled test set, every row predicted, in the layout the GLUE server takes
+    rows = (tmp_path / "seed1" / "CoLA.tsv").read_text().splitlines()
+    assert rows[0] == "index\tprediction" and len(rows) == 1 + 1063
+    assert {row.split("\t")[1] for row in rows[1:]} <= {"0", "1"}
 
 
 def _run_single(script: str, args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / script), *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+                          timeout=300, env=child_env())
 
 
 def test_bad_inputs_fail_with_one_clear_line(shared_data, tmp_path):

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import torch.distributed as torch_dist
 
-from widenet_ds.finetune import Prepared, build_model, predict
+from widenet_ds.errors import ConfigError, DataError
+from widenet_ds.finetune import Batching, FinetuneConfig, Prepared, build_model, predict
 from widenet_ds.model import WideNetForQuestionAnswering, WideNetForSequenceClassification
 
 
@@ -17,54 +18,83 @@ def _is_main() -> bool:
     return torch_dist.get_rank() == 0
 
 
+def _glue_predictions(task, engine, features, batching: Batching) -> np.ndarray:
+    """Class indices (argmax), or scores for regression, in dataset order."""
+    logits = np.stack(predict(engine, features, batching, ("logits",))["logits"])
+    return logits[:, 0] if task.is_regression else logits.argmax(axis=1)
+
+
 class GlueTaskRun:
-    label_keys = ("labels",)
+    """A GLUE task: sequence classification (regression for STS-B), dev metrics, submission files."""
 
-    def __init__(self, args) -> None:
+    def __init__(self, cfg: FinetuneConfig) -> None:
         from widenet_ds.tasks.glue import get_glue_task
-        self.task = get_glue_task(args.task)
+        self.task = get_glue_task(cfg.task)
+        if not self.task.eval_splits:
+            raise ConfigError(f"{self.task.name} has no labelled split to finetune on; its test set is predicted by "
+                              f"the MNLI model (--task mnli --predict-test).")
         self.name = self.task.name
+        self.primary_metric = self.task.primary_metric
 
-    def recipe(self, args):
+    def recipe(self):
         from widenet_ds.tasks.recipes import recipe_for
         return recipe_for(self.name)
 
-    def model(self, args, recipe, vocab_size: int):
-        return build_model(args, WideNetForSequenceClassification, recipe, vocab_size, num_labels=self.task.num_labels)
+    def model(self, cfg: FinetuneConfig, recipe, vocab_size: int):
+        return build_model(cfg, WideNetForSequenceClassification, recipe, vocab_size, num_labels=self.task.num_labels)
 
-    def _split(self, args, split: str):
-        from widenet_ds.tasks.glue import load_glue_split
-        return load_glue_split(self.task, split, None if args.data == "hf" else args.data)
-
-    def prepare(self, args, tokenizer, max_len: int) -> Prepared:
+    def prepare(self, cfg: FinetuneConfig, tokenizer, max_len: int) -> Prepared:
         from widenet_ds.tasks.features import glue_features
-        train_split = self._split(args, "train")
-        if args.max_train_examples:
-            train_split.examples = train_split.examples[: args.max_train_examples]
+        from widenet_ds.tasks.glue import load_glue_split
+        train_split = load_glue_split(self.task, "train", cfg.data_path)
+        if cfg.max_train_examples:
+            train_split.examples = train_split.examples[: cfg.max_train_examples]
             if _is_main():
                 print(f"[data] --max-train-examples: training on the first {len(train_split.examples)} examples",
                       flush=True)
         train = glue_features(train_split, tokenizer, max_len)
         evals = {}
         for split in self.task.eval_splits:
-            eval_split = self._split(args, split)
-            if args.max_eval_examples:
-                eval_split.examples = eval_split.examples[: args.max_eval_examples]
+            eval_split = load_glue_split(self.task, split, cfg.data_path)
+            if cfg.max_eval_examples:
+                eval_split.examples = eval_split.examples[: cfg.max_eval_examples]
             evals[split] = glue_features(eval_split, tokenizer, max_len)
         if _is_main():
             for features in (train, *evals.values()):
                 print(f"[data] {features.summary_text}", flush=True)
-        self.train_labels = train.labels
         return Prepared(train, evals)
 
-    def evaluate(self, engine, split: str, features, micro: int, out_dir: Path) -> dict[str, float]:
+    def evaluate(self, engine, split: str, features, batching: Batching, out_dir: Path) -> dict[str, float]:
         from widenet_ds.tasks.glue import write_glue_predictions
         from widenet_ds.tasks.glue_metrics import glue_metrics
-        logits = np.stack(predict(engine, features, micro, ("logits",))["logits"])
-        preds = logits[:, 0] if self.task.is_regression else logits.argmax(axis=1)
+        preds = _glue_predictions(self.task, engine, features, batching)
         if _is_main():
             write_glue_predictions(self.task, split, features.guids, preds.tolist(), out_dir)
         return glue_metrics(self.task, preds, features.labels)
+
+    def predict_test(self, cfg: FinetuneConfig, engine, tokenizer, max_len: int, batching: Batching, out_dir: Path) -> None:
+        """Test-set files in the GLUE submission format (MNLI: MNLI-m.tsv, MNLI-mm.tsv, and AX.tsv when the
+        diagnostic set is found next to the MNLI folder)."""
+        from widenet_ds.tasks.features import glue_features
+        from widenet_ds.tasks.glue import GLUE_TASKS, glue_split_path, load_glue_split, write_glue_predictions
+        jobs = [(self.task, split, cfg.data_path) for split in self.task.test_splits]
+        if self.name == "MNLI" and cfg.data_path is not None:
+            for folder in (cfg.data_path, cfg.data_path.parent, cfg.data_path.parent / "diagnostic"):
+                try:
+                    glue_split_path(GLUE_TASKS["AX"], "test", folder)
+                except DataError:
+                    continue
+                jobs.append((GLUE_TASKS["AX"], "test", folder))
+                break
+            else:
+                if _is_main():
+                    print(f"[finetune] no AX.tsv near {cfg.data_path}: the diagnostic set is not predicted", flush=True)
+        for task, split, source in jobs:
+            features = glue_features(load_glue_split(task, split, source), tokenizer, max_len)
+            preds = _glue_predictions(task, engine, features, batching)
+            if _is_main():
+                path = write_glue_predictions(task, split, features.guids, preds.tolist(), out_dir)
+                print(f"[finetune] {len(preds)} test predictions -> {path}", flush=True)
 
     def baseline(self, data: Prepared) -> dict[str, Any]:
         """Majority class of the training labels (mean score for regression), scored on each eval split."""
@@ -79,33 +109,40 @@ class GlueTaskRun:
 
 
 class SquadTaskRun:
-    label_keys = ("start_positions", "end_positions")
+    """SQuAD v1.1 / v2.0: span start/end head, n-best decoding, null threshold tuned on dev (v2.0)."""
 
-    def __init__(self, args) -> None:
-        self.version = args.version
-        self.name = f"SQuAD{args.version}"
+    primary_metric = "f1"
 
-    def recipe(self, args):
+    def __init__(self, cfg: FinetuneConfig) -> None:
+        self.version = cfg.version
+        self.name = f"SQuAD{cfg.version}"
+
+    def recipe(self):
         from widenet_ds.tasks.recipes import recipe_for
         return recipe_for(self.name)
 
-    def model(self, args, recipe, vocab_size: int):
-        return build_model(args, WideNetForQuestionAnswering, recipe, vocab_size)
+    def model(self, cfg: FinetuneConfig, recipe, vocab_size: int):
+        return build_model(cfg, WideNetForQuestionAnswering, recipe, vocab_size)
 
-    def prepare(self, args, tokenizer, max_len: int) -> Prepared:
+    def prepare(self, cfg: FinetuneConfig, tokenizer, max_len: int) -> Prepared:
         from widenet_ds.tasks.squad import load_squad, squad_json_from_examples
         from widenet_ds.tasks.squad_features import SquadFeatureConfig, build_squad_features
-        feature_cfg = SquadFeatureConfig(max_seq_length=max_len, doc_stride=min(args.doc_stride, max_len // 4),
+        # Without flags: BERT's 128-token stride and 64-token questions, shrunk for short max lengths.
+        stride = cfg.doc_stride if cfg.doc_stride is not None else min(128, max_len // 4)
+        feature_cfg = SquadFeatureConfig(max_seq_length=max_len, doc_stride=stride,
                                          max_query_length=min(64, max_len // 4))
-        path = None if args.data == "hf" else Path(args.data)
-        train_file = args.train_file or (path and (path if path.is_file() else path / f"train-v{self.version}.json"))
-        dev_file = args.dev_file or (path and (path if path.is_file() else path / f"dev-v{self.version}.json"))
+        path = cfg.data_path
+        train_file = cfg.train_file or (path and (path if path.is_file() else path / f"train-v{self.version}.json"))
+        dev_file = cfg.dev_file or (path and (path if path.is_file() else path / f"dev-v{self.version}.json"))
         train_examples = load_squad(self.version, "train", train_file).examples
         dev_examples = load_squad(self.version, "dev", dev_file).examples
-        if args.max_train_examples:
-            train_examples = train_examples[: args.max_train_examples]
-        if args.max_eval_examples:
-            dev_examples = dev_examples[: args.max_eval_examples]
+        if cfg.max_train_examples:
+            train_examples = train_examples[: cfg.max_train_examples]
+        if cfg.max_eval_examples:
+            dev_examples = dev_examples[: cfg.max_eval_examples]
+        if _is_main():
+            print(f"[data] train {train_file or 'hf'}: {len(train_examples)} questions; dev {dev_file or 'hf'}: "
+                  f"{len(dev_examples)}; windows of {max_len} tokens, doc_stride {stride}", flush=True)
         train = build_squad_features(train_examples, tokenizer, feature_cfg, training=True)
         dev = build_squad_features(dev_examples, tokenizer, feature_cfg, training=False)
         if _is_main():
@@ -114,10 +151,10 @@ class SquadTaskRun:
         self.dev_json = squad_json_from_examples(dev_examples, self.version)["data"]
         return Prepared(train, {"dev": dev})
 
-    def evaluate(self, engine, split: str, features, micro: int, out_dir: Path) -> dict[str, float]:
+    def evaluate(self, engine, split: str, features, batching: Batching, out_dir: Path) -> dict[str, float]:
         from widenet_ds.tasks.squad_metrics import evaluate_v1, evaluate_v2
         from widenet_ds.tasks.squad_postprocess import decode_squad, tune_null_threshold, write_squad_outputs
-        logits = predict(engine, features, micro, ("start_logits", "end_logits"))
+        logits = predict(engine, features, batching, ("start_logits", "end_logits"))
         decoded = decode_squad(self.dev_examples, features, logits["start_logits"], logits["end_logits"])
         if self.version == "1.1":
             predictions = decoded.predictions("1.1")
@@ -128,8 +165,12 @@ class SquadTaskRun:
             metrics = evaluate_v2(self.dev_json, predictions, na_probs=decoded.null_odds)
             metrics["null_threshold"] = threshold
         if _is_main():
-            write_squad_outputs(out_dir, predictions, decoded.null_odds if self.version == "2.0" else None)
+            write_squad_outputs(out_dir, predictions, decoded.null_odds if self.version == "2.0" else None,
+                                decoded.nbest)
         return metrics
+
+    def write_test_predictions(self, engine, batching: Batching, out_dir: Path) -> None:
+        """SQuAD has no public test set; predictions.json of dev is the submission format."""
 
     def baseline(self, data: Prepared) -> dict[str, Any]:
         """The empty answer for every question."""

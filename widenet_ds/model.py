@@ -100,8 +100,8 @@ class SelfAttention(nn.Module):
         self.attention_dropout = cfg.attention_dropout
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
-    def forward(self, x: Tensor, attend: Tensor) -> Tensor:
-        # x: [B, S, H]; attend: bool [B, 1, 1, S], True where a key may be attended
+    def forward(self, x: Tensor, attend: Tensor | None) -> Tensor:
+        # x: [B, S, H]; attend: bool [B, 1, 1, S], True where a key may be attended (None: every key)
         batch, seq, hidden = x.shape
 
         def heads(t: Tensor) -> Tensor:  # [B, S, H] -> [B, heads, S, head_dim]
@@ -144,7 +144,7 @@ class WideNetEncoder(nn.Module):
         self.ffn_dropout = nn.Dropout(cfg.hidden_dropout)
         self.blocks_per_routing_group = blocks // cfg.routing_groups if cfg.is_moe else 1
 
-    def _block(self, i: int, x: Tensor, attend: Tensor,
+    def _block(self, i: int, x: Tensor, attend: Tensor | None,
                routing: Routing | None) -> tuple[Tensor, Routing | None]:
         pick = lambda modules: modules[0 if len(modules) == 1 else i]  # noqa: E731
         attention, ffn, ln_att, ln_ffn = (pick(self.attention), pick(self.ffn),
@@ -313,13 +313,10 @@ class WideNetForPreTraining(WideNetPreTrainedModel):
         sop_logits = self.sop_head(self.sop_dropout(body.pooled))         # [B, 2]
         mlm_loss = sop_loss = None
         if mlm_labels is not None:
-            # Only the predicted positions (~15%) are upcast to fp32 for the loss: the same value as
-            # cross_entropy(ignore_index=-100) over all positions, without the [B*S, V] fp32 copy,
-            # log-softmax and backward (the largest gap to HF ALBERT in a bf16 profile).
-            labels = mlm_labels.reshape(-1)
-            predicted = labels != -100
-            mlm_loss = F.cross_entropy(mlm_logits.reshape(-1, mlm_logits.shape[-1])[predicted].float(),
-                                       labels[predicted])
+            # In the logits' dtype, as HF ALBERT: an fp32 copy of the [B*S, V] logits costs memory, and
+            # selecting the predicted positions by mask would stall the GPU queue on a host sync.
+            mlm_loss = F.cross_entropy(mlm_logits.reshape(-1, mlm_logits.shape[-1]), mlm_labels.reshape(-1),
+                                       ignore_index=-100)
         if sop_labels is not None:
             sop_loss = F.cross_entropy(sop_logits.float(), sop_labels)
         task = None

@@ -9,6 +9,7 @@ every rank save the same step and exit cleanly.
 from __future__ import annotations
 
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from widenet_ds.checkpointing import (CheckpointManager, StopRequest, TrainingSt
 from widenet_ds.config import PRESETS, ModelConfig
 from widenet_ds.data.loader import PretrainingDataLoader
 from widenet_ds.data.shards import read_manifest
+from widenet_ds.data.tokenizer import TOKENIZER_FILE, VOCAB_FILE
 from widenet_ds.distributed import init_distributed
 from widenet_ds.ds_config import DeepSpeedSettings, load_ds_config, validate_ds_config
 from widenet_ds.engine import build_engine, plan_optimizer
@@ -208,6 +210,10 @@ def run(cfg: PretrainConfig) -> int:
     if rank == 0:
         cfg.output_dir.mkdir(parents=True, exist_ok=True)
         plan.model_config.to_json(cfg.output_dir / MODEL_CONFIG_FILE)
+        # The run folder carries its tokenizer: finetuning and `convert to-folder` find it there.
+        for name in (TOKENIZER_FILE, VOCAB_FILE):
+            if (cfg.data_dir / name).is_file():
+                shutil.copy2(cfg.data_dir / name, cfg.output_dir / name)
     meta = {"model_config": plan.model_config.to_dict(), "deepspeed_config": plan.ds.config,
             "data_manifest": {k: plan.manifest[k] for k in ("seq_length", "vocab_size", "tokenizer_sha256")}}
 
