@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from widenet_ds.errors import ConfigError, DataError
-from widenet_ds.finetune import (Batching, FinetuneConfig, _median, build_model, load_tokenizer_for,
-                                 model_overrides, resolve_max_steps)
+from widenet_ds.finetune import Batching, FinetuneConfig, _median, resolve_max_steps
+from widenet_ds.finetune_model import build_model, load_tokenizer_for, model_overrides
 from widenet_ds.model import WideNetForSequenceClassification
 from widenet_ds.tasks.recipes import recipe_for
 

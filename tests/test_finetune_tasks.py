@@ -1,6 +1,7 @@
 """A GLUE task with two evaluation splits (MNLI matched / mismatched) through the real entrypoint on 2 CPU
 ranks, initialised from an exported folder with expert parallelism 2: evaluation files, test-set submission
-files, the load report and the tokenizer saved with the folder."""
+files, the load report, the tokenizer saved with the folder, and the finetuned model saved and scored again
+with --eval-only."""
 
 import json
 import random
@@ -63,7 +64,7 @@ def test_mnli_two_eval_splits_test_files_and_load_report(exported_folder, tmp_pa
     proc = run_deepspeed(REPO / "finetune/run_glue.py", [
         "--task", "MNLI", "--data", str(data), "--init", str(exported_folder), "--moe-ep-size", "2",
         "--deepspeed_config", CPU_CONFIG, "--output-dir", str(out), "--max-steps", "3", "--max-seq-length", "32",
-        "--predict-test", "--log-every", "1"], timeout=600)
+        "--predict-test", "--log-every", "1", "--save-model"], timeout=600)
 
     # the load report: what came from the folder, what is new, which pretraining heads went unused
     log = proc.stdout
@@ -93,3 +94,15 @@ def test_mnli_two_eval_splits_test_files_and_load_report(exported_folder, tmp_pa
     records = [json.loads(line) for line in (seed / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "finetune/loss" in r] == [1, 2, 3]
     assert any("eval/dev_mismatched/acc" in r for r in records)
+
+    # the saved model (experts gathered from both expert-parallel ranks) scores the same with --eval-only
+    rescored = tmp_path / "rescored"
+    proc = run_deepspeed(REPO / "finetune/run_glue.py", [
+        "--task", "MNLI", "--data", str(data), "--init", str(seed / "model"), "--eval-only",
+        "--deepspeed_config", CPU_CONFIG, "--output-dir", str(rescored), "--max-seq-length", "32"], timeout=600)
+    assert f"from {seed / 'model'} (WideNetForSequenceClassification)" in proc.stdout
+    assert "saved with ep_size 2, loaded with ep_size 1" in proc.stdout and "newly initialised" not in proc.stdout
+    again = json.loads((rescored / "results.json").read_text())
+    assert again["steps"] == 0 and again["median"] == results["median"]
+    for name in ("MNLI.dev_matched.tsv", "MNLI.dev_mismatched.tsv"):
+        assert (rescored / "seed1" / name).read_text() == (seed / name).read_text(), name

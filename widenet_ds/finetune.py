@@ -23,8 +23,8 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
-from widenet_ds.config import ModelConfig
 from widenet_ds.errors import ConfigError, DataError, WideNetError
+from widenet_ds.finetune_model import load_tokenizer_for, model_overrides, save_finetuned
 
 HF_DATA = "hf"
 
@@ -54,6 +54,7 @@ class FinetuneConfig:
     log_every: int = 10
     eval_only: bool = False
     predict_test: bool = False
+    save_model: bool = False
     tensorboard: bool = True
     task: str | None = None
     version: str | None = None
@@ -76,6 +77,8 @@ class FinetuneConfig:
             raise ConfigError(f"--doc-stride must be >= 0, got {self.doc_stride}.")
         if self.eval_only and self.init is None:
             raise ConfigError("--eval-only scores pretrained weights: pass --init with a finetuned checkpoint.")
+        if self.eval_only and self.seeds != 1:
+            raise ConfigError("--eval-only scores one set of weights; drop --seeds.")
         if self.init is not None and not Path(self.init).exists():
             raise ConfigError(f"--init {self.init} does not exist; pass an exported folder, a DeepSpeed checkpoint "
                               f"or a pretraining output folder.")
@@ -110,7 +113,11 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-eval-examples", type=int, help="score only the first N evaluation examples")
     parser.add_argument("--eval-every", type=int, default=0, help="also evaluate every N steps (0: at the end only)")
     parser.add_argument("--log-every", type=int, default=10, help="steps between loss records")
-    parser.add_argument("--eval-only", action="store_true", help="score --init without training")
+    parser.add_argument("--eval-only", action="store_true",
+                        help="score --init (e.g. a folder written by --save-model) without training")
+    parser.add_argument("--save-model", action="store_true",
+                        help="write each seed's finetuned model as a checkpoint folder seed<N>/model (with the "
+                             "tokenizer), loadable by --init / from_pretrained")
     parser.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", help="metrics.jsonl only")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
 
@@ -233,58 +240,11 @@ def train(engine, dataset, batching: Batching, accumulation: int, max_steps: int
     return last_loss
 
 
-# --- initialisation -------------------------------------------------------------------------------
+# --- the run ---------------------------------------------------------------------------------------
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def load_tokenizer_for(cfg: FinetuneConfig):
-    """--tokenizer, else the tokenizer saved with --init (in an exported folder, or next to a run's checkpoints)."""
-    from widenet_ds.data.tokenizer import load_tokenizer
-
-    source: str | Path | None = cfg.tokenizer
-    if source is None and cfg.init is not None:
-        from widenet_ds.checkpoint_folder import TOKENIZER_FILES, is_folder
-        init = Path(cfg.init)
-        if is_folder(init):
-            found = [init / name for name in TOKENIZER_FILES if (init / name).is_file()]
-        else:
-            from widenet_ds.convert.deepspeed_checkpoint import find_tokenizer_files
-            try:
-                found = list(find_tokenizer_files(init))
-            except WideNetError:
-                found = []  # not a checkpoint: loading the weights will say so
-        source = found[0] if found else None
-    if source is None:
-        raise ConfigError("no tokenizer given and none saved with --init: pass --tokenizer (the tokenizer.json / "
-                          "vocab.txt or the prepared data folder the model was pretrained with).")
-    return load_tokenizer(source)
-
-
-def model_overrides(cfg: FinetuneConfig, recipe) -> dict[str, Any]:
-    """The recipe's routing and dropout settings (flags win), applied to the model config before building."""
-    dropout = cfg.dropout if cfg.dropout is not None else recipe.dropout
-    return {"hidden_dropout": dropout, "attention_dropout": dropout,
-            "classifier_dropout": recipe.classifier_dropout,
-            "moe": {"capacity_factor": cfg.capacity_factor if cfg.capacity_factor is not None
-                    else recipe.capacity_factor,
-                    "balance_loss_weight": (cfg.balance_loss_weight if cfg.balance_loss_weight is not None
-                                            else recipe.balance_weight),
-                    "ep_size": cfg.moe_ep_size}}
-
-
-def build_model(cfg: FinetuneConfig, cls, recipe, vocab_size: int, **model_kwargs):
-    """The task model from --init (weights + load report) or --preset (random), with the recipe's overrides."""
-    overrides = model_overrides(cfg, recipe)
-    if cfg.init is not None:
-        model, report = cls.from_pretrained(cfg.init, model_overrides=overrides, **model_kwargs)
-        return model, report.summary()
-    base = ModelConfig.from_preset(cfg.preset, vocab_size=vocab_size).to_dict()
-    model_cfg = ModelConfig.from_dict({**base, **{k: v for k, v in overrides.items() if k != "moe"},
-                                       "moe": {**base["moe"], **overrides["moe"]}})
-    return cls(model_cfg, **model_kwargs), f"random initialisation from preset {cfg.preset} (no weights loaded)"
 
 
 def resolve_max_steps(cfg: FinetuneConfig, schedule_steps: int | None, recipe) -> int:
@@ -296,7 +256,6 @@ def resolve_max_steps(cfg: FinetuneConfig, schedule_steps: int | None, recipe) -
     return steps
 
 
-# --- the run --------------------------------------------------------------------------------------
 def run(cfg: FinetuneConfig, task_run) -> dict[str, Any]:
     """Train and evaluate `cfg.seeds` times; write results.json; return the summary."""
     from widenet_ds.distributed import init_distributed
@@ -354,6 +313,11 @@ def run(cfg: FinetuneConfig, task_run) -> dict[str, Any]:
             metrics = evaluate(max_steps)
             if cfg.predict_test:
                 task_run.predict_test(cfg, engine, tokenizer, max_len, batching, seed_dir)
+            if cfg.save_model:
+                path = save_finetuned(engine.module, seed_dir / "model", tokenizer,
+                                      {"task": task_run.name, "seed": seed, "steps": max_steps,
+                                       "init": cfg.init or f"preset:{cfg.preset}"})
+                log.event(max_steps, f"finetuned model saved: {path}")
         finally:
             log.close()
         per_seed.append({"seed": seed, "metrics": metrics, "final_train_loss": final_loss})

@@ -10,7 +10,8 @@ import numpy as np
 import torch.distributed as torch_dist
 
 from widenet_ds.errors import ConfigError, DataError
-from widenet_ds.finetune import Batching, FinetuneConfig, Prepared, build_model, predict
+from widenet_ds.finetune import Batching, FinetuneConfig, Prepared, predict
+from widenet_ds.finetune_model import build_model
 from widenet_ds.model import WideNetForQuestionAnswering, WideNetForSequenceClassification
 
 

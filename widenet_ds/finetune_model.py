@@ -1,0 +1,87 @@
+"""Where finetuning weights come from and go: the tokenizer that belongs to them, the task model built from
+--init (pretrained weights + load report) or --preset (random) with the recipe's routing and dropout
+settings, and the finetuned model written back as a checkpoint folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as torch_dist
+
+from widenet_ds.config import ModelConfig
+from widenet_ds.errors import ConfigError, WideNetError
+
+if TYPE_CHECKING:
+    from widenet_ds.finetune import FinetuneConfig
+
+
+def load_tokenizer_for(cfg: FinetuneConfig):
+    """--tokenizer, else the tokenizer saved with --init (in an exported folder, or next to a run's checkpoints)."""
+    from widenet_ds.data.tokenizer import load_tokenizer
+
+    source: str | Path | None = cfg.tokenizer
+    if source is None and cfg.init is not None:
+        from widenet_ds.checkpoint_folder import TOKENIZER_FILES, is_folder
+        init = Path(cfg.init)
+        if is_folder(init):
+            found = [init / name for name in TOKENIZER_FILES if (init / name).is_file()]
+        else:
+            from widenet_ds.convert.deepspeed_checkpoint import find_tokenizer_files
+            try:
+                found = list(find_tokenizer_files(init))
+            except WideNetError:
+                found = []  # not a checkpoint: loading the weights will say so
+        source = found[0] if found else None
+    if source is None:
+        raise ConfigError("no tokenizer given and none saved with --init: pass --tokenizer (the tokenizer.json / "
+                          "vocab.txt or the prepared data folder the model was pretrained with).")
+    return load_tokenizer(source)
+
+
+def model_overrides(cfg: FinetuneConfig, recipe) -> dict[str, Any]:
+    """The recipe's routing and dropout settings (flags win), applied to the model config before building."""
+    dropout = cfg.dropout if cfg.dropout is not None else recipe.dropout
+    return {"hidden_dropout": dropout, "attention_dropout": dropout,
+            "classifier_dropout": recipe.classifier_dropout,
+            "moe": {"capacity_factor": cfg.capacity_factor if cfg.capacity_factor is not None
+                    else recipe.capacity_factor,
+                    "balance_loss_weight": (cfg.balance_loss_weight if cfg.balance_loss_weight is not None
+                                            else recipe.balance_weight),
+                    "ep_size": cfg.moe_ep_size}}
+
+
+def build_model(cfg: FinetuneConfig, cls, recipe, vocab_size: int, **model_kwargs):
+    """The task model from --init (weights + load report) or --preset (random), with the recipe's overrides."""
+    overrides = model_overrides(cfg, recipe)
+    if cfg.init is not None:
+        model, report = cls.from_pretrained(cfg.init, model_overrides=overrides, **model_kwargs)
+        return model, report.summary()
+    base = ModelConfig.from_preset(cfg.preset, vocab_size=vocab_size).to_dict()
+    model_cfg = ModelConfig.from_dict({**base, **{k: v for k, v in overrides.items() if k != "moe"},
+                                       "moe": {**base["moe"], **overrides["moe"]}})
+    return cls(model_cfg, **model_kwargs), f"random initialisation from preset {cfg.preset} (no weights loaded)"
+
+
+def save_finetuned(model, target: Path, tokenizer, provenance: dict[str, Any]) -> Path:
+    """The finetuned model as a checkpoint folder (experts under their global index, gathered from every
+    rank when expert-parallel), written by rank 0; collective."""
+    from widenet_ds.checkpoint_folder import PortableCheckpoint, global_key_map, is_expert_key, save_folder
+
+    to_global = global_key_map(model)
+    state = {to_global[key]: tensor.detach().cpu() for key, tensor in model.state_dict().items()}
+    parts: list[dict] = [None] * torch_dist.get_world_size()  # type: ignore[list-item]
+    torch_dist.all_gather_object(parts, {k: v for k, v in state.items() if is_expert_key(k)})
+    for part in parts:
+        state.update(part)
+    if torch_dist.get_rank() == 0:
+        tokenizer_dir = target.with_name(f".{target.name}-tokenizer")
+        tokenizer_dir.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(str(tokenizer_dir / "tokenizer.json"))
+        checkpoint = PortableCheckpoint(model.cfg, type(model).__name__, state, getattr(model, "num_labels", None),
+                                        provenance)
+        save_folder(checkpoint, target, tokenizer_files=(tokenizer_dir / "tokenizer.json",), overwrite=True)
+        (tokenizer_dir / "tokenizer.json").unlink()
+        tokenizer_dir.rmdir()
+    torch_dist.barrier()
+    return target
