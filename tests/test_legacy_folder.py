@@ -1,0 +1,25 @@
+"""A portable folder written by the pre-restructuring code (tests/assets/README.md) still loads, with
+the logits that code computed from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from widenet_ds.model import WideNetForPreTraining
+
+ASSETS = Path(__file__).parent / "assets"
+
+
+def test_folder_of_the_old_layout_gives_identical_logits(dist):
+    expected = load_file(ASSETS / "legacy_expected_logits.safetensors")
+    model, report = WideNetForPreTraining.from_pretrained(ASSETS / "legacy_folder")
+    assert not report.new and not report.unused and report.saved_ep_size == 2
+    model.eval()
+    with torch.no_grad():
+        out = model(input_ids=expected["input_ids"], token_type_ids=expected["token_type_ids"],
+                    attention_mask=expected["attention_mask"])
+    assert torch.equal(out.mlm_logits, expected["mlm_logits"])
+    assert torch.equal(out.sop_logits, expected["sop_logits"])
