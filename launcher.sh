@@ -77,7 +77,7 @@ deepspeed_launch() {
     [[ -n "$num_nodes" ]] && check+=(--num-nodes "$num_nodes")
     [[ -n "$num_gpus" ]] && check+=(--num-gpus "$num_gpus")
     # Unresolvable hosts or too few slots fail here, naming the fix, before any rank starts.
-    "$PYTHON" -m widenet_ds.launch_env check-hostfile "${check[@]}" >/dev/null || exit 2
+    "$PYTHON" -m widenet_ds.runtime.launch_env check-hostfile "${check[@]}" >/dev/null || exit 2
     ds_args+=(--hostfile "$hostfile")
     [[ -n "$num_nodes" ]] && ds_args+=(--num_nodes "$num_nodes")
   else

@@ -1,4 +1,4 @@
-"""DeepSpeed's fused CUDA `Lamb` against `widenet_ds.lamb.Lamb`: one step's update, and time per step.
+"""DeepSpeed's fused CUDA `Lamb` against `widenet_ds.runtime.lamb.Lamb`: one step's update, and time per step.
 
 Both get the same parameters (a model's tensors, shapes and values) and the same gradients; the update
 of the first step is compared tensor by tensor (max |difference| over max |update|), then each optimizer's
@@ -29,9 +29,10 @@ def main() -> int:
         print("bench_lamb.py needs CUDA (DeepSpeed's Lamb is a fused CUDA kernel)", file=sys.stderr)
         return 2
     from deepspeed.ops.lamb import FusedLamb
-    from widenet_ds.config import ModelConfig
-    from widenet_ds.lamb import Lamb
-    from widenet_ds.model import WideNetForPreTraining
+
+    from widenet_ds.model.config import ModelConfig
+    from widenet_ds.model.widenet import WideNetForPreTraining
+    from widenet_ds.runtime.lamb import Lamb
     init_single_rank()
     torch.manual_seed(0)
     model = WideNetForPreTraining(ModelConfig.from_preset(args.preset))
@@ -61,7 +62,7 @@ def main() -> int:
     print(f"\n# LAMB step: {machine()}; {args.preset} parameters ({n:,} in {len(fused_params)} tensors), fp32")
     print(f"{'optimizer':<28}{'step ms':>10}")
     print(f"{'deepspeed FusedLamb (CUDA)':<28}{fused_s * 1e3:>10.3f}")
-    print(f"{'widenet_ds.lamb.Lamb':<28}{ours_s * 1e3:>10.3f}")
+    print(f"{'widenet_ds.runtime.lamb.Lamb':<28}{ours_s * 1e3:>10.3f}")
     print(f"\nratios\n  first-step update: max |fused - ours| / max |update| over tensors = {worst:.2e}")
     print(f"  torch Lamb step time / fused = {ours_s / fused_s:.2f}")
     return 0

@@ -32,8 +32,9 @@ PHASES = ("gate", "dispatch", "experts", "combine")
 
 def _layers(experts: int, dtype: torch.dtype, dev: torch.device):
     from deepspeed.moe.layer import MoE
-    from widenet_ds.config import ModelConfig
-    from widenet_ds.moe import FeedForward, MoEFeedForward
+
+    from widenet_ds.model.config import ModelConfig
+    from widenet_ds.model.moe import FeedForward, MoEFeedForward
     torch.manual_seed(0)
     cfg = ModelConfig.from_preset("widenet-base-e4", moe={"num_experts": experts})
     stock = MoE(cfg.hidden_size, FeedForward(cfg.hidden_size, cfg.intermediate_size, cfg.activation),
@@ -53,7 +54,8 @@ def _layers(experts: int, dtype: torch.dtype, dev: torch.device):
 def _phases(path: str, stock, capacity_layer, dropless_layer, x: torch.Tensor, warmup: int, repeats: int):
     """Median seconds of each phase of `path` on tokens x [T, M], forward only."""
     from deepspeed.moe.sharded_moe import _route_slots, _sparse_decode, _sparse_encode, top2gating
-    from widenet_ds.dropless import sorted_route_order
+
+    from widenet_ds.model.dropless import sorted_route_order
     T, M = x.shape
     time = lambda fn: median_seconds(fn, warmup, repeats)  # noqa: E731
     if path in ("deepspeed-stock", "deepspeed-onehot"):

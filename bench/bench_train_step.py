@@ -1,10 +1,10 @@
 """Training-step throughput, model FLOPs, MFU and peak memory per token: ours against HF ALBERT.
 
 Every model runs through the same DeepSpeed engine and the same LAMB (`--optimizer`: DeepSpeed's fused
-`Lamb`, the default on CUDA, or `widenet_ds.lamb.Lamb`, the only one on CPU), on the same random batch shape, one
+`Lamb`, the default on CUDA, or `widenet_ds.runtime.lamb.Lamb`, the only one on CPU), on the same random batch shape, one
 fresh subprocess per model (so peak memory is that model's). A step is forward + backward + optimizer
 step; tokens/s is micro-batch x seq_len over the median step time after warm-up. MFU is the model's
-training FLOPs (widenet_ds.flops: K routes per token, capacity padding NOT counted, MLM logits over all
+training FLOPs (widenet_ds.model.counts: K routes per token, capacity padding NOT counted, MLM logits over all
 positions) per second over a large matmul's FLOP/s timed in the same run, in the same dtype.
 
     python bench/bench_train_step.py --batch 8 --seq 128 --warmup 3 --repeats 5          # CPU
@@ -38,8 +38,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def _build(name: str, compile_model: bool):
-    from widenet_ds.config import ModelConfig
-    from widenet_ds.model import WideNetForPreTraining
+    from widenet_ds.model.config import ModelConfig
+    from widenet_ds.model.widenet import WideNetForPreTraining
     preset, moe = MODELS[name]
     cfg = ModelConfig.from_preset(preset, moe=moe)
     if name == "hf-albert":
@@ -70,7 +70,8 @@ def zero_stage(dtype: str) -> int:
 
 def _engine(model, dtype: str, micro_batch: int, optimizer_name: str):
     import deepspeed
-    from widenet_ds.lamb import Lamb, build_param_groups
+
+    from widenet_ds.runtime.lamb import Lamb, build_param_groups
     groups = build_param_groups(model, weight_decay=0.01)
     config = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
               "steps_per_print": 10 ** 9, "gradient_clipping": 1.0, "zero_allow_untested_optimizer": True,
@@ -99,7 +100,7 @@ def _batch(vocab: int, batch: int, seq: int, dev: torch.device) -> dict[str, tor
 
 def worker(args) -> dict:
     """One model in this process: returns its step time, FLOPs and peak memory."""
-    from widenet_ds.flops import flops_per_token
+    from widenet_ds.model.counts import flops_per_token
     init_single_rank()
     torch.manual_seed(0)
     cfg, model, kwargs = _build(args.worker, args.compile)
@@ -141,7 +142,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--optimizer", choices=("fused-lamb", "torch-lamb"),
                         default="fused-lamb" if torch.cuda.is_available() else "torch-lamb",
-                        help="DeepSpeed's fused CUDA Lamb (CUDA only) or widenet_ds.lamb.Lamb")
+                        help="DeepSpeed's fused CUDA Lamb (CUDA only) or widenet_ds.runtime.lamb.Lamb")
     parser.add_argument("--compile", action="store_true", help="torch.compile each model (ours and HF's)")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--worker", choices=list(MODELS), help=argparse.SUPPRESS)

@@ -61,6 +61,6 @@ def machine() -> str:
 
 def init_single_rank() -> None:
     """A 1-rank process group: DeepSpeed's MoE all-to-all and engine need one."""
-    from widenet_ds.distributed import init_distributed
+    from widenet_ds.runtime.distributed import init_distributed
     os.environ.setdefault("MASTER_PORT", str(29700 + os.getpid() % 200))
     init_distributed()

@@ -7,8 +7,9 @@
 import argparse
 import sys
 
-from widenet_ds.finetune import add_common_arguments, main
-from widenet_ds.finetune_tasks import SquadTaskRun
+from widenet_ds.training.finetune import main
+from widenet_ds.training.finetune_config import add_common_arguments
+from widenet_ds.training.finetune_tasks import SquadTaskRun
 
 
 def parser() -> argparse.ArgumentParser:

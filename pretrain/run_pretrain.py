@@ -10,8 +10,8 @@ Also started by launcher.sh, srun and mpiexec. Options: `--help`; the details: d
 import sys
 
 from widenet_ds.errors import WideNetError
-from widenet_ds.pretrain import run
-from widenet_ds.train_config import parse_args
+from widenet_ds.training.pretrain import run
+from widenet_ds.training.pretrain_config import parse_args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,6 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def dist():
     """A 1-rank gloo group: DeepSpeed's MoE all-to-all needs one even with ep_size 1."""
-    from widenet_ds.distributed import init_distributed
+    from widenet_ds.runtime.distributed import init_distributed
     init_distributed()
     yield

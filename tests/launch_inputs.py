@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from widenet_ds.config import ModelConfig
 from widenet_ds.data.prepare import cli as prepare_data
+from widenet_ds.model.config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
 DS_CONFIG = REPO / "ds_configs" / "cpu_small.json"

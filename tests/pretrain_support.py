@@ -36,7 +36,7 @@ def write_ds_config(path: Path, **changes) -> Path:
 
 
 def write_model_config(path: Path, preset: str = "widenet-tiny-e4", vocab_size: int = 1000, **overrides) -> Path:
-    from widenet_ds.config import ModelConfig
+    from widenet_ds.model.config import ModelConfig
 
     ModelConfig.from_preset(preset, vocab_size=vocab_size, **overrides).to_json(path)
     return path
@@ -44,12 +44,12 @@ def write_model_config(path: Path, preset: str = "widenet-tiny-e4", vocab_size: 
 
 def train_losses(output_dir: Path, key: str = "train/loss") -> dict[int, float]:
     """step -> value of the records holding `key` in metrics.jsonl."""
-    from widenet_ds.training_log import read_metrics
+    from widenet_ds.training.log import read_metrics
 
     return {r["step"]: r[key] for r in read_metrics(Path(output_dir) / "metrics.jsonl") if key in r}
 
 
 def events(output_dir: Path) -> list[str]:
-    from widenet_ds.training_log import read_metrics
+    from widenet_ds.training.log import read_metrics
 
     return [r["event"] for r in read_metrics(Path(output_dir) / "metrics.jsonl") if "event" in r]

@@ -5,10 +5,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from widenet_ds.albert_weights import (albert_config, config_from_albert, from_albert_state_dict,
-                                       to_albert_state_dict)
-from widenet_ds.config import ModelConfig
-from widenet_ds.model import WideNetForPreTraining
+from widenet_ds.checkpoint.albert import albert_config, config_from_albert, from_albert_state_dict, to_albert_state_dict
+from widenet_ds.model.config import ModelConfig
+from widenet_ds.model.widenet import WideNetForPreTraining
 
 SHARINGS = {
     # ALBERT: everything shared, LayerNorms included -> num_hidden_groups = 1

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from widenet_ds.checkpoint_folder import PortableCheckpoint, read_folder, save_folder
-from widenet_ds.config import ModelConfig
-from widenet_ds.convert.torch_files import load_torch_file
+from widenet_ds.checkpoint.deepspeed import load_torch_file
+from widenet_ds.checkpoint.format import PortableCheckpoint, read_folder, save_folder
+from widenet_ds.checkpoint.load import load_pretrained
 from widenet_ds.errors import CheckpointError
-from widenet_ds.model import WideNetForPreTraining, WideNetForQuestionAnswering
+from widenet_ds.model.config import ModelConfig
+from widenet_ds.model.widenet import WideNetForPreTraining, WideNetForQuestionAnswering
 
 pytestmark = pytest.mark.usefixtures("dist")
 
@@ -44,7 +45,7 @@ class CreatesAFile:
 def test_folder_round_trip_gives_the_same_logits(folder):
     torch.manual_seed(0)
     original = WideNetForPreTraining(tiny_config())
-    loaded, report = WideNetForPreTraining.from_pretrained(folder)
+    loaded, report = load_pretrained(WideNetForPreTraining, folder)
     assert report.loaded == len(original.state_dict()) and report.provenance["step"] == 7
     ids = torch.randint(0, 120, (2, 16))
     for m in (original, loaded):
@@ -55,11 +56,11 @@ def test_folder_round_trip_gives_the_same_logits(folder):
 
 
 def test_a_task_head_differs_but_the_encoder_must_match(folder):
-    model, report = WideNetForQuestionAnswering.from_pretrained(folder)
+    model, report = load_pretrained(WideNetForQuestionAnswering, folder)
     assert report.new == ["qa_outputs.bias", "qa_outputs.weight"]
     assert "sop_head.weight" in report.unused
     with pytest.raises(CheckpointError, match=r"fc_in.weight has shape \(512, 128\), the model expects \(256, 128\)"):
-        WideNetForPreTraining.from_pretrained(folder, model_overrides={"intermediate_size": 256})
+        load_pretrained(WideNetForPreTraining, folder, model_overrides={"intermediate_size": 256})
 
 
 def test_a_truncated_safetensors_file_is_refused(folder):

@@ -12,11 +12,19 @@ import numpy as np
 import pytest
 import torch
 
-from widenet_ds.checkpointing import (META_FILE, CheckpointManager, StopRequest, check_same_model,
-                                      config_differences, latest_checkpoint, resolve_checkpoint, rng_state,
-                                      set_rng_state)
-from widenet_ds.config import ModelConfig
+from widenet_ds.checkpoint.training import (
+    META_FILE,
+    CheckpointManager,
+    check_same_model,
+    config_differences,
+    latest_checkpoint,
+    resolve_checkpoint,
+    rng_state,
+    set_rng_state,
+)
 from widenet_ds.errors import CheckpointError
+from widenet_ds.model.config import ModelConfig
+from widenet_ds.training.preemption import StopRequest
 
 
 def draws():

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from widenet_ds.config import PRESETS, ModelConfig, MoEConfig
 from widenet_ds.errors import ConfigError
+from widenet_ds.model.config import PRESETS, ModelConfig, MoEConfig
 
 
 def test_presets_round_trip_through_json(tmp_path):

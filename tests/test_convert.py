@@ -16,14 +16,15 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
-from launching import REPO, run_deepspeed  # noqa: E402
 from convert_make_checkpoint import fixed_batch  # noqa: E402
+from launching import REPO, run_deepspeed  # noqa: E402
 
-from widenet_ds.checkpoint_folder import read_folder, save_folder  # noqa: E402
-from widenet_ds.convert.cli import cli as convert  # noqa: E402
-from widenet_ds.convert.deepspeed_checkpoint import read_deepspeed_checkpoint  # noqa: E402
+from widenet_ds.checkpoint.cli import cli as convert  # noqa: E402
+from widenet_ds.checkpoint.deepspeed import read_deepspeed_checkpoint  # noqa: E402
+from widenet_ds.checkpoint.format import read_folder, save_folder  # noqa: E402
+from widenet_ds.checkpoint.load import load_pretrained  # noqa: E402
 from widenet_ds.errors import CheckpointError  # noqa: E402
-from widenet_ds.model import WideNetForPreTraining, WideNetForSequenceClassification  # noqa: E402
+from widenet_ds.model.widenet import WideNetForPreTraining, WideNetForSequenceClassification  # noqa: E402
 
 pytestmark = [pytest.mark.multirank, pytest.mark.usefixtures("dist")]
 SCRIPT = REPO / "tests/scripts/convert_make_checkpoint.py"
@@ -68,7 +69,7 @@ def test_to_folder_then_one_process_model_gives_the_engines_logits(checkpoints, 
     assert "step: 2" in (tmp_path / "folder" / "README.md").read_text()
     assert not list(tmp_path.glob("folder.tmp-*"))
 
-    model, report = WideNetForPreTraining.from_pretrained(tmp_path / "folder")  # ep_size 1: all 4 experts here
+    model, report = load_pretrained(WideNetForPreTraining, tmp_path / "folder")  # ep_size 1: all 4 experts here
     assert report.saved_ep_size == 2 and report.ep_size == 1 and report.experts_on_this_rank == [0, 1, 2, 3]
     assert not report.new and not report.unused
     for rank in (0, 1):  # rank 1's batch went through experts 2, 3 on rank 1 of the engine
@@ -80,15 +81,14 @@ def test_to_folder_then_one_process_model_gives_the_engines_logits(checkpoints, 
 def test_bf16_folder_stores_bf16_and_loads_close(checkpoints, tmp_path):
     assert convert(["to-folder", str(checkpoints[1]), str(tmp_path / "bf16"), "--dtype", "bf16"]) == 0
     assert all(t.dtype == torch.bfloat16 for t in load_file(tmp_path / "bf16" / "model.safetensors").values())
-    model, _ = WideNetForPreTraining.from_pretrained(tmp_path / "bf16")
+    model, _ = load_pretrained(WideNetForPreTraining, tmp_path / "bf16")
     got, want = eval_logits(model, 0), engine_logits(checkpoints[1], 0)
     assert (got["mlm_logits"] - want["mlm_logits"]).abs().max() < 0.1  # bf16 rounding of the weights only
 
 
 def test_raw_checkpoint_of_another_ep_size_starts_a_classifier_and_reports_what_it_loaded(checkpoints):
     run = checkpoints[2]
-    model, report = WideNetForSequenceClassification.from_pretrained(
-        run / "checkpoints", num_labels=3, model_overrides={"hidden_dropout": 0.1, "moe": {"capacity_factor": 2.0}})
+    model, report = load_pretrained(WideNetForSequenceClassification, run / "checkpoints", num_labels=3, model_overrides={"hidden_dropout": 0.1, "moe": {"capacity_factor": 2.0}})
     assert model.cfg.moe.ep_size == 1 and model.cfg.hidden_dropout == 0.1 and model.cfg.moe.capacity_factor == 2.0
     assert report.new == ["classifier.bias", "classifier.weight"]
     assert report.unused == sorted(["mlm_head.bias", "mlm_head.dense.weight", "mlm_head.dense.bias",

@@ -7,11 +7,12 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from widenet_ds.checkpoint_folder import PortableCheckpoint, read_folder, save_folder  # noqa: E402
-from widenet_ds.config import ModelConfig  # noqa: E402
-from widenet_ds.convert.cli import cli as convert  # noqa: E402
+from widenet_ds.checkpoint.cli import cli as convert  # noqa: E402
+from widenet_ds.checkpoint.format import PortableCheckpoint, read_folder, save_folder  # noqa: E402
+from widenet_ds.checkpoint.load import load_pretrained  # noqa: E402
 from widenet_ds.errors import CheckpointError  # noqa: E402
-from widenet_ds.model import WideNetForPreTraining  # noqa: E402
+from widenet_ds.model.config import ModelConfig  # noqa: E402
+from widenet_ds.model.widenet import WideNetForPreTraining  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("dist")
 DIMS = dict(vocab_size=97, embedding_size=16, hidden_size=32, num_layers=3, num_heads=4, intermediate_size=48,
@@ -89,7 +90,7 @@ def test_upcycling_copies_albert_into_every_expert(tmp_path):
                     "--upcycle-noise", "0"]) == 0
     # Noise 0, renormalised top-2 weights, no dropping: every token gets ALBERT's FFN -> ALBERT's logits.
     exact = {"moe": {"combine_weights": "renormalize", "drop_tokens": False}}
-    wide, report = WideNetForPreTraining.from_pretrained(tmp_path / "wide0", model_overrides=exact)
+    wide, report = load_pretrained(WideNetForPreTraining, tmp_path / "wide0", model_overrides=exact)
     assert wide.cfg.is_moe and wide.cfg.moe.num_experts == 4 and not wide.cfg.share_layernorm
     assert report.new == [] and report.unused == []
     wide.ensure_process_groups()

@@ -8,8 +8,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from widenet_ds.data.sources import (DocumentStream, HFSource, JsonlSource, ParquetSource, SkipCounter,
-                                     TextSource, WeightedSource, parse_source)
+from widenet_ds.data.sources import (
+    DocumentStream,
+    HFSource,
+    JsonlSource,
+    ParquetSource,
+    SkipCounter,
+    TextSource,
+    WeightedSource,
+    parse_source,
+)
 from widenet_ds.errors import DataError
 
 DOCS = ["First document. It has two sentences.", "Second document here. Also two.", "Third one. Yes."]

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from widenet_ds.data.sentences import split_sentences
-from widenet_ds.data.tokenizer import (SPECIAL_TOKENS, cli, file_sha256, load_tokenizer, save_tokenizer,
-                                       train_tokenizer)
+from widenet_ds.data.tokenizer import SPECIAL_TOKENS, cli, file_sha256, load_tokenizer, save_tokenizer, train_tokenizer
 from widenet_ds.errors import DataError
 
 
@@ -70,7 +69,7 @@ def test_cli_trains_and_saves(tmp_path, shared_data, capsys):
 
 
 def test_plain_text_shortcut_gives_the_same_ids_and_offsets(shared_data, sentences):
-    from widenet_ds.data.tokenizer import BatchEncoder, _NOT_PLAIN
+    from widenet_ds.data.tokenizer import _NOT_PLAIN, BatchEncoder
 
     tokenizer = load_tokenizer(shared_data / "vocab" / "bert-base-uncased-vocab.txt")
     book = (shared_data / "corpus" / "books" / "pg1342.txt").read_text(encoding="utf-8")

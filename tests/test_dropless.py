@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from widenet_ds.config import ModelConfig, MoEConfig
 from widenet_ds.errors import ConfigError
-from widenet_ds.model import WideNetForPreTraining
-from widenet_ds.moe import MoEFeedForward
+from widenet_ds.model.config import ModelConfig, MoEConfig
+from widenet_ds.model.moe import MoEFeedForward
+from widenet_ds.model.widenet import WideNetForPreTraining
 
 pytestmark = pytest.mark.usefixtures("dist")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from widenet_ds.ds_config import load_ds_config, validate_ds_config
 from widenet_ds.errors import ConfigError
+from widenet_ds.runtime.ds_config import load_ds_config, validate_ds_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 from launching import REPO  # noqa: E402

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from widenet_ds.config import ModelConfig
-from widenet_ds.ds_config import validate_ds_config
-from widenet_ds.engine import build_engine, plan_optimizer
 from widenet_ds.errors import ConfigError
-from widenet_ds.lamb import Lamb
+from widenet_ds.model.config import ModelConfig
+from widenet_ds.runtime.ds_config import validate_ds_config
+from widenet_ds.runtime.engine import build_engine, plan_optimizer
+from widenet_ds.runtime.lamb import Lamb
 
 LAMB_JSON = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4, "steps_per_print": 10**9,
              "optimizer": {"type": "Lamb", "params": {"lr": 0.01, "weight_decay": 0.01}},
@@ -23,7 +23,7 @@ def settings(config, cuda=False):
 
 
 def tiny_model():
-    from widenet_ds.model import WideNetForPreTraining
+    from widenet_ds.model.widenet import WideNetForPreTraining
 
     torch.manual_seed(0)
     return WideNetForPreTraining(ModelConfig.from_preset("widenet-tiny-e4", vocab_size=200,

@@ -1,10 +1,11 @@
 """Expert parallelism is real: ep_size 2 over 2 launcher ranks equals ep_size 1 in one process."""
 
+import sys
+
 import pytest
 import torch
 from safetensors.torch import load_file
 
-import sys
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
 from launching import REPO, run_deepspeed
 

@@ -114,10 +114,11 @@ def test_squad_answer_start_mismatch_and_vocab_mismatch(shared_data, tmp_path):
     assert proc.returncode == 2 and qa["id"] in proc.stderr.strip().splitlines()[-1]
 
     # a model whose vocabulary is not the tokenizer's
-    from widenet_ds.config import ModelConfig
-    from widenet_ds.checkpoint_folder import PortableCheckpoint, save_folder
-    from widenet_ds.model import WideNetForPreTraining
     import torch
+
+    from widenet_ds.checkpoint.format import PortableCheckpoint, save_folder
+    from widenet_ds.model.config import ModelConfig
+    from widenet_ds.model.widenet import WideNetForPreTraining
     cfg = ModelConfig.from_preset("albert-tiny", vocab_size=1000)
     torch.manual_seed(0)
     save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", WideNetForPreTraining(cfg).state_dict()),

@@ -3,14 +3,15 @@ step count against the schedule, tokenizer resolution, batch shapes for expert p
 
 import pytest
 import torch
+from launching import REPO
 
 from widenet_ds.errors import ConfigError, DataError
-from widenet_ds.finetune import Batching, FinetuneConfig, _median, resolve_max_steps
-from widenet_ds.finetune_model import build_model, load_tokenizer_for, model_overrides
-from widenet_ds.model import WideNetForSequenceClassification
+from widenet_ds.model.widenet import WideNetForSequenceClassification
 from widenet_ds.tasks.recipes import recipe_for
-
-from launching import REPO
+from widenet_ds.training.finetune import _median, resolve_max_steps
+from widenet_ds.training.finetune_config import FinetuneConfig
+from widenet_ds.training.finetune_weights import build_model, load_tokenizer_for, model_overrides
+from widenet_ds.training.predict import Batching
 
 CPU_CONFIG = REPO / "ds_configs/finetune_cpu_small.json"
 
@@ -63,9 +64,9 @@ def test_steps_default_to_the_schedule_and_never_run_past_it(tmp_path):
 
 
 def test_tokenizer_comes_from_the_init_folder_or_must_be_given(shared_data, tmp_path, dist):
-    from widenet_ds.checkpoint_folder import PortableCheckpoint, save_folder
-    from widenet_ds.config import ModelConfig
-    from widenet_ds.model import WideNetForPreTraining
+    from widenet_ds.checkpoint.format import PortableCheckpoint, save_folder
+    from widenet_ds.model.config import ModelConfig
+    from widenet_ds.model.widenet import WideNetForPreTraining
 
     vocab = tmp_path / "vocab.txt"
     vocab.write_bytes((shared_data / "vocab/bert-base-uncased-vocab.txt").read_bytes())

@@ -42,9 +42,9 @@ def exported_folder(shared_data, tmp_path):
     """A tiny pretraining model (the BERT vocabulary) exported as a checkpoint folder with its vocab.txt."""
     import torch
 
-    from widenet_ds.checkpoint_folder import PortableCheckpoint, save_folder
-    from widenet_ds.config import ModelConfig
-    from widenet_ds.model import WideNetForPreTraining
+    from widenet_ds.checkpoint.format import PortableCheckpoint, save_folder
+    from widenet_ds.model.config import ModelConfig
+    from widenet_ds.model.widenet import WideNetForPreTraining
 
     vocab = tmp_path / "vocab.txt"  # the name the folder keeps it under
     vocab.write_bytes((shared_data / "vocab/bert-base-uncased-vocab.txt").read_bytes())

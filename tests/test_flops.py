@@ -7,9 +7,9 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from widenet_ds.config import ModelConfig
-from widenet_ds.flops import flops_per_token
-from widenet_ds.model import WideNetForPreTraining
+from widenet_ds.model.config import ModelConfig
+from widenet_ds.model.counts import flops_per_token
+from widenet_ds.model.widenet import WideNetForPreTraining
 
 # H 8, F 16, D 2, 2 heads, E_emb 4, V 10, S 4, 4 experts, K 2, C 1.2
 SMALL = dict(hidden_size=8, intermediate_size=16, num_layers=2, num_heads=2, embedding_size=4, vocab_size=10,

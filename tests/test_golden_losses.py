@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from launching import run_deepspeed
 from pretrain_support import CPU_CONFIG, RUN_PRETRAIN, prepare_data, train_losses, write_model_config
 

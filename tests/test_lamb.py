@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from widenet_ds.errors import ConfigError
-from widenet_ds.lamb import (
+from widenet_ds.runtime.lamb import (
     Lamb,
     PartitionLayout,
     TensorSegment,
@@ -165,7 +165,7 @@ class TinyMoENet(nn.Module):
 def test_build_param_groups_splits_decay_and_experts():
     from deepspeed.moe.utils import is_moe_param
 
-    from widenet_ds.distributed import init_distributed
+    from widenet_ds.runtime.distributed import init_distributed
 
     init_distributed()
     torch.manual_seed(0)

@@ -14,11 +14,17 @@ import pytest
 import torch
 
 from widenet_ds.errors import LaunchError
-from widenet_ds.launch_env import (SLURM_PORT_BASE, check_hostfile, check_world, cli, first_host,
-                                   resolve_launch_env)
+from widenet_ds.runtime.launch_env import (
+    SLURM_PORT_BASE,
+    check_hostfile,
+    check_world,
+    cli,
+    first_host,
+    resolve_launch_env,
+)
 
 sys.path.insert(0, str(Path(__file__).parent))
-from launch_inputs import pretrain_args, prepare_tiny_corpus, tiny_model_config, train_losses  # noqa: E402
+from launch_inputs import prepare_tiny_corpus, pretrain_args, tiny_model_config, train_losses  # noqa: E402
 from launching import REPO, free_port  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -174,8 +180,8 @@ def test_launcher_sh_refuses_bad_hostfile_before_starting_deepspeed(tmp_path):
 # --- real multi-process launches -----------------------------------------------------------------
 ALL_REDUCE = """
 import json, os, sys, torch, torch.distributed as dist
-from widenet_ds.distributed import init_distributed
-from widenet_ds.launch_env import resolve_launch_env
+from widenet_ds.runtime.distributed import init_distributed
+from widenet_ds.runtime.launch_env import resolve_launch_env
 init_distributed()
 value = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(value)

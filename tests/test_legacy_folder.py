@@ -8,14 +8,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from widenet_ds.model import WideNetForPreTraining
+from widenet_ds.checkpoint.load import load_pretrained
+from widenet_ds.model.widenet import WideNetForPreTraining
 
 ASSETS = Path(__file__).parent / "assets"
 
 
 def test_folder_of_the_old_layout_gives_identical_logits(dist):
     expected = load_file(ASSETS / "legacy_expected_logits.safetensors")
-    model, report = WideNetForPreTraining.from_pretrained(ASSETS / "legacy_folder")
+    model, report = load_pretrained(WideNetForPreTraining, ASSETS / "legacy_folder")
     assert not report.new and not report.unused and report.saved_ep_size == 2
     model.eval()
     with torch.no_grad():

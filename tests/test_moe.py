@@ -6,9 +6,10 @@ import pytest
 import torch
 from deepspeed.moe.sharded_moe import _capacity, top2gating
 
-from widenet_ds.config import ModelConfig, MoEConfig
-from widenet_ds.model import WideNetForPreTraining
-from widenet_ds.moe import FeedForward, MoEFeedForward, WideNetGate, expert_capacity, route_tokens
+from widenet_ds.model.config import ModelConfig, MoEConfig
+from widenet_ds.model.moe import FeedForward, MoEFeedForward, WideNetGate
+from widenet_ds.model.routing import expert_capacity, route_tokens
+from widenet_ds.model.widenet import WideNetForPreTraining
 
 pytestmark = pytest.mark.usefixtures("dist")
 

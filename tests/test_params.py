@@ -5,7 +5,7 @@ import json
 import pytest
 
 from widenet_ds.cli import main
-from widenet_ds.params import preset_counts
+from widenet_ds.model.counts import preset_counts
 
 H, F, V, E_EMB, D = 768, 3072, 30000, 128, 12
 FFN = H * F + F + F * H + H          # one expert / one dense FFN

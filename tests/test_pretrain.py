@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from widenet_ds.errors import CheckpointError, ConfigError, DataError
-from widenet_ds.pretrain import run
-from widenet_ds.train_config import parse_args
+from widenet_ds.training.pretrain import run
+from widenet_ds.training.pretrain_config import parse_args
 
 sys.path.insert(0, str(Path(__file__).parent))
 from pretrain_support import BOOKS, CPU_CONFIG, prepare_data, train_losses, write_ds_config  # noqa: E402
@@ -106,7 +106,7 @@ def test_phase2_starts_from_phase1_weights_with_new_sequence_length(data, albert
     # One step: WarmupDecayLR's first step runs at warmup_min_lr = 0, so the weights stay phase 1's.
     assert run(parse_args(args(data, out, "--init-from", str(phase1), "--max-steps", "1",
                                data_dir=data["seq128"]))) == 0
-    from widenet_ds.checkpointing import read_meta
+    from widenet_ds.checkpoint.training import read_meta
 
     meta = read_meta(out / "checkpoints" / "step1")
     assert meta["data_manifest"]["seq_length"] == 128 and meta["step"] == 1

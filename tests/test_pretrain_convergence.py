@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from widenet_ds.pretrain import run
-from widenet_ds.train_config import parse_args
+from widenet_ds.training.pretrain import run
+from widenet_ds.training.pretrain_config import parse_args
 
 sys.path.insert(0, str(Path(__file__).parent))
 from pretrain_support import CPU_CONFIG, prepare_data, train_losses  # noqa: E402

@@ -18,8 +18,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from launching import REPO, deepspeed_command, run_deepspeed  # noqa: E402
-from pretrain_support import (BOOKS, RUN_PRETRAIN, events, prepare_data, train_losses,  # noqa: E402
-                              write_ds_config, write_model_config)
+from pretrain_support import (  # noqa: E402
+    BOOKS,
+    RUN_PRETRAIN,
+    events,
+    prepare_data,
+    train_losses,
+    write_ds_config,
+    write_model_config,
+)
 
 pytestmark = pytest.mark.multirank
 

@@ -101,7 +101,7 @@ def test_pretrain_sbatch_trains_on_two_ranks_and_resumes_after_preemption(cluste
 def test_job_without_srun_fails_fast_naming_srun(cluster, tmp_path):
     script = tmp_path / "no_srun.sbatch"
     script.write_text("#!/bin/bash\n" + shlex.join(
-        [sys.executable, "-c", "from widenet_ds.distributed import init_distributed; init_distributed()"]) + "\n")
+        [sys.executable, "-c", "from widenet_ds.runtime.distributed import init_distributed; init_distributed()"]) + "\n")
     log = tmp_path / "job.log"
     job = cluster.sbatch(*TWO_RANKS, f"--output={log}", str(script))
     assert cluster.wait_state(job, {"COMPLETED", "FAILED"}, timeout=120) == "FAILED"

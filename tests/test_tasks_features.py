@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from tasks_fixtures import bert_tokenizer, hf_reference_tokenizer  # noqa: F401  (fixtures)
+
 from widenet_ds.errors import CheckpointError, ConfigError
-from widenet_ds.tasks.features import (check_max_length, check_tokenizer_matches, encode_pairs, glue_features,
-                                       truncate_longest_first)
+from widenet_ds.tasks.features import (
+    check_max_length,
+    check_tokenizer_matches,
+    encode_pairs,
+    glue_features,
+    truncate_longest_first,
+)
 from widenet_ds.tasks.glue import load_glue_split
 from widenet_ds.tasks.recipes import RECIPES, recipe_for
 

@@ -6,12 +6,19 @@ import json
 
 import numpy as np
 import pytest
-
 from tasks_fixtures import bert_tokenizer  # noqa: F401  (fixture)
+
 from widenet_ds.errors import ConfigError, DataError
 from widenet_ds.tasks.features import glue_features
-from widenet_ds.tasks.glue import (GLUE_TASKS, get_glue_task, glue_split_from_hf_rows, load_glue_split,
-                                   read_glue_predictions, read_glue_tsv, write_glue_predictions)
+from widenet_ds.tasks.glue import (
+    GLUE_TASKS,
+    get_glue_task,
+    glue_split_from_hf_rows,
+    load_glue_split,
+    read_glue_predictions,
+    read_glue_tsv,
+    write_glue_predictions,
+)
 from widenet_ds.tasks.glue_metrics import cli, glue_metrics
 
 # Every shared file: (task, split) and how many rows a plain line count says it has.

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from widenet_ds.config import ModelConfig
-from widenet_ds.training_log import StepMetrics, TrainingLog, read_metrics
+from widenet_ds.model.config import ModelConfig
+from widenet_ds.training.log import StepMetrics, TrainingLog, read_metrics
 
 
 def model_and_batch(preset="widenet-tiny-e4"):
-    from widenet_ds.model import WideNetForPreTraining
+    from widenet_ds.model.widenet import WideNetForPreTraining
 
     torch.manual_seed(0)
     model = WideNetForPreTraining(ModelConfig.from_preset(preset, vocab_size=200, max_position_embeddings=32))

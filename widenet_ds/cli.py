@@ -11,13 +11,13 @@ from widenet_ds.errors import WideNetError
 # name -> (module:function, one-line help). Imported lazily so `widenet-ds params` does not pay for
 # the data pipeline's imports and vice versa.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "model-config": ("widenet_ds.config:cli", "write a model-config JSON from a preset plus overrides"),
-    "params": ("widenet_ds.params:cli", "parameter counts of every preset (or one config)"),
+    "model-config": ("widenet_ds.model.config:cli", "write a model-config JSON from a preset plus overrides"),
+    "params": ("widenet_ds.model.counts:cli", "parameter counts of every preset (or one config)"),
     "train-tokenizer": ("widenet_ds.data.tokenizer:cli", "train a WordPiece vocabulary over text sources"),
     "prepare-data": ("widenet_ds.data.prepare:cli", "build sharded MLM+SOP pretraining examples"),
     "squad-eval": ("widenet_ds.tasks.squad_metrics:cli", "official SQuAD v1.1/v2.0 scores of a predictions file"),
     "glue-eval": ("widenet_ds.tasks.glue_metrics:cli", "GLUE metrics of a predictions file"),
-    "convert": ("widenet_ds.convert.cli:cli", "convert checkpoints: to-folder, reshard, to-albert, from-albert"),
+    "convert": ("widenet_ds.checkpoint.cli:cli", "convert checkpoints: to-folder, reshard, to-albert, from-albert"),
 }
 
 # Commands that never import DeepSpeed (start fast, print nothing of DeepSpeed's).

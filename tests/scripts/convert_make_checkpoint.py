@@ -1,6 +1,6 @@
 """Run by the deepspeed launcher for the conversion tests.
 
-    save OUT_DIR EP_SIZE ZERO_STAGE   build a tiny WideNet in a real engine (widenet_ds.engine.build_engine,
+    save OUT_DIR EP_SIZE ZERO_STAGE   build a tiny WideNet in a real engine (widenet_ds.runtime.engine.build_engine,
                                       LAMB, the MoE param groups), train 2 steps, save a checkpoint with
                                       CheckpointManager (tag step2 under OUT_DIR/checkpoints), then write
                                       this rank's eval logits on its fixed batch to OUT_DIR/logits.rank<r>
@@ -20,12 +20,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from widenet_ds.checkpointing import CheckpointManager, TrainingState
-from widenet_ds.config import ModelConfig
-from widenet_ds.distributed import init_distributed
-from widenet_ds.ds_config import validate_ds_config
-from widenet_ds.engine import build_engine
-from widenet_ds.model import WideNetForPreTraining
+from widenet_ds.checkpoint.load import load_pretrained
+from widenet_ds.checkpoint.training import CheckpointManager, TrainingState
+from widenet_ds.model.config import ModelConfig
+from widenet_ds.model.widenet import WideNetForPreTraining
+from widenet_ds.runtime.distributed import init_distributed
+from widenet_ds.runtime.ds_config import validate_ds_config
+from widenet_ds.runtime.engine import build_engine
 
 VOCAB = 300
 MICRO_BATCH = 4
@@ -97,7 +98,7 @@ def load(tag_dir: Path, ep_size: int, out_prefix: str, folder: str | None) -> No
     assert path is not None, f"DeepSpeed loaded nothing from {tag_dir}"
     save_logits(engine, rank, f"{out_prefix}.rank{rank}.safetensors")
     if folder:
-        model, report = WideNetForPreTraining.from_pretrained(folder, model_overrides={"moe": {"ep_size": ep_size}})
+        model, report = load_pretrained(WideNetForPreTraining, folder, model_overrides={"moe": {"ep_size": ep_size}})
         print(f"rank {rank}: {report.summary()}", flush=True)
         folder_engine, _ = build_engine(model, settings)
         save_logits(folder_engine, rank, f"{out_prefix}.folder.rank{rank}.safetensors")

@@ -30,10 +30,12 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from widenet_ds.atomic import atomic_write_json
+from widenet_ds.data.default_corpus import DefaultCorpusSource
 from widenet_ds.data.examples import ExampleConfig, SpecialIds, create_examples, mask_tokens
 from widenet_ds.data.sentences import sentence_spans
 from widenet_ds.data.shards import FORMAT_VERSION, MANIFEST_FILE, ShardBuilder, read_complete_meta, token_dtype
-from widenet_ds.data.sources import DocumentStream, SkipCounter, WeightedSource
+from widenet_ds.data.sources import DocumentStream, SkipCounter, WeightedSource, parse_source
 from widenet_ds.data.tokenizer import BatchEncoder, file_sha256, load_tokenizer, save_tokenizer, train_tokenizer
 from widenet_ds.errors import DataError
 
@@ -366,9 +368,7 @@ def _manifest(results: dict[int, PartitionResult], settings: dict, tokenizer_sha
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    atomic_write_json(path, data, indent=1, sort_keys=True)
 
 
 def _progress_bar(enabled: bool):
@@ -388,8 +388,6 @@ def format_summary(manifest: dict) -> str:
 
 def cli(argv: list[str]) -> int:
     """`widenet-ds prepare-data`: build sharded ALBERT MLM+SOP examples and their tokenizer."""
-    from widenet_ds.data.default_corpus import DefaultCorpusSource
-    from widenet_ds.data.sources import parse_source
 
     parser = argparse.ArgumentParser(prog="widenet-ds prepare-data", description=cli.__doc__)
     parser.add_argument("--source", action="append", default=[], metavar="PATH[:WEIGHT]",

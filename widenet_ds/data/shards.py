@@ -16,12 +16,12 @@ from __future__ import annotations
 import array
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from widenet_ds.atomic import atomic_write, atomic_write_bytes
 from widenet_ds.errors import DataError
 
 INDEX_COLUMNS = ("offset", "length", "a_length", "sop_label", "mask_offset", "mask_count")
@@ -68,24 +68,14 @@ class ShardBuilder:
             "bin_bytes": len(payload), "bin_sha256": hashlib.sha256(payload).hexdigest(),
             "settings_sha256": settings_sha256, "stats": stats,
         }
-        _write_atomic(bin_path, payload)
-        tmp_idx = idx_path.with_name(f".{idx_path.name}.tmp")
-        with open(tmp_idx, "wb") as handle:
-            np.save(handle, index)
-        os.replace(tmp_idx, idx_path)
-        _write_atomic(meta_path, json.dumps(meta, sort_keys=True).encode())
+        atomic_write_bytes(bin_path, payload)
+        atomic_write(idx_path, lambda handle: np.save(handle, index))
+        atomic_write_bytes(meta_path, json.dumps(meta, sort_keys=True).encode())
         return meta
 
 
 def shard_paths(stem: Path) -> tuple[Path, Path, Path]:
     return stem.with_suffix(".bin"), stem.with_suffix(".idx.npy"), stem.with_suffix(".json")
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-    os.replace(tmp, path)
 
 
 def read_complete_meta(stem: Path, settings_sha256: str) -> dict | None:

@@ -16,6 +16,10 @@ from pathlib import Path
 from tokenizers import Encoding, Tokenizer, normalizers
 from tokenizers.implementations import BertWordPieceTokenizer
 
+from widenet_ds.atomic import atomic_write_text
+from widenet_ds.data.default_corpus import DefaultCorpusSource
+from widenet_ds.data.shards import read_manifest
+from widenet_ds.data.sources import DocumentStream, SkipCounter, WeightedSource, parse_source
 from widenet_ds.errors import DataError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -73,7 +77,6 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
 
 def _load_data_folder_tokenizer(data_dir: Path) -> Tokenizer:
     """The tokenizer of a prepared data folder, checked against the hash its shards were built with."""
-    from widenet_ds.data.shards import read_manifest
 
     manifest = read_manifest(data_dir)
     path = data_dir / TOKENIZER_FILE
@@ -89,16 +92,11 @@ def _load_data_folder_tokenizer(data_dir: Path) -> Tokenizer:
 
 def save_tokenizer(tokenizer: Tokenizer, folder: Path) -> str:
     """Write `tokenizer.json` and `vocab.txt` into `folder` (atomically); return the JSON's SHA-256."""
-    folder.mkdir(parents=True, exist_ok=True)
-    json_tmp = folder / f".{TOKENIZER_FILE}.tmp"
-    tokenizer.save(str(json_tmp))
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
     if [index for _, index in vocab] != list(range(len(vocab))):
         raise DataError("tokenizer ids are not contiguous from 0; cannot write vocab.txt")
-    vocab_tmp = folder / f".{VOCAB_FILE}.tmp"
-    vocab_tmp.write_text("".join(token + "\n" for token, _ in vocab), encoding="utf-8")
-    os.replace(json_tmp, folder / TOKENIZER_FILE)
-    os.replace(vocab_tmp, folder / VOCAB_FILE)
+    atomic_write_text(folder / TOKENIZER_FILE, tokenizer.to_str(pretty=True))  # what Tokenizer.save writes
+    atomic_write_text(folder / VOCAB_FILE, "".join(token + "\n" for token, _ in vocab))
     return file_sha256(folder / TOKENIZER_FILE)
 
 
@@ -153,8 +151,6 @@ def file_sha256(path: Path) -> str:
 
 def cli(argv: list[str]) -> int:
     """`widenet-ds train-tokenizer`: train a WordPiece vocabulary and save it into --output."""
-    from widenet_ds.data.sources import DocumentStream, SkipCounter, WeightedSource, parse_source
-    from widenet_ds.data.default_corpus import DefaultCorpusSource
 
     parser = argparse.ArgumentParser(prog="widenet-ds train-tokenizer", description=cli.__doc__)
     parser.add_argument("--source", action="append", default=[], metavar="PATH[:WEIGHT]",

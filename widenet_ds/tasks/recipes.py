@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from widenet_ds.errors import ConfigError
+from widenet_ds.tasks.glue import get_glue_task
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,6 @@ RECIPES: dict[str, FinetuneRecipe] = {
 def recipe_for(task: str, **overrides) -> FinetuneRecipe:
     """The default recipe of `task` (a GLUE name in any spelling, or SQuAD1.1 / SQuAD2.0) with overrides;
     None-valued overrides are ignored so argparse defaults of None pass through."""
-    from widenet_ds.tasks.glue import get_glue_task
 
     squad = {"squad1.1": "SQuAD1.1", "squad": "SQuAD1.1", "squad2.0": "SQuAD2.0", "squad_v2": "SQuAD2.0"}
     name = squad.get(task.lower()) or get_glue_task(task).name

@@ -21,8 +21,8 @@ from typing import Sequence
 
 import numpy as np
 
+from widenet_ds.atomic import atomic_write_json
 from widenet_ds.errors import ConfigError
-from widenet_ds.tasks._files import atomic_write_json
 from widenet_ds.tasks.squad import SquadExample
 from widenet_ds.tasks.squad_features import SquadFeatures
 from widenet_ds.tasks.squad_metrics import evaluate_v2

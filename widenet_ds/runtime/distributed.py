@@ -8,7 +8,7 @@ import atexit
 import torch
 import torch.distributed as torch_dist
 
-from widenet_ds.launch_env import resolve_launch_env
+from widenet_ds.runtime.launch_env import resolve_launch_env
 
 
 def init_distributed(backend: str | None = None) -> None:

@@ -10,9 +10,18 @@ import numpy as np
 import torch.distributed as torch_dist
 
 from widenet_ds.errors import ConfigError, DataError
-from widenet_ds.finetune import Batching, FinetuneConfig, Prepared, predict
-from widenet_ds.finetune_model import build_model
-from widenet_ds.model import WideNetForQuestionAnswering, WideNetForSequenceClassification
+from widenet_ds.model.widenet import WideNetForQuestionAnswering, WideNetForSequenceClassification
+from widenet_ds.tasks.features import glue_features
+from widenet_ds.tasks.glue import GLUE_TASKS, get_glue_task, glue_split_path, load_glue_split, write_glue_predictions
+from widenet_ds.tasks.glue_metrics import glue_metrics
+from widenet_ds.tasks.recipes import recipe_for
+from widenet_ds.tasks.squad import load_squad, squad_json_from_examples
+from widenet_ds.tasks.squad_features import SquadFeatureConfig, build_squad_features
+from widenet_ds.tasks.squad_metrics import evaluate_v1, evaluate_v2
+from widenet_ds.tasks.squad_postprocess import decode_squad, tune_null_threshold, write_squad_outputs
+from widenet_ds.training.finetune_config import FinetuneConfig
+from widenet_ds.training.finetune_weights import build_model
+from widenet_ds.training.predict import Batching, Prepared, predict
 
 
 def _is_main() -> bool:
@@ -29,7 +38,6 @@ class GlueTaskRun:
     """A GLUE task: sequence classification (regression for STS-B), dev metrics, submission files."""
 
     def __init__(self, cfg: FinetuneConfig) -> None:
-        from widenet_ds.tasks.glue import get_glue_task
         self.task = get_glue_task(cfg.task)
         if not self.task.eval_splits:
             raise ConfigError(f"{self.task.name} has no labelled split to finetune on; its test set is predicted by "
@@ -38,15 +46,12 @@ class GlueTaskRun:
         self.primary_metric = self.task.primary_metric
 
     def recipe(self):
-        from widenet_ds.tasks.recipes import recipe_for
         return recipe_for(self.name)
 
     def model(self, cfg: FinetuneConfig, recipe, vocab_size: int):
         return build_model(cfg, WideNetForSequenceClassification, recipe, vocab_size, num_labels=self.task.num_labels)
 
     def prepare(self, cfg: FinetuneConfig, tokenizer, max_len: int) -> Prepared:
-        from widenet_ds.tasks.features import glue_features
-        from widenet_ds.tasks.glue import load_glue_split
         train_split = load_glue_split(self.task, "train", cfg.data_path)
         if cfg.max_train_examples:
             train_split.examples = train_split.examples[: cfg.max_train_examples]
@@ -66,8 +71,6 @@ class GlueTaskRun:
         return Prepared(train, evals)
 
     def evaluate(self, engine, split: str, features, batching: Batching, out_dir: Path) -> dict[str, float]:
-        from widenet_ds.tasks.glue import write_glue_predictions
-        from widenet_ds.tasks.glue_metrics import glue_metrics
         preds = _glue_predictions(self.task, engine, features, batching)
         if _is_main():
             write_glue_predictions(self.task, split, features.guids, preds.tolist(), out_dir)
@@ -76,8 +79,6 @@ class GlueTaskRun:
     def predict_test(self, cfg: FinetuneConfig, engine, tokenizer, max_len: int, batching: Batching, out_dir: Path) -> None:
         """Test-set files in the GLUE submission format (MNLI: MNLI-m.tsv, MNLI-mm.tsv, and AX.tsv when the
         diagnostic set is found next to the MNLI folder)."""
-        from widenet_ds.tasks.features import glue_features
-        from widenet_ds.tasks.glue import GLUE_TASKS, glue_split_path, load_glue_split, write_glue_predictions
         jobs = [(self.task, split, cfg.data_path) for split in self.task.test_splits]
         if self.name == "MNLI" and cfg.data_path is not None:
             for folder in (cfg.data_path, cfg.data_path.parent, cfg.data_path.parent / "diagnostic"):
@@ -99,7 +100,6 @@ class GlueTaskRun:
 
     def baseline(self, data: Prepared) -> dict[str, Any]:
         """Majority class of the training labels (mean score for regression), scored on each eval split."""
-        from widenet_ds.tasks.glue_metrics import glue_metrics
         if self.task.is_regression:
             guess = float(np.mean(data.train.labels))
         else:
@@ -119,15 +119,12 @@ class SquadTaskRun:
         self.name = f"SQuAD{cfg.version}"
 
     def recipe(self):
-        from widenet_ds.tasks.recipes import recipe_for
         return recipe_for(self.name)
 
     def model(self, cfg: FinetuneConfig, recipe, vocab_size: int):
         return build_model(cfg, WideNetForQuestionAnswering, recipe, vocab_size)
 
     def prepare(self, cfg: FinetuneConfig, tokenizer, max_len: int) -> Prepared:
-        from widenet_ds.tasks.squad import load_squad, squad_json_from_examples
-        from widenet_ds.tasks.squad_features import SquadFeatureConfig, build_squad_features
         # Without flags: BERT's 128-token stride and 64-token questions, shrunk for short max lengths.
         stride = cfg.doc_stride if cfg.doc_stride is not None else min(128, max_len // 4)
         feature_cfg = SquadFeatureConfig(max_seq_length=max_len, doc_stride=stride,
@@ -153,8 +150,6 @@ class SquadTaskRun:
         return Prepared(train, {"dev": dev})
 
     def evaluate(self, engine, split: str, features, batching: Batching, out_dir: Path) -> dict[str, float]:
-        from widenet_ds.tasks.squad_metrics import evaluate_v1, evaluate_v2
-        from widenet_ds.tasks.squad_postprocess import decode_squad, tune_null_threshold, write_squad_outputs
         logits = predict(engine, features, batching, ("start_logits", "end_logits"))
         decoded = decode_squad(self.dev_examples, features, logits["start_logits"], logits["end_logits"])
         if self.version == "1.1":
@@ -175,6 +170,5 @@ class SquadTaskRun:
 
     def baseline(self, data: Prepared) -> dict[str, Any]:
         """The empty answer for every question."""
-        from widenet_ds.tasks.squad_metrics import evaluate_v1, evaluate_v2
         empty = {ex.qid: "" for ex in self.dev_examples}
         return {"dev": evaluate_v1(self.dev_json, empty) if self.version == "1.1" else evaluate_v2(self.dev_json, empty)}

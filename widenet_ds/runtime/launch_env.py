@@ -12,7 +12,7 @@ MPI comes before Slurm because `mpiexec` inside an allocation also sees SLURM_* 
 describe its helper processes, not the ranks; `srun --mpi=pmi2` (same ranks in both) stays Slurm.
 
 Also the checks `launcher.sh` runs before starting anything: `check_hostfile` and `check_world`.
-`python -m widenet_ds.launch_env check-hostfile --hostfile H [--num-ranks N]` is their command line.
+`python -m widenet_ds.runtime.launch_env check-hostfile --hostfile H [--num-ranks N]` is their command line.
 """
 
 from __future__ import annotations
@@ -309,7 +309,7 @@ def check_world(world_size: int, ep_size: int, num_experts: int) -> None:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m widenet_ds.launch_env",
+    parser = argparse.ArgumentParser(prog="python -m widenet_ds.runtime.launch_env",
                                      description="Checks run before a multi-node launch.")
     commands = parser.add_subparsers(dest="command", required=True)
     hostfile = commands.add_parser("check-hostfile", help="hosts resolve and the requested ranks fit")

@@ -5,29 +5,34 @@ settings, and the finetuned model written back as a checkpoint folder."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as torch_dist
 
-from widenet_ds.config import ModelConfig
+from widenet_ds.checkpoint.deepspeed import find_tokenizer_files
+from widenet_ds.checkpoint.format import (
+    TOKENIZER_FILES,
+    PortableCheckpoint,
+    global_key_map,
+    is_expert_key,
+    is_folder,
+    save_folder,
+)
+from widenet_ds.checkpoint.load import load_pretrained
+from widenet_ds.data.tokenizer import load_tokenizer
 from widenet_ds.errors import ConfigError, WideNetError
-
-if TYPE_CHECKING:
-    from widenet_ds.finetune import FinetuneConfig
+from widenet_ds.model.config import ModelConfig
+from widenet_ds.training.finetune_config import FinetuneConfig
 
 
 def load_tokenizer_for(cfg: FinetuneConfig):
     """--tokenizer, else the tokenizer saved with --init (in an exported folder, or next to a run's checkpoints)."""
-    from widenet_ds.data.tokenizer import load_tokenizer
-
     source: str | Path | None = cfg.tokenizer
     if source is None and cfg.init is not None:
-        from widenet_ds.checkpoint_folder import TOKENIZER_FILES, is_folder
         init = Path(cfg.init)
         if is_folder(init):
             found = [init / name for name in TOKENIZER_FILES if (init / name).is_file()]
         else:
-            from widenet_ds.convert.deepspeed_checkpoint import find_tokenizer_files
             try:
                 found = list(find_tokenizer_files(init))
             except WideNetError:
@@ -55,7 +60,7 @@ def build_model(cfg: FinetuneConfig, cls, recipe, vocab_size: int, **model_kwarg
     """The task model from --init (weights + load report) or --preset (random), with the recipe's overrides."""
     overrides = model_overrides(cfg, recipe)
     if cfg.init is not None:
-        model, report = cls.from_pretrained(cfg.init, model_overrides=overrides, **model_kwargs)
+        model, report = load_pretrained(cls, cfg.init, model_overrides=overrides, **model_kwargs)
         return model, report.summary()
     base = ModelConfig.from_preset(cfg.preset, vocab_size=vocab_size).to_dict()
     model_cfg = ModelConfig.from_dict({**base, **{k: v for k, v in overrides.items() if k != "moe"},
@@ -66,8 +71,6 @@ def build_model(cfg: FinetuneConfig, cls, recipe, vocab_size: int, **model_kwarg
 def save_finetuned(model, target: Path, tokenizer, provenance: dict[str, Any]) -> Path:
     """The finetuned model as a checkpoint folder (experts under their global index, gathered from every
     rank when expert-parallel), written by rank 0; collective."""
-    from widenet_ds.checkpoint_folder import PortableCheckpoint, global_key_map, is_expert_key, save_folder
-
     to_global = global_key_map(model)
     state = {to_global[key]: tensor.detach().cpu() for key, tensor in model.state_dict().items()}
     parts: list[dict] = [None] * torch_dist.get_world_size()  # type: ignore[list-item]

@@ -127,7 +127,7 @@ class Lamb(torch.optim.Optimizer):
                 if layout is None and id(p) not in self._whole_tensor_ids:
                     raise ConfigError(
                         "Lamb was handed a tensor it was not built with (DeepSpeed ZeRO replaces the "
-                        "parameters by flat partitions): call widenet_ds.lamb.enable_per_tensor_trust_ratio"
+                        "parameters by flat partitions): call widenet_ds.runtime.lamb.enable_per_tensor_trust_ratio"
                         "(engine) right after deepspeed.initialize, or the trust ratio would be per partition"
                     )
                 self._update(p, group, layout)
@@ -202,7 +202,7 @@ def enable_per_tensor_trust_ratio(engine) -> None:
     lamb = getattr(wrapper, "optimizer", wrapper)
     if not isinstance(lamb, Lamb):
         raise ConfigError(
-            f"the engine's optimizer is {type(lamb).__name__}, not widenet_ds.lamb.Lamb; pass "
+            f"the engine's optimizer is {type(lamb).__name__}, not widenet_ds.runtime.lamb.Lamb; pass "
             "optimizer=Lamb(params, **lamb_params) to deepspeed.initialize (and no JSON optimizer)"
         )
     if wrapper is lamb:

@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from widenet_ds.checkpoint.albert import from_albert, to_albert
+from widenet_ds.checkpoint.deepspeed import TOKENIZER_NAMES, find_tokenizer_files
+from widenet_ds.checkpoint.format import is_folder, save_folder
+from widenet_ds.checkpoint.load import read_checkpoint
+from widenet_ds.checkpoint.reshard import reshard
 from widenet_ds.errors import CheckpointError
 
 _SOURCE_HELP = ("a checkpoint folder, or a DeepSpeed checkpoint: a tag folder (<output>/checkpoints/step1000), a "
@@ -13,7 +18,6 @@ _SOURCE_HELP = ("a checkpoint folder, or a DeepSpeed checkpoint: a tag folder (<
 
 def _tokenizer_files(paths: list[str]) -> tuple[Path, ...]:
     """Files named by --tokenizer: tokenizer.json / vocab.txt, or folders holding them."""
-    from widenet_ds.convert.deepspeed_checkpoint import TOKENIZER_NAMES
 
     found: list[Path] = []
     for raw in paths:
@@ -30,12 +34,9 @@ def _tokenizer_files(paths: list[str]) -> tuple[Path, ...]:
 def _source_tokenizers(args) -> tuple[Path, ...]:
     if args.tokenizer:
         return _tokenizer_files(args.tokenizer)
-    from widenet_ds.checkpoint_folder import is_folder
     source = Path(args.source)
     if is_folder(source):
-        from widenet_ds.convert.deepspeed_checkpoint import TOKENIZER_NAMES
         return tuple(source / n for n in TOKENIZER_NAMES if (source / n).is_file())
-    from widenet_ds.convert.deepspeed_checkpoint import find_tokenizer_files
     return find_tokenizer_files(source, args.tag)
 
 
@@ -86,7 +87,6 @@ def build_parser() -> argparse.ArgumentParser:
 def cli(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "to-folder":
-        from widenet_ds.checkpoint_folder import read_checkpoint, save_folder
         checkpoint = read_checkpoint(Path(args.source), tag=args.tag, model_config=args.model_config)
         tokenizers = _source_tokenizers(args)
         out = save_folder(checkpoint, Path(args.output), dtype=args.dtype, tokenizer_files=tokenizers,
@@ -94,19 +94,16 @@ def cli(argv: list[str]) -> int:
         print(f"wrote {out}: {checkpoint.architecture}, step {checkpoint.provenance.get('step')}, {args.dtype}, "
               f"tokenizer: {', '.join(p.name for p in tokenizers) or 'none found (pass --tokenizer)'}")
     elif args.command == "reshard":
-        from widenet_ds.convert.reshard import reshard
         out = reshard(Path(args.source), Path(args.output), ep_size=args.ep_size, world_size=args.world_size,
                       tag=args.tag, model_config=args.model_config, overwrite=args.overwrite)
         print(f"wrote {out} for ep_size {args.ep_size} on {args.world_size} rank(s): model states only, no optimizer "
               f"states; load with engine.load_checkpoint(..., load_optimizer_states=False, load_module_only=True) "
               f"or `pretrain --init-from {out}`")
     elif args.command == "to-albert":
-        from widenet_ds.convert.albert import to_albert
         out = to_albert(Path(args.source), Path(args.output), tag=args.tag, model_config=args.model_config,
                         tokenizer_files=_source_tokenizers(args), overwrite=args.overwrite)
         print(f"wrote {out}: transformers.AlbertForPreTraining.from_pretrained({str(out)!r}) loads it")
     else:
-        from widenet_ds.convert.albert import from_albert
         out = from_albert(Path(args.source), Path(args.output), upcycle_experts=args.upcycle_experts,
                           noise=args.upcycle_noise, seed=args.seed, overwrite=args.overwrite)
         kind = f"WideNet upcycled to {args.upcycle_experts} experts" if args.upcycle_experts else "exact conversion"

@@ -15,7 +15,7 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -23,164 +23,16 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
+from widenet_ds.atomic import atomic_write_json
 from widenet_ds.errors import ConfigError, DataError, WideNetError
-from widenet_ds.finetune_model import load_tokenizer_for, model_overrides, save_finetuned
-
-HF_DATA = "hf"
-
-
-# --- settings -------------------------------------------------------------------------------------
-@dataclass
-class FinetuneConfig:
-    """One finetuning run (all seeds). Task fields: `task` (GLUE) or `version`, `doc_stride`,
-    `train_file`, `dev_file` (SQuAD)."""
-
-    data: str  # a folder/file in the original format, or "hf"
-    deepspeed_config: Path
-    output_dir: Path
-    init: str | None = None  # exported folder, DeepSpeed checkpoint (any ep_size) or pretraining output folder
-    preset: str | None = None  # random initialisation
-    tokenizer: str | None = None
-    max_steps: int | None = None
-    seeds: int = 1
-    capacity_factor: float | None = None
-    balance_loss_weight: float | None = None
-    dropout: float | None = None
-    max_seq_length: int | None = None
-    moe_ep_size: int = 1
-    max_train_examples: int | None = None
-    max_eval_examples: int | None = None
-    eval_every: int = 0
-    log_every: int = 10
-    eval_only: bool = False
-    predict_test: bool = False
-    save_model: bool = False
-    tensorboard: bool = True
-    task: str | None = None
-    version: str | None = None
-    doc_stride: int | None = None  # default: 128, at most max length / 4
-    train_file: str | None = None
-    dev_file: str | None = None
-
-    def __post_init__(self) -> None:
-        self.deepspeed_config, self.output_dir = Path(self.deepspeed_config), Path(self.output_dir)
-        if (self.init is None) == (self.preset is None):
-            raise ConfigError("pass exactly one of --init (pretrained weights) and --preset (random initialisation).")
-        for name in ("max_steps", "seeds", "moe_ep_size", "max_train_examples", "max_eval_examples", "log_every",
-                     "max_seq_length"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}.")
-        if self.eval_every < 0:
-            raise ConfigError(f"--eval-every must be >= 0 (0: evaluate at the end only), got {self.eval_every}.")
-        if self.doc_stride is not None and self.doc_stride < 0:
-            raise ConfigError(f"--doc-stride must be >= 0, got {self.doc_stride}.")
-        if self.eval_only and self.init is None:
-            raise ConfigError("--eval-only scores pretrained weights: pass --init with a finetuned checkpoint.")
-        if self.eval_only and self.seeds != 1:
-            raise ConfigError("--eval-only scores one set of weights; drop --seeds.")
-        if self.init is not None and not Path(self.init).exists():
-            raise ConfigError(f"--init {self.init} does not exist; pass an exported folder, a DeepSpeed checkpoint "
-                              f"or a pretraining output folder.")
-        if self.data != HF_DATA and not Path(self.data).exists():
-            raise DataError(f"--data {self.data} does not exist; pass the folder (or file) in the original format, "
-                            f"or `--data hf` to download through HF datasets.")
-
-    @property
-    def data_path(self) -> Path | None:
-        return None if self.data == HF_DATA else Path(self.data)
-
-
-def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", required=True, help="folder/file in the original format, or `hf` for HF datasets")
-    init = parser.add_mutually_exclusive_group(required=True)
-    init.add_argument("--init", help="an exported folder, a DeepSpeed checkpoint (any ep_size) or a pretraining "
-                                     "output folder (its latest checkpoint)")
-    init.add_argument("--preset", help="random initialisation from a preset (baselines, tests)")
-    parser.add_argument("--tokenizer", help="tokenizer.json / vocab.txt / prepared data folder (default: the "
-                                            "one saved with --init)")
-    parser.add_argument("--deepspeed_config", "--deepspeed-config", required=True,
-                        help="DeepSpeed JSON: batch size, learning rate, schedule (ds_configs/finetune_*.json)")
-    parser.add_argument("--output-dir", required=True, help="results.json and one seed<N>/ folder per seed")
-    parser.add_argument("--max-steps", type=int, help="default: the schedule's total_num_steps, else the recipe")
-    parser.add_argument("--seeds", type=int, default=1, help="runs with seeds 1..N; the median is reported")
-    parser.add_argument("--capacity-factor", type=float, help="MoE capacity C (default: the task recipe)")
-    parser.add_argument("--balance-loss-weight", type=float, help="lambda (default: the task recipe)")
-    parser.add_argument("--dropout", type=float, help="hidden and attention dropout (default: the recipe)")
-    parser.add_argument("--max-seq-length", type=int, help="default: the recipe, capped by the model's positions")
-    parser.add_argument("--moe-ep-size", type=int, default=1, help="expert-parallel size of the finetuning run")
-    parser.add_argument("--max-train-examples", type=int, help="use only the first N training examples")
-    parser.add_argument("--max-eval-examples", type=int, help="score only the first N evaluation examples")
-    parser.add_argument("--eval-every", type=int, default=0, help="also evaluate every N steps (0: at the end only)")
-    parser.add_argument("--log-every", type=int, default=10, help="steps between loss records")
-    parser.add_argument("--eval-only", action="store_true",
-                        help="score --init (e.g. a folder written by --save-model) without training")
-    parser.add_argument("--save-model", action="store_true",
-                        help="write each seed's finetuned model as a checkpoint folder seed<N>/model (with the "
-                             "tokenizer), loadable by --init / from_pretrained")
-    parser.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", help="metrics.jsonl only")
-    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
-
-
-@dataclass
-class Prepared:
-    """A task's data for one run: what to train on, and what each evaluation split needs."""
-
-    train: Any
-    evals: dict[str, Any]
-
-
-# --- distributed evaluation -----------------------------------------------------------------------
-def _gather_in_order(local: dict[int, np.ndarray], total: int) -> list[np.ndarray]:
-    """Per-example outputs computed on every rank -> one list in dataset order, on every rank."""
-    parts: list[dict[int, np.ndarray]] = [None] * torch_dist.get_world_size()  # type: ignore[list-item]
-    torch_dist.all_gather_object(parts, local)
-    merged: dict[int, np.ndarray] = {}
-    for part in parts:
-        merged.update(part)
-    assert len(merged) == total, (len(merged), total)
-    return [merged[i] for i in range(total)]
-
-
-@dataclass(frozen=True)
-class Batching:
-    """How micro-batches are shaped. Expert parallelism (ep_size > 1) exchanges capacity buffers sized by
-    each rank's token count in one all-to-all, so every rank must then feed the same [micro_batch, pad_to]
-    shape; otherwise batches are padded only to their longest member."""
-
-    micro_batch: int
-    pad_to: int | None = None
-
-    def shape(self, batch: dict[str, torch.Tensor], pad_id: int) -> dict[str, torch.Tensor]:
-        if self.pad_to is None:
-            return batch
-        extra = self.pad_to - batch["input_ids"].shape[1]
-        assert extra >= 0, (self.pad_to, batch["input_ids"].shape)
-        fill = {"input_ids": pad_id, "token_type_ids": 0, "attention_mask": 0}
-        return {k: torch.nn.functional.pad(v, (0, extra), value=fill[k]) if k in fill else v for k, v in batch.items()}
-
-
-def predict(engine, dataset, batching: Batching, outputs: tuple[str, ...]) -> dict[str, list[np.ndarray]]:
-    """Run the model over `dataset`, each example exactly once (ranks take strided shards)."""
-    rank, world = torch_dist.get_rank(), torch_dist.get_world_size()
-    micro_batch = batching.micro_batch
-    mine = list(range(rank, len(dataset), world))
-    # Every rank runs the same number of forwards (the MoE all-to-all is collective): a short chunk is
-    # filled up with example 0, whose outputs there are dropped, so nothing is scored twice.
-    steps = -(-(-(-len(dataset) // world)) // micro_batch)
-    results: dict[str, dict[int, np.ndarray]] = {name: {} for name in outputs}
-    engine.eval()
-    with torch.no_grad():
-        for step in range(steps):
-            chunk = mine[step * micro_batch:(step + 1) * micro_batch]
-            rows = chunk + [0] * ((micro_batch if batching.pad_to else 1) - len(chunk))
-            batch = batching.shape(dataset.collate([dataset[i] for i in rows]), dataset.pad_id)
-            out = engine(**{k: batch[k].to(engine.device) for k in ("input_ids", "token_type_ids", "attention_mask")})
-            for name in outputs:
-                values = getattr(out, name).float().cpu().numpy()
-                results[name].update((index, values[row]) for row, index in enumerate(chunk))
-    engine.train()
-    return {name: _gather_in_order(values, len(dataset)) for name, values in results.items()}
+from widenet_ds.runtime.distributed import init_distributed
+from widenet_ds.runtime.ds_config import load_ds_config, validate_ds_config
+from widenet_ds.runtime.engine import build_engine
+from widenet_ds.tasks.features import check_max_length, check_tokenizer_matches
+from widenet_ds.training.finetune_config import FinetuneConfig
+from widenet_ds.training.finetune_weights import load_tokenizer_for, model_overrides, save_finetuned
+from widenet_ds.training.log import TrainingLog
+from widenet_ds.training.predict import Batching
 
 
 # --- training ---------------------------------------------------------------------------------------
@@ -258,11 +110,6 @@ def resolve_max_steps(cfg: FinetuneConfig, schedule_steps: int | None, recipe) -
 
 def run(cfg: FinetuneConfig, task_run) -> dict[str, Any]:
     """Train and evaluate `cfg.seeds` times; write results.json; return the summary."""
-    from widenet_ds.distributed import init_distributed
-    from widenet_ds.ds_config import load_ds_config, validate_ds_config
-    from widenet_ds.engine import build_engine
-    from widenet_ds.tasks.features import check_max_length, check_tokenizer_matches
-    from widenet_ds.training_log import TrainingLog
 
     init_distributed()
     rank, world = torch_dist.get_rank(), torch_dist.get_world_size()
@@ -330,7 +177,6 @@ def run(cfg: FinetuneConfig, task_run) -> dict[str, Any]:
                              "lr": _peak_lr(settings)},
                "max_seq_length": max_len}
     if rank == 0:
-        from widenet_ds.tasks._files import atomic_write_json
         atomic_write_json(cfg.output_dir / "results.json", summary)
         print(f"[finetune] {task_run.name} median over {cfg.seeds} seed(s): {json.dumps(summary['median'])}; "
               f"trivial baseline: {json.dumps(summary['baseline'])}; written to {cfg.output_dir / 'results.json'}",

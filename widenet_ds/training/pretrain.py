@@ -19,18 +19,27 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
-from widenet_ds.checkpointing import (CheckpointManager, StopRequest, TrainingState, check_same_model,
-                                      latest_checkpoint, load_weights_only, read_meta, resolve_checkpoint)
-from widenet_ds.config import PRESETS, ModelConfig
+from widenet_ds.checkpoint.training import (
+    CheckpointManager,
+    TrainingState,
+    check_same_model,
+    latest_checkpoint,
+    load_weights_only,
+    read_meta,
+    resolve_checkpoint,
+)
 from widenet_ds.data.loader import PretrainingDataLoader
 from widenet_ds.data.shards import read_manifest
 from widenet_ds.data.tokenizer import TOKENIZER_FILE, VOCAB_FILE
-from widenet_ds.distributed import init_distributed
-from widenet_ds.ds_config import DeepSpeedSettings, load_ds_config, validate_ds_config
-from widenet_ds.engine import build_engine, plan_optimizer
 from widenet_ds.errors import CheckpointError, ConfigError, DataError
-from widenet_ds.training_log import StepMetrics, TrainingLog, memory_mib
-from widenet_ds.train_config import LATEST, PretrainConfig
+from widenet_ds.model.config import PRESETS, ModelConfig
+from widenet_ds.model.widenet import WideNetForPreTraining
+from widenet_ds.runtime.distributed import init_distributed
+from widenet_ds.runtime.ds_config import DeepSpeedSettings, load_ds_config, validate_ds_config
+from widenet_ds.runtime.engine import build_engine, plan_optimizer
+from widenet_ds.training.log import StepMetrics, TrainingLog, memory_mib
+from widenet_ds.training.preemption import StopRequest
+from widenet_ds.training.pretrain_config import LATEST, PretrainConfig
 
 MODEL_CONFIG_FILE = "model_config.json"
 
@@ -195,7 +204,6 @@ def run(cfg: PretrainConfig) -> int:
 
     # The same initial weights on every rank; then per-rank streams for gate noise and dropout.
     _seed_everything(cfg.seed)
-    from widenet_ds.model import WideNetForPreTraining
 
     model = WideNetForPreTraining(plan.model_config)
     engine, optimizer_plan = build_engine(model, plan.ds, cfg.optimizer)

@@ -9,7 +9,7 @@ What DeepSpeed writes for our models (one tag folder, e.g. `<output>/checkpoints
                                                   first expert-data-parallel replica of each expert)
     zero_pp_rank_<r>_mp_rank_00_optim_states.pt   ZeRO 1/2: rank r's optimizer partition
     expp_rank_<e>_mp_rank_00_optim_states.pt      ZeRO 0: the optimizer state of expert-parallel rank e
-    widenet_checkpoint.json, rank_*_state.pt      ours (widenet_ds.checkpointing): complete marker, model
+    widenet_checkpoint.json, rank_*_state.pt      ours (widenet_ds.checkpoint.training): complete marker, model
                                                   config, step; per-rank loader/RNG state
 
 DeepSpeed's `zero_to_fp32` and universal checkpoints do not know the expert files (DeepSpeed #4497,
@@ -17,6 +17,12 @@ DeepSpeed's `zero_to_fp32` and universal checkpoints do not know the expert file
 (rank 0's copy) and every expert has its own file, so the union is the whole model whatever the
 ep_size or world size was. These are the weights the engine computes with: with fp32 training they
 are the optimizer's master weights; with bf16/fp16 they are the 16-bit copies (see docs/checkpoints.md).
+
+Reading DeepSpeed's `.pt` files without executing pickled code: DeepSpeed saves checkpoints with `torch.save`, i.e. as pickles. We read them with
+`torch.load(weights_only=True)`: only tensors, containers and primitive types are rebuilt, plus the few
+DeepSpeed classes below that its ZeRO optimizer files hold. None of these classes runs code when
+rebuilt (a named tuple, an enum, and a plain object whose attributes are restored). Anything else in a
+file -- e.g. a `__reduce__` that would call `os.system` -- is refused.
 """
 
 from __future__ import annotations
@@ -25,13 +31,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
-from widenet_ds.checkpoint_folder import PortableCheckpoint, infer_architecture, is_expert_key
-from widenet_ds.checkpointing import LATEST_FILE, META_FILE
-from widenet_ds.config import ModelConfig
-from widenet_ds.convert.torch_files import load_torch_file
+from widenet_ds.checkpoint.format import PortableCheckpoint, infer_architecture, is_expert_key
+from widenet_ds.checkpoint.training import LATEST_FILE, META_FILE
 from widenet_ds.errors import CheckpointError
+from widenet_ds.model.config import ModelConfig
 
 MODEL_STATES = "mp_rank_00_model_states.pt"
 TOKENIZER_NAMES = ("tokenizer.json", "vocab.txt")
@@ -166,3 +172,29 @@ def find_tokenizer_files(source: Path, tag: str | None = None) -> tuple[Path, ..
         if found:
             return found
     return ()
+
+
+# --- weights-only reading of DeepSpeed's pickles ----------------------------------------------------------
+def deepspeed_safe_globals() -> list[Any]:
+    """The DeepSpeed classes allowed in addition to torch's weights-only set (listed in docs/checkpoints.md)."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [fragment_address, ZeroStageEnum, LossScaler]
+
+
+def load_torch_file(path: Path) -> Any:
+    """A DeepSpeed/PyTorch checkpoint file, rebuilt without running any code from it."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} does not exist; the checkpoint is incomplete (copy every "
+                              f"file of the tag folder) or another program's.")
+    try:
+        with torch.serialization.safe_globals(deepspeed_safe_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises UnpicklingError, RuntimeError or EOFError depending on the damage
+        raise CheckpointError(
+            f"refused to read {path}: it is not a weights-only PyTorch file ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:300]}). widenet-ds never unpickles arbitrary objects (that can run code); "
+            f"if the file is truncated, copy it again; if it holds custom classes, re-save its tensors.") from None

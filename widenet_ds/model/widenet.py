@@ -6,15 +6,17 @@ loop over one module (a ModuleList of length 1 when shared, D when not), never c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from widenet_ds.config import ModelConfig
-from widenet_ds.moe import FeedForward, MoEFeedForward, Routing
+from widenet_ds.errors import ConfigError
+from widenet_ds.model.config import ModelConfig
+from widenet_ds.model.moe import FeedForward, MoEFeedForward
+from widenet_ds.model.routing import Routing
 
 
 # --- outputs ----------------------------------------------------------------------------------------
@@ -205,7 +207,6 @@ class WideNetModel(nn.Module):
                 attention_mask: Tensor | None = None) -> EncoderOutput:
         # input_ids: [B, S]
         if input_ids.shape[1] > self.cfg.max_position_embeddings:
-            from widenet_ds.errors import ConfigError
             raise ConfigError(f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings = "
                               f"{self.cfg.max_position_embeddings}; truncate inputs to that length.")
         if token_type_ids is None:
@@ -288,11 +289,6 @@ class WideNetPreTrainedModel(nn.Module):
         if self.cfg.is_moe:
             return task_loss + self.cfg.moe.balance_loss_weight * balance
         return task_loss
-
-    @classmethod
-    def from_pretrained(cls, folder, **kwargs):
-        from widenet_ds.checkpoint_folder import load_pretrained
-        return load_pretrained(cls, folder, **kwargs)
 
 
 class WideNetForPreTraining(WideNetPreTrainedModel):

@@ -1,4 +1,4 @@
-"""Training checkpoints: save every N steps, keep the last K, resume exactly, stop on a signal.
+"""Training checkpoints: save every N steps, keep the last K, resume exactly.
 
 Layout of `<output>/checkpoints/`:
 
@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import re
 import shutil
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
+from widenet_ds.atomic import atomic_write_json, atomic_write_text
 from widenet_ds.errors import CheckpointError
 
 META_FILE = "widenet_checkpoint.json"
@@ -58,12 +57,6 @@ def config_sha256(model_config: dict[str, Any]) -> str:
 
 def _rank_file(tag_dir: Path, rank: int) -> Path:
     return tag_dir / f"rank_{rank:05d}_state.pt"
-
-
-def _write_json_atomic(path: Path, payload: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
 
 
 # --- finding and checking checkpoints ---------------------------------------------------------------
@@ -169,14 +162,12 @@ class CheckpointManager:
         # Ends with a barrier: every rank's files are written when it returns.
         engine.save_checkpoint(str(self.checkpoint_dir), tag=tag, save_latest=False)
         if self.rank == 0:
-            _write_json_atomic(tag_dir / META_FILE, {
+            atomic_write_json(tag_dir / META_FILE, {
                 "format_version": FORMAT_VERSION, "step": state.step, "samples": state.samples,
                 "world_size": self.world_size, "model_config_sha256": config_sha256(meta["model_config"]),
                 **meta,
-            })
-            latest_tmp = self.checkpoint_dir / (LATEST_FILE + ".tmp")
-            latest_tmp.write_text(tag)
-            os.replace(latest_tmp, self.checkpoint_dir / LATEST_FILE)
+            }, sort_keys=True)
+            atomic_write_text(self.checkpoint_dir / LATEST_FILE, tag)
             self._prune(current_step=state.step)
         if torch_dist.is_initialized():
             torch_dist.barrier()
@@ -219,36 +210,3 @@ def load_weights_only(engine, tag_dir: Path) -> None:
     """Start a new phase from another run's weights: no optimizer, schedule, loader or RNG state."""
     engine.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name, load_optimizer_states=False,
                            load_lr_scheduler_states=False, load_module_only=True)
-
-
-# --- preemption -------------------------------------------------------------------------------------
-class StopRequest:
-    """SIGTERM / SIGUSR1 (Slurm preemption, `scancel`, the deepspeed launcher's shutdown) set a flag; the
-    training loop asks `agreed()` after each step so that all ranks stop, and save, at the same step."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-    def __init__(self) -> None:
-        self.signal_name: str | None = None
-        self._previous = {}
-
-    def install(self) -> None:
-        for sig in self.SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
-
-    def uninstall(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
-
-    def _handle(self, signum, frame) -> None:
-        self.signal_name = signal.Signals(signum).name
-
-    def agreed(self) -> bool:
-        """Collective: True on every rank if any rank was signalled."""
-        flag = torch.tensor([1.0 if self.signal_name else 0.0])
-        if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
-            device = "cuda" if torch_dist.get_backend() == "nccl" else "cpu"
-            flag = flag.to(device)
-            torch_dist.all_reduce(flag, op=torch_dist.ReduceOp.MAX)
-        return bool(flag.item())

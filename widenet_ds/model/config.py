@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from widenet_ds.atomic import atomic_write_json
 from widenet_ds.errors import ConfigError
 
 FORMAT_VERSION = 1
@@ -71,7 +72,7 @@ class MoEConfig:
 
     `dispatch`: "deepspeed" runs DeepSpeed's capacity buffers (B = ceil(K * C * T / E) slots per expert,
     overflow dropped); "dropless" runs every route on exactly its tokens (no capacity, nothing dropped,
-    capacity factors and drop_tokens unused; ep_size 1), see widenet_ds/dropless.py.
+    capacity factors and drop_tokens unused; ep_size 1), see widenet_ds/model/dropless.py.
     """
 
     num_experts: int = 4
@@ -212,11 +213,7 @@ class ModelConfig:
 
     def to_json(self, path: str | os.PathLike) -> None:
         payload = {"format_version": FORMAT_VERSION, **self.to_dict()}
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as fh:
-            json.dump(payload, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-        os.replace(tmp, path)
+        atomic_write_json(path, payload, sort_keys=True)
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "ModelConfig":

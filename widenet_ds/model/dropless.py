@@ -18,16 +18,13 @@ combination (see its error message).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor, nn
 
-if TYPE_CHECKING:  # moe.py imports this module
-    from widenet_ds.moe import Routing
+from widenet_ds.model.routing import Routing
 
 
-def sorted_route_order(routing: "Routing") -> tuple[Tensor, Tensor]:
+def sorted_route_order(routing: Routing) -> tuple[Tensor, Tensor]:
     """(row of each route [K, T], route of each row [K * T]) in the expert-sorted buffer; flat route
     j * T + t is token t's choice j.
 
@@ -76,7 +73,7 @@ class _PermuteRows(torch.autograd.Function):
         return grad_out.index_select(0, inverse), None, None
 
 
-def dropless_experts(tokens: Tensor, routing: "Routing", experts: nn.ModuleList) -> Tensor:
+def dropless_experts(tokens: Tensor, routing: Routing, experts: nn.ModuleList) -> Tensor:
     """sum_j w_j(t) * expert_{e_j(t)}(x_t) for every token, with no capacity and no dropped route.
 
     tokens: [T, M]; routing: from `route_tokens` with dispatch "dropless" (capacity 0 = unbounded, so no

@@ -3,7 +3,7 @@
 The DeepSpeed JSON decides the optimizer type, its hyper-parameters and the LR schedule. What we
 add: BERT's no-decay groups (biases, LayerNorms) split into DeepSpeed's MoE groups, and -- when the
 JSON asks for `Lamb` -- the choice between DeepSpeed's fused CUDA kernel and our PyTorch LAMB
-(`widenet_ds.lamb.Lamb`, same hyper-parameters and update rule, per-tensor trust ratio also under
+(`widenet_ds.runtime.lamb.Lamb`, same hyper-parameters and update rule, per-tensor trust ratio also under
 ZeRO 1/2), because the fused kernel cannot run on CPU.
 """
 
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from widenet_ds.ds_config import DeepSpeedSettings
 from widenet_ds.errors import ConfigError
-from widenet_ds.lamb import Lamb, build_param_groups, enable_per_tensor_trust_ratio
+from widenet_ds.runtime.ds_config import DeepSpeedSettings
+from widenet_ds.runtime.lamb import Lamb, build_param_groups, enable_per_tensor_trust_ratio
 
 logger = logging.getLogger(__name__)
 
@@ -48,13 +48,13 @@ def plan_optimizer(settings: DeepSpeedSettings, choice: str, cuda_available: boo
                               "kernel); on CPU use --optimizer torch-lamb or auto.")
         return OptimizerPlan("deepspeed", "Lamb: DeepSpeed's fused CUDA kernel, as asked")
     if choice == "torch-lamb":
-        return OptimizerPlan("torch-lamb", "Lamb: widenet_ds.lamb.Lamb, as asked")
+        return OptimizerPlan("torch-lamb", "Lamb: widenet_ds.runtime.lamb.Lamb, as asked")
     if not cuda_available:
         return OptimizerPlan("torch-lamb", "Lamb: DeepSpeed's fused kernel needs CUDA, so the JSON's Lamb "
-                                           "hyper-parameters run in widenet_ds.lamb.Lamb")
+                                           "hyper-parameters run in widenet_ds.runtime.lamb.Lamb")
     if settings.zero_stage > 0:
         # Under ZeRO the fused kernel sees flat partitions, so its trust ratio is per partition.
-        return OptimizerPlan("torch-lamb", f"Lamb under ZeRO stage {settings.zero_stage}: widenet_ds.lamb.Lamb "
+        return OptimizerPlan("torch-lamb", f"Lamb under ZeRO stage {settings.zero_stage}: widenet_ds.runtime.lamb.Lamb "
                                            "keeps the trust ratio per tensor (the fused kernel's is per partition)")
     return OptimizerPlan("deepspeed", "Lamb: DeepSpeed's fused CUDA kernel (ZeRO stage 0: per-tensor trust ratio)")
 

@@ -19,19 +19,24 @@ task heads the folder does not have as newly initialised; the encoder must alway
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from widenet_ds.config import ModelConfig
+from widenet_ds.atomic import atomic_folder
 from widenet_ds.errors import CheckpointError, ConfigError
+from widenet_ds.model.config import ModelConfig
+from widenet_ds.model.moe import MoEFeedForward
+from widenet_ds.model.widenet import (
+    WideNetForPreTraining,
+    WideNetForQuestionAnswering,
+    WideNetForSequenceClassification,
+)
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
@@ -45,8 +50,6 @@ _BODY = "widenet."
 
 # --- architectures ----------------------------------------------------------------------------------
 def architectures() -> dict[str, type[nn.Module]]:
-    from widenet_ds.model import (WideNetForPreTraining, WideNetForQuestionAnswering,
-                                  WideNetForSequenceClassification)
     return {cls.__name__: cls for cls in (WideNetForPreTraining, WideNetForSequenceClassification,
                                           WideNetForQuestionAnswering)}
 
@@ -99,8 +102,6 @@ def check_weights(shapes: dict[str, tuple[int, ...]], expected: dict[str, tuple[
 # --- global <-> local experts -----------------------------------------------------------------------
 def global_key_map(model: nn.Module) -> dict[str, str]:
     """model state-dict key -> its key in a folder (local expert index replaced by the global one)."""
-    from widenet_ds.moe import MoEFeedForward
-
     renames: dict[str, str] = {}
     for name, module in model.named_modules():
         if isinstance(module, MoEFeedForward):
@@ -167,31 +168,6 @@ def write_safetensors(state: dict[str, Tensor], path: Path, metadata: dict[str, 
               metadata=metadata)
 
 
-# --- atomic folder writes ---------------------------------------------------------------------------
-@contextmanager
-def atomic_folder(target: Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield `<target>.tmp-<pid>` to write into; move it to `target` only when the block completes."""
-    target = Path(target)
-    if target.exists() and not overwrite:
-        raise CheckpointError(f"{target} already exists; choose another output or pass --overwrite.")
-    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if target.exists():
-        old = target.with_name(f"{target.name}.old-{os.getpid()}")
-        os.replace(target, old)
-        os.replace(tmp, target)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, target)
-
-
 # --- save / read ------------------------------------------------------------------------------------
 def save_folder(checkpoint: PortableCheckpoint, target: Path, *, dtype: str = "fp32",
                 tokenizer_files: tuple[Path, ...] = (), overwrite: bool = False) -> Path:
@@ -203,7 +179,7 @@ def save_folder(checkpoint: PortableCheckpoint, target: Path, *, dtype: str = "f
               "model": checkpoint.config.to_dict(), "num_labels": checkpoint.num_labels, "dtype": dtype,
               "experts": "stored by global index; any moe.ep_size dividing num_experts loads them",
               "provenance": checkpoint.provenance}
-    with atomic_folder(target, overwrite) as tmp:
+    with atomic_folder(target, overwrite, CheckpointError) as tmp:
         state = {k: t.to(DTYPES[dtype]) if t.is_floating_point() else t for k, t in checkpoint.state.items()}
         write_safetensors(state, tmp / WEIGHTS_FILE, metadata={"format": "pt", "widenet_format_version": "1"})
         for path in tokenizer_files:
@@ -223,7 +199,7 @@ def _readme(checkpoint: PortableCheckpoint, dtype: str, tokenizer_names: list[st
              f"- weights: {WEIGHTS_FILE} ({dtype})",
              f"- tokenizer: {', '.join(tokenizer_names) if tokenizer_names else 'not included'}"]
     lines += [f"- {key}: {value}" for key, value in sorted(checkpoint.provenance.items())]
-    lines += ["", "Load with `WideNetForPreTraining.from_pretrained(folder)` (or a task model's, whose head is then "
+    lines += ["", "Load with `widenet_ds.checkpoint.load.load_pretrained(WideNetForPreTraining, folder)` (or a task model's, whose head is then "
                   "newly initialised); see docs/checkpoints.md.", ""]
     return "\n".join(lines)
 
@@ -262,100 +238,3 @@ def read_folder(folder: Path) -> PortableCheckpoint:
                                     config.get("num_labels"), config.get("provenance", {}))
     checkpoint.check(f"{folder}: {CONFIG_FILE} vs {WEIGHTS_FILE}")
     return checkpoint
-
-
-def read_checkpoint(source: Path, *, tag: str | None = None, model_config: Path | None = None) -> PortableCheckpoint:
-    """A folder, or a DeepSpeed checkpoint (tag folder, checkpoints folder or run output folder)."""
-    if is_folder(source):
-        if tag is not None:
-            raise CheckpointError(f"{source} is a checkpoint folder, which has no tags; drop the tag {tag!r}.")
-        return read_folder(source)
-    from widenet_ds.convert.deepspeed_checkpoint import read_deepspeed_checkpoint
-    return read_deepspeed_checkpoint(source, tag=tag, model_config=model_config)
-
-
-# --- loading into a model ---------------------------------------------------------------------------
-@dataclass
-class LoadReport:
-    """What `from_pretrained` loaded; `summary()` is the lines a finetune log should show."""
-
-    source: str
-    architecture: str                    # of the saved weights
-    loaded: int                          # tensors copied into this model
-    new: list[str]                       # this model's keys the source lacks (newly initialised heads)
-    unused: list[str]                    # source keys this model has no place for (e.g. pretraining heads)
-    experts_on_this_rank: list[int]      # global expert indices this rank loaded
-    saved_ep_size: int | None
-    ep_size: int | None
-    provenance: dict[str, Any] = field(default_factory=dict)
-
-    def summary(self) -> str:
-        lines = [f"loaded {self.loaded} tensors from {self.source} ({self.architecture}"
-                 + (f", step {self.provenance['step']}" if "step" in self.provenance else "") + ")"]
-        if self.ep_size is not None:
-            lines.append(f"experts: saved with ep_size {self.saved_ep_size}, loaded with ep_size {self.ep_size}; "
-                         f"this rank holds global experts {self.experts_on_this_rank}")
-        if self.new:
-            lines.append(f"newly initialised: {', '.join(self.new)}")
-        if self.unused:
-            lines.append(f"unused from the checkpoint: {', '.join(self.unused)}")
-        return "\n".join(lines)
-
-
-def load_into(model: nn.Module, checkpoint: PortableCheckpoint, source: str) -> LoadReport:
-    """Copy a checkpoint's weights into `model` (any ep_size); heads may differ, the encoder may not."""
-    to_global = global_key_map(model)
-    own = model.state_dict()
-    same_head = type(model).__name__ == checkpoint.architecture
-    wanted = {key for key in to_global.values()}
-    new = sorted(local for local, key in to_global.items() if key not in checkpoint.state)
-    unused = sorted(key for key in checkpoint.state if key not in wanted and not is_expert_key(key))
-    body_problems = [k for k in new + unused if k.startswith(_BODY)]
-    if body_problems or (same_head and (new or unused)):
-        raise CheckpointError(f"{source}: weights do not fit {type(model).__name__} -- missing "
-                              f"{[k for k in new][:6]}, unknown {unused[:6]}; the model config differs from the "
-                              f"checkpoint's (load with the checkpoint's config).")
-    loaded = {}
-    for local, key in to_global.items():
-        if key in checkpoint.state:
-            tensor = checkpoint.state[key]
-            if tuple(tensor.shape) != tuple(own[local].shape):
-                raise CheckpointError(f"{source}: {key} has shape {tuple(tensor.shape)}, the model expects "
-                                      f"{tuple(own[local].shape)}; the model config differs from the checkpoint's.")
-            loaded[local] = tensor
-    missing, unexpected = model.load_state_dict(loaded, strict=False)
-    assert sorted(missing) == new and not unexpected, (missing, unexpected)
-    from widenet_ds.moe import MoEFeedForward
-    experts = sorted({i for m in model.modules() if isinstance(m, MoEFeedForward) for i in m.global_expert_indices()})
-    cfg = getattr(model, "cfg", None)
-    is_moe = cfg is not None and cfg.is_moe
-    return LoadReport(source, checkpoint.architecture, len(loaded), new, unused, experts,
-                      checkpoint.config.moe.ep_size if checkpoint.config.is_moe else None,
-                      cfg.moe.ep_size if is_moe else None, dict(checkpoint.provenance))
-
-
-def load_pretrained(cls: type[nn.Module], source, *, model_overrides: dict[str, Any] | None = None,
-                    tag: str | None = None, model_config: Path | None = None,
-                    **model_kwargs: Any) -> tuple[nn.Module, LoadReport]:
-    """`cls.from_pretrained(source)` -> (model, report): build `cls` with the saved config, load the weights.
-
-    source: a checkpoint folder, or a DeepSpeed checkpoint of any ep_size and world size (a tag folder, a
-      checkpoints folder or a run's output folder; `tag` picks one, default the latest complete one).
-    model_overrides: config fields that keep the shapes (dropouts, `moe.capacity_factor`, ...), `moe` as a
-      dict; `moe.ep_size` is this run's expert parallelism (default 1: every expert in this process).
-    model_config: a model-config JSON for DeepSpeed checkpoints that do not record theirs.
-    model_kwargs: the task model's own arguments (`num_labels` for sequence classification).
-    Log `report.summary()`: what was loaded, newly initialised and left unused.
-    """
-    checkpoint = read_checkpoint(Path(source), tag=tag, model_config=model_config)
-    data = checkpoint.config.to_dict()
-    overrides = dict(model_overrides or {})
-    moe = dict(overrides.pop("moe", None) or {})
-    if checkpoint.config.is_moe:
-        moe.setdefault("ep_size", 1)
-    data["moe"] = {**data["moe"], **moe}
-    cfg = ModelConfig.from_dict({**data, **overrides})
-    if cls.__name__ == checkpoint.architecture == "WideNetForSequenceClassification":
-        model_kwargs.setdefault("num_labels", checkpoint.num_labels)
-    model = cls(cfg, **model_kwargs)
-    return model, load_into(model, checkpoint, str(source))

@@ -10,7 +10,6 @@ a terminal or one line per record in a log file.
 from __future__ import annotations
 
 import json
-import os
 import resource
 import sys
 import time
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as torch_dist
+
+from widenet_ds.atomic import atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -176,9 +177,7 @@ def _truncate_jsonl(path: Path, after_step: int) -> None:
         return
     kept = [line for line in path.read_text().splitlines()
             if line.strip() and json.loads(line)["step"] <= after_step]
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -10,7 +10,7 @@ optimizer. Load it with
     engine.load_checkpoint(dir, tag, load_optimizer_states=False, load_lr_scheduler_states=False,
                            load_module_only=True)
 
-which is what `pretrain --init-from` does (widenet_ds.checkpointing.load_weights_only).
+which is what `pretrain --init-from` does (widenet_ds.checkpoint.training.load_weights_only).
 """
 
 from __future__ import annotations
@@ -21,13 +21,18 @@ from pathlib import Path
 
 import torch
 
-from widenet_ds.checkpoint_folder import atomic_folder
-from widenet_ds.checkpointing import FORMAT_VERSION, LATEST_FILE, META_FILE, config_sha256
-from widenet_ds.config import ModelConfig
-from widenet_ds.convert.deepspeed_checkpoint import (MODEL_STATES, read_marker, expert_file, read_deepspeed_checkpoint,
-                                                     resolve_tag_dir)
-from widenet_ds.convert.torch_files import load_torch_file
-from widenet_ds.errors import ConfigError
+from widenet_ds.atomic import atomic_folder
+from widenet_ds.checkpoint.deepspeed import (
+    MODEL_STATES,
+    expert_file,
+    load_torch_file,
+    read_deepspeed_checkpoint,
+    read_marker,
+    resolve_tag_dir,
+)
+from widenet_ds.checkpoint.training import FORMAT_VERSION, LATEST_FILE, META_FILE, config_sha256
+from widenet_ds.errors import CheckpointError, ConfigError
+from widenet_ds.model.config import ModelConfig
 
 # Entries of the model-states file that describe the optimizer partitioning of the old layout.
 _OPTIMIZER_LAYOUT = ("optimizer", "param_shapes", "shared_params", "frozen_param_shapes", "frozen_param_fragments")
@@ -59,7 +64,7 @@ def reshard(source: Path, target: Path, *, ep_size: int, world_size: int, tag: s
                                    "world_size": checkpoint.provenance["world_size"]},
                 "optimizer_states": False}
 
-    with atomic_folder(target, overwrite) as tmp:
+    with atomic_folder(target, overwrite, CheckpointError) as tmp:
         out = tmp / tag_dir.name
         out.mkdir()
         torch.save(states, out / MODEL_STATES)

@@ -1,0 +1,121 @@
+"""Loading weights into a model: from a portable folder or any DeepSpeed checkpoint, any ep_size.
+
+`load_pretrained(cls, source)` is the one answer to "how do I load a checkpoint?": it reads the source
+(`read_checkpoint`: a folder, a DeepSpeed tag folder, a checkpoints folder or a run's output folder),
+builds `cls` with the saved config and copies the weights, each rank taking its own experts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from widenet_ds.checkpoint.deepspeed import read_deepspeed_checkpoint
+from widenet_ds.checkpoint.format import (
+    _BODY,
+    PortableCheckpoint,
+    global_key_map,
+    is_expert_key,
+    is_folder,
+    read_folder,
+)
+from widenet_ds.errors import CheckpointError
+from widenet_ds.model.config import ModelConfig
+from widenet_ds.model.moe import MoEFeedForward
+
+
+def read_checkpoint(source: Path, *, tag: str | None = None, model_config: Path | None = None) -> PortableCheckpoint:
+    """A folder, or a DeepSpeed checkpoint (tag folder, checkpoints folder or run output folder)."""
+    if is_folder(source):
+        if tag is not None:
+            raise CheckpointError(f"{source} is a checkpoint folder, which has no tags; drop the tag {tag!r}.")
+        return read_folder(source)
+    return read_deepspeed_checkpoint(source, tag=tag, model_config=model_config)
+
+
+@dataclass
+class LoadReport:
+    """What `load_pretrained` loaded; `summary()` is the lines a finetune log should show."""
+
+    source: str
+    architecture: str                    # of the saved weights
+    loaded: int                          # tensors copied into this model
+    new: list[str]                       # this model's keys the source lacks (newly initialised heads)
+    unused: list[str]                    # source keys this model has no place for (e.g. pretraining heads)
+    experts_on_this_rank: list[int]      # global expert indices this rank loaded
+    saved_ep_size: int | None
+    ep_size: int | None
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        lines = [f"loaded {self.loaded} tensors from {self.source} ({self.architecture}"
+                 + (f", step {self.provenance['step']}" if "step" in self.provenance else "") + ")"]
+        if self.ep_size is not None:
+            lines.append(f"experts: saved with ep_size {self.saved_ep_size}, loaded with ep_size {self.ep_size}; "
+                         f"this rank holds global experts {self.experts_on_this_rank}")
+        if self.new:
+            lines.append(f"newly initialised: {', '.join(self.new)}")
+        if self.unused:
+            lines.append(f"unused from the checkpoint: {', '.join(self.unused)}")
+        return "\n".join(lines)
+
+
+def load_into(model: nn.Module, checkpoint: PortableCheckpoint, source: str) -> LoadReport:
+    """Copy a checkpoint's weights into `model` (any ep_size); heads may differ, the encoder may not."""
+    to_global = global_key_map(model)
+    own = model.state_dict()
+    same_head = type(model).__name__ == checkpoint.architecture
+    wanted = {key for key in to_global.values()}
+    new = sorted(local for local, key in to_global.items() if key not in checkpoint.state)
+    unused = sorted(key for key in checkpoint.state if key not in wanted and not is_expert_key(key))
+    body_problems = [k for k in new + unused if k.startswith(_BODY)]
+    if body_problems or (same_head and (new or unused)):
+        raise CheckpointError(f"{source}: weights do not fit {type(model).__name__} -- missing "
+                              f"{[k for k in new][:6]}, unknown {unused[:6]}; the model config differs from the "
+                              f"checkpoint's (load with the checkpoint's config).")
+    loaded = {}
+    for local, key in to_global.items():
+        if key in checkpoint.state:
+            tensor = checkpoint.state[key]
+            if tuple(tensor.shape) != tuple(own[local].shape):
+                raise CheckpointError(f"{source}: {key} has shape {tuple(tensor.shape)}, the model expects "
+                                      f"{tuple(own[local].shape)}; the model config differs from the checkpoint's.")
+            loaded[local] = tensor
+    missing, unexpected = model.load_state_dict(loaded, strict=False)
+    assert sorted(missing) == new and not unexpected, (missing, unexpected)
+    experts = sorted({i for m in model.modules() if isinstance(m, MoEFeedForward) for i in m.global_expert_indices()})
+    cfg = getattr(model, "cfg", None)
+    is_moe = cfg is not None and cfg.is_moe
+    return LoadReport(source, checkpoint.architecture, len(loaded), new, unused, experts,
+                      checkpoint.config.moe.ep_size if checkpoint.config.is_moe else None,
+                      cfg.moe.ep_size if is_moe else None, dict(checkpoint.provenance))
+
+
+def load_pretrained(cls: type[nn.Module], source, *, model_overrides: dict[str, Any] | None = None,
+                    tag: str | None = None, model_config: Path | None = None,
+                    **model_kwargs: Any) -> tuple[nn.Module, LoadReport]:
+    """`load_pretrained(cls, source)` -> (model, report): build `cls` with the saved config, load the weights.
+
+    source: a checkpoint folder, or a DeepSpeed checkpoint of any ep_size and world size (a tag folder, a
+      checkpoints folder or a run's output folder; `tag` picks one, default the latest complete one).
+    model_overrides: config fields that keep the shapes (dropouts, `moe.capacity_factor`, ...), `moe` as a
+      dict; `moe.ep_size` is this run's expert parallelism (default 1: every expert in this process).
+    model_config: a model-config JSON for DeepSpeed checkpoints that do not record theirs.
+    model_kwargs: the task model's own arguments (`num_labels` for sequence classification).
+    Log `report.summary()`: what was loaded, newly initialised and left unused.
+    """
+    checkpoint = read_checkpoint(Path(source), tag=tag, model_config=model_config)
+    data = checkpoint.config.to_dict()
+    overrides = dict(model_overrides or {})
+    moe = dict(overrides.pop("moe", None) or {})
+    if checkpoint.config.is_moe:
+        moe.setdefault("ep_size", 1)
+    data["moe"] = {**data["moe"], **moe}
+    cfg = ModelConfig.from_dict({**data, **overrides})
+    if cls.__name__ == checkpoint.architecture == "WideNetForSequenceClassification":
+        model_kwargs.setdefault("num_labels", checkpoint.num_labels)
+    model = cls(cfg, **model_kwargs)
+    return model, load_into(model, checkpoint, str(source))
