@@ -119,11 +119,11 @@ demo() {
   echo "[demo] 2/3 pretraining widenet-tiny-e4 on 2 CPU ranks, expert parallel 2" >&2
   local vocab
   vocab="$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$run/data/manifest.json")"
-  "$VENV/bin/widenet-ds" model-config widenet-tiny-e4 --set vocab_size="$vocab" --set moe.ep_size=2 \
+  "$VENV/bin/widenet-ds" model-config widenet-tiny-e4 --set vocab_size="$vocab" \
     --output "$run/model.json"
   ( deepspeed_launch "$ROOT/pretrain/run_pretrain.py" --num-gpus 2 -- \
     --model-config "$run/model.json" --deepspeed_config "$ROOT/ds_configs/cpu_small.json" \
-    --data "$run/data" --output-dir "$run/pretrain" --max-steps "${WIDENET_DEMO_STEPS:-300}" \
+    --data "$run/data" --output-dir "$run/pretrain" --max-steps "${WIDENET_DEMO_STEPS:-300}" --ep-size 2 \
     --save-interval 100 --eval-interval 100 --resume )
   if [[ ! -d "$sst2" ]]; then
     echo "[demo] SST-2 not found at $sst2: set WIDENET_SHARED_DATA to a folder with glue/SST-2" \

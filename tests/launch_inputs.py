@@ -1,5 +1,5 @@
 """Inputs for real launcher runs of pretrain/run_pretrain.py (mpiexec, deepspeed, Slurm): a small
-prepared corpus, a tiny MoE model config with a chosen ep_size, and the run options."""
+prepared corpus, a tiny MoE model config, and the run options."""
 
 from __future__ import annotations
 
@@ -22,10 +22,8 @@ def prepare_tiny_corpus(shared_data: Path, out: Path) -> Path:
     return out
 
 
-def tiny_model_config(out: Path, ep_size: int, num_experts: int = 4) -> Path:
-    config = ModelConfig.from_preset(f"widenet-tiny-e{num_experts}", vocab_size=1000).to_dict()
-    config["moe"]["ep_size"] = ep_size
-    out.write_text(json.dumps(config))
+def tiny_model_config(out: Path, num_experts: int = 4) -> Path:
+    ModelConfig.from_preset("widenet-tiny-e4", vocab_size=1000, moe={"num_experts": num_experts}).to_json(out)
     return out
 
 

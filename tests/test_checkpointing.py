@@ -18,7 +18,7 @@ from widenet_ds.checkpoint.training import (
     check_same_model,
     config_differences,
     latest_checkpoint,
-    resolve_checkpoint,
+    resolve_tag_dir,
     rng_state,
     set_rng_state,
 )
@@ -51,8 +51,10 @@ def test_config_differences_name_each_field_with_both_values():
     assert "share_layernorm: True (checkpoint) vs False (this run)" in diffs
     changed = json.loads(json.dumps(widenet))
     changed["moe"]["num_experts"] = 8
-    changed["activation_checkpointing"] = True  # no effect on the weights: never a difference
     assert config_differences(widenet, changed) == ["moe.num_experts: 4 (checkpoint) vs 8 (this run)"]
+    legacy = json.loads(json.dumps(widenet))  # a checkpoint written before 0.2 records run settings in its config
+    legacy["activation_checkpointing"], legacy["moe"]["ep_size"] = True, 2
+    check_same_model({"model_config": legacy}, widenet, "ckpt")  # they are not model differences
     with pytest.raises(CheckpointError, match=r"another model config; differing fields:\n  moe.num_experts"):
         check_same_model({"model_config": widenet}, changed, "ckpt")
 
@@ -81,13 +83,21 @@ def test_latest_must_point_at_a_complete_checkpoint(tmp_path):
     make_tag(tmp_path, 6, complete=False)
     (tmp_path / "latest").write_text("step5")
     assert latest_checkpoint(tmp_path) == tmp_path / "step5"
-    assert resolve_checkpoint(tmp_path) == tmp_path / "step5"
-    assert resolve_checkpoint(tmp_path / "step5") == tmp_path / "step5"
+    assert resolve_tag_dir(tmp_path) == tmp_path / "step5"
+    assert resolve_tag_dir(tmp_path / "step5") == tmp_path / "step5"
+    assert resolve_tag_dir(tmp_path, "step5") == tmp_path / "step5"
     (tmp_path / "latest").write_text("step6")
     with pytest.raises(CheckpointError, match="not a complete widenet-ds checkpoint"):
         latest_checkpoint(tmp_path)
+    # conversion reads DeepSpeed tag folders without our marker; training never does
+    assert resolve_tag_dir(tmp_path, require_marker=False) == tmp_path / "step6"
+    with pytest.raises(CheckpointError, match="tag 'step7' does not exist"):
+        resolve_tag_dir(tmp_path, "step7")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        resolve_tag_dir(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="no widenet-ds checkpoint at"):
-        resolve_checkpoint(tmp_path / "nowhere")
+        resolve_tag_dir(tmp_path / "empty")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])

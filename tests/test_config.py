@@ -14,14 +14,15 @@ def test_presets_round_trip_through_json(tmp_path):
 
 
 def test_overrides_reach_nested_moe():
-    cfg = ModelConfig.from_preset("widenet-tiny-e4", vocab_size=123, moe={"ep_size": 2, "combine_weights": "renormalize"})
-    assert cfg.vocab_size == 123 and cfg.moe.ep_size == 2 and cfg.moe.num_experts == 4
+    cfg = ModelConfig.from_preset("widenet-tiny-e4", vocab_size=123, moe={"top_k": 1, "combine_weights": "renormalize"})
+    assert cfg.vocab_size == 123 and cfg.moe.top_k == 1 and cfg.moe.num_experts == 4
     assert cfg.moe.combine_weights == "renormalize"
 
 
 # Each bad configuration gives one ConfigError whose message names the field (and so the fix).
 BAD = [
-    (dict(moe={"num_experts": 6, "ep_size": 4}), "divisible by ep_size"),
+    (dict(moe={"ep_size": 2}), "'ep_size' is a run setting, not part of the model config; remove it and pass --ep-size"),
+    (dict(activation_checkpointing=True), "'activation_checkpointing' is a run setting.*--activation-checkpointing"),
     (dict(moe={"top_k": 5}), "top_k = 5 exceeds num_experts"),
     (dict(hidden_size=129), "not divisible by num_heads"),
     (dict(moe={"capacity_factor": 0}), "capacity_factor"),
@@ -29,7 +30,6 @@ BAD = [
     (dict(moe={"combine_weights": "softmax"}), "combine_weights"),
     (dict(routing_groups=3), "routing_groups = 3 must divide num_layers"),
     (dict(routing_groups=2, share_ffn=False), "needs share_ffn"),
-    (dict(ffn="dense", moe={"ep_size": 2}), "has no experts to place"),
     (dict(hidden_dropout=1.5), "hidden_dropout"),
     (dict(activation="relu"), "activation"),
     (dict(norm_position="middle"), "norm_position"),
@@ -77,10 +77,10 @@ def test_moe_config_defaults_are_the_papers():
 def test_model_config_cli_writes_overrides_and_refuses_bad_ones(tmp_path, capsys):
     from widenet_ds.cli import main
     out = tmp_path / "m.json"
-    assert main(["model-config", "widenet-tiny-e4", "--set", "vocab_size=8000", "--set", "moe.ep_size=2",
+    assert main(["model-config", "widenet-tiny-e4", "--set", "vocab_size=8000", "--set", "moe.num_experts=8",
                  "--set", "norm_position=pre", "--output", str(out)]) == 0
     cfg = ModelConfig.from_json(out)
-    assert (cfg.vocab_size, cfg.moe.ep_size, cfg.norm_position) == (8000, 2, "pre")
-    assert main(["model-config", "widenet-tiny-e4", "--set", "moe.ep_size=3", "--output", str(tmp_path / "x.json")]) == 2
-    assert "not divisible by ep_size = 3" in capsys.readouterr().err
+    assert (cfg.vocab_size, cfg.moe.num_experts, cfg.norm_position) == (8000, 8, "pre")
+    assert main(["model-config", "widenet-tiny-e4", "--set", "moe.ep_size=2", "--output", str(tmp_path / "x.json")]) == 2
+    assert "is a run setting" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()

@@ -63,7 +63,8 @@ def test_to_folder_then_one_process_model_gives_the_engines_logits(checkpoints, 
     assert convert(["to-folder", str(run), str(tmp_path / "folder"), "--tokenizer", str(tokenizer)]) == 0
     config = json.loads((tmp_path / "folder" / "config.json").read_text())
     assert config["format_version"] == 1 and config["architecture"] == "WideNetForPreTraining"
-    assert config["model"]["moe"]["ep_size"] == 2 and config["provenance"]["step"] == 2
+    assert "ep_size" not in config["model"]["moe"] and config["provenance"]["step"] == 2
+    assert config["provenance"]["trained_with_ep_size"] == 2
     assert config["provenance"]["zero_stage"] == stage
     assert (tmp_path / "folder" / "vocab.txt").read_text() == tokenizer.read_text()
     assert "step: 2" in (tmp_path / "folder" / "README.md").read_text()
@@ -88,8 +89,9 @@ def test_bf16_folder_stores_bf16_and_loads_close(checkpoints, tmp_path):
 
 def test_raw_checkpoint_of_another_ep_size_starts_a_classifier_and_reports_what_it_loaded(checkpoints):
     run = checkpoints[2]
-    model, report = load_pretrained(WideNetForSequenceClassification, run / "checkpoints", num_labels=3, model_overrides={"hidden_dropout": 0.1, "moe": {"capacity_factor": 2.0}})
-    assert model.cfg.moe.ep_size == 1 and model.cfg.hidden_dropout == 0.1 and model.cfg.moe.capacity_factor == 2.0
+    model, report = load_pretrained(WideNetForSequenceClassification, run / "checkpoints", num_labels=3,
+                                    model_overrides={"hidden_dropout": 0.1, "moe": {"capacity_factor": 2.0}})
+    assert model.ep_size == 1 and model.cfg.hidden_dropout == 0.1 and model.cfg.moe.capacity_factor == 2.0
     assert report.new == ["classifier.bias", "classifier.weight"]
     assert report.unused == sorted(["mlm_head.bias", "mlm_head.dense.weight", "mlm_head.dense.bias",
                                     "mlm_head.norm.weight", "mlm_head.norm.bias", "sop_head.weight", "sop_head.bias"])
@@ -107,7 +109,7 @@ def test_reshard_ep2_to_ep1_to_ep2_loads_in_engines_with_identical_logits(checkp
     run = checkpoints[2]
     assert convert(["reshard", str(run), str(tmp_path / "ep1"), "--ep-size", "1", "--world-size", "1"]) == 0
     meta = json.loads((tmp_path / "ep1" / "step2" / "widenet_checkpoint.json").read_text())
-    assert meta["model_config"]["moe"]["ep_size"] == 1 and meta["world_size"] == 1
+    assert meta["ep_size"] == 1 and "ep_size" not in meta["model_config"]["moe"] and meta["world_size"] == 1
     assert meta["optimizer_states"] is False and meta["resharded_from"]["ep_size"] == 2
     run_deepspeed(SCRIPT, ["load", str(tmp_path / "ep1" / "step2"), "1", str(tmp_path / "ep1_logits")], num_ranks=1)
     for name, tensor in load_file(tmp_path / "ep1_logits.rank0.safetensors").items():
@@ -126,9 +128,9 @@ def test_reshard_ep2_to_ep1_to_ep2_loads_in_engines_with_identical_logits(checkp
 
 def test_reshard_refuses_layouts_that_cannot_hold_the_experts(checkpoints, tmp_path):
     from widenet_ds.errors import ConfigError
-    with pytest.raises(ConfigError, match="does not divide --world-size"):
+    with pytest.raises(ConfigError, match=r"--ep-size 2 does not divide the 3 rank\(s\)"):
         convert(["reshard", str(checkpoints[1]), str(tmp_path / "x"), "--ep-size", "2", "--world-size", "3"])
-    with pytest.raises(ConfigError, match="not divisible by ep_size = 3"):
+    with pytest.raises(ConfigError, match="--ep-size 3 does not divide the model's 4 experts"):
         convert(["reshard", str(checkpoints[1]), str(tmp_path / "x"), "--ep-size", "3", "--world-size", "3"])
     assert not (tmp_path / "x").exists()
 

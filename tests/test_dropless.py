@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from widenet_ds.errors import ConfigError
-from widenet_ds.model.config import ModelConfig, MoEConfig
+from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.moe import MoEFeedForward
 from widenet_ds.model.widenet import WideNetForPreTraining
 
@@ -110,6 +110,7 @@ def test_dropless_pretraining_model_matches_the_capacity_path():
         torch.testing.assert_close(grads_b[name], grads_a[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_dropless_with_expert_parallelism_is_refused_with_the_fix():
-    with pytest.raises(ConfigError, match="ep_size = 1 or dispatch = 'deepspeed'"):
-        MoEConfig(num_experts=4, ep_size=2, dispatch="dropless")
+def test_dropless_with_expert_parallelism_is_refused_with_the_fix(dist):
+    cfg = ModelConfig.from_preset("widenet-tiny-e4", vocab_size=100, moe={"dispatch": "dropless"})
+    with pytest.raises(ConfigError, match="--ep-size 1 or moe.dispatch = 'deepspeed'"):
+        MoEFeedForward(cfg, ep_size=2)

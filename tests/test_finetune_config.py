@@ -48,10 +48,10 @@ def test_recipe_settings_reach_the_model_config_and_flags_win(tmp_path, dist):
     assert (model.cfg.moe.capacity_factor, model.cfg.moe.balance_loss_weight, model.cfg.hidden_dropout,
             model.cfg.attention_dropout) == (2.0, 0.0, 0.1, 0.1)
     assert "random initialisation" in report
-    flags = _cfg(tmp_path, capacity_factor=1.5, balance_loss_weight=0.02, dropout=0.0, moe_ep_size=2)
+    flags = _cfg(tmp_path, capacity_factor=1.5, balance_loss_weight=0.02, dropout=0.0)
     assert model_overrides(flags, squad) == {
         "hidden_dropout": 0.0, "attention_dropout": 0.0, "classifier_dropout": 0.1,
-        "moe": {"capacity_factor": 1.5, "balance_loss_weight": 0.02, "ep_size": 2}}
+        "moe": {"capacity_factor": 1.5, "balance_loss_weight": 0.02}}
 
 
 def test_steps_default_to_the_schedule_and_never_run_past_it(tmp_path):

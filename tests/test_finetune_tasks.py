@@ -62,7 +62,7 @@ def test_mnli_two_eval_splits_test_files_and_load_report(exported_folder, tmp_pa
                        "test_matched.tsv": 21, "test_mismatched.tsv": 19})
     out = tmp_path / "out"
     proc = run_deepspeed(REPO / "finetune/run_glue.py", [
-        "--task", "MNLI", "--data", str(data), "--init", str(exported_folder), "--moe-ep-size", "2",
+        "--task", "MNLI", "--data", str(data), "--init", str(exported_folder), "--ep-size", "2",
         "--deepspeed_config", CPU_CONFIG, "--output-dir", str(out), "--max-steps", "3", "--max-seq-length", "32",
         "--predict-test", "--log-every", "1", "--save-model"], timeout=600)
 
@@ -77,8 +77,7 @@ def test_mnli_two_eval_splits_test_files_and_load_report(exported_folder, tmp_pa
     assert set(results["median"]) == {"dev_matched", "dev_mismatched"}
     assert results["steps"] == 3 and results["primary_metric"] == "acc"
     # routing settings of the MNLI recipe (Table 7: C 1.2, lambda 0.01, dropout 0) reached the model config
-    assert results["recipe"]["model_overrides"]["moe"] == {"capacity_factor": 1.2, "balance_loss_weight": 0.01,
-                                                           "ep_size": 2}
+    assert results["recipe"]["model_overrides"]["moe"] == {"capacity_factor": 1.2, "balance_loss_weight": 0.01}
     seed = out / "seed1"
     for name, count in (("MNLI.dev_matched.tsv", 45), ("MNLI.dev_mismatched.tsv", 37), ("MNLI-m.tsv", 21),
                         ("MNLI-mm.tsv", 19)):

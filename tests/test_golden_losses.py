@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from launching import run_deepspeed
-from pretrain_support import CPU_CONFIG, RUN_PRETRAIN, prepare_data, train_losses, write_model_config
+from pretrain_support import CPU_CONFIG, RUN_PRETRAIN, prepare_data, train_losses
 
 pytestmark = pytest.mark.multirank
 
@@ -31,7 +31,7 @@ SEED = 1234
 RUNS = {
     "widenet_tiny_e4_1rank": ("widenet-tiny-e4", 1, []),
     "albert_tiny_1rank": ("albert-tiny", 1, []),
-    "widenet_tiny_e4_ep2_2ranks": ("widenet-tiny-e4", 2, ["ep_size=2"]),
+    "widenet_tiny_e4_ep2_2ranks": ("widenet-tiny-e4", 2, ["--ep-size", "2"]),
 }
 
 
@@ -49,10 +49,7 @@ def read_asset(path: Path) -> dict[int, float]:
 def test_first_20_losses_match_the_stored_curve(name, data, tmp_path):
     preset, ranks, extra = RUNS[name]
     out = tmp_path / name
-    model = preset
-    if extra == ["ep_size=2"]:  # expert parallelism lives in the model config before the restructuring
-        model, extra = str(write_model_config(tmp_path / "model.json", preset, moe={"ep_size": 2})), []
-    run_deepspeed(RUN_PRETRAIN, ["--model-config", model, "--deepspeed_config", str(CPU_CONFIG), "--data", str(data),
+    run_deepspeed(RUN_PRETRAIN, ["--model-config", preset, "--deepspeed_config", str(CPU_CONFIG), "--data", str(data),
                                  "--output-dir", str(out), "--max-steps", str(STEPS), "--seed", str(SEED),
                                  "--log-interval", "1", "--eval-interval", "0", "--save-interval", "1000",
                                  "--no-progress-bar", "--no-tensorboard", *extra], num_ranks=ranks)

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from widenet_ds.errors import LaunchError
+from widenet_ds.errors import ConfigError, LaunchError
+from widenet_ds.runtime.distributed import check_ep_size
 from widenet_ds.runtime.launch_env import (
     SLURM_PORT_BASE,
     check_hostfile,
-    check_world,
     cli,
     first_host,
     resolve_launch_env,
@@ -154,11 +154,16 @@ def test_check_hostfile_cli(tmp_path, capsys):
 
 
 def test_ep_size_must_divide_world_size_and_experts():
-    check_world(world_size=4, ep_size=2, num_experts=8)
-    with pytest.raises(LaunchError, match=r"ep_size 4 does not divide the world size 2; use one of \[1, 2\]"):
-        check_world(world_size=2, ep_size=4, num_experts=4)
-    with pytest.raises(LaunchError, match=r"ep_size 2 does not divide num_experts 3"):
-        check_world(world_size=2, ep_size=2, num_experts=3)
+    check_ep_size(2, world_size=4, num_experts=8)
+    check_ep_size(1, world_size=3, num_experts=None)
+    with pytest.raises(ConfigError, match=r"--ep-size 4 does not divide the 2 rank\(s\); use one of \[1, 2\]"):
+        check_ep_size(4, world_size=2, num_experts=4)
+    with pytest.raises(ConfigError, match=r"--ep-size 2 does not divide the model's 3 experts"):
+        check_ep_size(2, world_size=2, num_experts=3)
+    with pytest.raises(ConfigError, match=r"the model is dense"):
+        check_ep_size(2, world_size=2, num_experts=None)
+    with pytest.raises(ConfigError, match=r"positive integer"):
+        check_ep_size(0, world_size=2, num_experts=4)
 
 
 def test_launcher_sh_refuses_bad_hostfile_before_starting_deepspeed(tmp_path):
@@ -213,16 +218,16 @@ def corpus(shared_data, tmp_path_factory):
 @pytest.mark.multirank
 @pytest.mark.slow
 def test_mpiexec_and_deepspeed_launcher_give_the_same_losses_with_ep2(tmp_path, corpus):
-    model = tiny_model_config(tmp_path / "tiny_ep2.json", ep_size=2)
+    model = tiny_model_config(tmp_path / "tiny.json")
     steps = 5
     mpi = subprocess.run([str(BIN / "mpiexec"), "-n", "2", sys.executable, str(REPO / "pretrain/run_pretrain.py"),
-                          *pretrain_args(corpus, model, tmp_path / "mpi", steps)],
+                          *pretrain_args(corpus, model, tmp_path / "mpi", steps, "--ep-size", "2")],
                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert mpi.returncode == 0, mpi.stdout[-3000:] + mpi.stderr[-3000:]
     hostfile = write(tmp_path / "hosts", "localhost slots=2\n")
     ds = subprocess.run([str(LAUNCHER_SH), "pretrain", "--hostfile", str(hostfile), "--master-addr", "127.0.0.1",
                          "--master-port", str(free_port()), "--no-ssh-check", "--",
-                         *pretrain_args(corpus, model, tmp_path / "ds", steps)],
+                         *pretrain_args(corpus, model, tmp_path / "ds", steps, "--ep-size", "2")],
                         env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert ds.returncode == 0, ds.stdout[-3000:] + ds.stderr[-3000:]
     assert "--hostfile" in ds.stdout.splitlines()[0]  # launcher.sh handed the hostfile to deepspeed
@@ -241,12 +246,12 @@ def test_mpiexec_and_deepspeed_launcher_give_the_same_losses_with_ep2(tmp_path, 
 
 @pytest.mark.multirank
 def test_ep_size_not_dividing_world_size_fails_fast_under_mpiexec(tmp_path, corpus):
-    model = tiny_model_config(tmp_path / "tiny_ep4.json", ep_size=4)
+    model = tiny_model_config(tmp_path / "tiny.json")
     start = time.monotonic()
     proc = subprocess.run([str(BIN / "mpiexec"), "-n", "2", sys.executable, str(REPO / "pretrain/run_pretrain.py"),
-                           *pretrain_args(corpus, model, tmp_path / "run", 5)],
+                           *pretrain_args(corpus, model, tmp_path / "run", 5, "--ep-size", "4")],
                           env=subprocess_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode != 0
-    assert "ep_size 4 does not divide the world size 2" in proc.stderr
+    assert "--ep-size 4 does not divide the 2 rank(s)" in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
     assert time.monotonic() - start < 60

@@ -205,7 +205,8 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients():
     results = []
     for flag in (False, True):
         torch.manual_seed(0)
-        model = WideNetForPreTraining(_tiny(activation_checkpointing=flag, routing_groups=2))
+        model = WideNetForPreTraining(_tiny(routing_groups=2))
+        model.set_activation_checkpointing(flag)
         model.ensure_process_groups()
         torch.manual_seed(1)
         out = model(ids, mlm_labels=labels, sop_labels=torch.tensor([0, 1]))

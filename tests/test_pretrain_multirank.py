@@ -39,7 +39,7 @@ def inputs(tmp_path_factory, shared_data):
     root = tmp_path_factory.mktemp("multirank")
     return {
         "data": prepare_data(root / "data", [shared_data / b for b in BOOKS]),
-        "model": write_model_config(root / "widenet_ep2.json", moe={"ep_size": 2}),
+        "model": write_model_config(root / "widenet.json"),
         "ds": write_ds_config(root / "zero2.json", zero_optimization={"stage": 2}),
         "root": root,
     }
@@ -49,7 +49,7 @@ def run_args(inputs, output_dir: Path, *extra: str) -> list[str]:
     return ["--model-config", str(inputs["model"]), "--deepspeed_config", str(inputs["ds"]),
             "--data", str(inputs["data"]), "--output-dir", str(output_dir), "--max-steps", str(STEPS),
             "--log-interval", "1", "--save-interval", str(SAVE_EVERY), "--eval-interval", "5",
-            "--eval-batches", "2", "--no-progress-bar", *extra]
+            "--eval-batches", "2", "--ep-size", "2", "--no-progress-bar", *extra]
 
 
 def launch_env() -> dict[str, str]:

@@ -64,7 +64,7 @@ def test_pretrain_sbatch_trains_on_two_ranks_and_resumes_after_preemption(cluste
     run = tmp_path / "run"
     log = tmp_path / "job.log"
     env = dict(cluster.env, DATA=str(corpus), DS_CONFIG=str(DS_CONFIG), OUTPUT_DIR=str(run),
-               MODEL_CONFIG=str(tiny_model_config(tmp_path / "tiny_ep2.json", ep_size=2)),
+               MODEL_CONFIG=str(tiny_model_config(tmp_path / "tiny.json")), EP_SIZE="2",
                EXTRA_ARGS=f"--max-steps {max_steps} --log-interval 1 --save-interval 5 --keep-last 10 "
                           f"--eval-interval 0 --no-tensorboard --seed 7")
     job = cluster.sbatch(*TWO_RANKS, f"--output={log}", str(PRETRAIN_SBATCH), env=env)

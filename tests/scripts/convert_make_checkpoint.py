@@ -33,9 +33,8 @@ MICRO_BATCH = 4
 CPU_CONFIG = Path(__file__).resolve().parents[2] / "ds_configs" / "cpu_small.json"
 
 
-def model_config(ep_size: int) -> ModelConfig:
-    return ModelConfig.from_preset("widenet-tiny-e4", vocab_size=VOCAB, max_position_embeddings=64,
-                                   moe={"ep_size": ep_size})
+def model_config() -> ModelConfig:
+    return ModelConfig.from_preset("widenet-tiny-e4", vocab_size=VOCAB, max_position_embeddings=64)
 
 
 def fixed_batch(rank: int, seed: int = 100) -> dict[str, torch.Tensor]:
@@ -62,7 +61,7 @@ def build(ep_size: int, zero_stage: int, world: int):
     ds = dict(json.loads(CPU_CONFIG.read_text()), zero_optimization={"stage": zero_stage},
               train_batch_size=MICRO_BATCH * world, train_micro_batch_size_per_gpu=MICRO_BATCH)
     settings = validate_ds_config(ds, world_size=world, has_moe=True, cuda_available=False)
-    engine, _ = build_engine(WideNetForPreTraining(model_config(ep_size)), settings)
+    engine, _ = build_engine(WideNetForPreTraining(model_config(), ep_size=ep_size), settings)
     return engine, settings
 
 
@@ -83,7 +82,7 @@ def save(out_dir: Path, ep_size: int, zero_stage: int) -> None:
         out = engine(**fixed_batch(rank, seed=500 + 10 * step))
         engine.backward(out.loss)
         engine.step()
-    meta = {"model_config": model_config(ep_size).to_dict(), "deepspeed_config": settings.config}
+    meta = {"model_config": model_config().to_dict(), "ep_size": ep_size, "deepspeed_config": settings.config}
     CheckpointManager(out_dir / "checkpoints", keep_last=2, rank=rank, world_size=world).save(
         engine, TrainingState(step=2, samples=2 * MICRO_BATCH * world), FixedBatchLoader(), meta)
     save_logits(engine, rank, str(out_dir / f"logits.rank{rank}.safetensors"))
@@ -98,7 +97,7 @@ def load(tag_dir: Path, ep_size: int, out_prefix: str, folder: str | None) -> No
     assert path is not None, f"DeepSpeed loaded nothing from {tag_dir}"
     save_logits(engine, rank, f"{out_prefix}.rank{rank}.safetensors")
     if folder:
-        model, report = load_pretrained(WideNetForPreTraining, folder, model_overrides={"moe": {"ep_size": ep_size}})
+        model, report = load_pretrained(WideNetForPreTraining, folder, ep_size=ep_size)
         print(f"rank {rank}: {report.summary()}", flush=True)
         folder_engine, _ = build_engine(model, settings)
         save_logits(folder_engine, rank, f"{out_prefix}.folder.rank{rank}.safetensors")

@@ -23,8 +23,7 @@ def fixed_batch(rank: int):
 
 def build(ep_size: int) -> WideNetForPreTraining:
     torch.manual_seed(1234)
-    return WideNetForPreTraining(ModelConfig.from_preset("widenet-tiny-e4", vocab_size=300,
-                                                         moe={"ep_size": ep_size}))
+    return WideNetForPreTraining(ModelConfig.from_preset("widenet-tiny-e4", vocab_size=300), ep_size=ep_size)
 
 
 def main(out_prefix: str, ep_size: int) -> None:

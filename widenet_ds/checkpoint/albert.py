@@ -254,7 +254,7 @@ def upcycle(cfg: ModelConfig, state: dict[str, Tensor], num_experts: int, noise:
     if num_experts < 2 or noise < 0:
         raise ConfigError(f"--upcycle-experts {num_experts} must be >= 2 and --upcycle-noise {noise} >= 0.")
     data = cfg.to_dict()
-    data.update(ffn="moe", share_layernorm=False, moe={**data["moe"], "num_experts": num_experts, "ep_size": 1})
+    data.update(ffn="moe", share_layernorm=False, moe={**data["moe"], "num_experts": num_experts})
     widenet = ModelConfig.from_dict(data)
     generator = torch.Generator().manual_seed(seed)
     out: dict[str, Tensor] = {}

@@ -27,7 +27,6 @@ file -- e.g. a `__reduce__` that would call `os.system` -- is refused.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +34,10 @@ import torch
 from torch import Tensor
 
 from widenet_ds.checkpoint.format import PortableCheckpoint, infer_architecture, is_expert_key
-from widenet_ds.checkpoint.training import LATEST_FILE, META_FILE
+from widenet_ds.checkpoint.training import META_FILE, MODEL_STATES, read_meta, resolve_tag_dir, trained_ep_size
 from widenet_ds.errors import CheckpointError
 from widenet_ds.model.config import ModelConfig
 
-MODEL_STATES = "mp_rank_00_model_states.pt"
 TOKENIZER_NAMES = ("tokenizer.json", "vocab.txt")
 
 
@@ -47,48 +45,12 @@ def expert_file(tag_dir: Path, layer: int, expert: int) -> Path:
     return Path(tag_dir) / f"layer_{layer}_expert_{expert}_mp_rank_00_model_states.pt"
 
 
-def _tags(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if (p / MODEL_STATES).is_file()) if folder.is_dir() else []
-
-
-def resolve_tag_dir(source: Path, tag: str | None = None) -> Path:
-    """The tag folder of `source`: a tag folder itself, or a checkpoints / run output folder (+ `tag`, or the
-    tag its `latest` file names)."""
-    source = Path(source)
-    if not source.exists():
-        raise CheckpointError(f"checkpoint {source} does not exist.")
-    parents = [source, source / "checkpoints"]
-    if tag is not None:
-        for parent in parents:
-            if (parent / tag).is_dir():
-                return parent / tag
-        available = sorted({t for parent in parents for t in _tags(parent)})
-        raise CheckpointError(f"checkpoint tag {tag!r} does not exist in {source}; available tags: "
-                              f"{', '.join(available) or 'none'}.")
-    if (source / MODEL_STATES).is_file() or (source / META_FILE).is_file():
-        return source
-    for parent in parents:
-        if (parent / LATEST_FILE).is_file():
-            latest = (parent / LATEST_FILE).read_text().strip()
-            if not (parent / latest).is_dir():
-                raise CheckpointError(f"{parent / LATEST_FILE} names tag {latest!r}, which does not exist in {parent}.")
-            return parent / latest
-    raise CheckpointError(f"no DeepSpeed checkpoint at {source}: expected a tag folder holding {MODEL_STATES}, or a "
-                          f"folder with a '{LATEST_FILE}' file (pass --tag to pick one; found tags: "
-                          f"{', '.join(sorted({t for p in parents for t in _tags(p)})) or 'none'}).")
-
-
-def read_marker(tag_dir: Path) -> dict[str, Any] | None:
-    path = tag_dir / META_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def _model_config(tag_dir: Path, meta: dict | None, states: dict, explicit: Path | None) -> ModelConfig:
     if explicit is not None:
         return ModelConfig.from_json(explicit)
     for where, holder in ((META_FILE, meta or {}), (f"{MODEL_STATES} client state", states)):
         if isinstance(holder.get("model_config"), dict):
-            return ModelConfig.from_dict(holder["model_config"])
+            return ModelConfig.from_stored(holder["model_config"])[0]
     raise CheckpointError(f"{tag_dir} does not record its model config (no {META_FILE} and no 'model_config' in the "
                           f"client state); pass --model-config with the JSON the run was trained with.")
 
@@ -108,14 +70,14 @@ def precision(states: dict) -> str:
 def read_deepspeed_checkpoint(source: Path, *, tag: str | None = None,
                               model_config: Path | None = None) -> PortableCheckpoint:
     """All weights of a DeepSpeed checkpoint, experts by global index, checked against the model config."""
-    tag_dir = resolve_tag_dir(source, tag)
+    tag_dir = resolve_tag_dir(source, tag, require_marker=False)
     if any(tag_dir.glob("zero_pp_rank_*_mp_rank_*_model_states.pt")):
         raise CheckpointError(f"{tag_dir} is a ZeRO stage 3 checkpoint; DeepSpeed MoE trains with ZeRO 1/2 only, and "
                               f"widenet-ds converts those.")
     if any(tag_dir.glob("mp_rank_0[1-9]_model_states.pt")):
         raise CheckpointError(f"{tag_dir} holds several model-parallel ranks; widenet-ds trains without tensor "
                               f"parallelism and cannot merge them.")
-    meta = read_marker(tag_dir)
+    meta = read_meta(tag_dir, required=False)
     states = load_torch_file(tag_dir / MODEL_STATES)
     if not isinstance(states, dict) or not isinstance(states.get("module"), dict):
         raise CheckpointError(f"{tag_dir / MODEL_STATES} holds no 'module' state dict; not a DeepSpeed checkpoint.")
@@ -148,6 +110,7 @@ def read_deepspeed_checkpoint(source: Path, *, tag: str | None = None,
     provenance = {
         "source": str(tag_dir.resolve()), "tag": tag_dir.name, "step": step,
         "world_size": (meta or {}).get("world_size", states.get("dp_world_size")),
+        "trained_with_ep_size": trained_ep_size(meta) if meta else None,
         "zero_stage": zero_stage(states), "training_precision": precision(states),
         "weights": ("the engine's fp32 weights (= the optimizer's master weights)" if precision(states) == "fp32"
                     else f"the engine's {precision(states)} weights (the fp32 master copy in the ZeRO shards is "
@@ -161,8 +124,8 @@ def read_deepspeed_checkpoint(source: Path, *, tag: str | None = None,
 
 def find_tokenizer_files(source: Path, tag: str | None = None) -> tuple[Path, ...]:
     """Tokenizer files saved with a run: in its output folder, or the data folder its marker names."""
-    tag_dir = resolve_tag_dir(source, tag)
-    meta = read_marker(tag_dir) or {}
+    tag_dir = resolve_tag_dir(source, tag, require_marker=False)
+    meta = read_meta(tag_dir, required=False) or {}
     candidates = [tag_dir.parent.parent, tag_dir.parent]
     for key in ("tokenizer_dir", "data_dir"):
         if meta.get(key):

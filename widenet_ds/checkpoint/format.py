@@ -6,9 +6,10 @@
     <folder>/tokenizer.json, vocab.txt   when known
     <folder>/README.md          where it came from (source checkpoint, step)
 
-Experts are stored by global index (the keys a model with `moe.ep_size = 1` has), e.g.
+Experts are stored by global index (the keys a model built with `ep_size=1` has), e.g.
 `widenet.encoder.ffn.0.moe.deepspeed_moe.experts.deepspeed_experts.<global>.fc_in.weight`, the names
-DeepSpeed's per-expert files also use. `config.json` records the ep_size it was trained with; any ep_size
+DeepSpeed's per-expert files also use. `config.json` records, as provenance, the ep_size it was trained
+with (`trained_with_ep_size`); any ep_size
 loads it: each rank takes the experts `MoEFeedForward.global_expert_indices()` says it holds.
 
 Every load checks key sets and shapes against the config: an unknown, missing or mis-shaped key is an
@@ -75,9 +76,8 @@ def expected_shapes(architecture: str, cfg: ModelConfig, num_labels: int | None 
     classes = architectures()
     if architecture not in classes:
         raise CheckpointError(f"unknown architecture {architecture!r}; known: {', '.join(classes)}.")
-    canonical = ModelConfig.from_dict({**cfg.to_dict(), "moe": {**cfg.to_dict()["moe"], "ep_size": 1}})
-    with torch.device("meta"):
-        model = classes[architecture](canonical, **_model_kwargs(architecture, num_labels))
+    with torch.device("meta"):  # ep_size 1: every expert, by global index
+        model = classes[architecture](cfg, **_model_kwargs(architecture, num_labels))
     return {key: tuple(t.shape) for key, t in model.state_dict().items()}
 
 
@@ -177,7 +177,7 @@ def save_folder(checkpoint: PortableCheckpoint, target: Path, *, dtype: str = "f
     checkpoint.check(f"weights for {target}")
     config = {"format_version": FORMAT_VERSION, "architecture": checkpoint.architecture,
               "model": checkpoint.config.to_dict(), "num_labels": checkpoint.num_labels, "dtype": dtype,
-              "experts": "stored by global index; any moe.ep_size dividing num_experts loads them",
+              "experts": "stored by global index; any ep_size dividing num_experts loads them",
               "provenance": checkpoint.provenance}
     with atomic_folder(target, overwrite, CheckpointError) as tmp:
         state = {k: t.to(DTYPES[dtype]) if t.is_floating_point() else t for k, t in checkpoint.state.items()}
@@ -191,7 +191,9 @@ def save_folder(checkpoint: PortableCheckpoint, target: Path, *, dtype: str = "f
 
 def _readme(checkpoint: PortableCheckpoint, dtype: str, tokenizer_names: list[str]) -> str:
     cfg = checkpoint.config
-    experts = (f"{cfg.moe.num_experts} experts (trained with ep_size {cfg.moe.ep_size}; stored by global index)"
+    trained = checkpoint.provenance.get("trained_with_ep_size")
+    experts = (f"{cfg.moe.num_experts} experts (stored by global index"
+               + (f"; trained with ep_size {trained}" if trained else "") + ")"
                if cfg.is_moe else "dense FFN")
     lines = [f"# {checkpoint.architecture} (widenet-ds checkpoint folder, format {FORMAT_VERSION})", "",
              f"- written: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
@@ -226,7 +228,7 @@ def read_folder(folder: Path) -> PortableCheckpoint:
         if key not in config:
             raise CheckpointError(f"{config_path} has no {key!r} entry; the folder is damaged, convert it again.")
     try:
-        model_config = ModelConfig.from_dict(config["model"])
+        model_config, run_settings = ModelConfig.from_stored(config["model"])
     except ConfigError as err:
         raise CheckpointError(f"{config_path}: {err}") from None
     weights_path = folder / WEIGHTS_FILE
@@ -234,7 +236,10 @@ def read_folder(folder: Path) -> PortableCheckpoint:
         pickles = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl"))
         hint = f" (found {', '.join(pickles)}: pickles are refused)" if pickles else ""
         raise CheckpointError(f"{folder} has no {WEIGHTS_FILE}{hint}; the folder is incomplete.")
+    provenance = dict(config.get("provenance", {}))
+    if "ep_size" in run_settings:  # a folder written before 0.2 kept it in the model config
+        provenance.setdefault("trained_with_ep_size", run_settings["ep_size"])
     checkpoint = PortableCheckpoint(model_config, config["architecture"], read_safetensors(weights_path),
-                                    config.get("num_labels"), config.get("provenance", {}))
+                                    config.get("num_labels"), provenance)
     checkpoint.check(f"{folder}: {CONFIG_FILE} vs {WEIGHTS_FILE}")
     return checkpoint

@@ -23,7 +23,6 @@ from widenet_ds.checkpoint.format import (
     read_folder,
 )
 from widenet_ds.errors import CheckpointError
-from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.moe import MoEFeedForward
 
 
@@ -90,11 +89,11 @@ def load_into(model: nn.Module, checkpoint: PortableCheckpoint, source: str) -> 
     cfg = getattr(model, "cfg", None)
     is_moe = cfg is not None and cfg.is_moe
     return LoadReport(source, checkpoint.architecture, len(loaded), new, unused, experts,
-                      checkpoint.config.moe.ep_size if checkpoint.config.is_moe else None,
-                      cfg.moe.ep_size if is_moe else None, dict(checkpoint.provenance))
+                      checkpoint.provenance.get("trained_with_ep_size") if checkpoint.config.is_moe else None,
+                      getattr(model, "ep_size", 1) if is_moe else None, dict(checkpoint.provenance))
 
 
-def load_pretrained(cls: type[nn.Module], source, *, model_overrides: dict[str, Any] | None = None,
+def load_pretrained(cls: type[nn.Module], source, *, ep_size: int = 1, model_overrides: dict[str, Any] | None = None,
                     tag: str | None = None, model_config: Path | None = None,
                     **model_kwargs: Any) -> tuple[nn.Module, LoadReport]:
     """`load_pretrained(cls, source)` -> (model, report): build `cls` with the saved config, load the weights.
@@ -102,20 +101,15 @@ def load_pretrained(cls: type[nn.Module], source, *, model_overrides: dict[str, 
     source: a checkpoint folder, or a DeepSpeed checkpoint of any ep_size and world size (a tag folder, a
       checkpoints folder or a run's output folder; `tag` picks one, default the latest complete one).
     model_overrides: config fields that keep the shapes (dropouts, `moe.capacity_factor`, ...), `moe` as a
-      dict; `moe.ep_size` is this run's expert parallelism (default 1: every expert in this process).
+      dict (`ModelConfig.replace`).
+    ep_size: this run's expert parallelism (default 1: every expert in this process).
     model_config: a model-config JSON for DeepSpeed checkpoints that do not record theirs.
     model_kwargs: the task model's own arguments (`num_labels` for sequence classification).
     Log `report.summary()`: what was loaded, newly initialised and left unused.
     """
     checkpoint = read_checkpoint(Path(source), tag=tag, model_config=model_config)
-    data = checkpoint.config.to_dict()
-    overrides = dict(model_overrides or {})
-    moe = dict(overrides.pop("moe", None) or {})
-    if checkpoint.config.is_moe:
-        moe.setdefault("ep_size", 1)
-    data["moe"] = {**data["moe"], **moe}
-    cfg = ModelConfig.from_dict({**data, **overrides})
+    cfg = checkpoint.config.replace(**dict(model_overrides or {}))
     if cls.__name__ == checkpoint.architecture == "WideNetForSequenceClassification":
         model_kwargs.setdefault("num_labels", checkpoint.num_labels)
-    model = cls(cfg, **model_kwargs)
+    model = cls(cfg, ep_size=ep_size, **model_kwargs)
     return model, load_into(model, checkpoint, str(source))

@@ -22,17 +22,11 @@ from pathlib import Path
 import torch
 
 from widenet_ds.atomic import atomic_folder
-from widenet_ds.checkpoint.deepspeed import (
-    MODEL_STATES,
-    expert_file,
-    load_torch_file,
-    read_deepspeed_checkpoint,
-    read_marker,
-    resolve_tag_dir,
-)
-from widenet_ds.checkpoint.training import FORMAT_VERSION, LATEST_FILE, META_FILE, config_sha256
+from widenet_ds.checkpoint.deepspeed import expert_file, load_torch_file, read_deepspeed_checkpoint
+from widenet_ds.checkpoint.training import (FORMAT_VERSION, LATEST_FILE, META_FILE, MODEL_STATES, config_sha256,
+                                            read_meta, resolve_tag_dir)
 from widenet_ds.errors import CheckpointError, ConfigError
-from widenet_ds.model.config import ModelConfig
+from widenet_ds.runtime.distributed import check_ep_size
 
 # Entries of the model-states file that describe the optimizer partitioning of the old layout.
 _OPTIMIZER_LAYOUT = ("optimizer", "param_shapes", "shared_params", "frozen_param_shapes", "frozen_param_fragments")
@@ -41,26 +35,22 @@ _OPTIMIZER_LAYOUT = ("optimizer", "param_shapes", "shared_params", "frozen_param
 def reshard(source: Path, target: Path, *, ep_size: int, world_size: int, tag: str | None = None,
             model_config: Path | None = None, overwrite: bool = False) -> Path:
     """Write `<target>/<tag>/` + `<target>/latest`; returns the new tag folder."""
-    tag_dir = resolve_tag_dir(source, tag)
+    tag_dir = resolve_tag_dir(source, tag, require_marker=False)
     checkpoint = read_deepspeed_checkpoint(tag_dir, model_config=model_config)  # complete and consistent
     cfg = checkpoint.config
-    if world_size <= 0 or ep_size <= 0:
-        raise ConfigError(f"--ep-size {ep_size} and --world-size {world_size} must be positive.")
-    if world_size % ep_size:
-        raise ConfigError(f"--ep-size {ep_size} does not divide --world-size {world_size}; each group of ep_size "
-                          f"consecutive ranks holds all experts once.")
-    new_data = cfg.to_dict()
-    new_data["moe"]["ep_size"] = ep_size
-    new_cfg = ModelConfig.from_dict(new_data)  # refuses an ep_size that does not divide num_experts / a dense model
+    if world_size <= 0:
+        raise ConfigError(f"--world-size {world_size} must be positive.")
+    check_ep_size(ep_size, world_size, cfg.moe.num_experts if cfg.is_moe else None)
 
     states = load_torch_file(tag_dir / MODEL_STATES)
     states.update({name: None for name in _OPTIMIZER_LAYOUT if name in states})
     states["dp_world_size"] = world_size
-    meta = read_marker(tag_dir) or {}
+    meta = read_meta(tag_dir, required=False) or {}
     new_meta = {**meta, "format_version": FORMAT_VERSION, "step": checkpoint.provenance["step"],
                 "samples": meta.get("samples", states.get("global_samples")), "world_size": world_size,
-                "model_config": new_cfg.to_dict(), "model_config_sha256": config_sha256(new_cfg.to_dict()),
-                "resharded_from": {"source": str(tag_dir.resolve()), "ep_size": cfg.moe.ep_size if cfg.is_moe else None,
+                "ep_size": ep_size, "model_config": cfg.to_dict(), "model_config_sha256": config_sha256(cfg.to_dict()),
+                "resharded_from": {"source": str(tag_dir.resolve()),
+                                   "ep_size": checkpoint.provenance["trained_with_ep_size"],
                                    "world_size": checkpoint.provenance["world_size"]},
                 "optimizer_states": False}
 

@@ -30,13 +30,13 @@ import torch.distributed as torch_dist
 
 from widenet_ds.atomic import atomic_write_json, atomic_write_text
 from widenet_ds.errors import CheckpointError
+from widenet_ds.model.config import split_run_settings
 
 META_FILE = "widenet_checkpoint.json"
 LATEST_FILE = "latest"
 FORMAT_VERSION = 1
 _TAG = re.compile(r"^step(\d+)$")
-# Fields that change neither the weights' shapes nor their meaning: a run may resume with them changed.
-_RUNTIME_ONLY_FIELDS = ("activation_checkpointing",)
+MODEL_STATES = "mp_rank_00_model_states.pt"  # the rank-0 file of a DeepSpeed tag folder
 
 
 @dataclass
@@ -60,43 +60,77 @@ def _rank_file(tag_dir: Path, rank: int) -> Path:
 
 
 # --- finding and checking checkpoints ---------------------------------------------------------------
-def read_meta(tag_dir: Path) -> dict[str, Any]:
+def read_meta(tag_dir: Path, required: bool = True) -> dict[str, Any] | None:
+    """The completion marker of a tag folder (None if absent and not `required`)."""
     path = Path(tag_dir) / META_FILE
     if not path.is_file():
+        if not required:
+            return None
         raise CheckpointError(f"{tag_dir} is not a complete widenet-ds checkpoint (no {META_FILE}); it is "
                               f"partial or from another program. Resume from a complete one (see "
                               f"{Path(tag_dir).parent / LATEST_FILE}).")
     return json.loads(path.read_text())
 
 
+def _tags(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if (p / MODEL_STATES).is_file()) if folder.is_dir() else []
+
+
+def resolve_tag_dir(source: Path, tag: str | None = None, *, require_marker: bool = True) -> Path:
+    """The one checkpoint-tag resolver: `source` is a tag folder, a checkpoints folder or a run's output
+    folder; `tag` picks a tag, else the one `latest` names.
+
+    require_marker: training (resume, a new phase) needs a complete widenet-ds checkpoint (marker written
+    last); conversion also reads DeepSpeed tag folders of other programs (no marker)."""
+    source = Path(source)
+    if not source.exists():
+        raise CheckpointError(f"checkpoint {source} does not exist.")
+    parents = [source, source / "checkpoints"]
+    found = None
+    if tag is not None:
+        found = next((parent / tag for parent in parents if (parent / tag).is_dir()), None)
+        if found is None:
+            available = sorted({t for parent in parents for t in _tags(parent)})
+            raise CheckpointError(f"checkpoint tag {tag!r} does not exist in {source}; available tags: "
+                                  f"{', '.join(available) or 'none'}.")
+    elif (source / MODEL_STATES).is_file() or (source / META_FILE).is_file():
+        found = source
+    else:
+        for parent in parents:
+            if (parent / LATEST_FILE).is_file():
+                latest = (parent / LATEST_FILE).read_text().strip()
+                if not (parent / latest).is_dir():
+                    raise CheckpointError(f"{parent / LATEST_FILE} names tag {latest!r}, which does not exist in "
+                                          f"{parent}.")
+                found = parent / latest
+                break
+    if found is None:
+        raise CheckpointError(f"no widenet-ds checkpoint at {source}: expected a tag folder holding {META_FILE} "
+                              f"(e.g. <output>/checkpoints/step1000) or a checkpoints folder with a '{LATEST_FILE}' "
+                              f"file (found tags: {', '.join(sorted({t for p in parents for t in _tags(p)})) or 'none'}).")
+    if require_marker:
+        read_meta(found)  # refuses a partial checkpoint, or a `latest` pointing at one
+    return found
+
+
 def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
-    """The tag folder named by `latest`, or None when the folder holds no complete checkpoint yet."""
-    latest = Path(checkpoint_dir) / LATEST_FILE
-    if not latest.is_file():
+    """The complete tag folder `latest` names, or None when the folder holds no checkpoint yet."""
+    if not (Path(checkpoint_dir) / LATEST_FILE).is_file():
         return None
-    tag_dir = Path(checkpoint_dir) / latest.read_text().strip()
-    read_meta(tag_dir)  # refuses a `latest` pointing at a partial checkpoint
-    return tag_dir
+    return resolve_tag_dir(checkpoint_dir)
 
 
-def resolve_checkpoint(path: Path) -> Path:
-    """A tag folder, or a checkpoints folder (then its latest complete tag)."""
-    path = Path(path)
-    if (path / META_FILE).is_file():
-        return path
-    for folder in (path, path / "checkpoints"):
-        if (folder / LATEST_FILE).is_file():
-            return latest_checkpoint(folder)
-    raise CheckpointError(f"no widenet-ds checkpoint at {path}: expected a folder holding {META_FILE} (e.g. "
-                          f"<output>/checkpoints/step1000) or a checkpoints folder with a '{LATEST_FILE}' file.")
+def trained_ep_size(meta: dict[str, Any]) -> int:
+    """The expert-parallel size a checkpoint was saved with (DeepSpeed lays its files out per ep rank)."""
+    if "ep_size" in meta:
+        return meta["ep_size"]
+    return split_run_settings(meta.get("model_config") or {})[1].get("ep_size", 1)  # written before 0.2
 
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
     """`field: saved -> current` for every differing model-config field (nested ones dotted)."""
     lines = []
     for key in sorted(set(saved) | set(current)):
-        if not prefix and key in _RUNTIME_ONLY_FIELDS:
-            continue
         a, b = saved.get(key, "<absent>"), current.get(key, "<absent>")
         if isinstance(a, dict) and isinstance(b, dict):
             lines += config_differences(a, b, f"{prefix}{key}.")
@@ -105,10 +139,9 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: s
     return lines
 
 
-def check_same_model(meta: dict[str, Any], model_config: dict[str, Any], where: Path,
-                     ignore: tuple[str, ...] = ()) -> None:
-    diffs = [d for d in config_differences(meta["model_config"], model_config)
-             if d.split(":")[0] not in ignore]
+def check_same_model(meta: dict[str, Any], model_config: dict[str, Any], where: Path) -> None:
+    saved, _ = split_run_settings(meta["model_config"])
+    diffs = config_differences(saved, model_config)
     if diffs:
         raise CheckpointError(f"checkpoint {where} is of another model config; differing fields:\n  "
                               + "\n  ".join(diffs)

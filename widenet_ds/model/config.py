@@ -48,12 +48,21 @@ def _check_fraction(obj: Any, *names: str) -> None:
             raise ConfigError(f"{type(obj).__name__}.{name} = {value!r} must be in [0, 1).")
 
 
+# Run settings that configs written before widenet-ds 0.2 kept in the model config. They are not part of
+# the model: the expert-parallel size is `--ep-size` and activation checkpointing `--activation-checkpointing`
+# of a run. Stored configs (checkpoints, folders) that carry them still load (`ModelConfig.from_stored`).
+RUN_SETTINGS = {"activation_checkpointing": "--activation-checkpointing", "ep_size": "--ep-size"}
+
+
 def _from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
     """Build a dataclass from a dict, refusing unknown keys with a did-you-mean hint."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a JSON object, got {type(data).__name__}.")
     names = {f.name for f in dataclasses.fields(cls)}
     for key in data:
+        if key in RUN_SETTINGS and key not in names:
+            raise ConfigError(f"{where}: {key!r} is a run setting, not part of the model config; remove it and "
+                              f"pass {RUN_SETTINGS[key]} to the pretraining or finetuning run.")
         if key not in names:
             hint = difflib.get_close_matches(key, names, n=1)
             fix = f" Did you mean {hint[0]!r}?" if hint else f" Known keys: {sorted(names)}."
@@ -61,9 +70,23 @@ def _from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
     return cls(**data)
 
 
+def split_run_settings(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(a stored model-config dict without the run settings of RUN_SETTINGS, those settings)."""
+    data = dict(data)
+    settings = {}
+    if "activation_checkpointing" in data:
+        settings["activation_checkpointing"] = data.pop("activation_checkpointing")
+    moe = data.get("moe")
+    if isinstance(moe, dict) and "ep_size" in moe:
+        settings["ep_size"] = moe["ep_size"]
+        data["moe"] = {k: v for k, v in moe.items() if k != "ep_size"}
+    return data, settings
+
+
 @dataclass
 class MoEConfig:
-    """The shared Mixture-of-Experts layer: router, capacity, balance loss, expert parallelism.
+    """The shared Mixture-of-Experts layer: router, capacity, balance loss (expert parallelism is a run
+    setting, `--ep-size`, not part of the model).
 
     Defaults are the paper's NLP setting (K = 2, C = 1.2, lambda = 0.01, Gaussian logit noise with std
     1/E, raw top-k probabilities as combine weights). DeepSpeed's own choices are options: `noise =
@@ -72,7 +95,7 @@ class MoEConfig:
 
     `dispatch`: "deepspeed" runs DeepSpeed's capacity buffers (B = ceil(K * C * T / E) slots per expert,
     overflow dropped); "dropless" runs every route on exactly its tokens (no capacity, nothing dropped,
-    capacity factors and drop_tokens unused; ep_size 1), see widenet_ds/model/dropless.py.
+    capacity factors and drop_tokens unused), see widenet_ds/model/dropless.py.
     """
 
     num_experts: int = 4
@@ -86,23 +109,17 @@ class MoEConfig:
     combine_weights: CombineWeights = "raw"
     balance_loss: BalanceLoss = "switch"
     balance_loss_weight: float = 0.01
-    ep_size: int = 1
     dispatch: Dispatch = "deepspeed"
 
     def __post_init__(self) -> None:
-        _check_positive(self, "num_experts", "top_k", "capacity_factor", "eval_capacity_factor", "ep_size")
-        for name in ("num_experts", "top_k", "min_capacity", "ep_size"):
+        _check_positive(self, "num_experts", "top_k", "capacity_factor", "eval_capacity_factor")
+        for name in ("num_experts", "top_k", "min_capacity"):
             if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
                 raise ConfigError(f"MoEConfig.{name} = {getattr(self, name)!r} must be an integer.")
         if self.top_k > self.num_experts:
             raise ConfigError(
                 f"MoEConfig.top_k = {self.top_k} exceeds num_experts = {self.num_experts}; "
                 f"lower top_k or add experts.")
-        if self.num_experts % self.ep_size:
-            raise ConfigError(
-                f"MoEConfig.num_experts = {self.num_experts} is not divisible by ep_size = {self.ep_size}; "
-                f"each expert-parallel rank must hold the same number of experts: pick an ep_size that "
-                f"divides {self.num_experts}.")
         if self.min_capacity < 0:
             raise ConfigError(f"MoEConfig.min_capacity = {self.min_capacity} must be >= 0.")
         if self.balance_loss_weight < 0:
@@ -110,11 +127,6 @@ class MoEConfig:
         for name, literal in (("noise", NoisePolicy), ("combine_weights", CombineWeights),
                               ("balance_loss", BalanceLoss), ("dispatch", Dispatch)):
             _check_choice(self, name, literal)
-        if self.dispatch == "dropless" and self.ep_size != 1:
-            raise ConfigError(
-                f"MoEConfig.dispatch = 'dropless' runs with ep_size = 1 only (experts on other ranks would need a "
-                f"variable-size all-to-all), but ep_size = {self.ep_size}; set ep_size = 1 or "
-                f"dispatch = 'deepspeed'.")
         if self.noise == "rsample" and self.top_k != 1:
             raise ConfigError(
                 "MoEConfig.noise = 'rsample' is DeepSpeed's top-1 policy; with top_k = 2 use "
@@ -151,7 +163,6 @@ class ModelConfig:
     share_layernorm: bool = False
     ffn: FFNKind = "moe"
     routing_groups: int | None = None
-    activation_checkpointing: bool = False
     moe: MoEConfig = field(default_factory=MoEConfig)
 
     def __post_init__(self) -> None:
@@ -178,10 +189,6 @@ class ModelConfig:
                 raise ConfigError(
                     "ModelConfig.routing_groups < num_layers reuses one router's decisions across blocks, "
                     "which needs share_ffn = true; set share_ffn = true or routing_groups = num_layers.")
-        elif self.moe.ep_size != 1:
-            raise ConfigError(
-                f"ModelConfig.ffn = 'dense' has no experts to place, but moe.ep_size = {self.moe.ep_size}; "
-                f"set moe.ep_size = 1 or ffn = 'moe'.")
         if self.share_layernorm and not (self.share_attention and self.share_ffn):
             raise ConfigError(
                 "ModelConfig.share_layernorm = true with unshared attention/FFN has no counterpart in the paper "
@@ -201,6 +208,14 @@ class ModelConfig:
         """Routing calls per forward: one per block, fewer with routing groups."""
         return self.routing_groups if self.is_moe else 0
 
+    @property
+    def routing_blocks(self) -> list[int]:
+        """Block index of each routing call: the first block of every routing group."""
+        if not self.is_moe:
+            return []
+        per_group = self.num_layers // self.routing_groups
+        return [group * per_group for group in range(self.routing_groups)]
+
     # -- (de)serialisation ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -210,6 +225,21 @@ class ModelConfig:
         data = dict(data)
         data.pop("format_version", None)
         return _from_dict(cls, data, "ModelConfig")
+
+    @classmethod
+    def from_stored(cls, data: dict[str, Any]) -> tuple["ModelConfig", dict[str, Any]]:
+        """A config read back from a checkpoint or folder -> (config, run settings it recorded).
+
+        Configs written before widenet-ds 0.2 hold `moe.ep_size` and `activation_checkpointing`; they are
+        returned as run settings (provenance), not refused."""
+        model, settings = split_run_settings(data)
+        return cls.from_dict(model), settings
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        """A copy with fields changed; `moe` as a dict of MoE fields to change."""
+        data = self.to_dict()
+        data["moe"] = {**data["moe"], **(changes.pop("moe", None) or {})}
+        return ModelConfig.from_dict({**data, **changes})
 
     def to_json(self, path: str | os.PathLike) -> None:
         payload = {"format_version": FORMAT_VERSION, **self.to_dict()}
@@ -249,7 +279,7 @@ class ModelConfig:
         if name_or_path in PRESETS:
             return cls.from_preset(name_or_path, **overrides)
         cfg = cls.from_json(name_or_path)
-        return cls.from_dict({**cfg.to_dict(), **overrides}) if overrides else cfg
+        return cfg.replace(**overrides) if overrides else cfg
 
 
 # --- presets ----------------------------------------------------------------------------------------
@@ -300,7 +330,7 @@ def cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="widenet-ds model-config", description=cli.__doc__)
     parser.add_argument("base", help=f"a preset ({', '.join(PRESETS)}) or a model-config JSON")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a field; moe fields as moe.KEY (e.g. moe.ep_size=2); VALUE is JSON "
+                        help="override a field; moe fields as moe.KEY (e.g. moe.num_experts=8); VALUE is JSON "
                              "(numbers, true/false) or a plain string; repeatable")
     parser.add_argument("--output", required=True, help="the JSON file to write")
     args = parser.parse_args(argv)
@@ -308,7 +338,7 @@ def cli(argv: list[str]) -> int:
     for item in args.set:
         key, sep, raw = item.partition("=")
         if not sep:
-            raise ConfigError(f"--set {item!r} is not KEY=VALUE; e.g. --set moe.ep_size=2.")
+            raise ConfigError(f"--set {item!r} is not KEY=VALUE; e.g. --set moe.num_experts=8.")
         try:
             value = json.loads(raw)
         except json.JSONDecodeError:
@@ -317,10 +347,7 @@ def cli(argv: list[str]) -> int:
             overrides.setdefault("moe", {})[key[4:]] = value
         else:
             overrides[key] = value
-    base = ModelConfig.load(args.base)
-    data = base.to_dict()
-    data["moe"] = {**data["moe"], **overrides.pop("moe", {})}
-    cfg = ModelConfig.from_dict({**data, **overrides})
+    cfg = ModelConfig.load(args.base).replace(**overrides)
     cfg.to_json(args.output)
     print(f"wrote {args.output}")
     return 0

@@ -103,16 +103,15 @@ def _expert_parallel_rank(ep_size: int) -> int:
 class MoEFeedForward(nn.Module):
     """Router + experts on DeepSpeed's `MoE` container; one call per block that uses it."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, ep_size: int = 1) -> None:
         super().__init__()
         moe_cfg = cfg.moe
-        if moe_cfg.ep_size > 1 and (not torch.distributed.is_initialized()
-                                    or torch.distributed.get_world_size() % moe_cfg.ep_size):
-            world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-            raise ConfigError(f"moe.ep_size = {moe_cfg.ep_size} does not divide the world size {world}; launch a "
-                              f"multiple of {moe_cfg.ep_size} ranks or lower moe.ep_size.")
+        if moe_cfg.dispatch == "dropless" and ep_size != 1:
+            raise ConfigError(f"moe.dispatch = 'dropless' runs with --ep-size 1 only (experts on other ranks would "
+                              f"need a variable-size all-to-all), but --ep-size is {ep_size}; use --ep-size 1 or "
+                              f"moe.dispatch = 'deepspeed'.")
         expert = FeedForward(cfg.hidden_size, cfg.intermediate_size, cfg.activation)
-        self.moe = MoE(cfg.hidden_size, expert, num_experts=moe_cfg.num_experts, ep_size=moe_cfg.ep_size,
+        self.moe = MoE(cfg.hidden_size, expert, num_experts=moe_cfg.num_experts, ep_size=ep_size,
                        k=moe_cfg.top_k, capacity_factor=moe_cfg.capacity_factor,
                        eval_capacity_factor=moe_cfg.eval_capacity_factor, min_capacity=moe_cfg.min_capacity,
                        drop_tokens=moe_cfg.drop_tokens, use_rts=False,
@@ -121,7 +120,7 @@ class MoEFeedForward(nn.Module):
         self.moe.deepspeed_moe = SharedMOELayer(WideNetGate(cfg.hidden_size, moe_cfg), stock.experts,
                                                 stock.ep_group_name, stock.ep_size, stock.num_local_experts)
         self.num_experts = moe_cfg.num_experts
-        self.ep_size = moe_cfg.ep_size
+        self.ep_size = ep_size
 
     @property
     def gate(self) -> WideNetGate:

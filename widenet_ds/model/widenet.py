@@ -123,9 +123,11 @@ class WideNetEncoder(nn.Module):
     pre-LN (paper eq. 6-8): x = x + MHA(LN_att_i(x)); x = x + FFN(LN_ffn_i(x)); final LayerNorm at the end.
     """
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, ep_size: int = 1) -> None:
         super().__init__()
         self.cfg = cfg
+        # A run setting (memory for compute), switched on by the trainer: set_activation_checkpointing().
+        self.activation_checkpointing = False
         blocks = cfg.num_layers
 
         def copies(make, shared: bool) -> nn.ModuleList:
@@ -136,7 +138,7 @@ class WideNetEncoder(nn.Module):
 
         self.attention = copies(lambda: SelfAttention(cfg), cfg.share_attention)
         if cfg.is_moe:
-            self.ffn = copies(lambda: MoEFeedForward(cfg), cfg.share_ffn)
+            self.ffn = copies(lambda: MoEFeedForward(cfg, ep_size), cfg.share_ffn)
         else:
             self.ffn = copies(lambda: FeedForward(cfg.hidden_size, cfg.intermediate_size, cfg.activation),
                               cfg.share_ffn)
@@ -173,7 +175,7 @@ class WideNetEncoder(nn.Module):
         for i in range(self.cfg.num_layers):
             # Routing groups: the group's first block routes, the others reuse its decisions.
             reuse = routing if i % self.blocks_per_routing_group else None
-            if self.cfg.activation_checkpointing and self.training:
+            if self.activation_checkpointing and self.training:
                 # Non-reentrant: shared weights are used by every block, which reentrant checkpointing under
                 # ZeRO 2 reports as "gradient computed twice".
                 x, used = checkpoint(self._block, i, x, attend, reuse, use_reentrant=False)
@@ -196,11 +198,11 @@ class WideNetEncoder(nn.Module):
 class WideNetModel(nn.Module):
     """Embeddings + encoder + pooler: the body every task model shares."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, ep_size: int = 1) -> None:
         super().__init__()
         self.cfg = cfg
         self.embeddings = FactorizedEmbeddings(cfg)
-        self.encoder = WideNetEncoder(cfg)
+        self.encoder = WideNetEncoder(cfg, ep_size)
         self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
@@ -267,12 +269,20 @@ def _init_weights(model: nn.Module, cfg: ModelConfig) -> None:
 
 
 class WideNetPreTrainedModel(nn.Module):
-    """Shared plumbing of the task models: init, expert groups, the body's balance-loss bookkeeping."""
+    """Shared plumbing of the task models: init, expert groups, the body's balance-loss bookkeeping.
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    `ep_size` (expert parallelism: each rank holds num_experts / ep_size experts) is how the model is laid
+    out over ranks, not what it computes: the trainer passes its run setting here."""
+
+    def __init__(self, cfg: ModelConfig, ep_size: int = 1) -> None:
         super().__init__()
         self.cfg = cfg
-        self.widenet = WideNetModel(cfg)
+        self.ep_size = ep_size
+        self.widenet = WideNetModel(cfg, ep_size)
+
+    def set_activation_checkpointing(self, enabled: bool) -> None:
+        """Recompute each block in the backward pass instead of keeping its activations."""
+        self.widenet.encoder.activation_checkpointing = enabled
 
     def post_init(self) -> None:
         _init_weights(self, self.cfg)
@@ -294,8 +304,8 @@ class WideNetPreTrainedModel(nn.Module):
 class WideNetForPreTraining(WideNetPreTrainedModel):
     """MLM + sentence-order prediction (ALBERT)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: ModelConfig, ep_size: int = 1) -> None:
+        super().__init__(cfg, ep_size)
         self.mlm_head = MaskedLMHead(cfg, self.widenet.embeddings.word)
         self.sop_dropout = nn.Dropout(cfg.classifier_dropout)
         self.sop_head = nn.Linear(cfg.hidden_size, 2)
@@ -325,8 +335,8 @@ class WideNetForPreTraining(WideNetPreTrainedModel):
 class WideNetForSequenceClassification(WideNetPreTrainedModel):
     """GLUE: classification on the pooled [CLS] (num_labels = 1 is regression, e.g. STS-B)."""
 
-    def __init__(self, cfg: ModelConfig, num_labels: int) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: ModelConfig, num_labels: int, ep_size: int = 1) -> None:
+        super().__init__(cfg, ep_size)
         self.num_labels = num_labels
         self.dropout = nn.Dropout(cfg.classifier_dropout)
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
@@ -349,8 +359,8 @@ class WideNetForSequenceClassification(WideNetPreTrainedModel):
 class WideNetForQuestionAnswering(WideNetPreTrainedModel):
     """SQuAD: start/end logits per token; position 0 ([CLS]) is the null answer of SQuAD 2.0."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: ModelConfig, ep_size: int = 1) -> None:
+        super().__init__(cfg, ep_size)
         self.qa_outputs = nn.Linear(cfg.hidden_size, 2)
         self.post_init()
 

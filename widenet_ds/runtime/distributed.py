@@ -4,10 +4,13 @@ all-to-all runs even with ep_size 1), so a single process gets a 1-rank gloo gro
 from __future__ import annotations
 
 import atexit
+import random
 
+import numpy as np
 import torch
 import torch.distributed as torch_dist
 
+from widenet_ds.errors import ConfigError
 from widenet_ds.runtime.launch_env import resolve_launch_env
 
 
@@ -36,9 +39,27 @@ def _destroy_process_groups() -> None:
         torch_dist.destroy_process_group()
 
 
-def rank() -> int:
-    return torch_dist.get_rank() if torch_dist.is_initialized() else 0
+def check_ep_size(ep_size: int, world_size: int, num_experts: int | None) -> None:
+    """The one check of the expert-parallel size, before anything is built: groups of ep_size consecutive
+    ranks each hold num_experts / ep_size experts (num_experts None: a dense model, nothing to place)."""
+    if isinstance(ep_size, bool) or not isinstance(ep_size, int) or ep_size < 1:
+        raise ConfigError(f"--ep-size must be a positive integer, got {ep_size!r}.")
+    if ep_size == 1:
+        return
+    divisors = [d for d in range(1, world_size + 1) if world_size % d == 0
+                and (num_experts is None or num_experts % d == 0)]
+    if num_experts is None:
+        raise ConfigError(f"--ep-size {ep_size} places experts, but the model is dense (ffn = 'dense'); drop --ep-size.")
+    if world_size % ep_size:
+        raise ConfigError(f"--ep-size {ep_size} does not divide the {world_size} rank(s); use one of {divisors} or "
+                          f"launch a multiple of {ep_size} ranks.")
+    if num_experts % ep_size:
+        raise ConfigError(f"--ep-size {ep_size} does not divide the model's {num_experts} experts: each rank of an "
+                          f"expert-parallel group must hold the same number of experts; use one of {divisors}.")
 
 
-def world_size() -> int:
-    return torch_dist.get_world_size() if torch_dist.is_initialized() else 1
+def seed_everything(seed: int) -> None:
+    """Python, NumPy and torch generators (NumPy takes 32-bit seeds)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

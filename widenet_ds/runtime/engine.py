@@ -14,6 +14,8 @@ import logging
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as torch_dist
+from deepspeed.moe.utils import is_moe_param
 from torch import nn
 
 from widenet_ds.errors import ConfigError
@@ -78,3 +80,23 @@ def build_engine(model: nn.Module, settings: DeepSpeedSettings, optimizer_choice
     if plan.implementation == "torch-lamb":
         enable_per_tensor_trust_ratio(engine)
     return engine, plan
+
+
+def expert_grad_norm_stage0(model: torch.nn.Module, ep_size: int) -> float:
+    """Global gradient 2-norm without ZeRO, where DeepSpeed does not compute one (fp32, stage 0).
+    Dense gradients are already averaged over ranks; each expert's gradient lives on the ranks of its
+    expert-parallel position, replicated world / ep_size times."""
+    dense = torch.zeros((), dtype=torch.float64)
+    experts = torch.zeros((), dtype=torch.float64)
+    for p in model.parameters():
+        if p.grad is not None:
+            square = p.grad.detach().double().square().sum().cpu()
+            if is_moe_param(p):
+                experts += square
+            else:
+                dense += square
+    world = torch_dist.get_world_size() if torch_dist.is_initialized() else 1
+    if world > 1:
+        torch_dist.all_reduce(experts)
+        experts /= world // ep_size
+    return float((dense + experts).sqrt())

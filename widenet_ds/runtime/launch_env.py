@@ -11,8 +11,8 @@ One resolver for every way a user starts us, tried in this order:
 MPI comes before Slurm because `mpiexec` inside an allocation also sees SLURM_* variables that
 describe its helper processes, not the ranks; `srun --mpi=pmi2` (same ranks in both) stays Slurm.
 
-Also the checks `launcher.sh` runs before starting anything: `check_hostfile` and `check_world`.
-`python -m widenet_ds.runtime.launch_env check-hostfile --hostfile H [--num-ranks N]` is their command line.
+Also the check `launcher.sh` runs before starting anything: `check_hostfile`.
+`python -m widenet_ds.runtime.launch_env check-hostfile --hostfile H [--num-ranks N]` is its command line.
 """
 
 from __future__ import annotations
@@ -294,18 +294,6 @@ def check_hostfile(path: str | Path, requested_ranks: int | None = None, *, num_
         raise LaunchError(f"{requested_ranks} ranks requested but hostfile {path} offers {total} slots "
                           f"({listing}); request at most {total} ranks or add hosts/slots to the hostfile")
     return slots
-
-
-def check_world(world_size: int, ep_size: int, num_experts: int) -> None:
-    """Expert parallelism splits the world into groups of ep_size ranks holding num_experts/ep_size experts each."""
-    if ep_size < 1 or world_size % ep_size != 0:
-        divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
-        raise LaunchError(f"ep_size {ep_size} does not divide the world size {world_size}; use one of "
-                          f"{divisors} or launch a multiple of {ep_size} ranks")
-    if num_experts % ep_size != 0:
-        raise LaunchError(f"ep_size {ep_size} does not divide num_experts {num_experts}: each of the "
-                          f"{ep_size} ranks of an expert group must hold the same number of experts; "
-                          f"pick ep_size from the divisors of {num_experts} that divide {world_size}")
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 import time
@@ -19,13 +18,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
-import numpy as np
 import torch
 import torch.distributed as torch_dist
 
 from widenet_ds.atomic import atomic_write_json
 from widenet_ds.errors import ConfigError, DataError, WideNetError
-from widenet_ds.runtime.distributed import init_distributed
+from widenet_ds.runtime.distributed import init_distributed, seed_everything
 from widenet_ds.runtime.ds_config import load_ds_config, validate_ds_config
 from widenet_ds.runtime.engine import build_engine
 from widenet_ds.tasks.features import check_max_length, check_tokenizer_matches
@@ -93,12 +91,6 @@ def train(engine, dataset, batching: Batching, accumulation: int, max_steps: int
 
 
 # --- the run ---------------------------------------------------------------------------------------
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def resolve_max_steps(cfg: FinetuneConfig, schedule_steps: int | None, recipe) -> int:
     """--max-steps, else the schedule's length, else the recipe's; never past the schedule's end."""
     steps = cfg.max_steps or schedule_steps or recipe.steps
@@ -113,8 +105,6 @@ def run(cfg: FinetuneConfig, task_run) -> dict[str, Any]:
 
     init_distributed()
     rank, world = torch_dist.get_rank(), torch_dist.get_world_size()
-    if world % cfg.moe_ep_size:
-        raise ConfigError(f"--moe-ep-size {cfg.moe_ep_size} does not divide the {world} ranks; pick a divisor.")
     tokenizer = load_tokenizer_for(cfg)
     recipe = task_run.recipe()
     ds_dict = load_ds_config(cfg.deepspeed_config)
@@ -123,7 +113,7 @@ def run(cfg: FinetuneConfig, task_run) -> dict[str, Any]:
     max_steps = 0 if cfg.eval_only else resolve_max_steps(cfg, settings.total_num_steps, recipe)
     per_seed: list[dict[str, Any]] = []
     for seed in range(1, cfg.seeds + 1):
-        _seed_everything(seed)
+        seed_everything(seed)
         model, load_report = task_run.model(cfg, recipe, tokenizer.get_vocab_size())
         if model.cfg.is_moe:  # ZeRO 3 cannot shard DeepSpeed's MoE
             settings = validate_ds_config(ds_dict, world_size=world, has_moe=True, cuda_available=cuda)
@@ -138,7 +128,7 @@ def run(cfg: FinetuneConfig, task_run) -> dict[str, Any]:
                       flush=True)
         seed_dir = cfg.output_dir / f"seed{seed}"
         engine, plan = build_engine(model, settings)
-        expert_parallel = model.cfg.is_moe and model.cfg.moe.ep_size > 1
+        expert_parallel = model.cfg.is_moe and model.ep_size > 1
         batching = Batching(settings.batch.micro_batch_size, max_len if expert_parallel else None)
         log = TrainingLog(seed_dir, enabled=rank == 0, tensorboard=cfg.tensorboard, progress_bar=False,
                           start_step=0, max_steps=max_steps)

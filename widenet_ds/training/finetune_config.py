@@ -28,7 +28,7 @@ class FinetuneConfig:
     balance_loss_weight: float | None = None
     dropout: float | None = None
     max_seq_length: int | None = None
-    moe_ep_size: int = 1
+    ep_size: int = 1
     max_train_examples: int | None = None
     max_eval_examples: int | None = None
     eval_every: int = 0
@@ -47,7 +47,7 @@ class FinetuneConfig:
         self.deepspeed_config, self.output_dir = Path(self.deepspeed_config), Path(self.output_dir)
         if (self.init is None) == (self.preset is None):
             raise ConfigError("pass exactly one of --init (pretrained weights) and --preset (random initialisation).")
-        for name in ("max_steps", "seeds", "moe_ep_size", "max_train_examples", "max_eval_examples", "log_every",
+        for name in ("max_steps", "seeds", "ep_size", "max_train_examples", "max_eval_examples", "log_every",
                      "max_seq_length"):
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -89,7 +89,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--balance-loss-weight", type=float, help="lambda (default: the task recipe)")
     parser.add_argument("--dropout", type=float, help="hidden and attention dropout (default: the recipe)")
     parser.add_argument("--max-seq-length", type=int, help="default: the recipe, capped by the model's positions")
-    parser.add_argument("--moe-ep-size", type=int, default=1, help="expert-parallel size of the finetuning run")
+    parser.add_argument("--ep-size", type=int, default=FinetuneConfig.ep_size,
+                        help="expert parallelism of the finetuning run (any ep_size loads any checkpoint)")
     parser.add_argument("--max-train-examples", type=int, help="use only the first N training examples")
     parser.add_argument("--max-eval-examples", type=int, help="score only the first N evaluation examples")
     parser.add_argument("--eval-every", type=int, default=0, help="also evaluate every N steps (0: at the end only)")

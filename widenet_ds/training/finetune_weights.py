@@ -18,10 +18,11 @@ from widenet_ds.checkpoint.format import (
     is_folder,
     save_folder,
 )
-from widenet_ds.checkpoint.load import load_pretrained
+from widenet_ds.checkpoint.load import load_into, read_checkpoint
 from widenet_ds.data.tokenizer import load_tokenizer
 from widenet_ds.errors import ConfigError, WideNetError
 from widenet_ds.model.config import ModelConfig
+from widenet_ds.runtime.distributed import check_ep_size
 from widenet_ds.training.finetune_config import FinetuneConfig
 
 
@@ -52,20 +53,25 @@ def model_overrides(cfg: FinetuneConfig, recipe) -> dict[str, Any]:
             "moe": {"capacity_factor": cfg.capacity_factor if cfg.capacity_factor is not None
                     else recipe.capacity_factor,
                     "balance_loss_weight": (cfg.balance_loss_weight if cfg.balance_loss_weight is not None
-                                            else recipe.balance_weight),
-                    "ep_size": cfg.moe_ep_size}}
+                                            else recipe.balance_weight)}}
 
 
 def build_model(cfg: FinetuneConfig, cls, recipe, vocab_size: int, **model_kwargs):
     """The task model from --init (weights + load report) or --preset (random), with the recipe's overrides."""
     overrides = model_overrides(cfg, recipe)
+    world = torch_dist.get_world_size() if torch_dist.is_initialized() else 1
     if cfg.init is not None:
-        model, report = load_pretrained(cls, cfg.init, model_overrides=overrides, **model_kwargs)
-        return model, report.summary()
-    base = ModelConfig.from_preset(cfg.preset, vocab_size=vocab_size).to_dict()
-    model_cfg = ModelConfig.from_dict({**base, **{k: v for k, v in overrides.items() if k != "moe"},
-                                       "moe": {**base["moe"], **overrides["moe"]}})
-    return cls(model_cfg, **model_kwargs), f"random initialisation from preset {cfg.preset} (no weights loaded)"
+        checkpoint = read_checkpoint(Path(cfg.init))
+        model_cfg = checkpoint.config.replace(**overrides)
+        check_ep_size(cfg.ep_size, world, model_cfg.moe.num_experts if model_cfg.is_moe else None)
+        if cls.__name__ == checkpoint.architecture == "WideNetForSequenceClassification":
+            model_kwargs.setdefault("num_labels", checkpoint.num_labels)
+        model = cls(model_cfg, ep_size=cfg.ep_size, **model_kwargs)
+        return model, load_into(model, checkpoint, str(cfg.init)).summary()
+    model_cfg = ModelConfig.from_preset(cfg.preset, vocab_size=vocab_size).replace(**overrides)
+    check_ep_size(cfg.ep_size, world, model_cfg.moe.num_experts if model_cfg.is_moe else None)
+    model = cls(model_cfg, ep_size=cfg.ep_size, **model_kwargs)
+    return model, f"random initialisation from preset {cfg.preset} (no weights loaded)"
 
 
 def save_finetuned(model, target: Path, tokenizer, provenance: dict[str, Any]) -> Path:

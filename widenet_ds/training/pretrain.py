@@ -8,35 +8,26 @@ every rank save the same step and exit cleanly.
 
 from __future__ import annotations
 
-import random
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as torch_dist
 
-from widenet_ds.checkpoint.training import (
-    CheckpointManager,
-    TrainingState,
-    check_same_model,
-    latest_checkpoint,
-    load_weights_only,
-    read_meta,
-    resolve_checkpoint,
-)
+from widenet_ds.checkpoint.training import (CheckpointManager, TrainingState, check_same_model, latest_checkpoint,
+                                           load_weights_only, read_meta, resolve_tag_dir, trained_ep_size)
 from widenet_ds.data.loader import PretrainingDataLoader
 from widenet_ds.data.shards import read_manifest
 from widenet_ds.data.tokenizer import TOKENIZER_FILE, VOCAB_FILE
 from widenet_ds.errors import CheckpointError, ConfigError, DataError
 from widenet_ds.model.config import PRESETS, ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
-from widenet_ds.runtime.distributed import init_distributed
+from widenet_ds.runtime.distributed import check_ep_size, init_distributed, seed_everything
 from widenet_ds.runtime.ds_config import DeepSpeedSettings, load_ds_config, validate_ds_config
-from widenet_ds.runtime.engine import build_engine, plan_optimizer
+from widenet_ds.runtime.engine import build_engine, expert_grad_norm_stage0, plan_optimizer
 from widenet_ds.training.log import StepMetrics, TrainingLog, memory_mib
 from widenet_ds.training.preemption import StopRequest
 from widenet_ds.training.pretrain_config import LATEST, PretrainConfig
@@ -57,12 +48,9 @@ class RunPlan:
 
 
 # --- checks -----------------------------------------------------------------------------------------
-def resolve_model_config(name_or_path: str, manifest: dict[str, Any], activation_checkpointing: bool | None,
-                         data_dir: Path) -> ModelConfig:
+def resolve_model_config(name_or_path: str, manifest: dict[str, Any], data_dir: Path) -> ModelConfig:
     """A preset takes the data's vocabulary size; a JSON config must already match it."""
     overrides: dict[str, Any] = {}
-    if activation_checkpointing is not None:
-        overrides["activation_checkpointing"] = activation_checkpointing
     if name_or_path in PRESETS:
         overrides["vocab_size"] = manifest["vocab_size"]
     cfg = ModelConfig.load(name_or_path, **overrides)
@@ -90,11 +78,23 @@ def resolve_max_steps(requested: int | None, schedule_steps: int | None) -> int:
     return requested
 
 
+def check_same_layout(meta: dict[str, Any], ep_size: int, where: Path) -> None:
+    """DeepSpeed lays out a checkpoint's expert and optimizer files per expert-parallel rank: a run resumes
+    with the ep_size it was saved with (or from a resharded copy)."""
+    saved = trained_ep_size(meta)
+    if saved != ep_size:
+        raise CheckpointError(f"checkpoint {where} was saved with --ep-size {saved}, this run has --ep-size {ep_size}; "
+                              f"resume with --ep-size {saved}, or reshard the checkpoint (`widenet-ds convert reshard "
+                              f"--ep-size {ep_size}`) and start from it with --init-from.")
+
+
 def find_resume_point(cfg: PretrainConfig, model_config: dict[str, Any]) -> Path | None:
     """The checkpoint to continue from, after refusing an output folder that belongs to another run."""
     existing = latest_checkpoint(cfg.checkpoint_dir) if cfg.checkpoint_dir.is_dir() else None
     if existing is not None:
         check_same_model(read_meta(existing), model_config, existing)
+        if cfg.resume == LATEST:
+            check_same_layout(read_meta(existing), cfg.ep_size, existing)
     if cfg.resume is None:
         if existing is not None:
             raise CheckpointError(f"--output-dir {cfg.output_dir} already holds checkpoints of this model (up to "
@@ -102,18 +102,17 @@ def find_resume_point(cfg: PretrainConfig, model_config: dict[str, Any]) -> Path
         return None
     if cfg.resume == LATEST:
         return existing  # None: nothing saved yet, so a requeued job starts from step 0
-    source = resolve_checkpoint(Path(cfg.resume))
+    source = resolve_tag_dir(Path(cfg.resume))
     check_same_model(read_meta(source), model_config, source)
+    check_same_layout(read_meta(source), cfg.ep_size, source)
     return source
 
 
 def plan_run(cfg: PretrainConfig, world_size: int) -> RunPlan:
     """All checks that need no model: each failure is one clear error before training starts."""
     manifest = read_manifest(cfg.data_dir)
-    model_config = resolve_model_config(cfg.model_config, manifest, cfg.activation_checkpointing, cfg.data_dir)
-    if model_config.is_moe and world_size % model_config.moe.ep_size:
-        raise ConfigError(f"moe.ep_size {model_config.moe.ep_size} does not divide the world size {world_size}; "
-                          f"pick an ep_size dividing the number of ranks.")
+    model_config = resolve_model_config(cfg.model_config, manifest, cfg.data_dir)
+    check_ep_size(cfg.ep_size, world_size, model_config.moe.num_experts if model_config.is_moe else None)
     cuda = torch.cuda.is_available()
     ds = validate_ds_config(load_ds_config(cfg.deepspeed_config), world_size=world_size,
                             has_moe=model_config.is_moe, cuda_available=cuda)
@@ -122,9 +121,9 @@ def plan_run(cfg: PretrainConfig, world_size: int) -> RunPlan:
     resume_from = find_resume_point(cfg, model_config.to_dict())
     init_from = None
     if cfg.init_from is not None:
-        init_from = resolve_checkpoint(cfg.init_from)
-        # A new phase may change the expert placement, not the weights' shapes or meaning.
-        check_same_model(read_meta(init_from), model_config.to_dict(), init_from, ignore=("moe.ep_size",))
+        init_from = resolve_tag_dir(cfg.init_from)
+        # A new phase may change the expert placement (--ep-size), not the weights' shapes or meaning.
+        check_same_model(read_meta(init_from), model_config.to_dict(), init_from)
     if resume_from is not None:
         saved = read_meta(resume_from)["data_manifest"]
         if saved["tokenizer_sha256"] != manifest["tokenizer_sha256"]:
@@ -134,42 +133,6 @@ def plan_run(cfg: PretrainConfig, world_size: int) -> RunPlan:
 
 
 # --- the loop ---------------------------------------------------------------------------------------
-def routing_blocks(cfg: ModelConfig) -> list[int]:
-    """Block index of each routing call: the first block of every routing group."""
-    if not cfg.is_moe:
-        return []
-    per_group = cfg.num_layers // cfg.routing_groups
-    return [group * per_group for group in range(cfg.routing_groups)]
-
-
-def expert_grad_norm_stage0(model: torch.nn.Module, ep_size: int) -> float:
-    """Global gradient 2-norm without ZeRO, where DeepSpeed does not compute one (fp32, stage 0).
-    Dense gradients are already averaged over ranks; each expert's gradient lives on the ranks of its
-    expert-parallel position, replicated world / ep_size times."""
-    from deepspeed.moe.utils import is_moe_param
-
-    dense = torch.zeros((), dtype=torch.float64)
-    experts = torch.zeros((), dtype=torch.float64)
-    for p in model.parameters():
-        if p.grad is not None:
-            square = p.grad.detach().double().square().sum().cpu()
-            if is_moe_param(p):
-                experts += square
-            else:
-                dense += square
-    world = torch_dist.get_world_size() if torch_dist.is_initialized() else 1
-    if world > 1:
-        torch_dist.all_reduce(experts)
-        experts /= world // ep_size
-    return float((dense + experts).sqrt())
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def _to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
     return {name: tensor.to(device) for name, tensor in batch.items()}
 
@@ -203,11 +166,11 @@ def run(cfg: PretrainConfig) -> int:
         valid_loader = PretrainingDataLoader(cfg.data_dir, micro, rank, world, cfg.seed, split="valid")
 
     # The same initial weights on every rank; then per-rank streams for gate noise and dropout.
-    _seed_everything(cfg.seed)
-
-    model = WideNetForPreTraining(plan.model_config)
+    seed_everything(cfg.seed)
+    model = WideNetForPreTraining(plan.model_config, ep_size=cfg.ep_size)
+    model.set_activation_checkpointing(cfg.activation_checkpointing)
     engine, optimizer_plan = build_engine(model, plan.ds, cfg.optimizer)
-    _seed_everything(cfg.seed + 1 + rank)
+    seed_everything(cfg.seed + 1 + rank)
 
     checkpoints = CheckpointManager(cfg.checkpoint_dir, cfg.keep_last, rank, world)
     state = TrainingState()
@@ -222,7 +185,7 @@ def run(cfg: PretrainConfig) -> int:
         for name in (TOKENIZER_FILE, VOCAB_FILE):
             if (cfg.data_dir / name).is_file():
                 shutil.copy2(cfg.data_dir / name, cfg.output_dir / name)
-    meta = {"model_config": plan.model_config.to_dict(), "deepspeed_config": plan.ds.config,
+    meta = {"model_config": plan.model_config.to_dict(), "ep_size": cfg.ep_size, "deepspeed_config": plan.ds.config,
             "data_manifest": {k: plan.manifest[k] for k in ("seq_length", "vocab_size", "tokenizer_sha256")}}
 
     log = TrainingLog(cfg.output_dir, enabled=rank == 0, tensorboard=cfg.tensorboard,
@@ -246,8 +209,8 @@ def _train(cfg, plan: RunPlan, engine, train_loader, valid_loader, checkpoints: 
            state: TrainingState, log: TrainingLog, stop: StopRequest, meta: dict[str, Any]) -> None:
     mcfg = plan.model_config
     num_experts = mcfg.moe.num_experts if mcfg.is_moe else 0
-    train_metrics = StepMetrics(routing_blocks(mcfg), num_experts)
-    valid_metrics = StepMetrics(routing_blocks(mcfg), num_experts)
+    train_metrics = StepMetrics(mcfg.routing_blocks, num_experts)
+    valid_metrics = StepMetrics(mcfg.routing_blocks, num_experts)
     valid_start = valid_loader.state_dict() if valid_loader is not None else None
     own_grad_norm = plan.ds.zero_stage == 0 and plan.ds.precision == "fp32"
     accumulation = plan.ds.batch.gradient_accumulation_steps
@@ -265,7 +228,7 @@ def _train(cfg, plan: RunPlan, engine, train_loader, valid_loader, checkpoints: 
             output = engine(**batch)
             engine.backward(output.loss)
             if log_now and own_grad_norm and micro_step == accumulation - 1:
-                grad_norm = expert_grad_norm_stage0(engine.module, mcfg.moe.ep_size if mcfg.is_moe else 1)
+                grad_norm = expert_grad_norm_stage0(engine.module, cfg.ep_size)
             engine.step()
             train_metrics.add(output, batch)
         state.step += 1

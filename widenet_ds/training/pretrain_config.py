@@ -40,7 +40,8 @@ class PretrainConfig:
     eval_interval: int = 1000  # 0: no validation
     eval_batches: int = 20
     seed: int = 1234
-    activation_checkpointing: bool | None = None  # None: as the model config says
+    ep_size: int = 1  # expert parallelism: ranks an expert group spans (a run setting, not the model's)
+    activation_checkpointing: bool = False
     optimizer: OptimizerChoice = "auto"
     resume: str | None = None
     init_from: Path | None = None
@@ -53,23 +54,27 @@ class PretrainConfig:
         self.output_dir = Path(self.output_dir)
         if self.init_from is not None:
             self.init_from = Path(self.init_from)
+        problems = []  # every problem at once, not one per attempt
         if self.max_steps is not None and self.max_steps <= 0:
-            raise ConfigError(f"--max-steps must be positive, got {self.max_steps}.")
-        for name in ("log_interval", "save_interval", "keep_last", "eval_batches"):
+            problems.append(f"--max-steps must be positive, got {self.max_steps}.")
+        for name in ("log_interval", "save_interval", "keep_last", "eval_batches", "ep_size"):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}.")
+                problems.append(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}.")
         if self.eval_interval < 0:
-            raise ConfigError(f"--eval-interval must be >= 0 (0 turns validation off), got {self.eval_interval}.")
+            problems.append(f"--eval-interval must be >= 0 (0 turns validation off), got {self.eval_interval}.")
         if self.optimizer not in get_args(OptimizerChoice):
-            raise ConfigError(f"--optimizer {self.optimizer!r} is not one of {list(get_args(OptimizerChoice))}.")
+            problems.append(f"--optimizer {self.optimizer!r} is not one of {list(get_args(OptimizerChoice))}.")
         if self.resume is not None and self.init_from is not None:
-            raise ConfigError("--resume continues a run and --init-from starts a new phase from another run's "
-                              "weights; pass only one of them.")
+            problems.append("--resume continues a run and --init-from starts a new phase from another run's "
+                            "weights; pass only one of them.")
         if not self.deepspeed_config.is_file():
-            raise ConfigError(f"DeepSpeed config {self.deepspeed_config} does not exist; pass --deepspeed_config "
-                              f"with a JSON file, e.g. ds_configs/cpu_small.json (see ds_configs/README.md).")
+            problems.append(f"DeepSpeed config {self.deepspeed_config} does not exist; pass --deepspeed_config "
+                            f"with a JSON file, e.g. ds_configs/cpu_small.json (see ds_configs/README.md).")
         if self.output_dir.exists() and not self.output_dir.is_dir():
-            raise ConfigError(f"--output-dir {self.output_dir} exists and is not a directory.")
+            problems.append(f"--output-dir {self.output_dir} exists and is not a directory.")
+        if problems:
+            raise ConfigError(problems[0] if len(problems) == 1 else
+                              f"{len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems))
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -103,9 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval-batches", type=int, default=PretrainConfig.eval_batches,
                         help="micro-batches per rank in each validation")
     parser.add_argument("--seed", type=int, default=PretrainConfig.seed)
-    parser.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=None,
-                        help="recompute each block in backward (non-reentrant); default: as the model config")
-    parser.add_argument("--optimizer", choices=get_args(OptimizerChoice), default="auto",
+    parser.add_argument("--ep-size", type=int, default=PretrainConfig.ep_size,
+                        help="expert parallelism: each group of EP_SIZE ranks holds all experts, num_experts / "
+                             "EP_SIZE per rank (must divide the world size and num_experts)")
+    parser.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction,
+                        default=PretrainConfig.activation_checkpointing,
+                        help="recompute each block in backward (non-reentrant): less memory, more compute")
+    parser.add_argument("--optimizer", choices=get_args(OptimizerChoice), default=PretrainConfig.optimizer,
                         help="for a JSON asking for Lamb: DeepSpeed's fused CUDA kernel or our PyTorch LAMB "
                              "(per-tensor trust ratio, also under ZeRO); auto picks (see docs/pretraining.md)")
     parser.add_argument("--resume", nargs="?", const=LATEST, default=None, metavar="CHECKPOINT",
