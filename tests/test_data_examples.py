@@ -7,14 +7,14 @@ import random
 
 import pytest
 
-from widenet_ds.data.examples import ExampleConfig, SpecialIds, create_examples, mask_tokens
+from widenet_ds.data.examples import ExampleConfig, PretrainingIds, create_examples, mask_tokens
 from widenet_ds.data.tokenizer import load_tokenizer
 from widenet_ds.errors import DataError
 
 
 @pytest.fixture(scope="module")
-def ids(shared_data) -> SpecialIds:
-    return SpecialIds(load_tokenizer(shared_data / "vocab" / "bert-base-uncased-vocab.txt"))
+def ids(shared_data) -> PretrainingIds:
+    return PretrainingIds(load_tokenizer(shared_data / "vocab" / "bert-base-uncased-vocab.txt"))
 
 
 def numbered_document(num_sentences: int, length: int) -> list[list[int]]:

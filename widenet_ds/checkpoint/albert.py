@@ -36,6 +36,7 @@ from torch import Tensor
 from widenet_ds.atomic import atomic_folder
 from widenet_ds.checkpoint.format import PortableCheckpoint, read_safetensors, save_folder, write_safetensors
 from widenet_ds.checkpoint.load import read_checkpoint
+from widenet_ds.data.tokenizer import tokenizer_files_in
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.model.config import ModelConfig
 
@@ -192,7 +193,6 @@ def from_albert_state_dict(hf_state: dict[str, Tensor], cfg: ModelConfig) -> dic
 # --- conversion of folders -----------------------------------------------------------------------------
 HF_CONFIG = "config.json"
 HF_WEIGHTS = "model.safetensors"
-_TOKENIZER_NAMES = ("tokenizer.json", "vocab.txt")
 
 
 def to_albert(source: Path, target: Path, *, tag: str | None = None, model_config: Path | None = None,
@@ -241,7 +241,7 @@ def from_albert(source: Path, target: Path, *, upcycle_experts: int | None = Non
                                     f"LayerNorms and heads copied; experts = ALBERT FFN + N(0, ({noise} x weight std)^2) "
                                     f"noise; router new, N(0, {cfg.initializer_range}), seed {seed}")
     checkpoint = PortableCheckpoint(cfg, "WideNetForPreTraining", state, provenance=provenance)
-    tokenizers = tuple(Path(source) / n for n in _TOKENIZER_NAMES if (Path(source) / n).is_file())
+    tokenizers = tokenizer_files_in(source)
     return save_folder(checkpoint, target, tokenizer_files=tokenizers, overwrite=overwrite)
 
 

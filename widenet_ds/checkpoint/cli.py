@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 
 from widenet_ds.checkpoint.albert import from_albert, to_albert
-from widenet_ds.checkpoint.deepspeed import TOKENIZER_NAMES, find_tokenizer_files
-from widenet_ds.checkpoint.format import is_folder, save_folder
-from widenet_ds.checkpoint.load import read_checkpoint
+from widenet_ds.checkpoint.format import save_folder
+from widenet_ds.checkpoint.load import find_tokenizer_files, read_checkpoint
+from widenet_ds.data.tokenizer import TOKENIZER_FILES, tokenizer_files_in
 from widenet_ds.checkpoint.reshard import reshard
 from widenet_ds.errors import CheckpointError
 
@@ -24,20 +24,18 @@ def _tokenizer_files(paths: list[str]) -> tuple[Path, ...]:
         path = Path(raw)
         if path.is_file():
             found.append(path)
-        elif path.is_dir() and any((path / n).is_file() for n in TOKENIZER_NAMES):
-            found += [path / n for n in TOKENIZER_NAMES if (path / n).is_file()]
+        elif path.is_dir() and tokenizer_files_in(path):
+            found += tokenizer_files_in(path)
         else:
-            raise CheckpointError(f"--tokenizer {raw}: no such file, nor a folder holding {' or '.join(TOKENIZER_NAMES)}.")
+            raise CheckpointError(f"--tokenizer {raw}: no such file, nor a folder holding "
+                                  f"{' or '.join(TOKENIZER_FILES)}.")
     return tuple(found)
 
 
 def _source_tokenizers(args) -> tuple[Path, ...]:
     if args.tokenizer:
         return _tokenizer_files(args.tokenizer)
-    source = Path(args.source)
-    if is_folder(source):
-        return tuple(source / n for n in TOKENIZER_NAMES if (source / n).is_file())
-    return find_tokenizer_files(source, args.tag)
+    return find_tokenizer_files(Path(args.source), args.tag)
 
 
 def _add_source(parser: argparse.ArgumentParser, tokenizer: bool = True) -> None:

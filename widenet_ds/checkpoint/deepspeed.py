@@ -38,7 +38,6 @@ from widenet_ds.checkpoint.training import META_FILE, MODEL_STATES, read_meta, r
 from widenet_ds.errors import CheckpointError
 from widenet_ds.model.config import ModelConfig
 
-TOKENIZER_NAMES = ("tokenizer.json", "vocab.txt")
 
 
 def expert_file(tag_dir: Path, layer: int, expert: int) -> Path:
@@ -120,21 +119,6 @@ def read_deepspeed_checkpoint(source: Path, *, tag: str | None = None,
     checkpoint = PortableCheckpoint(cfg, architecture, state, num_labels, provenance)
     checkpoint.check(f"DeepSpeed checkpoint {tag_dir}")
     return checkpoint
-
-
-def find_tokenizer_files(source: Path, tag: str | None = None) -> tuple[Path, ...]:
-    """Tokenizer files saved with a run: in its output folder, or the data folder its marker names."""
-    tag_dir = resolve_tag_dir(source, tag, require_marker=False)
-    meta = read_meta(tag_dir, required=False) or {}
-    candidates = [tag_dir.parent.parent, tag_dir.parent]
-    for key in ("tokenizer_dir", "data_dir"):
-        if meta.get(key):
-            candidates.append(Path(meta[key]))
-    for folder in candidates:
-        found = tuple(folder / name for name in TOKENIZER_NAMES if (folder / name).is_file())
-        if found:
-            return found
-    return ()
 
 
 # --- weights-only reading of DeepSpeed's pickles ----------------------------------------------------------

@@ -43,7 +43,6 @@ FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 README_FILE = "README.md"
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _EXPERTS = ".moe.deepspeed_moe.experts.deepspeed_experts."
 _BODY = "widenet."

@@ -14,6 +14,7 @@ from typing import Any
 from torch import nn
 
 from widenet_ds.checkpoint.deepspeed import read_deepspeed_checkpoint
+from widenet_ds.checkpoint.training import read_meta, resolve_tag_dir
 from widenet_ds.checkpoint.format import (
     _BODY,
     PortableCheckpoint,
@@ -22,6 +23,7 @@ from widenet_ds.checkpoint.format import (
     is_folder,
     read_folder,
 )
+from widenet_ds.data.tokenizer import tokenizer_files_in
 from widenet_ds.errors import CheckpointError
 from widenet_ds.model.moe import MoEFeedForward
 
@@ -113,3 +115,16 @@ def load_pretrained(cls: type[nn.Module], source, *, ep_size: int = 1, model_ove
         model_kwargs.setdefault("num_labels", checkpoint.num_labels)
     model = cls(cfg, ep_size=ep_size, **model_kwargs)
     return model, load_into(model, checkpoint, str(source))
+
+
+def find_tokenizer_files(source: Path, tag: str | None = None) -> tuple[Path, ...]:
+    """The one tokenizer locator for weights: an exported folder's own files; for a DeepSpeed checkpoint, the
+    files its run folder carries (pretraining copies them there), else the data folder its marker names."""
+    source = Path(source)
+    if is_folder(source):
+        return tokenizer_files_in(source)
+    tag_dir = resolve_tag_dir(source, tag, require_marker=False)
+    meta = read_meta(tag_dir, required=False) or {}
+    candidates = [tag_dir.parent.parent, tag_dir.parent] + [Path(meta[k]) for k in ("tokenizer_dir", "data_dir")
+                                                            if meta.get(k)]
+    return next((found for folder in candidates if (found := tokenizer_files_in(folder))), ())

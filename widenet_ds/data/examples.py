@@ -64,7 +64,7 @@ class Example:
     sop_label: int     # 0 = A before B as in the text, 1 = swapped
 
 
-class SpecialIds:
+class PretrainingIds:
     """Ids the example builder and the masker need, read from the tokenizer."""
 
     def __init__(self, tokenizer: Tokenizer):
@@ -81,7 +81,7 @@ class SpecialIds:
         self.replacement_ids = [i for i in range(self.vocab_size) if not self.special[i]]
 
 
-def create_examples(segments: Sequence[Sequence[int]], config: ExampleConfig, ids: SpecialIds,
+def create_examples(segments: Sequence[Sequence[int]], config: ExampleConfig, ids: PretrainingIds,
                     rng: random.Random, stats: Counter) -> list[Example]:
     """The examples of one document, given its sentences as token-id lists."""
     if len(segments) < 2:
@@ -129,7 +129,7 @@ def _truncate_pair(tokens_a: list[int], tokens_b: list[int], max_tokens: int, rn
             longer.pop()
 
 
-def mask_tokens(tokens: Sequence[int], config: ExampleConfig, ids: SpecialIds,
+def mask_tokens(tokens: Sequence[int], config: ExampleConfig, ids: PretrainingIds,
                 rng: random.Random) -> tuple[list[int], list[int]]:
     """ALBERT n-gram whole-word masking of one example.
 

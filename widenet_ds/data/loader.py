@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from widenet_ds.data.examples import ExampleConfig, SpecialIds, mask_tokens
+from widenet_ds.data.examples import ExampleConfig, PretrainingIds, mask_tokens
 from widenet_ds.data.shards import Shard, read_manifest, token_dtype
 from widenet_ds.data.tokenizer import load_tokenizer
 from widenet_ds.errors import DataError
@@ -80,7 +80,7 @@ class PretrainingDataLoader:
                             "a corpus too small for the held-out fraction has no 'valid' split: raise "
                             "--valid-fraction or prepare more documents")
         tokenizer = load_tokenizer(self.data_dir)  # checks its hash against the manifest
-        self.ids = SpecialIds(tokenizer)
+        self.ids = PretrainingIds(tokenizer)
         if self.ids.vocab_size != self.manifest["vocab_size"]:
             raise DataError(f"{self.data_dir}/tokenizer.json has {self.ids.vocab_size} tokens but the shards "
                             f"were built with {self.manifest['vocab_size']}; re-run `widenet-ds prepare-data`")

@@ -32,7 +32,7 @@ from tokenizers import Tokenizer
 
 from widenet_ds.atomic import atomic_write_json
 from widenet_ds.data.default_corpus import DefaultCorpusSource
-from widenet_ds.data.examples import ExampleConfig, SpecialIds, create_examples, mask_tokens
+from widenet_ds.data.examples import ExampleConfig, PretrainingIds, create_examples, mask_tokens
 from widenet_ds.data.sentences import sentence_spans
 from widenet_ds.data.shards import FORMAT_VERSION, MANIFEST_FILE, ShardBuilder, read_complete_meta, token_dtype
 from widenet_ds.data.sources import DocumentStream, SkipCounter, WeightedSource, parse_source
@@ -87,7 +87,7 @@ class _Worker:
     def __init__(self, tokenizer_json: str, config: PrepareConfig, settings_sha256: str, output: str):
         self.tokenizer = Tokenizer.from_str(tokenizer_json)
         self.encode = BatchEncoder(self.tokenizer)
-        self.ids = SpecialIds(self.tokenizer)
+        self.ids = PretrainingIds(self.tokenizer)
         self.dtype = token_dtype(self.ids.vocab_size)
         self.typecode = "H" if self.dtype.itemsize == 2 else "I"
         self.config = config

@@ -25,6 +25,12 @@ from widenet_ds.errors import DataError
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TOKENIZER_FILE = "tokenizer.json"
 VOCAB_FILE = "vocab.txt"
+TOKENIZER_FILES = (TOKENIZER_FILE, VOCAB_FILE)  # what data folders, run folders and exported folders carry
+
+
+def tokenizer_files_in(folder: str | os.PathLike) -> tuple[Path, ...]:
+    """The tokenizer files a folder holds, tokenizer.json first."""
+    return tuple(Path(folder) / name for name in TOKENIZER_FILES if (Path(folder) / name).is_file())
 
 
 def train_tokenizer(documents: Iterable[str], vocab_size: int = 30000, min_frequency: int = 2,

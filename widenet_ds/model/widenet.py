@@ -27,12 +27,6 @@ class RoutingStats:
     expert_counts: Tensor      # [calls, E] routes assigned per expert (before capacity dropping)
     dropped_fraction: Tensor   # [calls] fraction of routes dropped by capacity
 
-    @property
-    def expert_load(self) -> Tensor:
-        """[calls, E] fraction of routes per expert."""
-        counts = self.expert_counts.float()
-        return counts / counts.sum(dim=1, keepdim=True).clamp(min=1)
-
 
 @dataclass
 class EncoderOutput:

@@ -9,16 +9,8 @@ from typing import Any
 
 import torch.distributed as torch_dist
 
-from widenet_ds.checkpoint.deepspeed import find_tokenizer_files
-from widenet_ds.checkpoint.format import (
-    TOKENIZER_FILES,
-    PortableCheckpoint,
-    global_key_map,
-    is_expert_key,
-    is_folder,
-    save_folder,
-)
-from widenet_ds.checkpoint.load import load_into, read_checkpoint
+from widenet_ds.checkpoint.format import PortableCheckpoint, global_key_map, is_expert_key, save_folder
+from widenet_ds.checkpoint.load import find_tokenizer_files, load_into, read_checkpoint
 from widenet_ds.data.tokenizer import load_tokenizer
 from widenet_ds.errors import ConfigError, WideNetError
 from widenet_ds.model.config import ModelConfig
@@ -30,14 +22,10 @@ def load_tokenizer_for(cfg: FinetuneConfig):
     """--tokenizer, else the tokenizer saved with --init (in an exported folder, or next to a run's checkpoints)."""
     source: str | Path | None = cfg.tokenizer
     if source is None and cfg.init is not None:
-        init = Path(cfg.init)
-        if is_folder(init):
-            found = [init / name for name in TOKENIZER_FILES if (init / name).is_file()]
-        else:
-            try:
-                found = list(find_tokenizer_files(init))
-            except WideNetError:
-                found = []  # not a checkpoint: loading the weights will say so
+        try:
+            found = find_tokenizer_files(Path(cfg.init))
+        except WideNetError:
+            found = ()  # not a checkpoint: loading the weights will say so
         source = found[0] if found else None
     if source is None:
         raise ConfigError("no tokenizer given and none saved with --init: pass --tokenizer (the tokenizer.json / "
