@@ -1,6 +1,6 @@
 """Finetune on SQuAD v1.1 / v2.0 with DeepSpeed; writes predictions.json (+ null_odds.json for v2.0).
 
-    deepspeed finetune/run_squad.py --version 2.0 --data squad/ --init runs/e8 \\
+    deepspeed finetune/run_squad.py --version 2.0 --data squad/ --init-from runs/e8 \\
         --deepspeed_config ds_configs/finetune_squad20.json --output-dir runs/e8-squad2
 """
 
@@ -9,16 +9,18 @@ import sys
 
 from widenet_ds.training.finetune import main
 from widenet_ds.training.finetune_config import add_common_arguments
-from widenet_ds.training.finetune_tasks import SquadTaskRun
+from widenet_ds.training.finetune_tasks import SquadOptions, SquadTaskRun
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", choices=("1.1", "2.0"), required=True)
-    p.add_argument("--train-file", help="SQuAD JSON to train on (default: --data/train-v<version>.json)")
-    p.add_argument("--dev-file", help="SQuAD JSON to evaluate on (default: --data/dev-v<version>.json)")
-    p.add_argument("--doc-stride", type=int, help="tokens shared by consecutive windows (default: 128, at most "
-                                                "a quarter of the max length)")
+    p.add_argument("--train-file", default=SquadOptions.train_file,
+                   help="SQuAD JSON to train on (default: --data/train-v<version>.json)")
+    p.add_argument("--dev-file", default=SquadOptions.dev_file,
+                   help="SQuAD JSON to evaluate on (default: --data/dev-v<version>.json)")
+    p.add_argument("--doc-stride", type=int, default=SquadOptions.doc_stride,
+                   help="tokens shared by consecutive windows (default: 128, at most a quarter of the max length)")
     add_common_arguments(p)
     return p
 

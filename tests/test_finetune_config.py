@@ -1,45 +1,161 @@
-"""The finetuning settings in one process: flag validation, recipe overrides reaching the model config,
-step count against the schedule, tokenizer resolution, batch shapes for expert parallelism, the median."""
+"""The finetuning settings in one process: flag validation (every problem reported at once), a used output
+folder refused, task options checked up front, recipe vs DeepSpeed JSON, recipe overrides reaching the model
+config, step count against the schedule, tokenizer resolution, batch shapes for expert parallelism, the
+median, the resumable data order."""
+
+import hashlib
+import json
 
 import pytest
 import torch
 from launching import REPO
 
-from widenet_ds.errors import ConfigError, DataError
+from widenet_ds.errors import ConfigError
 from widenet_ds.model.widenet import WideNetForSequenceClassification
+from widenet_ds.runtime.ds_config import load_ds_config, validate_ds_config
 from widenet_ds.tasks.recipes import recipe_for
-from widenet_ds.training.finetune import _median, resolve_max_steps
-from widenet_ds.training.finetune_config import FinetuneConfig
+from widenet_ds.training.finetune import EpochBatches, _median, plan_finetune, recipe_mismatch, resolve_max_steps
+from widenet_ds.training.finetune_config import RUN_CONFIG_FILE, FinetuneConfig
+from widenet_ds.training.finetune_tasks import GlueOptions, GlueTaskRun, SquadOptions
 from widenet_ds.training.finetune_weights import build_model, load_tokenizer_for, model_overrides
 from widenet_ds.training.predict import Batching
+from widenet_ds.training.pretrain_config import PretrainConfig
 
 CPU_CONFIG = REPO / "ds_configs/finetune_cpu_small.json"
+SST2_CONFIG = REPO / "ds_configs/finetune_sst2.json"
 
 
-def _cfg(tmp_path, **fields) -> FinetuneConfig:
-    return FinetuneConfig(**{"data": str(tmp_path), "deepspeed_config": CPU_CONFIG, "output_dir": tmp_path / "out",
-                             "preset": "widenet-tiny-e4", **fields})
+def _cfg(tmp_path, task=None, **fields) -> FinetuneConfig:
+    return FinetuneConfig(**{"task": task or GlueOptions("sst2"), "data": "hf", "deepspeed_config": CPU_CONFIG,
+                             "output_dir": tmp_path / "out", "preset": "widenet-tiny-e4", **fields})
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"init": "x"}, "exactly one of --init"),
-    ({"preset": None}, "exactly one of --init"),
+    ({"init_from": "x"}, "exactly one of --init-from"),
+    ({"preset": None}, "exactly one of --init-from"),
     ({"seeds": 0}, "--seeds must be positive"),
     ({"max_steps": -3}, "--max-steps must be positive"),
-    ({"eval_every": -1}, "--eval-every must be >= 0"),
+    ({"save_interval": 0}, "--save-interval must be positive"),
+    ({"ep_size": 0}, "--ep-size must be positive"),
+    ({"eval_interval": -1}, "--eval-interval must be >= 0"),
     ({"eval_only": True}, "--eval-only scores pretrained weights"),
+    ({"deepspeed_config": "nowhere.json"}, "DeepSpeed config nowhere.json does not exist"),
 ])
 def test_bad_flags_are_refused_with_the_fix(tmp_path, fields, message):
     with pytest.raises(ConfigError, match=message):
         _cfg(tmp_path, **fields)
 
 
+def test_every_problem_is_reported_in_one_error(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        _cfg(tmp_path, task=GlueOptions("sst5"), seeds=0, log_interval=0, eval_interval=-2,
+             data=str(tmp_path / "nowhere"))
+    text = str(caught.value)
+    assert text.startswith("5 problems with the finetuning settings:")
+    for part in ("--seeds must be positive", "--log-interval must be positive", "--eval-interval must be >= 0",
+                 "--data", "nowhere does not exist", "--task: unknown GLUE task 'sst5'"):
+        assert part in text, part
+    # the pretraining settings are collected the same way
+    with pytest.raises(ConfigError) as caught:
+        PretrainConfig(model_config="widenet-tiny-e4", deepspeed_config=tmp_path / "none.json", data_dir=tmp_path,
+                       output_dir=tmp_path / "o", log_interval=0, keep_last=0, resume="latest", init_from=tmp_path)
+    text = str(caught.value)
+    assert text.startswith("4 problems with the pretraining settings:")
+    assert "--log-interval must be positive" in text and "--keep-last must be positive" in text
+    assert "pass only one of them" in text and "none.json does not exist" in text
+
+
 def test_missing_data_and_init_paths_are_named(tmp_path):
-    with pytest.raises(DataError, match="--data .*nowhere does not exist"):
+    with pytest.raises(ConfigError, match="--data .*nowhere does not exist"):
         _cfg(tmp_path, data=str(tmp_path / "nowhere"))
-    with pytest.raises(ConfigError, match="--init .*gone does not exist"):
-        _cfg(tmp_path, preset=None, init=str(tmp_path / "gone"))
-    assert _cfg(tmp_path, data="hf").data_path is None
+    with pytest.raises(ConfigError, match="--init-from .*gone does not exist"):
+        _cfg(tmp_path, preset=None, init_from=str(tmp_path / "gone"))
+    assert _cfg(tmp_path).data_path is None
+
+
+def _checksums(folder):
+    return {p.relative_to(folder): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_used_output_dir_is_refused_unless_resumed(tmp_path):
+    out = tmp_path / "out"
+    (out / "seed1").mkdir(parents=True)
+    (out / "results.json").write_text('{"median": {}}')
+    (out / "seed1" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    before = _checksums(out)
+    with pytest.raises(ConfigError, match=r"already holds a finetuning run \(results.json, seed1\); pass --resume "
+                                          r"to continue it, or choose another --output-dir"):
+        _cfg(tmp_path)
+    assert _checksums(out) == before
+    assert _cfg(tmp_path, resume=True).resume
+    # a folder with other files, or an empty one, takes a new run
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    _cfg(tmp_path, output_dir=tmp_path / "other")
+    with pytest.raises(ConfigError, match="exists and is not a directory"):
+        _cfg(tmp_path, output_dir=tmp_path / "other" / "notes.txt")
+
+
+def test_task_options_are_checked_before_anything_is_loaded(shared_data, tmp_path):
+    sst2 = str(shared_data / "glue/SST-2")  # train.tsv and dev.tsv, no test.tsv
+    _cfg(tmp_path, data=sst2)
+    with pytest.raises(ConfigError, match=r"--predict-test: no test.tsv in .*SST-2.*drop --predict-test"):
+        _cfg(tmp_path, task=GlueOptions("sst2", predict_test=True), data=sst2)
+    with pytest.raises(ConfigError, match=r"--data: no dev.tsv in"):
+        (tmp_path / "half").mkdir()
+        (tmp_path / "half" / "train.tsv").write_text("sentence\tlabel\n")
+        _cfg(tmp_path, data=str(tmp_path / "half"))
+    with pytest.raises(ConfigError, match="AX has no labelled split"):
+        _cfg(tmp_path, task=GlueOptions("ax"))
+    squad = shared_data / "squad"
+    _cfg(tmp_path, task=SquadOptions("1.1", train_file=str(squad / "dev-v1.1.json")), data=str(squad))
+    with pytest.raises(ConfigError) as caught:
+        _cfg(tmp_path, task=SquadOptions("1.1", doc_stride=-1), data=str(squad))
+    assert "--doc-stride must be >= 0" in str(caught.value)
+    assert "--train-file: " in str(caught.value) and "train-v1.1.json does not exist" in str(caught.value)
+
+
+def test_recipe_and_deepspeed_json_may_not_silently_disagree(tmp_path):
+    cfg = _cfg(tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        plan_finetune(cfg, GlueTaskRun(cfg), world=2)
+    text = str(caught.value)
+    assert "disagrees with the SST-2 recipe (widenet-table7)" in text and "--allow-recipe-mismatch" in text
+    assert "batch size 128 in the recipe, 32 in the DeepSpeed JSON" in text
+    assert "learning rate 4e-05 in the recipe, 0.001 in the DeepSpeed JSON" in text
+    assert "schedule steps 5234 in the recipe, 200" in text
+    plan = plan_finetune(_cfg(tmp_path, allow_recipe_mismatch=True), GlueTaskRun(cfg), world=2)
+    assert len(plan.mismatch) == 4 and plan.max_steps == 200
+    # the shipped Table-7 JSONs are the recipes
+    paper = _cfg(tmp_path, deepspeed_config=SST2_CONFIG)
+    assert plan_finetune(paper, GlueTaskRun(paper), world=8).mismatch == []
+    for task, name in (("mnli", "mnli"), ("SQuAD1.1", "squad11"), ("SQuAD2.0", "squad20")):
+        settings = validate_ds_config(load_ds_config(REPO / f"ds_configs/finetune_{name}.json"), world_size=1,
+                                      has_moe=True, cuda_available=True)
+        assert recipe_mismatch(recipe_for(task), settings) == [], task
+    # another task's JSON is caught (RTE is batch 32, lr 3e-5, 800 steps)
+    rte = _cfg(tmp_path, task=GlueOptions("rte"), deepspeed_config=SST2_CONFIG)
+    with pytest.raises(ConfigError, match="disagrees with the RTE recipe"):
+        plan_finetune(rte, GlueTaskRun(rte), world=8)
+
+
+def test_resume_refuses_changed_settings(tmp_path):
+    cfg = _cfg(tmp_path, allow_recipe_mismatch=True, max_steps=50)
+    plan = plan_finetune(cfg, GlueTaskRun(cfg), world=2)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / RUN_CONFIG_FILE).write_text(json.dumps(plan.record))
+    same = _cfg(tmp_path, allow_recipe_mismatch=True, max_steps=50, resume=True, seeds=3, log_interval=1)
+    assert plan_finetune(same, GlueTaskRun(same), world=2).complete is None
+    ds = json.loads(CPU_CONFIG.read_text())
+    ds["optimizer"]["params"]["lr"] = ds["scheduler"]["params"]["warmup_max_lr"] = 0.002
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    changed = _cfg(tmp_path, allow_recipe_mismatch=True, max_steps=60, resume=True, deepspeed_config=tmp_path / "ds.json")
+    with pytest.raises(ConfigError) as caught:
+        plan_finetune(changed, GlueTaskRun(changed), world=2)
+    text = str(caught.value)
+    assert "--resume: the run in" in text and "max_steps: 50 (the run in the folder) vs 60 (now)" in text
+    assert "deepspeed_settings.optimizer.params.lr: 0.001 (the run in the folder) vs 0.002 (now)" in text
 
 
 def test_recipe_settings_reach_the_model_config_and_flags_win(tmp_path, dist):
@@ -48,7 +164,7 @@ def test_recipe_settings_reach_the_model_config_and_flags_win(tmp_path, dist):
     assert (model.cfg.moe.capacity_factor, model.cfg.moe.balance_loss_weight, model.cfg.hidden_dropout,
             model.cfg.attention_dropout) == (2.0, 0.0, 0.1, 0.1)
     assert "random initialisation" in report
-    flags = _cfg(tmp_path, capacity_factor=1.5, balance_loss_weight=0.02, dropout=0.0)
+    flags = _cfg(tmp_path, capacity_factor=1.5, balance_loss_weight=0.02, dropout=0.0, ep_size=2)
     assert model_overrides(flags, squad) == {
         "hidden_dropout": 0.0, "attention_dropout": 0.0, "classifier_dropout": 0.1,
         "moe": {"capacity_factor": 1.5, "balance_loss_weight": 0.02}}
@@ -75,10 +191,10 @@ def test_tokenizer_comes_from_the_init_folder_or_must_be_given(shared_data, tmp_
     with_vocab = save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", state), tmp_path / "a",
                              tokenizer_files=(vocab,))
     without = save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", state), tmp_path / "b")
-    tokenizer = load_tokenizer_for(_cfg(tmp_path, preset=None, init=str(with_vocab)))
+    tokenizer = load_tokenizer_for(_cfg(tmp_path, preset=None, init_from=str(with_vocab)))
     assert tokenizer.get_vocab_size() == 30522 and tokenizer.token_to_id("[CLS]") == 101
     with pytest.raises(ConfigError, match="pass --tokenizer"):
-        load_tokenizer_for(_cfg(tmp_path, preset=None, init=str(without)))
+        load_tokenizer_for(_cfg(tmp_path, preset=None, init_from=str(without)))
 
 
 def test_expert_parallel_batches_have_one_shape_on_every_rank():
@@ -93,3 +209,38 @@ def test_expert_parallel_batches_have_one_shape_on_every_rank():
 def test_the_median_is_taken_per_metric_over_seeds():
     runs = [{"metrics": {"dev": {"acc": a, "f1": f}}} for a, f in ((0.7, 0.1), (0.9, 0.3), (0.8, 0.2))]
     assert _median(runs) == {"dev": {"acc": 0.8, "f1": 0.2}}
+
+
+class _Rows(torch.utils.data.Dataset):
+    pad_id = 0
+
+    def __len__(self):
+        return 22
+
+    def __getitem__(self, i):
+        return i
+
+    def collate(self, items):
+        return torch.tensor(items)
+
+
+def test_data_order_is_the_sampler_order_and_resumes_at_epoch_and_position():
+    """The micro-batches are DistributedSampler's epochs (what a DataLoader over it gives), and a copy
+    restored from a state taken mid-run continues with exactly the same batches, across epoch ends."""
+    dataset = _Rows()
+    sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=2, rank=1, shuffle=True, seed=5,
+                                                  drop_last=True)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, sampler=sampler, collate_fn=dataset.collate,
+                                         drop_last=True)
+    expected = []
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        expected += [batch.tolist() for batch in loader]
+    batches = EpochBatches(dataset, 4, seed=5, rank=1, world=2)
+    got = [next(batches).tolist() for _ in range(4)]
+    state = batches.state_dict()
+    assert state == {"epoch": 1, "position": 2}  # 11 rows per rank -> 2 micro-batches per epoch
+    restored = EpochBatches(dataset, 4, seed=5, rank=1, world=2)
+    restored.load_state_dict(state)
+    got += [next(restored).tolist() for _ in range(2)]
+    assert got == expected[:6] and len(expected) == 6

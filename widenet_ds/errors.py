@@ -19,3 +19,12 @@ class CheckpointError(WideNetError, ValueError):
 
 class LaunchError(WideNetError, RuntimeError):
     """A launch environment (hostfile, Slurm, MPI, world size) that cannot run the job."""
+
+
+def raise_config_problems(problems: list[str], what: str) -> None:
+    """One ConfigError naming every problem found (litgpt's `validate_args` style), so a user fixes all
+    of them in one go; nothing when the list is empty."""
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError(f"{len(problems)} problems with {what}:\n  - " + "\n  - ".join(problems))

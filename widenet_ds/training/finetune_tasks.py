@@ -1,10 +1,17 @@
-"""The finetuning tasks as small entries over the one loop in `finetune.py`: data, head, metric, files."""
+"""The finetuning tasks as small entries over the one loop in `finetune.py`: data, head, metric, files.
+
+`TaskRun` names what the loop uses of a task; `GlueTaskRun` and `SquadTaskRun` implement it, each with
+its own options (`GlueOptions`, `SquadOptions`: the flags only that task has), checked with the shared
+settings before anything is loaded. Tasks print nothing: what they have to say comes back as lines that
+the loop logs.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch.distributed as torch_dist
@@ -14,7 +21,7 @@ from widenet_ds.model.widenet import WideNetForQuestionAnswering, WideNetForSequ
 from widenet_ds.tasks.features import glue_features
 from widenet_ds.tasks.glue import GLUE_TASKS, get_glue_task, glue_split_path, load_glue_split, write_glue_predictions
 from widenet_ds.tasks.glue_metrics import glue_metrics
-from widenet_ds.tasks.recipes import recipe_for
+from widenet_ds.tasks.recipes import FinetuneRecipe, recipe_for
 from widenet_ds.tasks.squad import load_squad, squad_json_from_examples
 from widenet_ds.tasks.squad_features import SquadFeatureConfig, build_squad_features
 from widenet_ds.tasks.squad_metrics import evaluate_v1, evaluate_v2
@@ -22,6 +29,33 @@ from widenet_ds.tasks.squad_postprocess import decode_squad, tune_null_threshold
 from widenet_ds.training.finetune_config import FinetuneConfig
 from widenet_ds.training.finetune_weights import build_model
 from widenet_ds.training.predict import Batching, Prepared, predict
+
+
+class TaskRun(Protocol):
+    """What the finetuning loop uses of a task; built once per run from the validated `FinetuneConfig`."""
+
+    Options: ClassVar[type]  # the task's own settings (a dataclass with `problems(data_path)`)
+    name: str  # e.g. "SST-2", "SQuAD1.1": names the recipe and the output files
+    primary_metric: str
+
+    def __init__(self, cfg: FinetuneConfig) -> None: ...
+
+    def recipe(self) -> FinetuneRecipe: ...
+
+    def model(self, recipe: FinetuneRecipe, vocab_size: int) -> tuple[Any, str]:
+        """The task model and a one-line report of where its weights came from."""
+
+    def prepare(self, tokenizer, max_len: int) -> Prepared:
+        """Training and evaluation features (read once per run, shared by the seeds)."""
+
+    def evaluate(self, engine, split: str, features, batching: Batching, out_dir: Path) -> dict[str, float]:
+        """Collective: score `split`, write its prediction files to `out_dir` (rank 0), return the metrics."""
+
+    def predict_test(self, engine, tokenizer, max_len: int, batching: Batching, out_dir: Path) -> list[str]:
+        """Collective: the test-set files the options ask for; one line per file written."""
+
+    def baseline(self, data: Prepared) -> dict[str, Any]:
+        """A trivial predictor's metrics per evaluation split, to read the model's against."""
 
 
 def _is_main() -> bool:
@@ -34,30 +68,62 @@ def _glue_predictions(task, engine, features, batching: Batching) -> np.ndarray:
     return logits[:, 0] if task.is_regression else logits.argmax(axis=1)
 
 
+@dataclass
+class GlueOptions:
+    task: str  # a GLUE name in any spelling
+    predict_test: bool = False
+
+    def problems(self, data_path: Path | None) -> list[str]:
+        try:
+            task = get_glue_task(self.task)
+        except ConfigError as err:
+            return [f"--task: {err}"]
+        if not task.eval_splits:
+            return [f"--task {task.name} has no labelled split to finetune on; its test set is predicted by the "
+                    f"MNLI model (--task mnli --predict-test)."]
+        if data_path is None:
+            return []
+        problems = []
+        for split in ("train", *task.eval_splits):
+            try:
+                glue_split_path(task, split, data_path)
+            except DataError as err:
+                problems.append(f"--data: {err}")
+        if self.predict_test:
+            for split in task.test_splits:
+                try:
+                    glue_split_path(task, split, data_path)
+                except DataError as err:
+                    problems.append(f"--predict-test: {err}; add the test file or drop --predict-test.")
+        return problems
+
+
 class GlueTaskRun:
     """A GLUE task: sequence classification (regression for STS-B), dev metrics, submission files."""
 
+    Options = GlueOptions
+
     def __init__(self, cfg: FinetuneConfig) -> None:
-        self.task = get_glue_task(cfg.task)
-        if not self.task.eval_splits:
-            raise ConfigError(f"{self.task.name} has no labelled split to finetune on; its test set is predicted by "
-                              f"the MNLI model (--task mnli --predict-test).")
+        self.cfg = cfg
+        self.options: GlueOptions = cfg.task  # type: ignore[assignment]
+        self.task = get_glue_task(self.options.task)
         self.name = self.task.name
         self.primary_metric = self.task.primary_metric
 
-    def recipe(self):
+    def recipe(self) -> FinetuneRecipe:
         return recipe_for(self.name)
 
-    def model(self, cfg: FinetuneConfig, recipe, vocab_size: int):
-        return build_model(cfg, WideNetForSequenceClassification, recipe, vocab_size, num_labels=self.task.num_labels)
+    def model(self, recipe: FinetuneRecipe, vocab_size: int):
+        return build_model(self.cfg, WideNetForSequenceClassification, recipe, vocab_size,
+                           num_labels=self.task.num_labels)
 
-    def prepare(self, cfg: FinetuneConfig, tokenizer, max_len: int) -> Prepared:
+    def prepare(self, tokenizer, max_len: int) -> Prepared:
+        cfg = self.cfg
         train_split = load_glue_split(self.task, "train", cfg.data_path)
+        notes = []
         if cfg.max_train_examples:
             train_split.examples = train_split.examples[: cfg.max_train_examples]
-            if _is_main():
-                print(f"[data] --max-train-examples: training on the first {len(train_split.examples)} examples",
-                      flush=True)
+            notes.append(f"--max-train-examples: training on the first {len(train_split.examples)} examples")
         train = glue_features(train_split, tokenizer, max_len)
         evals = {}
         for split in self.task.eval_splits:
@@ -65,10 +131,8 @@ class GlueTaskRun:
             if cfg.max_eval_examples:
                 eval_split.examples = eval_split.examples[: cfg.max_eval_examples]
             evals[split] = glue_features(eval_split, tokenizer, max_len)
-        if _is_main():
-            for features in (train, *evals.values()):
-                print(f"[data] {features.summary_text}", flush=True)
-        return Prepared(train, evals)
+        notes += [features.summary_text for features in (train, *evals.values())]
+        return Prepared(train, evals, notes)
 
     def evaluate(self, engine, split: str, features, batching: Batching, out_dir: Path) -> dict[str, float]:
         preds = _glue_predictions(self.task, engine, features, batching)
@@ -76,12 +140,16 @@ class GlueTaskRun:
             write_glue_predictions(self.task, split, features.guids, preds.tolist(), out_dir)
         return glue_metrics(self.task, preds, features.labels)
 
-    def predict_test(self, cfg: FinetuneConfig, engine, tokenizer, max_len: int, batching: Batching, out_dir: Path) -> None:
-        """Test-set files in the GLUE submission format (MNLI: MNLI-m.tsv, MNLI-mm.tsv, and AX.tsv when the
-        diagnostic set is found next to the MNLI folder)."""
-        jobs = [(self.task, split, cfg.data_path) for split in self.task.test_splits]
-        if self.name == "MNLI" and cfg.data_path is not None:
-            for folder in (cfg.data_path, cfg.data_path.parent, cfg.data_path.parent / "diagnostic"):
+    def predict_test(self, engine, tokenizer, max_len: int, batching: Batching, out_dir: Path) -> list[str]:
+        """With --predict-test: test-set files in the GLUE submission format (MNLI: MNLI-m.tsv, MNLI-mm.tsv,
+        and AX.tsv when the diagnostic set is found next to the MNLI folder)."""
+        if not self.options.predict_test:
+            return []
+        data_path = self.cfg.data_path
+        jobs = [(self.task, split, data_path) for split in self.task.test_splits]
+        lines = []
+        if self.name == "MNLI" and data_path is not None:
+            for folder in (data_path, data_path.parent, data_path.parent / "diagnostic"):
                 try:
                     glue_split_path(GLUE_TASKS["AX"], "test", folder)
                 except DataError:
@@ -89,14 +157,14 @@ class GlueTaskRun:
                 jobs.append((GLUE_TASKS["AX"], "test", folder))
                 break
             else:
-                if _is_main():
-                    print(f"[finetune] no AX.tsv near {cfg.data_path}: the diagnostic set is not predicted", flush=True)
+                lines.append(f"no AX.tsv near {data_path}: the diagnostic set is not predicted")
         for task, split, source in jobs:
             features = glue_features(load_glue_split(task, split, source), tokenizer, max_len)
             preds = _glue_predictions(task, engine, features, batching)
             if _is_main():
                 path = write_glue_predictions(task, split, features.guids, preds.tolist(), out_dir)
-                print(f"[finetune] {len(preds)} test predictions -> {path}", flush=True)
+                lines.append(f"{len(preds)} test predictions -> {path}")
+        return lines
 
     def baseline(self, data: Prepared) -> dict[str, Any]:
         """Majority class of the training labels (mean score for regression), scored on each eval split."""
@@ -109,45 +177,74 @@ class GlueTaskRun:
                 for split, f in data.evals.items()}
 
 
+@dataclass
+class SquadOptions:
+    version: str  # "1.1" or "2.0"
+    train_file: str | None = None  # default: --data/train-v<version>.json (or --data itself, a file)
+    dev_file: str | None = None
+    doc_stride: int | None = None  # default: 128, at most max length / 4
+
+    def problems(self, data_path: Path | None) -> list[str]:
+        problems = []
+        if self.version not in ("1.1", "2.0"):
+            problems.append(f"--version must be 1.1 or 2.0, got {self.version!r}.")
+        if self.doc_stride is not None and self.doc_stride < 0:
+            problems.append(f"--doc-stride must be >= 0, got {self.doc_stride}.")
+        for flag, path in (("--train-file", self.file("train", data_path)), ("--dev-file", self.file("dev", data_path))):
+            if path is not None and not path.is_file():
+                problems.append(f"{flag}: {path} does not exist; pass the SQuAD JSON with {flag}, or a --data "
+                                f"folder holding train-v{self.version}.json and dev-v{self.version}.json.")
+        return problems
+
+    def file(self, split: str, data_path: Path | None) -> Path | None:
+        """The JSON of `split`: its flag, else in (or being) --data; None: HF datasets."""
+        given = self.train_file if split == "train" else self.dev_file
+        if given is not None:
+            return Path(given)
+        if data_path is None:
+            return None
+        return data_path if data_path.is_file() else data_path / f"{split}-v{self.version}.json"
+
+
 class SquadTaskRun:
     """SQuAD v1.1 / v2.0: span start/end head, n-best decoding, null threshold tuned on dev (v2.0)."""
 
+    Options = SquadOptions
     primary_metric = "f1"
 
     def __init__(self, cfg: FinetuneConfig) -> None:
-        self.version = cfg.version
-        self.name = f"SQuAD{cfg.version}"
+        self.cfg = cfg
+        self.options: SquadOptions = cfg.task  # type: ignore[assignment]
+        self.version = self.options.version
+        self.name = f"SQuAD{self.version}"
 
-    def recipe(self):
+    def recipe(self) -> FinetuneRecipe:
         return recipe_for(self.name)
 
-    def model(self, cfg: FinetuneConfig, recipe, vocab_size: int):
-        return build_model(cfg, WideNetForQuestionAnswering, recipe, vocab_size)
+    def model(self, recipe: FinetuneRecipe, vocab_size: int):
+        return build_model(self.cfg, WideNetForQuestionAnswering, recipe, vocab_size)
 
-    def prepare(self, cfg: FinetuneConfig, tokenizer, max_len: int) -> Prepared:
+    def prepare(self, tokenizer, max_len: int) -> Prepared:
+        cfg = self.cfg
         # Without flags: BERT's 128-token stride and 64-token questions, shrunk for short max lengths.
-        stride = cfg.doc_stride if cfg.doc_stride is not None else min(128, max_len // 4)
+        stride = self.options.doc_stride if self.options.doc_stride is not None else min(128, max_len // 4)
         feature_cfg = SquadFeatureConfig(max_seq_length=max_len, doc_stride=stride,
                                          max_query_length=min(64, max_len // 4))
-        path = cfg.data_path
-        train_file = cfg.train_file or (path and (path if path.is_file() else path / f"train-v{self.version}.json"))
-        dev_file = cfg.dev_file or (path and (path if path.is_file() else path / f"dev-v{self.version}.json"))
+        train_file, dev_file = self.options.file("train", cfg.data_path), self.options.file("dev", cfg.data_path)
         train_examples = load_squad(self.version, "train", train_file).examples
         dev_examples = load_squad(self.version, "dev", dev_file).examples
         if cfg.max_train_examples:
             train_examples = train_examples[: cfg.max_train_examples]
         if cfg.max_eval_examples:
             dev_examples = dev_examples[: cfg.max_eval_examples]
-        if _is_main():
-            print(f"[data] train {train_file or 'hf'}: {len(train_examples)} questions; dev {dev_file or 'hf'}: "
-                  f"{len(dev_examples)}; windows of {max_len} tokens, doc_stride {stride}", flush=True)
         train = build_squad_features(train_examples, tokenizer, feature_cfg, training=True)
         dev = build_squad_features(dev_examples, tokenizer, feature_cfg, training=False)
-        if _is_main():
-            print(f"[data] train: {train.summary()}\n[data] dev: {dev.summary()}", flush=True)
         self.dev_examples = dev_examples
         self.dev_json = squad_json_from_examples(dev_examples, self.version)["data"]
-        return Prepared(train, {"dev": dev})
+        notes = [f"train {train_file or 'hf'}: {len(train_examples)} questions; dev {dev_file or 'hf'}: "
+                 f"{len(dev_examples)}; windows of {max_len} tokens, doc_stride {stride}",
+                 f"train: {train.summary()}", f"dev: {dev.summary()}"]
+        return Prepared(train, {"dev": dev}, notes)
 
     def evaluate(self, engine, split: str, features, batching: Batching, out_dir: Path) -> dict[str, float]:
         logits = predict(engine, features, batching, ("start_logits", "end_logits"))
@@ -165,8 +262,9 @@ class SquadTaskRun:
                                 decoded.nbest)
         return metrics
 
-    def write_test_predictions(self, engine, batching: Batching, out_dir: Path) -> None:
-        """SQuAD has no public test set; predictions.json of dev is the submission format."""
+    def predict_test(self, engine, tokenizer, max_len: int, batching: Batching, out_dir: Path) -> list[str]:
+        """SQuAD has no public test set (its submissions are dev-format predictions.json): nothing to write."""
+        return []
 
     def baseline(self, data: Prepared) -> dict[str, Any]:
         """The empty answer for every question."""

@@ -103,8 +103,9 @@ class TrainingLog:
     """
 
     def __init__(self, output_dir: Path, *, enabled: bool, tensorboard: bool, progress_bar: bool,
-                 start_step: int, max_steps: int) -> None:
+                 start_step: int, max_steps: int, console_label: str | None = None) -> None:
         self.enabled = enabled
+        self.label = console_label  # console lines read "[<label> step N]" (finetuning: "seed 3")
         self.writer = None
         self.bar = None
         self.metrics_path = Path(output_dir) / METRICS_FILE
@@ -138,13 +139,21 @@ class TrainingLog:
         if self.bar is not None:
             self.bar.update(steps)
 
-    def event(self, step: int, message: str) -> None:
-        """A notable moment (checkpoint saved, resumed, stopped by a signal): console + metrics.jsonl."""
+    def event(self, step: int | None, message: str) -> None:
+        """A notable moment (checkpoint saved, resumed, stopped by a signal): console + metrics.jsonl.
+        `step` None: an event of the run rather than of a training step (data read, results written)."""
         if not self.enabled:
             return
-        self.metrics_file.write(json.dumps({"step": step, "time": time.time(), "event": message}) + "\n")
+        record = {"time": time.time(), "event": message} if step is None else {"step": step, "time": time.time(),
+                                                                               "event": message}
+        self.metrics_file.write(json.dumps(record) + "\n")
         self.metrics_file.flush()
-        self._print(f"[step {step}] {message}")
+        self._print(f"{self._prefix(step)} {message}")
+
+    def _prefix(self, step: int | None) -> str:
+        if step is None:
+            return f"[{self.label or 'run'}]"
+        return f"[{self.label} step {step}]" if self.label else f"[step {step}]"
 
     def close(self) -> None:
         if not self.enabled:
@@ -156,13 +165,17 @@ class TrainingLog:
         self.metrics_file.close()
 
     def _console(self, step: int, s: dict[str, float]) -> None:
-        figures = (f"loss {s['train/loss']:.4f} | mlm {s['train/mlm_loss']:.4f} acc {s['train/mlm_accuracy']:.3f}"
-                   f" | sop {s['train/sop_loss']:.4f} acc {s['train/sop_accuracy']:.3f}"
-                   f" | lr {s['optim/lr']:.3g} | {s['perf/samples_per_second']:.1f} samples/s")
+        if "train/mlm_loss" in s:  # pretraining
+            figures = (f"loss {s['train/loss']:.4f} | mlm {s['train/mlm_loss']:.4f} acc {s['train/mlm_accuracy']:.3f}"
+                       f" | sop {s['train/sop_loss']:.4f} acc {s['train/sop_accuracy']:.3f}")
+        else:  # finetuning
+            figures = (f"loss {s['train/loss']:.4f} | task {s['train/task_loss']:.4f}"
+                       f" | balance {s['train/balance_loss']:.4f}")
+        figures += f" | lr {s['optim/lr']:.3g} | {s['perf/samples_per_second']:.1f} samples/s"
         if self.bar is not None:
             self.bar.set_postfix_str(figures, refresh=True)
         else:
-            self._print(f"[step {step}] {figures}")
+            self._print(f"{self._prefix(step)} {figures}")
 
     def _print(self, line: str) -> None:
         if self.bar is not None:
@@ -176,7 +189,7 @@ def _truncate_jsonl(path: Path, after_step: int) -> None:
     if not path.exists():
         return
     kept = [line for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line)["step"] <= after_step]
+            if line.strip() and json.loads(line).get("step", 0) <= after_step]
     atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -12,10 +12,12 @@ import torch.distributed as torch_dist
 
 @dataclass
 class Prepared:
-    """A task's data for one run: what to train on, and what each evaluation split needs."""
+    """A task's data for one run: what to train on, what each evaluation split needs, and one line per
+    notable fact about it (sizes, skipped rows) for the run's log."""
 
     train: Any
     evals: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
 
 
 def _gather_in_order(local: dict[int, np.ndarray], total: int) -> list[np.ndarray]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
-from widenet_ds.errors import ConfigError
+from widenet_ds.errors import raise_config_problems
 
 OptimizerChoice = Literal["auto", "deepspeed-fused", "torch-lamb"]
 LATEST = "latest"
@@ -72,9 +72,7 @@ class PretrainConfig:
                             f"with a JSON file, e.g. ds_configs/cpu_small.json (see ds_configs/README.md).")
         if self.output_dir.exists() and not self.output_dir.is_dir():
             problems.append(f"--output-dir {self.output_dir} exists and is not a directory.")
-        if problems:
-            raise ConfigError(problems[0] if len(problems) == 1 else
-                              f"{len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems))
+        raise_config_problems(problems, "the pretraining settings")
 
     @property
     def checkpoint_dir(self) -> Path:
