@@ -93,8 +93,9 @@ class GlueOptions:
             for split in task.test_splits:
                 try:
                     glue_split_path(task, split, data_path)
-                except DataError as err:
-                    problems.append(f"--predict-test: {err}; add the test file or drop --predict-test.")
+                except DataError:
+                    problems.append(f"--predict-test: no {task.files[split]} in {data_path} (nor in "
+                                    f"{data_path / task.name}); add the test file there, or drop --predict-test.")
         return problems
 
 
