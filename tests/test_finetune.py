@@ -26,7 +26,8 @@ def test_sst2_beats_the_majority_class(shared_data, tmp_path):
     run_deepspeed(REPO / "finetune/run_glue.py", [
         "--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--preset", "widenet-tiny-e4",
         "--tokenizer", _vocab(shared_data), "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path),
-        "--max-steps", "150", "--max-train-examples", "4000", "--max-seq-length", "64"], timeout=900)
+        "--max-steps", "150", "--max-train-examples", "4000", "--max-seq-length", "64", "--allow-recipe-mismatch"],
+        timeout=900)
     results = json.loads((tmp_path / "results.json").read_text())
     acc, majority = results["median"]["dev"]["acc"], results["baseline"]["dev"]["acc"]
     assert majority == pytest.approx(444 / 872)  # 'positive' is the training majority; 444 of 872 dev
@@ -50,7 +51,8 @@ def test_squad_v11_slice_beats_the_empty_answer(shared_data, tmp_path):
         "--version", "1.1", "--data", str(shared_data / "squad/dev-v1.1.json"), "--preset", "widenet-tiny-e4",
         "--tokenizer", _vocab(shared_data), "--deepspeed_config", str(tmp_path / "ds.json"),
         "--output-dir", str(tmp_path / "out"), "--max-steps", "60", "--max-train-examples", "160",
-        "--max-eval-examples", "160", "--max-seq-length", "128", "--doc-stride", "32"], timeout=600)
+        "--max-eval-examples", "160", "--max-seq-length", "128", "--doc-stride", "32", "--allow-recipe-mismatch"],
+        timeout=600)
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["baseline"]["dev"] == {"exact_match": 0.0, "f1": 0.0}
     assert results["median"]["dev"]["f1"] >= 10.0, results["median"]
@@ -63,14 +65,14 @@ def test_seeds_report_the_median_and_test_files_are_written(shared_data, tmp_pat
     run_deepspeed(REPO / "finetune/run_glue.py", [
         "--task", "cola", "--data", str(shared_data / "glue/CoLA"), "--preset", "widenet-tiny-e4",
         "--tokenizer", _vocab(shared_data), "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path),
-        "--max-steps", "2", "--max-train-examples", "64", "--max-eval-examples", "60", "--seeds", "3",
-        "--max-seq-length", "64", "--predict-test"], timeout=600)
+        "--max-steps", "2", "--max-train-examples", "64", "--max-eval-examples", "60", "--seeds", "3", "--seed", "4",
+        "--max-seq-length", "64", "--predict-test", "--allow-recipe-mismatch"], timeout=600)
     results = json.loads((tmp_path / "results.json").read_text())
     accs = sorted(run["metrics"]["dev"]["mcc"] for run in results["per_seed"])
-    assert [run["seed"] for run in results["per_seed"]] == [1, 2, 3]
+    assert [run["seed"] for run in results["per_seed"]] == [4, 5, 6]
     assert results["median"]["dev"]["mcc"] == accs[1]
     # the unlabelled test set, every row predicted, in the layout the GLUE server takes
-    rows = (tmp_path / "seed1" / "CoLA.tsv").read_text().splitlines()
+    rows = (tmp_path / "seed4" / "CoLA.tsv").read_text().splitlines()
     assert rows[0] == "index\tprediction" and len(rows) == 1 + 1063
     assert {row.split("\t")[1] for row in rows[1:]} <= {"0", "1"}
 
@@ -82,11 +84,14 @@ def _run_single(script: str, args: list[str]) -> subprocess.CompletedProcess:
 
 def test_bad_inputs_fail_with_one_clear_line(shared_data, tmp_path):
     common = ["--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path / "out"),
-              "--tokenizer", _vocab(shared_data), "--preset", "widenet-tiny-e4"]
+              "--tokenizer", _vocab(shared_data), "--preset", "widenet-tiny-e4", "--allow-recipe-mismatch"]
     cases = [
         (["--task", "sst5", "--data", str(shared_data / "glue/SST-2")], "unknown GLUE task"),
         (["--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--max-seq-length", "600"],
          "position embeddings"),
+        # SST-2 in the shared data has no test.tsv: refused before anything is trained
+        (["--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--predict-test"],
+         "--predict-test: no test.tsv in"),
     ]
     bad_tsv = tmp_path / "SST-2"
     bad_tsv.mkdir()
@@ -110,7 +115,7 @@ def test_squad_answer_start_mismatch_and_vocab_mismatch(shared_data, tmp_path):
     bad.write_text(json.dumps(data))
     proc = _run_single("finetune/run_squad.py", [
         "--version", "1.1", "--data", str(bad), "--preset", "widenet-tiny-e4", "--tokenizer", _vocab(shared_data),
-        "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path / "o")])
+        "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path / "o"), "--allow-recipe-mismatch"])
     assert proc.returncode == 2 and qa["id"] in proc.stderr.strip().splitlines()[-1]
 
     # a model whose vocabulary is not the tokenizer's
@@ -124,7 +129,8 @@ def test_squad_answer_start_mismatch_and_vocab_mismatch(shared_data, tmp_path):
     save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", WideNetForPreTraining(cfg).state_dict()),
                 tmp_path / "small-vocab")
     proc = _run_single("finetune/run_glue.py", [
-        "--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--init", str(tmp_path / "small-vocab"),
-        "--tokenizer", _vocab(shared_data), "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path / "p")])
+        "--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--init-from", str(tmp_path / "small-vocab"),
+        "--tokenizer", _vocab(shared_data), "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path / "p"),
+        "--allow-recipe-mismatch"])
     assert proc.returncode == 2
     assert "1000" in proc.stderr.strip().splitlines()[-1] and "30522" in proc.stderr.strip().splitlines()[-1]

@@ -244,3 +244,27 @@ def test_data_order_is_the_sampler_order_and_resumes_at_epoch_and_position():
     restored.load_state_dict(state)
     got += [next(restored).tolist() for _ in range(2)]
     assert got == expected[:6] and len(expected) == 6
+
+
+def test_resume_keeps_finished_seeds_and_leaves_a_complete_run_alone(shared_data, tmp_path, dist, capsys):
+    """In this process (1 rank): a finished run resumed is reported complete and left as it is; resumed with
+    one more seed, only that seed is trained and the first one's result is kept."""
+    from widenet_ds.training.finetune import run
+
+    def cfg(**fields) -> FinetuneConfig:
+        return _cfg(tmp_path, data=str(shared_data / "glue/SST-2"),
+                    tokenizer=str(shared_data / "vocab/bert-base-uncased-vocab.txt"), max_steps=2,
+                    max_train_examples=64, max_eval_examples=32, max_seq_length=32, allow_recipe_mismatch=True,
+                    tensorboard=False, progress_bar=False, **fields)
+
+    first = run(c := cfg(), GlueTaskRun(c))
+    out = tmp_path / "out"
+    seed1 = (out / "seed1" / "metrics.jsonl").read_bytes()
+    assert json.loads((out / "results.json").read_text()) == first and not (out / "seed1" / "checkpoints").exists()
+    capsys.readouterr()
+    assert run(c := cfg(resume=True), GlueTaskRun(c)) == first
+    assert "is complete; results in" in capsys.readouterr().out
+    more = run(c := cfg(resume=True, seeds=2), GlueTaskRun(c))
+    assert more["per_seed"][0] == first["per_seed"][0] and more["per_seed"][1]["seed"] == 2
+    assert (out / "seed1" / "metrics.jsonl").read_bytes() == seed1
+    assert json.loads((out / "results.json").read_text())["seeds"] == 2

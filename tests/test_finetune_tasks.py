@@ -62,9 +62,9 @@ def test_mnli_two_eval_splits_test_files_and_load_report(exported_folder, tmp_pa
                        "test_matched.tsv": 21, "test_mismatched.tsv": 19})
     out = tmp_path / "out"
     proc = run_deepspeed(REPO / "finetune/run_glue.py", [
-        "--task", "MNLI", "--data", str(data), "--init", str(exported_folder), "--ep-size", "2",
+        "--task", "MNLI", "--data", str(data), "--init-from", str(exported_folder), "--ep-size", "2",
         "--deepspeed_config", CPU_CONFIG, "--output-dir", str(out), "--max-steps", "3", "--max-seq-length", "32",
-        "--predict-test", "--log-every", "1", "--save-model"], timeout=600)
+        "--predict-test", "--log-interval", "1", "--save-model", "--allow-recipe-mismatch"], timeout=600)
 
     # the load report: what came from the folder, what is new, which pretraining heads went unused
     log = proc.stdout
@@ -78,6 +78,7 @@ def test_mnli_two_eval_splits_test_files_and_load_report(exported_folder, tmp_pa
     assert results["steps"] == 3 and results["primary_metric"] == "acc"
     # routing settings of the MNLI recipe (Table 7: C 1.2, lambda 0.01, dropout 0) reached the model config
     assert results["recipe"]["model_overrides"]["moe"] == {"capacity_factor": 1.2, "balance_loss_weight": 0.01}
+    assert results["ep_size"] == 2 and len(results["recipe_mismatch"]) == 4
     seed = out / "seed1"
     for name, count in (("MNLI.dev_matched.tsv", 45), ("MNLI.dev_mismatched.tsv", 37), ("MNLI-m.tsv", 21),
                         ("MNLI-mm.tsv", 19)):
@@ -91,13 +92,13 @@ def test_mnli_two_eval_splits_test_files_and_load_report(exported_folder, tmp_pa
     assert results["per_seed"][0]["metrics"]["dev_matched"]["acc"] == pytest.approx(correct / 45)
     # one loss record per step and the final evaluation, in metrics.jsonl
     records = [json.loads(line) for line in (seed / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "finetune/loss" in r] == [1, 2, 3]
+    assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3]
     assert any("eval/dev_mismatched/acc" in r for r in records)
 
     # the saved model (experts gathered from both expert-parallel ranks) scores the same with --eval-only
     rescored = tmp_path / "rescored"
     proc = run_deepspeed(REPO / "finetune/run_glue.py", [
-        "--task", "MNLI", "--data", str(data), "--init", str(seed / "model"), "--eval-only",
+        "--task", "MNLI", "--data", str(data), "--init-from", str(seed / "model"), "--eval-only",
         "--deepspeed_config", CPU_CONFIG, "--output-dir", str(rescored), "--max-seq-length", "32"], timeout=600)
     assert f"from {seed / 'model'} (WideNetForSequenceClassification)" in proc.stdout
     assert "saved with ep_size 2, loaded with ep_size 1" in proc.stdout and "newly initialised" not in proc.stdout

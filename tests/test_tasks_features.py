@@ -70,18 +70,17 @@ def test_max_length_must_fit_positions():
         check_max_length(1024, 512)
 
 
-def test_recipes_table7_and_overrides():
+def test_recipes_table7_and_their_differences_from_a_deepspeed_json():
     assert RECIPES["MNLI"].source == "widenet-table7"
     assert (RECIPES["SST-2"].steps, RECIPES["SST-2"].batch_size, RECIPES["SST-2"].learning_rate) == (5234, 128, 4e-5)
     v2 = recipe_for("squad_v2")
     assert (v2.capacity_factor, v2.balance_weight, v2.dropout, v2.max_seq_length) == (1.2, 0.01, 0.0, 512)
     v1 = recipe_for("SQuAD1.1")
     assert (v1.capacity_factor, v1.balance_weight, v1.dropout, v1.max_seq_length) == (2.0, 0.0, 0.1, 384)
-    rte = recipe_for("rte", learning_rate=1e-5, steps=None)
-    assert rte.learning_rate == 1e-5 and rte.steps == 800 and "overrides ['learning_rate']" in rte.source
-    with pytest.raises(ConfigError, match="unknown recipe fields \\['lr'\\]"):
-        recipe_for("RTE", lr=1.0)
-    with pytest.raises(ConfigError, match="warmup_steps must be in"):
-        recipe_for("RTE", warmup_steps=5000)
+    rte = recipe_for("rte")  # 800 steps, warmup 200, batch 32, lr 3e-5
+    assert rte.differences(batch_size=32, learning_rate=3e-5, warmup_steps=200, steps=800) == []
+    assert rte.differences(batch_size=128, learning_rate=3e-5, warmup_steps=None, steps=800) == [
+        "batch size 32 in the recipe, 128 in the DeepSpeed JSON", "warmup steps 200 in the recipe, not set in the "
+        "DeepSpeed JSON"]
     with pytest.raises(ConfigError, match="AX has no finetuning recipe"):
         recipe_for("AX")

@@ -361,8 +361,6 @@ def _run_seeds(cfg: FinetuneConfig, plan: FinetunePlan, task_run: TaskRun, token
         runlog.event(None, f"{task_run.name}: the run in {cfg.output_dir} is complete; results in "
                            f"{cfg.output_dir / RESULTS_FILE}")
         return plan.complete
-    if rank == 0:
-        atomic_write_json(cfg.output_dir / RUN_CONFIG_FILE, plan.record)
     if plan.mismatch:
         runlog.event(None, f"--allow-recipe-mismatch: training with {cfg.deepspeed_config}, not the "
                            f"{task_run.name} recipe: {'; '.join(plan.mismatch)}")
@@ -389,6 +387,8 @@ def _run_seeds(cfg: FinetuneConfig, plan: FinetunePlan, task_run: TaskRun, token
         if done is not None:
             per_seed.append(done)
             continue
+        if rank == 0:  # from here on the folder holds this run: a new run there is refused, --resume continues
+            atomic_write_json(cfg.output_dir / RUN_CONFIG_FILE, plan.record)
         result = run_seed(cfg, plan, task_run, seed, model, data, tokenizer, max_len, stop)
         del model
         if result is None:
