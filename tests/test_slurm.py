@@ -1,6 +1,7 @@
-"""slurm/pretrain.sbatch on a real single-node Slurm (Debian's slurmctld + slurmd + munge, 2 CPUs):
-2 ranks train and checkpoint; a preempted job checkpoints, requeues itself and resumes without
-repeating a step; a job missing what it needs fails fast naming the fix.
+"""slurm/pretrain.sbatch and slurm/finetune.sbatch on a real single-node Slurm (Debian's slurmctld +
+slurmd + munge, 2 CPUs): 2 ranks train and checkpoint; a preempted job checkpoints, requeues itself and
+resumes without repeating a step (finetuning: and ends with the results of an uninterrupted run); a job
+missing what it needs fails fast naming the fix.
 
 CI installs the daemons with scripts/install_slurm.sh; elsewhere these tests skip when they are absent.
 """
@@ -19,6 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from launch_inputs import DS_CONFIG, REPO, prepare_tiny_corpus, tiny_model_config  # noqa: E402
+from launching import run_deepspeed  # noqa: E402
 from slurm_cluster import missing_tools, slurm_cluster  # noqa: E402
 
 if missing_tools():
@@ -29,6 +31,7 @@ if os.geteuid() != 0:
 
 pytestmark = pytest.mark.slurm
 PRETRAIN_SBATCH = REPO / "slurm" / "pretrain.sbatch"
+FINETUNE_SBATCH = REPO / "slurm" / "finetune.sbatch"
 # The test node has 2 CPUs: the scripts' GPU-node defaults are overridden on the command line.
 TWO_RANKS = ["--ntasks-per-node=2", "--cpus-per-task=1", "--time=10"]
 
@@ -96,6 +99,73 @@ def test_pretrain_sbatch_trains_on_two_ranks_and_resumes_after_preemption(cluste
         checkpoint = run / "checkpoints" / f"step{step}"
         assert json.loads((checkpoint / "widenet_checkpoint.json").read_text())["world_size"] == 2
         assert (checkpoint / "rank_00000_state.pt").exists() and (checkpoint / "rank_00001_state.pt").exists()
+
+
+@pytest.fixture(scope="module")
+def pretrained(shared_data, tmp_path_factory):
+    """What MODEL points at: a tiny WideNet exported as a checkpoint folder with the BERT vocabulary."""
+    import torch
+
+    from widenet_ds.checkpoint.format import PortableCheckpoint, save_folder
+    from widenet_ds.model.config import ModelConfig
+    from widenet_ds.model.widenet import WideNetForPreTraining
+
+    root = tmp_path_factory.mktemp("pretrained")
+    vocab = root / "vocab.txt"
+    vocab.write_bytes((shared_data / "vocab" / "bert-base-uncased-vocab.txt").read_bytes())
+    cfg = ModelConfig.from_preset("widenet-tiny-e4", vocab_size=30522, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", WideNetForPreTraining(cfg).state_dict()),
+                       root / "exported", tokenizer_files=(vocab,))
+
+
+def logged_numbers(seed_dir: Path) -> dict[tuple[int, str], float]:
+    """(step, name) -> value of the seed's losses, learning rates and evaluations (timings left out)."""
+    records = [json.loads(line) for line in (seed_dir / "metrics.jsonl").read_text().splitlines()]
+    return {(r["step"], k): v for r in records if "event" not in r for k, v in r.items()
+            if k not in ("step", "time") and not k.startswith("perf/")}
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
+def test_finetune_sbatch_is_preempted_requeued_and_ends_as_an_uninterrupted_run(cluster, shared_data, pretrained,
+                                                                                 tmp_path):
+    max_steps = 16
+    options = ["--max-steps", str(max_steps), "--seed", "7", "--max-train-examples", "512", "--max-eval-examples",
+               "64", "--max-seq-length", "48", "--log-interval", "1", "--save-interval", "5", "--no-tensorboard",
+               "--allow-recipe-mismatch"]
+    data, ds_config = shared_data / "glue" / "SST-2", REPO / "ds_configs" / "finetune_cpu_small.json"
+    run, log = tmp_path / "run", tmp_path / "job.log"
+    env = dict(cluster.env, TASK="SST-2", DATA=str(data), MODEL=str(pretrained), DS_CONFIG=str(ds_config),
+               OUTPUT_DIR=str(run), EXTRA_ARGS=" ".join(options))
+    job = cluster.sbatch(*TWO_RANKS, f"--output={log}", str(FINETUNE_SBATCH), env=env)
+
+    def trained_two_steps() -> bool:
+        return (run / "seed7" / "metrics.jsonl").exists() and (2, "train/loss") in logged_numbers(run / "seed7")
+
+    wait_for(trained_two_steps, 300, "finetuning steps", cluster, job)
+    # The time limit's signal, by hand: USR1 to the batch shell, which has the tasks checkpoint, then requeues.
+    cluster.run("scancel", "--batch", "--signal=USR1", str(job))
+    assert cluster.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=400) == "COMPLETED", log.read_text()
+    text = log.read_text()
+    assert cluster.job_field(job, "Restarts") == "1" and cluster.job_field(job, "ExitCode") == "0:0", text
+    assert "SIGUSR1 received, asking the tasks" in text and "requeueing job" in text
+    events = [json.loads(line).get("event", "") for line in (run / "seed7" / "metrics.jsonl").read_text().splitlines()]
+    stopped = [e for e in events if e.startswith("stopped by SIGUSR1")]
+    assert len(stopped) == 1 and len([e for e in events if e.startswith("resumed from")]) == 1, events
+    # Steps are not repeated: across both runs' console lines every step was trained exactly once.
+    trained = [int(step) for step in re.findall(r"^\[seed 7 step (\d+)\] loss", text, flags=re.MULTILINE)]
+    assert trained == list(range(1, max_steps + 1)), trained
+
+    # The same run, uninterrupted, under the deepspeed launcher: the same numbers, the same results.
+    reference = tmp_path / "reference"
+    run_deepspeed(REPO / "finetune" / "run_glue.py", [
+        "--task", "SST-2", "--data", str(data), "--init-from", str(pretrained), "--deepspeed_config", str(ds_config),
+        "--output-dir", str(reference), "--no-progress-bar", *options], timeout=600)
+    assert logged_numbers(run / "seed7") == logged_numbers(reference / "seed7")
+    got, want = (json.loads((folder / "results.json").read_text()) for folder in (run, reference))
+    assert got["per_seed"] == want["per_seed"] and got["median"] == want["median"]
+    assert (run / "seed7" / "SST-2.dev.tsv").read_text() == (reference / "seed7" / "SST-2.dev.tsv").read_text()
 
 
 def test_job_without_srun_fails_fast_naming_srun(cluster, tmp_path):
