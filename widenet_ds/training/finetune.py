@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import shutil
 import statistics
 import sys
@@ -34,7 +33,6 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as torch_dist
 
@@ -47,7 +45,7 @@ from widenet_ds.checkpoint.training import (
     read_meta,
 )
 from widenet_ds.errors import ConfigError, DataError, WideNetError, raise_config_problems
-from widenet_ds.runtime.distributed import init_distributed
+from widenet_ds.runtime.distributed import init_distributed, seed_everything
 from widenet_ds.runtime.ds_config import DeepSpeedSettings, load_ds_config, validate_ds_config
 from widenet_ds.runtime.engine import build_engine
 from widenet_ds.tasks.features import check_max_length, check_tokenizer_matches
@@ -143,9 +141,7 @@ def _json_values(obj: Any) -> Any:
 
 def plan_finetune(cfg: FinetuneConfig, task_run: TaskRun, world: int) -> FinetunePlan:
     """All checks that need no model; every problem found is reported in one ConfigError."""
-    problems = []
-    if world % cfg.ep_size:
-        problems.append(f"--ep-size {cfg.ep_size} does not divide the {world} ranks; pick a divisor.")
+    problems = []  # (--ep-size is checked against the world size and the experts in build_model)
     ds_config = load_ds_config(cfg.deepspeed_config)
     settings = validate_ds_config(ds_config, world_size=world, has_moe=False, cuda_available=torch.cuda.is_available())
     recipe = task_run.recipe()
@@ -179,12 +175,6 @@ def plan_finetune(cfg: FinetuneConfig, task_run: TaskRun, world: int) -> Finetun
 
 
 # --- the loop -----------------------------------------------------------------------------------------
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def _training_seed(seed: int, rank: int) -> int:
     """Each rank's stream for dropout and gate noise, apart from every seed's initialisation stream."""
     return 1_000_003 * seed + 1 + rank
@@ -280,13 +270,13 @@ def run_seed(cfg: FinetuneConfig, plan: FinetunePlan, task_run: TaskRun, seed: i
     # Expert parallelism exchanges capacity buffers sized by each rank's tokens: one shape on every rank.
     batching = Batching(micro, max_len if model.cfg.is_moe and cfg.ep_size > 1 else None)
     batches = EpochBatches(data.train, micro, seed, rank, world)
-    _seed_everything(_training_seed(seed, rank))
+    seed_everything(_training_seed(seed, rank))
     state = TrainingState()
     if resume_from is not None:
         state = checkpoints.load(engine, resume_from, batches)
     log = TrainingLog(seed_dir, enabled=rank == 0, tensorboard=cfg.tensorboard, progress_bar=cfg.progress_bar,
                       start_step=state.step, max_steps=plan.max_steps, console_label=f"seed {seed}")
-    meta = {"model_config": model.cfg.to_dict(), "deepspeed_config": settings.config,
+    meta = {"model_config": model.cfg.to_dict(), "ep_size": cfg.ep_size, "deepspeed_config": settings.config,
             "finetune": {"task": task_run.name, "seed": seed, "max_steps": plan.max_steps}}
     loop = SeedLoop(batches, batching, settings.batch.gradient_accumulation_steps, plan.max_steps, checkpoints,
                     meta, log, stop)
@@ -374,7 +364,7 @@ def _run_seeds(cfg: FinetuneConfig, plan: FinetunePlan, task_run: TaskRun, token
         if done is not None and data is not None:
             per_seed.append(done)
             continue
-        _seed_everything(seed)  # the same initial weights on every rank
+        seed_everything(seed)  # the same initial weights on every rank
         model, load_report = task_run.model(plan.recipe, tokenizer.get_vocab_size())
         if data is None:  # once per run: read the data and say what the run is
             check_tokenizer_matches(tokenizer, model.cfg.vocab_size)

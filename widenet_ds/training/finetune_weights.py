@@ -1,6 +1,6 @@
 """Where finetuning weights come from and go: the tokenizer that belongs to them, the task model built from
 --init-from (pretrained weights + load report) or --preset (random) with the recipe's routing and dropout
-settings and the run's expert-parallel size, and the finetuned model written back as a checkpoint folder."""
+settings, and the finetuned model written back as a checkpoint folder."""
 
 from __future__ import annotations
 
@@ -9,19 +9,12 @@ from typing import Any
 
 import torch.distributed as torch_dist
 
-from widenet_ds.checkpoint.deepspeed import find_tokenizer_files
-from widenet_ds.checkpoint.format import (
-    TOKENIZER_FILES,
-    PortableCheckpoint,
-    global_key_map,
-    is_expert_key,
-    is_folder,
-    save_folder,
-)
-from widenet_ds.checkpoint.load import load_pretrained
+from widenet_ds.checkpoint.format import PortableCheckpoint, global_key_map, is_expert_key, save_folder
+from widenet_ds.checkpoint.load import find_tokenizer_files, load_into, read_checkpoint
 from widenet_ds.data.tokenizer import load_tokenizer
 from widenet_ds.errors import ConfigError, WideNetError
 from widenet_ds.model.config import ModelConfig
+from widenet_ds.runtime.distributed import check_ep_size
 from widenet_ds.training.finetune_config import FinetuneConfig
 
 
@@ -30,18 +23,14 @@ def load_tokenizer_for(cfg: FinetuneConfig):
     checkpoints)."""
     source: str | Path | None = cfg.tokenizer
     if source is None and cfg.init_from is not None:
-        init = Path(cfg.init_from)
-        if is_folder(init):
-            found = [init / name for name in TOKENIZER_FILES if (init / name).is_file()]
-        else:
-            try:
-                found = list(find_tokenizer_files(init))
-            except WideNetError:
-                found = []  # not a checkpoint: loading the weights will say so
+        try:
+            found = find_tokenizer_files(Path(cfg.init_from))
+        except WideNetError:
+            found = ()  # not a checkpoint: loading the weights will say so
         source = found[0] if found else None
     if source is None:
-        raise ConfigError("no tokenizer given and none saved with --init-from: pass --tokenizer (the tokenizer.json / "
-                          "vocab.txt or the prepared data folder the model was pretrained with).")
+        raise ConfigError("no tokenizer given and none saved with --init-from: pass --tokenizer (the tokenizer.json "
+                          "/ vocab.txt or the prepared data folder the model was pretrained with).")
     return load_tokenizer(source)
 
 
@@ -57,17 +46,22 @@ def model_overrides(cfg: FinetuneConfig, recipe) -> dict[str, Any]:
 
 
 def build_model(cfg: FinetuneConfig, cls, recipe, vocab_size: int, **model_kwargs):
-    """The task model from --init-from (weights + load report) or --preset (random), with the recipe's
-    overrides. The one place where the run's expert-parallel size reaches the model."""
+    """The task model from --init-from (weights + load report) or --preset (random), with the recipe's overrides
+    and the run's expert-parallel size (checked here, the one place it reaches the model)."""
     overrides = model_overrides(cfg, recipe)
-    overrides["moe"]["ep_size"] = cfg.ep_size
+    world = torch_dist.get_world_size() if torch_dist.is_initialized() else 1
     if cfg.init_from is not None:
-        model, report = load_pretrained(cls, cfg.init_from, model_overrides=overrides, **model_kwargs)
-        return model, report.summary()
-    base = ModelConfig.from_preset(cfg.preset, vocab_size=vocab_size).to_dict()
-    model_cfg = ModelConfig.from_dict({**base, **{k: v for k, v in overrides.items() if k != "moe"},
-                                       "moe": {**base["moe"], **overrides["moe"]}})
-    return cls(model_cfg, **model_kwargs), f"random initialisation from preset {cfg.preset} (no weights loaded)"
+        checkpoint = read_checkpoint(Path(cfg.init_from))
+        model_cfg = checkpoint.config.replace(**overrides)
+        check_ep_size(cfg.ep_size, world, model_cfg.moe.num_experts if model_cfg.is_moe else None)
+        if cls.__name__ == checkpoint.architecture == "WideNetForSequenceClassification":
+            model_kwargs.setdefault("num_labels", checkpoint.num_labels)
+        model = cls(model_cfg, ep_size=cfg.ep_size, **model_kwargs)
+        return model, load_into(model, checkpoint, str(cfg.init_from)).summary()
+    model_cfg = ModelConfig.from_preset(cfg.preset, vocab_size=vocab_size).replace(**overrides)
+    check_ep_size(cfg.ep_size, world, model_cfg.moe.num_experts if model_cfg.is_moe else None)
+    model = cls(model_cfg, ep_size=cfg.ep_size, **model_kwargs)
+    return model, f"random initialisation from preset {cfg.preset} (no weights loaded)"
 
 
 def save_finetuned(model, target: Path, tokenizer, provenance: dict[str, Any]) -> Path:
