@@ -132,9 +132,9 @@ demo() {
   fi
   echo "[demo] 3/3 finetuning on SST-2 ($sst2)" >&2
   ( deepspeed_launch "$ROOT/finetune/run_glue.py" --num-gpus 2 -- \
-    --task sst2 --data "$sst2" --init "$run/pretrain" --tokenizer "$run/data" --output-dir "$run/sst2" \
-    --deepspeed_config "$ROOT/ds_configs/finetune_cpu_small.json" --max-steps "${WIDENET_DEMO_FT_STEPS:-200}" \
-    --max-train-examples 6000 --max-seq-length 64 )
+    --task sst2 --data "$sst2" --init-from "$run/pretrain" --tokenizer "$run/data" --output-dir "$run/sst2" \
+    --deepspeed_config "$ROOT/ds_configs/finetune_cpu_small.json" --allow-recipe-mismatch \
+    --max-steps "${WIDENET_DEMO_FT_STEPS:-200}" --max-train-examples 6000 --max-seq-length 64 --resume )
   "$PY" - "$run" <<'PY'
 import json, sys
 from pathlib import Path
