@@ -150,7 +150,8 @@ def test_resume_refuses_changed_settings(tmp_path):
     ds = json.loads(CPU_CONFIG.read_text())
     ds["optimizer"]["params"]["lr"] = ds["scheduler"]["params"]["warmup_max_lr"] = 0.002
     (tmp_path / "ds.json").write_text(json.dumps(ds))
-    changed = _cfg(tmp_path, allow_recipe_mismatch=True, max_steps=60, resume=True, deepspeed_config=tmp_path / "ds.json")
+    changed = _cfg(tmp_path, allow_recipe_mismatch=True, max_steps=60, resume=True,
+                   deepspeed_config=tmp_path / "ds.json")
     with pytest.raises(ConfigError) as caught:
         plan_finetune(changed, GlueTaskRun(changed), world=2)
     text = str(caught.value)

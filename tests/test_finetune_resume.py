@@ -59,7 +59,8 @@ def test_sigkill_after_a_checkpoint_then_resume_gives_identical_losses_and_metri
     deadline = time.monotonic() + 480
     while not latest.is_file():
         if proc.poll() is not None:
-            pytest.fail(f"run ended ({proc.returncode}) before the second seed's checkpoint:\n{proc.stdout.read()[-4000:]}")
+            pytest.fail(f"run ended ({proc.returncode}) before the second seed's checkpoint:\n"
+                        f"{proc.stdout.read()[-4000:]}")
         if time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
             pytest.fail("no checkpoint of the second seed within 480 s")

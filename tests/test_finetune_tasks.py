@@ -51,7 +51,9 @@ def exported_folder(shared_data, tmp_path):
     cfg = ModelConfig.from_preset("widenet-tiny-e4", vocab_size=30522, max_position_embeddings=128)
     torch.manual_seed(0)
     state = WideNetForPreTraining(cfg).state_dict()
-    return save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", state, provenance={"step": 7}),
+    # as `convert to-folder` writes it: the expert-parallel size it was trained with is recorded
+    provenance = {"step": 7, "trained_with_ep_size": 1}
+    return save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", state, provenance=provenance),
                        tmp_path / "exported", tokenizer_files=(vocab,))
 
 

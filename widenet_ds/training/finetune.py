@@ -165,7 +165,7 @@ def plan_finetune(cfg: FinetuneConfig, task_run: TaskRun, world: int) -> Finetun
         if changes:
             problems.append(f"--resume: the run in {cfg.output_dir} was started with other settings:\n    "
                             + "\n    ".join(changes)
-                            + f"\n  resume with the same settings, or start a new run in another --output-dir.")
+                            + "\n  resume with the same settings, or start a new run in another --output-dir.")
         elif (cfg.output_dir / RESULTS_FILE).is_file():
             complete = json.loads((cfg.output_dir / RESULTS_FILE).read_text())
             if complete.get("seeds") != cfg.seeds:

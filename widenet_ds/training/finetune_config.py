@@ -16,9 +16,10 @@ from widenet_ds.errors import raise_config_problems
 HF_DATA = "hf"
 RESULTS_FILE = "results.json"
 RUN_CONFIG_FILE = "run_config.json"
-# Settings a resumed run may change: they decide what is logged and saved, not what is computed.
-RESUMABLE_CHANGES = ("resume", "seeds", "output_dir", "log_interval", "eval_interval", "save_interval", "keep_last",
-                     "tensorboard", "progress_bar")
+# Settings a resumed run may change: they decide what is logged and saved, not what is computed (the
+# DeepSpeed JSON's path may change, its contents are compared as `deepspeed_settings`).
+RESUMABLE_CHANGES = ("resume", "seeds", "output_dir", "deepspeed_config", "log_interval", "eval_interval",
+                     "save_interval", "keep_last", "tensorboard", "progress_bar")
 
 
 class TaskOptions(Protocol):
@@ -106,7 +107,8 @@ class FinetuneConfig:
         if not self.output_dir.is_dir():
             return [f"--output-dir {self.output_dir} exists and is not a directory; choose another --output-dir."]
         used = sorted(path.name for path in self.output_dir.iterdir()
-                      if path.name in (RESULTS_FILE, RUN_CONFIG_FILE) or (path.is_dir() and path.name.startswith("seed")))
+                      if path.name in (RESULTS_FILE, RUN_CONFIG_FILE)
+                      or (path.is_dir() and path.name.startswith("seed")))
         if used and not self.resume:
             return [f"--output-dir {self.output_dir} already holds a finetuning run ({', '.join(used)}); pass "
                     f"--resume to continue it, or choose another --output-dir (nothing was changed there)."]

@@ -191,7 +191,8 @@ class SquadOptions:
             problems.append(f"--version must be 1.1 or 2.0, got {self.version!r}.")
         if self.doc_stride is not None and self.doc_stride < 0:
             problems.append(f"--doc-stride must be >= 0, got {self.doc_stride}.")
-        for flag, path in (("--train-file", self.file("train", data_path)), ("--dev-file", self.file("dev", data_path))):
+        for flag, split in (("--train-file", "train"), ("--dev-file", "dev")):
+            path = self.file(split, data_path)
             if path is not None and not path.is_file():
                 problems.append(f"{flag}: {path} does not exist; pass the SQuAD JSON with {flag}, or a --data "
                                 f"folder holding train-v{self.version}.json and dev-v{self.version}.json.")

@@ -78,7 +78,7 @@ def save_finetuned(model, target: Path, tokenizer, provenance: dict[str, Any]) -
         tokenizer_dir.mkdir(parents=True, exist_ok=True)
         tokenizer.save(str(tokenizer_dir / "tokenizer.json"))
         checkpoint = PortableCheckpoint(model.cfg, type(model).__name__, state, getattr(model, "num_labels", None),
-                                        provenance)
+                                        {**provenance, "trained_with_ep_size": getattr(model, "ep_size", 1)})
         save_folder(checkpoint, target, tokenizer_files=(tokenizer_dir / "tokenizer.json",), overwrite=True)
         (tokenizer_dir / "tokenizer.json").unlink()
         tokenizer_dir.rmdir()
