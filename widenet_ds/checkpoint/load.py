@@ -55,7 +55,8 @@ class LoadReport:
         lines = [f"loaded {self.loaded} tensors from {self.source} ({self.architecture}"
                  + (f", step {self.provenance['step']}" if "step" in self.provenance else "") + ")"]
         if self.ep_size is not None:
-            lines.append(f"experts: saved with ep_size {self.saved_ep_size}, loaded with ep_size {self.ep_size}; "
+            saved = f"ep_size {self.saved_ep_size}" if self.saved_ep_size else "an unrecorded ep_size"
+            lines.append(f"experts: saved with {saved}, loaded with ep_size {self.ep_size}; "
                          f"this rank holds global experts {self.experts_on_this_rank}")
         if self.new:
             lines.append(f"newly initialised: {', '.join(self.new)}")
