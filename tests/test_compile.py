@@ -222,3 +222,28 @@ def test_training_step_has_no_host_sync_on_cuda(dispatch):
         model(ids, mlm_labels=labels, sop_labels=sop).loss.backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("mode", ["blocks", "model"])
+def test_pretraining_with_compile_follows_the_eager_golden_curve(mode, tmp_path):
+    """`--compile` in a real launched run: the first losses follow the stored eager curve of the same run
+    (tests/assets/losses, read only). aot_eager keeps the test free of a C++ build; it traces and runs
+    the same graphs inductor would get, decomposed, so only float rounding may differ."""
+    from launching import run_deepspeed
+    from pretrain_support import CPU_CONFIG, RUN_PRETRAIN, prepare_data, train_losses
+    from test_golden_losses import ASSETS, SEED, VOCAB, read_asset
+
+    data = prepare_data(tmp_path / "data", [], tokenizer=str(VOCAB))
+    out = tmp_path / "run"
+    steps = 4
+    run_deepspeed(RUN_PRETRAIN, ["--model-config", "widenet-tiny-e4", "--deepspeed_config", str(CPU_CONFIG),
+                                 "--data", str(data), "--output-dir", str(out), "--max-steps", str(steps),
+                                 "--seed", str(SEED), "--log-interval", "1", "--eval-interval", "0",
+                                 "--no-progress-bar", "--no-tensorboard", "--compile", mode,
+                                 "--compile-backend", "aot_eager"], num_ranks=1)
+    losses = train_losses(out)
+    expected = read_asset(ASSETS / "widenet_tiny_e4_1rank.txt")
+    assert sorted(losses) == list(range(1, steps + 1))
+    for step, loss in losses.items():
+        assert loss == pytest.approx(expected[step], rel=1e-4, abs=1e-4), (step, loss, expected[step])
