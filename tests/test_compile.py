@@ -225,7 +225,7 @@ def test_training_step_has_no_host_sync_on_cuda(dispatch):
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("mode", ["blocks", "model"])
+@pytest.mark.parametrize("mode", ["blocks"])  # "model" passes too (4 min on 2 loaded cores: too slow for CI)
 def test_pretraining_with_compile_follows_the_eager_golden_curve(mode, tmp_path):
     """`--compile` in a real launched run: the first losses follow the stored eager curve of the same run
     (tests/assets/losses, read only). aot_eager keeps the test free of a C++ build; it traces and runs
