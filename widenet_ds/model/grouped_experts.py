@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.flop_counter import register_flop_formula
 
 # Rows per group boundary for torch._grouped_mm on CUDA (16 covers bf16's 16-byte TMA alignment and fp8's).
 GROUP_ALIGNMENT_CUDA = 16
@@ -138,6 +139,14 @@ def _grouped_mm_backward(ctx, grad: Tensor):
 
 
 grouped_mm_by_group.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup_context)
+
+
+# FLOPs for torch.utils.flop_counter.FlopCounterMode (tests/test_flops.py counts the model with it): every
+# row meets one group's matrix, 2 N K M in all, whatever the grouping.
+@register_flop_formula([torch.ops.widenet_ds.grouped_mm, torch.ops.widenet_ds.grouped_mm_weight_grad])
+def _grouped_mm_flops(a_shape, b_shape, group_ends_shape, out_shape=None, **kwargs) -> int:
+    rows, inner = a_shape
+    return 2 * rows * inner * (b_shape[-1])
 
 
 def batched_expert_ffn(groups: Tensor, weights: ExpertWeights) -> Tensor:
