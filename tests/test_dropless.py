@@ -1,12 +1,20 @@
 """Dropless dispatch: DeepSpeed's capacity path when nothing overflows, and no dropped route when skewed."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+from safetensors.torch import load_file
 
-from widenet_ds.errors import ConfigError
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.moe import MoEFeedForward
 from widenet_ds.model.widenet import WideNetForPreTraining
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "scripts"))
+import dropless_expert_parallel  # noqa: E402
+from launching import REPO, run_deepspeed  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("dist")
 
@@ -110,7 +118,24 @@ def test_dropless_pretraining_model_matches_the_capacity_path():
         torch.testing.assert_close(grads_b[name], grads_a[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_dropless_with_expert_parallelism_is_refused_with_the_fix(dist):
-    cfg = ModelConfig.from_preset("widenet-tiny-e4", vocab_size=100, moe={"dispatch": "dropless"})
-    with pytest.raises(ConfigError, match="--ep-size 1 or moe.dispatch = 'deepspeed'"):
-        MoEFeedForward(cfg, ep_size=2)
+@pytest.mark.multirank
+def test_dropless_ep2_over_two_ranks_matches_ep1_forward_and_gradients(tmp_path):
+    """Variable-size all-to-all of the routed rows: ep_size 2 on 2 launcher ranks equals ep_size 1 in one
+    process, logits and gradients (experts see both ranks' tokens; everything else this rank's own)."""
+    run_deepspeed(REPO / "tests/scripts/dropless_expert_parallel.py", [str(tmp_path / "ep2"), "2"], num_ranks=2)
+    got = [load_file(tmp_path / f"ep2.rank{rank}.safetensors") for rank in (0, 1)]
+    want = [dropless_expert_parallel.run(dropless_expert_parallel.build(ep_size=1), rank) for rank in (0, 1)]
+    for rank in (0, 1):
+        torch.testing.assert_close(got[rank]["mlm_logits"], want[rank]["mlm_logits"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got[rank]["loss"], want[rank]["loss"], atol=1e-6, rtol=1e-6)
+        assert torch.equal(got[rank]["expert_counts"], want[rank]["expert_counts"])
+        expert_grads = [n for n in got[rank] if ".expert" in n]
+        assert len(expert_grads) == 4 * 2, "each rank holds 2 of the 4 experts' 4 tensors"
+        for name, grad in got[rank].items():
+            if not name.startswith("grad."):
+                continue
+            # An expert's gradient sums the routes of both ranks' tokens; the rest is this rank's batch alone.
+            expected = want[0][name] + want[1][name] if ".expert" in name else want[rank][name]
+            torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-4, msg=f"rank {rank} {name}")
+        dense = {n for n in want[rank] if n.startswith("grad.") and ".expert" not in n}
+        assert dense and dense <= got[rank].keys(), "every non-expert gradient is compared"

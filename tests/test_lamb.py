@@ -119,6 +119,39 @@ def test_flat_partition_layout_equals_per_tensor_lamb():
     assert torch.count_nonzero(padding) == 0
 
 
+@pytest.mark.parametrize("options", [dict(weight_decay=0.01), dict(eps_inside_sqrt=True, bias_correction=False)],
+                         ids=["weight-decay", "eps-inside-sqrt-no-bias-correction"])
+def test_multi_tensor_step_equals_the_per_tensor_loop(options):
+    """foreach=True (the default) against foreach=False, fp32: whole tensors (one of them skipping a step,
+    so two step counts in one group; one zero tensor) and a flat ZeRO-style partition with gaps."""
+    gen = torch.Generator().manual_seed(7)
+    shapes = [(33, 17), (5,), (8, 3, 2), (64,), (1,)]
+    inits = [torch.randn(s, generator=gen) for s in shapes]
+    inits[1] *= 1e3
+    inits[4].zero_()
+    segments = (TensorSegment(0, 3, 20), TensorSegment(2, 30, 40), TensorSegment(1, 80, 7))
+    flat_init = torch.randn(100, generator=gen)
+    runs = []
+    for foreach in (False, True):
+        params = [nn.Parameter(x.clone()) for x in inits]
+        flat = nn.Parameter(flat_init.clone())
+        opt = Lamb([{"params": params[:3]}, {"params": params[3:], "weight_decay": 0.0}, {"params": [flat]}],
+                   lr=0.02, foreach=foreach, **options)
+        opt.set_partition_layouts([PartitionLayout(flat, segments, 3, None)])
+        step_gen = torch.Generator().manual_seed(8)
+        for step in range(4):
+            for i, p in enumerate(params):
+                p.grad = None if (i == 2 and step == 1) else torch.randn(p.shape, generator=step_gen)
+            flat.grad = torch.randn(100, generator=step_gen)
+            opt.step()
+        runs.append([p.detach() for p in params] + [flat.detach()])
+    for i, (loop, multi) in enumerate(zip(*runs)):
+        torch.testing.assert_close(multi, loop, atol=1e-6, rtol=1e-6, msg=lambda m: f"tensor {i}: {m}")
+    assert torch.equal(runs[1][-1][:3], flat_init[:3]) and torch.equal(runs[1][-1][87:], flat_init[87:]), \
+        "padding outside the segments is never touched"
+    assert not torch.equal(runs[1][4], inits[4]), "a zero tensor moves (trust ratio 1)"
+
+
 def test_bad_hyper_parameters_and_unknown_tensors_are_refused():
     p = nn.Parameter(torch.ones(3))
     with pytest.raises(ConfigError, match="gradient_clipping"):

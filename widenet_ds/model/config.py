@@ -95,7 +95,7 @@ class MoEConfig:
 
     `dispatch`: "deepspeed" runs DeepSpeed's capacity buffers (B = ceil(K * C * T / E) slots per expert,
     overflow dropped); "dropless" runs every route on exactly its tokens (no capacity, nothing dropped,
-    capacity factors and drop_tokens unused), see widenet_ds/model/dropless.py.
+    capacity factors and drop_tokens unused; any ep_size), see widenet_ds/model/dropless.py.
     """
 
     num_experts: int = 4

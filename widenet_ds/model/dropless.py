@@ -5,50 +5,83 @@ buffer of B = ceil(K * C * T / E) slots per expert, runs every expert on all B r
 zero rows that still cost a GEMM row each -- and drops the routes that overflow. With K = 2 and C = 1.2
 the buffer holds 2.4 T rows for 2 T routes.
 
-Here the routes are laid out sorted by expert in one [K * T, M] buffer (one gather), each expert runs on
-its own contiguous slice (sizes = the routing's expert counts), and the results are gathered back into
-route order and summed over the K routes with the combine weights. Forward and backward are gathers
-only (no scatter-add, whose atomics are slow in bf16 on GPU). The routing is the same as DeepSpeed's path
-(same gate, same balance loss), only without a capacity: `route_tokens` keeps every route when
-`MoEConfig.dispatch = "dropless"`.
+Here the routes are laid out sorted by expert in one buffer (one gather), the experts run as one grouped
+GEMM over their contiguous row groups (widenet_ds/model/grouped_experts.py), and the results are gathered
+back into route order and summed over the K routes with the combine weights. Forward and backward are
+gathers and plain indexed copies (no scatter-add, whose atomics are slow in bf16 on GPU). The routing is
+the same as DeepSpeed's path (same gate, same balance loss), only without a capacity: `route_tokens`
+keeps every route when `MoEConfig.dispatch = "dropless"`.
 
-Expert parallelism (ep_size > 1) would need a variable-size all-to-all; `MoEConfig` refuses that
-combination (see its error message).
+No host synchronisation with ep_size 1: the buffer has a static size, K * T rows plus, on CUDA, room to
+start every expert's group on a multiple of `GROUP_ALIGNMENT_CUDA` rows (the grouped GEMM's alignment);
+the group boundaries are computed on the device from the routing's expert counts and handed to the
+grouped GEMM as device-side offsets. Padding rows are zero rows whose results nobody reads.
+
+Expert parallelism (ep_size > 1): each rank sends every expert-parallel peer the rows routed to that
+peer's experts with a variable-size `all_to_all_single`. The per-expert counts are exchanged on the device
+first (one small all-to-all); the split sizes of the row all-to-all must be host integers for gloo and
+NCCL, so `_host_split_sizes` copies a [2, ep] tensor to the host once per call: the only sync of this
+path, and unavoidable with `all_to_all_single`. The received rows (grouped by source rank, then by local
+expert) are regrouped by local expert for the grouped GEMM and sent back the same way.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+import torch.distributed as dist
+from torch import Tensor
 
+from widenet_ds.model.grouped_experts import ExpertWeights, group_alignment, grouped_expert_ffn
 from widenet_ds.model.routing import Routing
 
 
-def sorted_route_order(routing: Routing) -> tuple[Tensor, Tensor]:
-    """(row of each route [K, T], route of each row [K * T]) in the expert-sorted buffer; flat route
-    j * T + t is token t's choice j.
+def aligned_groups(counts: Tensor, align: int, total_rows: int) -> tuple[Tensor, Tensor]:
+    """(first row of each group [G] int64, group ends [G] int32) for groups of `counts` rows laid out one
+    after the other, each starting on a multiple of `align`, the last group running to `total_rows`
+    (rows past the real ones belong to it as padding). total_rows must be >= the padded sum."""
+    padded = (counts + (align - 1)) // align * align if align > 1 else counts
+    ends = torch.cumsum(padded, dim=0)
+    starts = ends - padded
+    ends = torch.cat([ends[:-1], ends.new_full((1,), total_rows)])
+    return starts, ends.to(torch.int32)
 
-    A route's row is its expert's offset plus its slot `location`, the slot order DeepSpeed's gate gives
-    (choice j of every token after all choices < j), so no sort is needed: the layout is a permutation.
+
+def padded_rows(num_routes: int, num_groups: int, align: int) -> int:
+    """Static row count of an expert-sorted buffer: every route, plus up to align - 1 padding rows per group."""
+    return num_routes + num_groups * (align - 1)
+
+
+def sorted_route_order(routing: Routing, align: int = 1) -> tuple[Tensor, Tensor, Tensor]:
+    """(row of each route [K, T], route of each row [N] (K * T for a padding row), group ends [E] int32)
+    in the expert-sorted buffer of N = padded_rows(K * T, E, align) rows; flat route j * T + t is token t's
+    choice j.
+
+    A route's row is its expert's first row plus its slot `location`, the slot order DeepSpeed's gate
+    gives (choice j of every token after all choices < j), so no sort is needed.
     """
-    counts = routing.expert_counts.to(torch.long)
-    offsets = torch.cumsum(counts, dim=0) - counts                                  # [E] first row per expert
-    row_of_route = offsets[routing.expert_index.long()] + routing.location.long()  # [k, T]
-    route_of_row = torch.empty(row_of_route.numel(), dtype=torch.long, device=row_of_route.device)
-    route_of_row[row_of_route.reshape(-1)] = torch.arange(row_of_route.numel(), device=row_of_route.device)
-    return row_of_route, route_of_row
+    k, num_tokens = routing.expert_index.shape
+    num_routes = k * num_tokens
+    total = padded_rows(num_routes, routing.expert_counts.numel(), align)
+    starts, ends = aligned_groups(routing.expert_counts.to(torch.long), align, total)
+    row_of_route = starts[routing.expert_index.long()] + routing.location.long()    # [k, T]
+    route_of_row = torch.full((total,), num_routes, dtype=torch.long, device=row_of_route.device)
+    route_of_row[row_of_route.reshape(-1)] = torch.arange(num_routes, device=row_of_route.device)
+    return row_of_route, route_of_row, ends
 
 
 class _GatherRoutes(torch.autograd.Function):
-    """rows = tokens[token_of_row]; backward sums each token's K row gradients, found by a gather.
+    """rows = [tokens; 0][token_of_row] (padding rows read the zero row); backward sums each token's K row
+    gradients, found by a gather.
 
-    `index_select`'s own backward is an `index_add` (atomics, slow in bf16 on GPU); the layout is a
-    permutation of the routes, so its inverse `row_of_route` turns the backward into a gather + sum.
+    `index_select`'s own backward is an `index_add` (atomics, slow in bf16 on GPU); every route has one
+    row, so its inverse `row_of_route` turns the backward into a gather + sum.
     """
 
     @staticmethod
-    def forward(ctx, tokens: Tensor, token_of_row: Tensor, row_of_route: Tensor) -> Tensor:
+    def forward(ctx, tokens: Tensor, token_of_row: Tensor, row_of_route: Tensor, padding: bool) -> Tensor:
         ctx.save_for_backward(row_of_route)
+        if padding:
+            tokens = torch.cat([tokens, tokens.new_zeros(1, tokens.shape[1])])
         return tokens.index_select(0, token_of_row)
 
     @staticmethod
@@ -56,38 +89,118 @@ class _GatherRoutes(torch.autograd.Function):
         (row_of_route,) = ctx.saved_tensors
         k, num_tokens = row_of_route.shape
         grad = grad_rows.index_select(0, row_of_route.reshape(-1)).view(k, num_tokens, -1).sum(dim=0)
-        return grad, None, None
+        return grad, None, None, None
 
 
-class _PermuteRows(torch.autograd.Function):
-    """out = rows[order] for a permutation `order`; backward is the inverse permutation, a gather."""
+class _TakeRows(torch.autograd.Function):
+    """out = rows[index] for distinct indices; backward writes each gradient row back to its source row
+    (an indexed copy, no accumulation: nothing is read twice) and zeros elsewhere."""
 
     @staticmethod
-    def forward(ctx, rows: Tensor, order: Tensor, inverse: Tensor) -> Tensor:
-        ctx.save_for_backward(inverse)
-        return rows.index_select(0, order)
+    def forward(ctx, rows: Tensor, index: Tensor) -> Tensor:
+        ctx.save_for_backward(index)
+        ctx.num_rows = rows.shape[0]
+        return rows.index_select(0, index)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        (inverse,) = ctx.saved_tensors
-        return grad_out.index_select(0, inverse), None, None
+        (index,) = ctx.saved_tensors
+        grad = grad_out.new_zeros(ctx.num_rows, grad_out.shape[1]).index_copy_(0, index, grad_out)
+        return grad, None
 
 
-def dropless_experts(tokens: Tensor, routing: Routing, experts: nn.ModuleList) -> Tensor:
+class _PlaceRows(torch.autograd.Function):
+    """out [num_rows, M] with out[index[i]] = rows[i] (distinct indices), zeros elsewhere; backward is a
+    gather."""
+
+    @staticmethod
+    def forward(ctx, rows: Tensor, index: Tensor, num_rows: int) -> Tensor:
+        ctx.save_for_backward(index)
+        return rows.new_zeros(num_rows, rows.shape[1]).index_copy_(0, index, rows)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        (index,) = ctx.saved_tensors
+        return grad_out.index_select(0, index), None, None
+
+
+class _AllToAllRows(torch.autograd.Function):
+    """Variable-size all-to-all of rows: send_splits[r] rows to rank r, recv_splits[r] rows from rank r."""
+
+    @staticmethod
+    def forward(ctx, rows: Tensor, send_splits: list[int], recv_splits: list[int], group) -> Tensor:
+        ctx.splits, ctx.group = (send_splits, recv_splits), group
+        out = rows.new_empty(sum(recv_splits), rows.shape[1])
+        dist.all_to_all_single(out, rows.contiguous(), recv_splits, send_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        send_splits, recv_splits = ctx.splits
+        return _AllToAllRows.apply(grad_out, recv_splits, send_splits, ctx.group), None, None, None
+
+
+def dropless_experts(tokens: Tensor, routing: Routing, weights: ExpertWeights, ep_size: int = 1,
+                     ep_group=None) -> Tensor:
     """sum_j w_j(t) * expert_{e_j(t)}(x_t) for every token, with no capacity and no dropped route.
 
     tokens: [T, M]; routing: from `route_tokens` with dispatch "dropless" (capacity 0 = unbounded, so no
-    -1 in expert_index).
+    -1 in expert_index); weights: this rank's experts (E / ep_size of them), stacked.
     """
-    assert routing.capacity == 0, "a capacity routing has dropped routes: route with dispatch 'dropless'"
     k, num_tokens = routing.expert_index.shape
-    row_of_route, route_of_row = sorted_route_order(routing)
-    rows = _GatherRoutes.apply(tokens, route_of_row % num_tokens, row_of_route)  # [K * T, M] by expert
-    sizes = routing.expert_counts.tolist()                                         # one device -> host sync
-    outputs = [expert(chunk) for expert, chunk in zip(experts, rows.split(sizes)) if chunk.shape[0]]
+    # Locally the rows only need grouping when the experts run here; with ep > 1 they are sent unpadded.
+    align = group_alignment(tokens.device) if ep_size == 1 else 1
+    row_of_route, route_of_row, ends = sorted_route_order(routing, align)
+    # Token of each row; padding rows (route K * T) read row T, a zero row, when there are any.
+    token_of_row = route_of_row % num_tokens if align == 1 else torch.where(
+        route_of_row < k * num_tokens, route_of_row % num_tokens, num_tokens)
+    rows = _GatherRoutes.apply(tokens, token_of_row, row_of_route, align > 1)  # [N, M] by expert
+    if ep_size == 1:
+        out_rows = grouped_expert_ffn(rows, ends, weights)
+    else:
+        out_rows = _expert_parallel_ffn(rows, routing.expert_counts, weights, ep_size, ep_group)
     # Back to route order [K, T, M].
-    per_route = _PermuteRows.apply(torch.cat(outputs), row_of_route.reshape(-1), route_of_row)
-    per_route = per_route.view(k, num_tokens, -1)
+    per_route = _TakeRows.apply(out_rows, row_of_route.reshape(-1)).view(k, num_tokens, -1)
     # Weighted sum over the K routes in fp32, like DeepSpeed's `_sparse_decode` (combine weights are fp32).
     combined = (per_route.float() * routing.weight.unsqueeze(-1)).sum(dim=0)
     return combined.to(tokens.dtype)
+
+
+def _host_split_sizes(send_counts: Tensor, recv_counts: Tensor) -> tuple[list[int], list[int]]:
+    """Rows to send to / receive from each peer, as host ints for all_to_all_single: the path's one
+    device -> host copy (a [2, ep] tensor)."""
+    sizes = torch.stack([send_counts.sum(dim=1), recv_counts.sum(dim=1)]).tolist()
+    return sizes[0], sizes[1]
+
+
+def _expert_parallel_ffn(rows: Tensor, expert_counts: Tensor, weights: ExpertWeights, ep_size: int,
+                         ep_group) -> Tensor:
+    """Run rows [K * T, M] sorted by global expert on the ranks that hold those experts; same layout back.
+
+    Experts are placed as DeepSpeed places them: rank r of the expert-parallel group holds global experts
+    [r * E_local, (r + 1) * E_local).
+    """
+    local = weights.w_in.shape[0]
+    send_counts = expert_counts.to(torch.long).view(ep_size, local)            # [peer, local expert]
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts, group=ep_group)           # on the device
+    send_splits, recv_splits = _host_split_sizes(send_counts, recv_counts)
+    received = _AllToAllRows.apply(rows, send_splits, recv_splits, ep_group)  # by (source rank, local expert)
+
+    # Regroup by local expert: chunk (r, l) of the received rows goes after the chunks (r' < r, l) in group l.
+    num_received = sum(recv_splits)
+    align = group_alignment(rows.device)
+    total = padded_rows(num_received, local, align)
+    starts, ends = aligned_groups(recv_counts.sum(dim=0), align, total)
+    flat_counts = recv_counts.reshape(-1)
+    chunk_start_received = torch.cumsum(flat_counts, dim=0) - flat_counts
+    before_in_group = torch.cumsum(recv_counts, dim=0) - recv_counts          # [ep, local]
+    chunk_start_grouped = (starts.unsqueeze(0) + before_in_group).reshape(-1)
+    chunk_of_row = torch.repeat_interleave(torch.arange(flat_counts.numel(), device=rows.device), flat_counts,
+                                           output_size=num_received)
+    target = (chunk_start_grouped[chunk_of_row] + torch.arange(num_received, device=rows.device)
+              - chunk_start_received[chunk_of_row])
+    grouped = _PlaceRows.apply(received, target, total)
+    out = grouped_expert_ffn(grouped, ends, weights)
+    out_received = _TakeRows.apply(out, target)
+    return _AllToAllRows.apply(out_received, recv_splits, send_splits, ep_group)

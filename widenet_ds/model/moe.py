@@ -10,7 +10,11 @@ We replace two pieces:
   `dispatch = "dropless"` runs the experts on exactly their routed tokens (widenet_ds/model/dropless.py). WideNet calls the
   one layer D times per forward; DeepSpeed's `MOELayer` keeps `l_aux` in an attribute that each call
   overwrites, and routing groups need to reuse a routing computed earlier, so state must not live in
-  the module.
+  the module. Both dispatches run the experts as grouped GEMMs over the stacked expert weights
+  (widenet_ds/model/grouped_experts.py); the weights stay in DeepSpeed's `Experts` module.
+
+The forward never synchronises with the host (ep_size 1; dropless with ep_size > 1 copies its all-to-all
+split sizes once, see dropless.py) and traces whole under `torch.compile(fullgraph=True)`.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from deepspeed.moe.sharded_moe import (
     _route_slots,
     _sparse_decode,
     _sparse_encode,
-    multiplicative_jitter,
 )
 from deepspeed.utils import groups
 from torch import Tensor, nn
@@ -33,7 +36,8 @@ from torch import Tensor, nn
 from widenet_ds.errors import ConfigError
 from widenet_ds.model.config import ModelConfig, MoEConfig
 from widenet_ds.model.dropless import dropless_experts
-from widenet_ds.model.routing import Routing, route_tokens
+from widenet_ds.model.grouped_experts import ExpertWeights, batched_expert_ffn
+from widenet_ds.model.routing import Routing, multiplicative_jitter, route_tokens
 
 
 class WideNetGate(TopKGate):
@@ -49,9 +53,9 @@ class WideNetGate(TopKGate):
     def forward(self, tokens: Tensor) -> Routing:  # type: ignore[override]
         tokens = tokens.float()
         if self.training and self.cfg.noise == "jitter":
-            tokens = multiplicative_jitter(tokens, device=tokens.device)
+            tokens = multiplicative_jitter(tokens)
         logits = F.linear(tokens, self.wg.weight.float())
-        return route_tokens(logits, self.cfg, training=self.training, ep_group=self.ep_group)
+        return route_tokens(logits, self.cfg, training=self.training)
 
 
 class SharedMOELayer(MOELayer):
@@ -63,17 +67,19 @@ class SharedMOELayer(MOELayer):
         tokens = hidden.reshape(-1, model_dim)
         if routing is None:
             routing = self.gate(tokens)
+        weights = ExpertWeights.stack(self.experts.deepspeed_experts)
         if self.gate.cfg.dispatch == "dropless":
-            combined = dropless_experts(tokens, routing, self.experts.deepspeed_experts)
+            combined = dropless_experts(tokens, routing, weights, self.ep_size, self.ep_group)
             return combined.reshape(hidden.shape), routing
         num_experts = self.ep_size * self.num_local_experts
         slots = _route_slots(routing.expert_index, routing.location, num_experts, routing.capacity)
         dispatched = _sparse_encode(tokens, slots, num_experts, routing.capacity)      # [E, C, M]
         if self.ep_size > 1:
             dispatched = _AllToAll.apply(self.ep_group, dispatched)
-        # After the all-to-all each rank holds its local experts' slots from every rank: [ep, E_local, C, M]
-        expert_out = self.experts(dispatched.reshape(self.ep_size, self.num_local_experts, -1, model_dim))
-        expert_out = expert_out.reshape(num_experts, -1, model_dim)
+        # After the all-to-all each rank holds its local experts' slots from every rank: [ep, E_local, C, M];
+        # the experts see [E_local, ep, C, M] (the views DeepSpeed's `Experts` gives them).
+        local = dispatched.reshape(self.ep_size, self.num_local_experts, -1, model_dim).transpose(0, 1)
+        expert_out = batched_expert_ffn(local, weights).transpose(0, 1).reshape(num_experts, -1, model_dim)
         if self.ep_size > 1:
             expert_out = _AllToAll.apply(self.ep_group, expert_out)
         combined = _sparse_decode(expert_out.reshape(-1, model_dim), slots, routing.weight, tokens.shape[0])
@@ -106,10 +112,6 @@ class MoEFeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig, ep_size: int = 1) -> None:
         super().__init__()
         moe_cfg = cfg.moe
-        if moe_cfg.dispatch == "dropless" and ep_size != 1:
-            raise ConfigError(f"moe.dispatch = 'dropless' runs with --ep-size 1 only (experts on other ranks would "
-                              f"need a variable-size all-to-all), but --ep-size is {ep_size}; use --ep-size 1 or "
-                              f"moe.dispatch = 'deepspeed'.")
         expert = FeedForward(cfg.hidden_size, cfg.intermediate_size, cfg.activation)
         self.moe = MoE(cfg.hidden_size, expert, num_experts=moe_cfg.num_experts, ep_size=ep_size,
                        k=moe_cfg.top_k, capacity_factor=moe_cfg.capacity_factor,

@@ -3,17 +3,19 @@
 `route_tokens` turns router logits into a `Routing` (DeepSpeed's sparse-route layout: [k, T] per field)
 that the MoE layer dispatches with; it is a plain function of the logits so that routing groups can reuse
 one call's decisions and the tests can compare it with DeepSpeed's `top2gating` exactly.
+
+It never synchronises with the host: every size (the capacity included) follows from the logits' shape
+and the config, never from their values, so `torch.compile(route_tokens, fullgraph=True)` traces it whole
+and a GPU never waits for the CPU to read a routing decision (tests/test_compile.py checks both).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from fractions import Fraction
 
 import torch
 import torch.nn.functional as F
-from deepspeed.moe.sharded_moe import gumbel_rsample
 from torch import Tensor
 
 from widenet_ds.model.config import MoEConfig
@@ -33,8 +35,31 @@ class Routing:
 
 
 def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: float) -> int:
-    """B = ceil(K * C * T / E) in exact arithmetic, so float rounding never adds or removes a slot."""
-    return math.ceil(Fraction(k * num_tokens) * Fraction(str(capacity_factor)) / num_experts)
+    """B = ceil(K * C * T / E) in exact arithmetic, so float rounding never adds or removes a slot.
+
+    Integer operations only on `num_tokens`, so that a symbolic token count under torch.compile stays
+    symbolic (a `Fraction` of a SymInt would not trace)."""
+    num, den = Fraction(str(capacity_factor)).as_integer_ratio()
+    return -(-(k * num_tokens * num) // (den * num_experts))
+
+
+def gumbel_noise(shape: torch.Size, device: torch.device) -> Tensor:
+    """Gumbel(0, 1) samples, the same numbers as DeepSpeed's `gumbel_rsample` for the same RNG state
+    (its `torch.distributions.Gumbel`, written out: -log(-log(u)), u uniform in [tiny, 1 - eps)) without
+    its per-device cache of distribution objects, which torch.compile cannot trace."""
+    info = torch.finfo(torch.float32)
+    low = torch.tensor(info.tiny, device=device)
+    high = torch.tensor(1.0 - info.eps, device=device)
+    uniform = low + torch.rand(shape, device=device) * (high - low)
+    return -torch.log(-torch.log(uniform))
+
+
+def multiplicative_jitter(x: Tensor, epsilon: float = 1e-2) -> Tensor:
+    """x * U(1 - epsilon, 1 + epsilon): DeepSpeed's `multiplicative_jitter` (same numbers for the same RNG
+    state), traceable by torch.compile."""
+    low = torch.tensor(1.0 - epsilon, device=x.device)
+    high = torch.tensor(1.0 + epsilon, device=x.device)
+    return x * (low + torch.rand(x.shape, device=x.device) * (high - low))
 
 
 def _cumsum_over_tokens(mask: Tensor) -> Tensor:
@@ -44,12 +69,12 @@ def _cumsum_over_tokens(mask: Tensor) -> Tensor:
     return torch.cumsum(mask.t().contiguous(), dim=1).t()
 
 
-def route_tokens(logits: Tensor, cfg: MoEConfig, *, training: bool,
-                 ep_group: torch.distributed.ProcessGroup | None = None) -> Routing:
+def route_tokens(logits: Tensor, cfg: MoEConfig, *, training: bool) -> Routing:
     """Top-k routing with capacity (paper eq. 1-5, 8; GShard-style slot assignment as DeepSpeed's).
 
     logits: fp32 [T, E] router outputs f(x). Choice j of every token is placed after all choices < j
     (DeepSpeed's order), so with k = 2, C and drop rules equal, this is DeepSpeed's `top2gating`.
+    Sync-free (no `.item()`, no size read from a tensor), see the module docstring.
     """
     num_tokens, num_experts = logits.shape
     k = cfg.top_k
@@ -60,18 +85,21 @@ def route_tokens(logits: Tensor, cfg: MoEConfig, *, training: bool,
 
     first_scores = probs
     if training and cfg.noise == "rsample":
-        first_scores = logits + gumbel_rsample(logits.shape, device=logits.device)
+        first_scores = logits + gumbel_noise(logits.shape, logits.device)
     later_scores = logits
     if training and cfg.second_expert_sampling:
-        later_scores = logits + gumbel_rsample(logits.shape, device=logits.device)
+        later_scores = logits + gumbel_noise(logits.shape, logits.device)
 
     masks, indices = [], []
     taken = torch.zeros_like(probs, dtype=torch.bool)
+    experts = torch.arange(num_experts, device=logits.device)
     for choice in range(k):
         scores = first_scores if choice == 0 else later_scores.masked_fill(taken, float("-inf"))
         index = torch.argmax(scores, dim=1)
-        mask = F.one_hot(index, num_classes=num_experts)
-        taken |= mask.bool()
+        # one_hot(index) without one_hot's range check, which reads the indices on the host on CPU.
+        hit = index.unsqueeze(1) == experts
+        mask = hit.long()
+        taken |= hit
         masks.append(mask)
         indices.append(index)
 
@@ -95,7 +123,7 @@ def route_tokens(logits: Tensor, cfg: MoEConfig, *, training: bool,
         # Every route runs on its expert: no capacity to compute, no route to drop.
         capacity, kept = 0, masks
     else:
-        capacity = _capacity(cfg, num_tokens, expert_counts, training, ep_group)
+        capacity = _capacity(cfg, num_tokens, num_experts, training)
         kept = [mask * torch.lt(loc, capacity) for mask, loc in zip(masks, locations)]
 
     weights = torch.stack([(probs * mask.float()).sum(dim=1) for mask in kept])
@@ -108,13 +136,13 @@ def route_tokens(logits: Tensor, cfg: MoEConfig, *, training: bool,
     return Routing(balance_loss, capacity, expert_index, location, weights, expert_counts, dropped)
 
 
-def _capacity(cfg: MoEConfig, num_tokens: int, expert_counts: Tensor, training: bool,
-              ep_group: torch.distributed.ProcessGroup | None) -> int:
+def _capacity(cfg: MoEConfig, num_tokens: int, num_experts: int, training: bool) -> int:
     if cfg.drop_tokens:
         factor = cfg.capacity_factor if training else cfg.eval_capacity_factor
-        return max(expert_capacity(num_tokens, len(expert_counts), cfg.top_k, factor), cfg.min_capacity)
-    # No dropping: every expert's buffer holds its busiest rank's load.
-    busiest = expert_counts.max().clone()
-    if ep_group is not None and torch.distributed.get_world_size(ep_group) > 1:
-        torch.distributed.all_reduce(busiest, op=torch.distributed.ReduceOp.MAX, group=ep_group)
-    return int(busiest)
+        return torch.sym_max(expert_capacity(num_tokens, num_experts, cfg.top_k, factor), cfg.min_capacity)
+    # No dropping: a static bound instead of the busiest expert's load (reading that load is a
+    # device -> host sync, plus an all-reduce over the expert-parallel group). The k choices of a token are
+    # distinct experts, so an expert receives at most one route per token: T slots always suffice, on every
+    # rank alike (the all-to-all already needs the same T everywhere). The price is E * T buffer rows for
+    # K * T routes; `dispatch = "dropless"` keeps every route without that padding.
+    return num_tokens

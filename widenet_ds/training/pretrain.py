@@ -25,6 +25,7 @@ from widenet_ds.data.tokenizer import TOKENIZER_FILE, VOCAB_FILE
 from widenet_ds.errors import CheckpointError, ConfigError, DataError
 from widenet_ds.model.config import PRESETS, ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
+from widenet_ds.runtime.compile import compile_for_training
 from widenet_ds.runtime.distributed import check_ep_size, init_distributed, seed_everything
 from widenet_ds.runtime.ds_config import DeepSpeedSettings, load_ds_config, validate_ds_config
 from widenet_ds.runtime.engine import build_engine, expert_grad_norm_stage0, plan_optimizer
@@ -169,6 +170,7 @@ def run(cfg: PretrainConfig) -> int:
     seed_everything(cfg.seed)
     model = WideNetForPreTraining(plan.model_config, ep_size=cfg.ep_size)
     model.set_activation_checkpointing(cfg.activation_checkpointing)
+    compile_for_training(model, cfg.compile, cfg.compile_backend)
     engine, optimizer_plan = build_engine(model, plan.ds, cfg.optimizer)
     seed_everything(cfg.seed + 1 + rank)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from widenet_ds.errors import raise_config_problems
+from widenet_ds.runtime.compile import CompileMode
 
 OptimizerChoice = Literal["auto", "deepspeed-fused", "torch-lamb"]
 LATEST = "latest"
@@ -42,6 +43,8 @@ class PretrainConfig:
     seed: int = 1234
     ep_size: int = 1  # expert parallelism: ranks an expert group spans (a run setting, not the model's)
     activation_checkpointing: bool = False
+    compile: CompileMode = "none"  # torch.compile: "model" (whole), "blocks" (shared encoder modules), "none"
+    compile_backend: str = "inductor"
     optimizer: OptimizerChoice = "auto"
     resume: str | None = None
     init_from: Path | None = None
@@ -62,6 +65,8 @@ class PretrainConfig:
                 problems.append(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}.")
         if self.eval_interval < 0:
             problems.append(f"--eval-interval must be >= 0 (0 turns validation off), got {self.eval_interval}.")
+        if self.compile not in get_args(CompileMode):
+            problems.append(f"--compile {self.compile!r} is not one of {list(get_args(CompileMode))}.")
         if self.optimizer not in get_args(OptimizerChoice):
             problems.append(f"--optimizer {self.optimizer!r} is not one of {list(get_args(OptimizerChoice))}.")
         if self.resume is not None and self.init_from is not None:
@@ -112,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction,
                         default=PretrainConfig.activation_checkpointing,
                         help="recompute each block in backward (non-reentrant): less memory, more compute")
+    parser.add_argument("--compile", nargs="?", const="model", default=PretrainConfig.compile,
+                        choices=get_args(CompileMode),
+                        help="torch.compile the model in place: 'model' (the default of a bare --compile: the "
+                             "whole model), 'blocks' (the shared attention and MoE/FFN modules only: a faster "
+                             "build) or 'none'")
+    parser.add_argument("--compile-backend", default=PretrainConfig.compile_backend,
+                        help="torch.compile backend (inductor; aot_eager traces without generating kernels)")
     parser.add_argument("--optimizer", choices=get_args(OptimizerChoice), default=PretrainConfig.optimizer,
                         help="for a JSON asking for Lamb: DeepSpeed's fused CUDA kernel or our PyTorch LAMB "
                              "(per-tensor trust ratio, also under ZeRO); auto picks (see docs/pretraining.md)")

@@ -1,0 +1,185 @@
+"""The E experts' FFNs (fc_in, GELU, fc_out, biases) over expert-sorted rows, as grouped GEMMs.
+
+Two layouts reach the experts:
+
+* `grouped_expert_ffn(rows, group_ends, ...)`: rows [N, H] sorted by expert, expert e owning rows
+  [group_ends[e-1], group_ends[e]) -- the dropless dispatch, whose group sizes are data. `group_ends` is
+  a device tensor, so no size is read on the host: on CUDA in bf16 (Hopper and newer) this is
+  `torch._grouped_mm` with device-side offsets, one kernel per GEMM for all experts.
+* `batched_expert_ffn(groups)`: groups [E, R, H], R rows each -- DeepSpeed's capacity buffers, whose
+  size is static. On CUDA one batched GEMM with the bias fused (`torch.baddbmm`).
+
+On CPU the batched form runs `F.linear` per expert on the very views DeepSpeed's `Experts` module
+hands its experts, so the capacity path's numbers are unchanged to the bit (tests/test_golden_losses.py).
+
+`torch._grouped_mm`'s constraints (torch 2.13): int32 offsets (group ends), every row stride a multiple
+of 16 bytes (H and F multiples of 8 in bf16), no bias argument (added here from the expert id of each
+row), output dtype = input dtype, and torch.compile accepts bf16 only (its meta function). Its fast
+kernel runs on sm90+; elsewhere it falls back to a loop that copies the offsets to the host. So it is
+used for bf16 on sm90+ only, sync-free; every other case (CPU, fp32, older GPUs, unaligned dims) runs
+`grouped_mm_by_group`, a custom op with one GEMM per group: opaque to torch.compile (its sizes are data),
+so the dropless path still compiles whole, and on CPU reading the sizes costs no sync. Group starts are
+padded to `GROUP_ALIGNMENT_CUDA` rows by the dropless layout on CUDA (the weight-gradient grouped GEMM
+splits the K dimension at the offsets); rows past the last group end would never be computed, so the
+layouts give the last expert every remaining (padding) row.
+
+The expert weights stay in DeepSpeed's `Experts` module (per-expert `fc_in` / `fc_out` Linear layers:
+checkpoints and the engine's expert handling are unchanged) and are stacked on the fly; `torch.stack`
+of parameters is differentiable, its backward hands each expert its slice of the gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.flop_counter import register_flop_formula
+
+# Rows per group boundary for torch._grouped_mm on CUDA (16 covers bf16's 16-byte TMA alignment and fp8's).
+GROUP_ALIGNMENT_CUDA = 16
+
+
+@dataclass
+class ExpertWeights:
+    """The local experts' parameters, stacked: w_in [E, F, H], b_in [E, F], w_out [E, H, F], b_out [E, H]."""
+
+    w_in: Tensor
+    b_in: Tensor
+    w_out: Tensor
+    b_out: Tensor
+    approximate: str  # GELU: "none" (exact erf) or "tanh" (gelu_new)
+
+    @classmethod
+    def stack(cls, experts: nn.ModuleList) -> "ExpertWeights":
+        """Stack the `FeedForward` experts of DeepSpeed's `Experts.deepspeed_experts`."""
+        return cls(torch.stack([e.fc_in.weight for e in experts]), torch.stack([e.fc_in.bias for e in experts]),
+                   torch.stack([e.fc_out.weight for e in experts]), torch.stack([e.fc_out.bias for e in experts]),
+                   experts[0].approximate)
+
+    def cast(self, dtype: torch.dtype) -> "ExpertWeights":
+        return ExpertWeights(self.w_in.to(dtype), self.b_in.to(dtype), self.w_out.to(dtype), self.b_out.to(dtype),
+                             self.approximate)
+
+
+def group_alignment(device: torch.device) -> int:
+    """Rows each expert's group is padded to: GROUP_ALIGNMENT_CUDA on CUDA, none elsewhere."""
+    return GROUP_ALIGNMENT_CUDA if device.type == "cuda" else 1
+
+
+def native_grouped_mm_usable(rows: Tensor, weights: ExpertWeights) -> bool:
+    """Whether `torch._grouped_mm` itself runs these shapes sync-free and traceably: bf16 (its only dtype
+    under torch.compile) on a CUDA device of compute capability 9.0 or newer, 16-byte aligned rows."""
+    hidden, inner = weights.w_in.shape[2], weights.w_in.shape[1]
+    return (rows.is_cuda and rows.dtype == torch.bfloat16 and hidden % 8 == 0 and inner % 8 == 0
+            and torch.cuda.get_device_capability(rows.device)[0] >= 9)
+
+
+def grouped_expert_ffn(rows: Tensor, group_ends: Tensor, weights: ExpertWeights) -> Tensor:
+    """fc_out(gelu(fc_in(x))) of expert e for the rows of group e; rows [N, H], group_ends int32 [E] with
+    group_ends[-1] == N (every row belongs to a group). Returns [N, H] in the rows' dtype."""
+    weights = weights.cast(rows.dtype)
+    expert_of_row = torch.searchsorted(group_ends, torch.arange(rows.shape[0], device=rows.device,
+                                                                 dtype=group_ends.dtype), right=True)
+    grouped_mm = _native_grouped_mm if native_grouped_mm_usable(rows, weights) else grouped_mm_by_group
+    hidden = grouped_mm(rows, weights.w_in.transpose(1, 2), group_ends)
+    hidden = F.gelu(hidden + weights.b_in.index_select(0, expert_of_row), approximate=weights.approximate)
+    out = grouped_mm(hidden, weights.w_out.transpose(1, 2), group_ends)
+    return out + weights.b_out.index_select(0, expert_of_row)
+
+
+def _native_grouped_mm(a: Tensor, b: Tensor, group_ends: Tensor) -> Tensor:
+    # _grouped_mm's backward needs a dense output gradient (a broadcast one, e.g. from .sum(), is refused).
+    return _DenseGrad.apply(torch._grouped_mm(a, b, offs=group_ends))
+
+
+@torch.library.custom_op("widenet_ds::grouped_mm", mutates_args=())
+def grouped_mm_by_group(a: Tensor, b: Tensor, group_ends: Tensor) -> Tensor:
+    """a [N, K] @ b[g] [K, M] for the rows of each group g: one GEMM per group, any dtype and device.
+
+    An opaque op to torch.compile (its sizes are data, which the compiler cannot trace), so the dropless
+    path compiles whole where `torch._grouped_mm` cannot (fp32; the compiler only takes it in bf16). On
+    CPU the groups' sizes are read from host memory (no sync); on CUDA that read is a sync, which the
+    sync-free bf16 path avoids."""
+    ends = group_ends.tolist()
+    starts = [0] + ends[:-1]
+    return torch.cat([a[s:e] @ b[g] for g, (s, e) in enumerate(zip(starts, ends))])
+
+
+@grouped_mm_by_group.register_fake
+def _(a: Tensor, b: Tensor, group_ends: Tensor) -> Tensor:
+    return a.new_empty(a.shape[0], b.shape[2])
+
+
+@torch.library.custom_op("widenet_ds::grouped_mm_weight_grad", mutates_args=())
+def grouped_mm_weight_grad(a: Tensor, grad: Tensor, group_ends: Tensor) -> Tensor:
+    """[G, K, M]: a[group g]^T @ grad[group g] for each group g (the weight gradient of grouped_mm)."""
+    ends = group_ends.tolist()
+    starts = [0] + ends[:-1]
+    return torch.stack([a[s:e].t() @ grad[s:e] for s, e in zip(starts, ends)])
+
+
+@grouped_mm_weight_grad.register_fake
+def _(a: Tensor, grad: Tensor, group_ends: Tensor) -> Tensor:
+    return a.new_empty(group_ends.shape[0], a.shape[1], grad.shape[1])
+
+
+def _grouped_mm_setup_context(ctx, inputs, output) -> None:
+    a, b, group_ends = inputs
+    ctx.save_for_backward(a, b, group_ends)
+
+
+def _grouped_mm_backward(ctx, grad: Tensor):
+    a, b, group_ends = ctx.saved_tensors
+    grad = grad.contiguous()
+    grad_a = grouped_mm_by_group(grad, b.transpose(1, 2), group_ends) if ctx.needs_input_grad[0] else None
+    grad_b = grouped_mm_weight_grad(a, grad, group_ends) if ctx.needs_input_grad[1] else None
+    return grad_a, grad_b, None
+
+
+grouped_mm_by_group.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup_context)
+
+
+# FLOPs for torch.utils.flop_counter.FlopCounterMode (tests/test_flops.py counts the model with it): every
+# row meets one group's matrix, 2 N K M in all, whatever the grouping.
+@register_flop_formula([torch.ops.widenet_ds.grouped_mm, torch.ops.widenet_ds.grouped_mm_weight_grad])
+def _grouped_mm_flops(a_shape, b_shape, group_ends_shape, out_shape=None, **kwargs) -> int:
+    rows, inner = a_shape
+    return 2 * rows * inner * (b_shape[-1])
+
+
+def batched_expert_ffn(groups: Tensor, weights: ExpertWeights) -> Tensor:
+    """groups [E, ..., H]: expert e on groups[e]. Returns the same shape, contiguous."""
+    if groups.device.type == "cpu":
+        # F.linear per expert on the same views DeepSpeed's `Experts` hands its experts (for ep > 1 a strided
+        # [ep, C, H] view): the same kernels on the same data, so bit-identical results.
+        return torch.stack([_expert_ffn(groups[e], weights, e) for e in range(groups.shape[0])])
+    weights = weights.cast(groups.dtype)
+    flat = groups.reshape(groups.shape[0], -1, groups.shape[-1])
+    hidden = torch.baddbmm(weights.b_in.unsqueeze(1), flat, weights.w_in.transpose(1, 2))
+    hidden = F.gelu(hidden, approximate=weights.approximate)
+    out = torch.baddbmm(weights.b_out.unsqueeze(1), hidden, weights.w_out.transpose(1, 2))
+    return out.view(groups.shape)
+
+
+def reference_expert_ffn(rows: Tensor, sizes: list[int], experts: nn.ModuleList) -> Tensor:
+    """The experts' own modules on consecutive row chunks: what the grouped forms must equal (tests)."""
+    return torch.cat([expert(chunk) for expert, chunk in zip(experts, rows.split(sizes))])
+
+
+def _expert_ffn(x: Tensor, weights: ExpertWeights, e: int) -> Tensor:
+    hidden = F.gelu(F.linear(x, weights.w_in[e], weights.b_in[e]), approximate=weights.approximate)
+    return F.linear(hidden, weights.w_out[e], weights.b_out[e])
+
+
+class _DenseGrad(torch.autograd.Function):
+    """Identity whose backward makes the incoming gradient dense (contiguous)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return grad.contiguous()
