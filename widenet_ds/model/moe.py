@@ -33,7 +33,6 @@ from deepspeed.moe.sharded_moe import (
 from deepspeed.utils import groups
 from torch import Tensor, nn
 
-from widenet_ds.errors import ConfigError
 from widenet_ds.model.config import ModelConfig, MoEConfig
 from widenet_ds.model.dropless import dropless_experts
 from widenet_ds.model.grouped_experts import ExpertWeights, batched_expert_ffn
