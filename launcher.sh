@@ -157,6 +157,7 @@ run_tests() {
   setup
   if [[ "$(id -u)" == "0" ]]; then
     bash "$ROOT/scripts/install_slurm.sh" >&2 || echo "[test] Slurm install failed; Slurm tests will skip" >&2
+    bash "$ROOT/scripts/install_chromium.sh" >&2 || echo "[test] Chromium install failed; the report's browser test will skip" >&2
   fi
   cd "$ROOT"
   "$PY" -m pytest "$@"
