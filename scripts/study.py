@@ -162,7 +162,7 @@ def pretrain(variant: Variant, steps: int, budget: str, data: Path, out: Path) -
         assert pretrain_run(parse_args([
             "--model-config", str(run_dir / "study_model.json"), "--deepspeed_config", str(ds), "--data", str(data),
             "--output-dir", str(run_dir), "--max-steps", str(steps), "--log-interval", str(max(1, steps // 40)),
-            "--eval-interval", str(_eval_interval(steps)), "--eval-batches", "10", "--save-interval", str(steps),
+            "--eval-interval", str(_eval_interval(steps)), "--eval-batches", "8", "--save-interval", str(steps),
             "--keep-last", "1", "--no-tensorboard", "--no-progress-bar", "--resume"])) == 0
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     valid = [r for r in records if "valid/mlm_loss" in r][-1]
@@ -308,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", choices=[v.name for v in VARIANTS],
                         help="a subset of the models (default: all six)")
     parser.add_argument("--tasks", nargs="+", choices=[*GLUE_TASKS, "SQuAD1.1"], help="a subset of the tasks")
+    parser.add_argument("--finetune-budgets", nargs="+", choices=("steps", "flops"), default=["steps", "flops"],
+                        help="finetune the models pretrained at these budgets (default both; the others are "
+                             "compared on held-out MLM loss only)")
     args = parser.parse_args(argv)
     if args.scale <= 0:
         parser.error("--scale must be positive")
@@ -344,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         study["pretrain"].append(summary)
         log(f"pretrained {variant.name} ({budget}, {steps} steps): held-out MLM loss "
             f"{summary['valid_mlm_loss']:.3f} in {summary['seconds']:.0f} s", out)
-        for task in tasks:
+        for task in tasks if budget in args.finetune_budgets else ():
             result = {"variant": variant.name, "budget": budget,
                       **finetune(summary, task, args.shared_data, data, out, sizes)}
             study["finetune"].append(result)

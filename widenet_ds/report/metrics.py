@@ -313,10 +313,11 @@ def load_runs(paths: list[Path]) -> tuple[list[Run], list[Problem]]:
 
 
 def _names(paths: list[Path]) -> list[str]:
-    """Short unique names: the folder name, with parent folders added until names differ."""
-    depth = 1
+    """Short unique names: the folder name, with parent folders added to the names that collide."""
+    depths = [1] * len(paths)
     while True:
-        names = ["/".join(p.resolve().parts[-depth:]) for p in paths]
-        if len(set(names)) == len(names) or depth > 8:
+        names = ["/".join(p.resolve().parts[-d:]) for p, d in zip(paths, depths)]
+        clashes = {n for n in names if names.count(n) > 1}
+        if not clashes or max(depths) > 8:
             return names
-        depth += 1
+        depths = [d + 1 if n in clashes else d for n, d in zip(names, depths)]

@@ -168,6 +168,31 @@ def _finetune_section(run: FinetuneRun) -> str:
     return "".join(parts)
 
 
+def _finetune_summary(runs: list[FinetuneRun]) -> str:
+    """Finished runs side by side: the median of each task's primary metric, one row per initialisation."""
+    finished = [r for r in runs if r.results and isinstance(r.results.get("median"), dict)]
+    if len(finished) < 2:
+        return ""
+    tasks = sorted({r.task for r in finished})
+    inits = list(dict.fromkeys(str(r.results.get("init")) for r in finished))
+    rows = []
+    for init in inits:
+        cells = []
+        for task in tasks:
+            run = next((r for r in finished if r.task == task and str(r.results.get("init")) == init), None)
+            if run is None:
+                cells.append("<td></td>")
+                continue
+            split = next(iter(run.results["median"]), None)
+            key = f"{split}/{run.results.get('primary_metric')}"
+            value = (run.results["median"].get(split) or {}).get(run.results.get("primary_metric"))
+            cells.append(_num(value, run.name, "median", key))
+        rows.append(f"<tr><td><code>{_e(init)}</code></td>{''.join(cells)}</tr>")
+    head = "".join(f"<th>{_e(t)}</th>" for t in tasks)
+    return (f"<p>Median over seeds of each task's primary metric, by initialisation.</p>"
+            f"<table><tr><th>init</th>{head}</tr>{''.join(rows)}</table>")
+
+
 def _nest(flat: dict[str, float]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for key, value in flat.items():
@@ -202,7 +227,7 @@ def render(runs: list[Run], problems: list[Problem], plots: list[Plot], title: s
                 body += [_figure(p) for p in plots if p.section == "experts" and p.title == f"Expert load: {run.name}"]
                 body.append(_expert_table(run))
     if finetune:
-        body.append("<h2>Finetuning</h2>")
+        body += ["<h2>Finetuning</h2>", _finetune_summary(finetune)]
         body += [_finetune_section(run) for run in finetune]
         body += [_figure(p) for p in plots if p.section == "finetune"]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

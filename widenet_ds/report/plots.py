@@ -66,6 +66,16 @@ def _save(fig: Figure, out_dir: Path, file: str) -> None:
     fig.savefig(out_dir / file, dpi=DPI)
 
 
+def _legend(fig: Figure, ax) -> None:
+    """Inside the axes for a few runs; beside them (widening the figure) when it would hide the curves."""
+    entries = len(ax.get_legend_handles_labels()[0])
+    if entries <= 6:
+        ax.legend(fontsize="small")
+    else:
+        fig.set_figwidth(fig.get_figwidth() + 3.0)
+        fig.legend(loc="outside right upper", fontsize="x-small")
+
+
 def _curve_plot(runs: list[PretrainRun], curve: Curve, out_dir: Path, file: str) -> bool:
     """One figure, every run in its own colour (training solid, held-out dashed with markers)."""
     fig = Figure(figsize=(7.5, 4.2), layout="constrained")
@@ -88,7 +98,7 @@ def _curve_plot(runs: list[PretrainRun], curve: Curve, out_dir: Path, file: str)
     ax.set_xlabel("step")
     ax.set_ylabel(curve.ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    _legend(fig, ax)
     _save(fig, out_dir, file)
     return True
 
@@ -109,7 +119,7 @@ def _dropped_plot(runs: list[PretrainRun], out_dir: Path, file: str) -> bool:
     ax.set_ylabel("dropped fraction")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    _legend(fig, ax)
     _save(fig, out_dir, file)
     return True
 
@@ -142,24 +152,34 @@ def _expert_heatmap(run: PretrainRun, out_dir: Path, file: str) -> bool:
 
 
 def _finetune_plot(runs: list[FinetuneRun], out_dir: Path, file: str) -> bool:
-    fig = Figure(figsize=(7.5, 4.2), layout="constrained")
-    ax = fig.subplots()
-    drawn = False
-    styles = ["-", "--", ":", "-."]
-    for run, color in zip(runs, _colors(len(runs))):
-        for i, seed in enumerate(run.seeds):
-            steps, values = seed.series("finetune/loss")
-            if steps:
-                ax.plot(steps, values, color=color, linestyle=styles[i % len(styles)],
-                        label=f"{run.name} seed {seed.seed}")
-                drawn = True
-    if not drawn:
+    """One panel per task; in each, every run's loss averaged over its seeds (the seeds' spread shaded)."""
+    by_task: dict[str, list[FinetuneRun]] = {}
+    for run in runs:
+        if any(seed.series("finetune/loss")[0] for seed in run.seeds):
+            by_task.setdefault(run.task, []).append(run)
+    if not by_task:
         return False
-    ax.set_title("Finetuning loss (task + weighted balance loss)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    cols = min(3, len(by_task))
+    rows = -(-len(by_task) // cols)
+    fig = Figure(figsize=(max(7.5, 5.2 * cols), max(4.2, 3.6 * rows)), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).flatten()
+    for ax, (task, task_runs) in zip(axes, sorted(by_task.items())):
+        for run, color in zip(task_runs, _colors(len(task_runs))):
+            curves = [dict(zip(*seed.series("finetune/loss"))) for seed in run.seeds]
+            steps = sorted(set().union(*curves))
+            values = [[c[s] for c in curves if s in c] for s in steps]
+            ax.plot(steps, [sum(v) / len(v) for v in values], color=color,
+                    label=f"{run.name} ({len(curves)} seed{'s' if len(curves) > 1 else ''})")
+            if len(curves) > 1:
+                ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=color, alpha=0.15)
+        ax.set_title(task)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
+    for ax in axes[len(by_task):]:
+        ax.set_visible(False)
+    fig.suptitle("Finetuning loss (task + weighted balance loss): mean over seeds, min-max shaded")
     _save(fig, out_dir, file)
     return True
 
