@@ -38,17 +38,17 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from widenet_ds.config import ModelConfig  # noqa: E402
 from widenet_ds.data.prepare import cli as prepare_cli  # noqa: E402
-from widenet_ds.distributed import init_distributed  # noqa: E402
-from widenet_ds.finetune import main as finetune_main  # noqa: E402
-from widenet_ds.finetune_tasks import GlueTaskRun, SquadTaskRun  # noqa: E402
-from widenet_ds.flops import flops_per_token  # noqa: E402
 from widenet_ds.model import WideNetForPreTraining  # noqa: E402
-from widenet_ds.params import count_parameters  # noqa: E402
-from widenet_ds.pretrain import run as pretrain_run  # noqa: E402
+from widenet_ds.model.config import ModelConfig  # noqa: E402
+from widenet_ds.model.counts import count_parameters  # noqa: E402
+from widenet_ds.model.counts import flops_per_token  # noqa: E402
 from widenet_ds.report.cli import write_report  # noqa: E402
-from widenet_ds.train_config import parse_args  # noqa: E402
+from widenet_ds.runtime.distributed import init_distributed  # noqa: E402
+from widenet_ds.training.finetune import main as finetune_main  # noqa: E402
+from widenet_ds.training.finetune_tasks import GlueTaskRun, SquadTaskRun  # noqa: E402
+from widenet_ds.training.pretrain import run as pretrain_run  # noqa: E402
+from widenet_ds.training.pretrain_config import parse_args  # noqa: E402
 
 PRETRAIN_DS = REPO / "ds_configs" / "cpu_small.json"
 FINETUNE_DS = REPO / "ds_configs" / "finetune_cpu_small.json"
@@ -199,9 +199,11 @@ def finetune(pre: dict, task: str, shared: Path, data: Path, out: Path, sizes: d
         run_dir.mkdir(parents=True, exist_ok=True)
         steps = sizes["finetune_steps"]
         ds = write_ds_config(FINETUNE_DS, run_dir.parent / f"study_ds_{run_dir.name}.json", steps, batch=32)
-        common = ["--init", pre["run_dir"], "--tokenizer", str(data), "--deepspeed_config", str(ds),
+        common = ["--init-from", pre["run_dir"], "--tokenizer", str(data), "--deepspeed_config", str(ds),
                   "--output-dir", str(run_dir), "--max-steps", str(steps), "--seeds", str(SEEDS),
-                  "--log-every", str(max(1, steps // 10)), "--no-tensorboard", "--max-seq-length", str(SEQ_LENGTH)]
+                  "--log-interval", str(max(1, steps // 10)), "--max-seq-length", str(SEQ_LENGTH),
+                  # the study's small schedule is not the paper's recipe on purpose
+                  "--allow-recipe-mismatch", "--no-tensorboard", "--no-progress-bar"]
         with quiet(run_dir.parent / "console.log"):
             if task == "SQuAD1.1":
                 train, dev = squad_split(shared, out)

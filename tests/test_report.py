@@ -39,10 +39,10 @@ def _glue_entrypoint():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, shared_data, dist):
     """A real pretraining folder and a real finetuning folder started from it (one process, 1 rank)."""
-    from widenet_ds.finetune import main as finetune_main
-    from widenet_ds.finetune_tasks import GlueTaskRun
-    from widenet_ds.pretrain import run as pretrain
-    from widenet_ds.train_config import parse_args
+    from widenet_ds.training.finetune import main as finetune_main
+    from widenet_ds.training.finetune_tasks import GlueTaskRun
+    from widenet_ds.training.pretrain import run as pretrain
+    from widenet_ds.training.pretrain_config import parse_args
 
     root = tmp_path_factory.mktemp("report")
     data = prepare_data(root / "data", [shared_data / BOOKS[0]])
@@ -54,10 +54,10 @@ def runs(tmp_path_factory, shared_data, dist):
         "--no-progress-bar", "--no-tensorboard"])) == 0
     ft = root / "sst2"
     assert finetune_main(_glue_entrypoint().parser(), GlueTaskRun, [
-        "--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--init", str(pre), "--tokenizer", str(data),
+        "--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--init-from", str(pre), "--tokenizer", str(data),
         "--deepspeed_config", str(FINETUNE_CONFIG), "--output-dir", str(ft), "--max-steps", str(FINETUNE_STEPS),
         "--seeds", "2", "--max-train-examples", "128", "--max-eval-examples", "64", "--max-seq-length", "64",
-        "--log-every", "1", "--no-tensorboard"]) == 0
+        "--log-interval", "1", "--allow-recipe-mismatch", "--no-tensorboard", "--no-progress-bar"]) == 0
     return {"root": root, "pretrain": pre, "finetune": ft}
 
 

@@ -22,6 +22,8 @@ RESULTS_FILE = "results.json"
 SEED_DIR = re.compile(r"^seed(\d+)$")
 EXPERT_LOAD_KEY = re.compile(r"^moe/block_(\d+)/expert_(\d+)_load$")
 DROPPED_KEY = re.compile(r"^moe/block_(\d+)/dropped_fraction$")
+# A finetuning seed's loss: `train/loss` (the trainer's log since the restructuring), `finetune/loss` before.
+FINETUNE_LOSS_KEYS = ("train/loss", "finetune/loss")
 
 
 @dataclass
@@ -158,6 +160,14 @@ class SeedRun:
     def series(self, key: str) -> tuple[list[int], list[float]]:
         rows = [(r["step"], float(r[key])) for r in self.records if isinstance(r.get(key), (int, float))]
         return [s for s, _ in rows], [v for _, v in rows]
+
+    def loss(self) -> tuple[list[int], list[float]]:
+        """The seed's training loss curve, under whichever key its trainer logged it."""
+        for key in FINETUNE_LOSS_KEYS:
+            steps, values = self.series(key)
+            if steps:
+                return steps, values
+        return [], []
 
     def last_eval(self) -> dict[str, dict[str, float]]:
         """The latest evaluation logged: {split: {metric: value}} from the `eval/<split>/<metric>` keys."""

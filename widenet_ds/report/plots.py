@@ -155,7 +155,7 @@ def _finetune_plot(runs: list[FinetuneRun], out_dir: Path, file: str) -> bool:
     """One panel per task; in each, every run's loss averaged over its seeds (the seeds' spread shaded)."""
     by_task: dict[str, list[FinetuneRun]] = {}
     for run in runs:
-        if any(seed.series("finetune/loss")[0] for seed in run.seeds):
+        if any(seed.loss()[0] for seed in run.seeds):
             by_task.setdefault(run.task, []).append(run)
     if not by_task:
         return False
@@ -165,7 +165,7 @@ def _finetune_plot(runs: list[FinetuneRun], out_dir: Path, file: str) -> bool:
     axes = fig.subplots(rows, cols, squeeze=False).flatten()
     for ax, (task, task_runs) in zip(axes, sorted(by_task.items())):
         for run, color in zip(task_runs, _colors(len(task_runs))):
-            curves = [dict(zip(*seed.series("finetune/loss"))) for seed in run.seeds]
+            curves = [dict(zip(*seed.loss())) for seed in run.seeds if seed.loss()[0]]
             steps = sorted(set().union(*curves))
             values = [[c[s] for c in curves if s in c] for s in steps]
             ax.plot(steps, [sum(v) / len(v) for v in values], color=color,
@@ -212,6 +212,6 @@ def draw_all(runs: list[Run], out_dir: Path) -> list[Plot]:
                                   "choices, before capacity dropping) per expert. The router is shared by all "
                                   "blocks, yet each block sends its tokens differently.", "experts"))
     if finetune and _finetune_plot(finetune, out_dir, "finetune_loss.png"):
-        plots.append(Plot("finetune_loss.png", "Finetuning loss", "`finetune/loss` of every seed's metrics.jsonl.",
+        plots.append(Plot("finetune_loss.png", "Finetuning loss", "The training loss (`train/loss`) of every seed's metrics.jsonl.",
                           "finetune"))
     return plots
