@@ -125,16 +125,25 @@ demo() {
     --model-config "$run/model.json" --deepspeed_config "$ROOT/ds_configs/cpu_small.json" \
     --data "$run/data" --output-dir "$run/pretrain" --max-steps "${WIDENET_DEMO_STEPS:-300}" --ep-size 2 \
     --save-interval 100 --eval-interval 100 --resume )
-  if [[ ! -d "$sst2" ]]; then
-    echo "[demo] SST-2 not found at $sst2: set WIDENET_SHARED_DATA to a folder with glue/SST-2" \
-         "(train.tsv, dev.tsv); skipping the finetune step." >&2
-    exit 1
+  # SST-2: the local GLUE copy when given, else HF `glue/sst2` when the hub answers, else stop here (exit 0:
+  # the pretraining is done and reported) and say what to provide.
+  local sst2_data="" sst2_from=""
+  if [[ -d "$sst2" ]]; then
+    sst2_data="$sst2"; sst2_from="$sst2"
+  else
+    echo "[demo] SST-2 not found at $sst2; trying HF datasets glue/sst2" >&2
+    if timeout 300 "$PY" -c 'import datasets; datasets.load_dataset("glue", "sst2", split="validation")' \
+        >/dev/null 2>&1; then
+      sst2_data="hf"; sst2_from="HF datasets glue/sst2"
+    fi
   fi
-  echo "[demo] 3/3 finetuning on SST-2 ($sst2)" >&2
-  ( deepspeed_launch "$ROOT/finetune/run_glue.py" --num-gpus 2 -- \
-    --task sst2 --data "$sst2" --init-from "$run/pretrain" --tokenizer "$run/data" --output-dir "$run/sst2" \
-    --deepspeed_config "$ROOT/ds_configs/finetune_cpu_small.json" --allow-recipe-mismatch \
-    --max-steps "${WIDENET_DEMO_FT_STEPS:-200}" --max-train-examples 6000 --max-seq-length 64 --resume )
+  if [[ -n "$sst2_data" ]]; then
+    echo "[demo] 3/3 finetuning on SST-2 ($sst2_from)" >&2
+    ( deepspeed_launch "$ROOT/finetune/run_glue.py" --num-gpus 2 -- \
+      --task sst2 --data "$sst2_data" --init-from "$run/pretrain" --tokenizer "$run/data" --output-dir "$run/sst2" \
+      --deepspeed_config "$ROOT/ds_configs/finetune_cpu_small.json" --allow-recipe-mismatch \
+      --max-steps "${WIDENET_DEMO_FT_STEPS:-200}" --max-train-examples 6000 --max-seq-length 64 --resume )
+  fi
   "$PY" - "$run" <<'PY'
 import json, sys
 from pathlib import Path
@@ -142,21 +151,33 @@ run = Path(sys.argv[1])
 rows = [json.loads(line) for line in (run / "pretrain" / "metrics.jsonl").read_text().splitlines() if line.strip()]
 train = [r for r in rows if "train/mlm_loss" in r]
 valid = [r for r in rows if "valid/mlm_loss" in r]
-result = json.loads((run / "sst2" / "results.json").read_text())
 print("\n== widenet-ds demo ==")
 print(f"pretraining ({train[-1]['step']} steps, widenet-tiny-e4, 2 ranks, ep 2): MLM loss "
       f"{train[0]['train/mlm_loss']:.3f} -> {train[-1]['train/mlm_loss']:.3f}"
       + (f", held-out MLM loss {valid[-1]['valid/mlm_loss']:.3f}" if valid else ""))
-print(f"SST-2 dev accuracy {result['median']['dev']['acc']:.4f} "
-      f"(majority class {result['baseline']['dev']['acc']:.4f})")
+if (run / "sst2" / "results.json").is_file():
+    result = json.loads((run / "sst2" / "results.json").read_text())
+    print(f"SST-2 dev accuracy {result['median']['dev']['acc']:.4f} "
+          f"(majority class {result['baseline']['dev']['acc']:.4f})")
 print(f"outputs in {run}")
 PY
+  local report_runs=("$run/pretrain")
+  if [[ -n "$sst2_data" ]]; then report_runs+=("$run/sst2"); fi
+  "$VENV/bin/widenet-ds" report "${report_runs[@]}" --output "$run/report" --title "widenet-ds demo"
+  echo "[demo] open the report: file://$run/report/index.html"
+  if [[ -z "$sst2_data" ]]; then
+    echo "[demo] skipped the finetuning step: no SST-2 at $sst2 and HF datasets glue/sst2 could not be" \
+         "downloaded. To finetune, put GLUE's SST-2 folder (train.tsv, dev.tsv) at \$WIDENET_SHARED_DATA/glue/SST-2" \
+         "(WIDENET_SHARED_DATA defaults to ../shared/data), or give this machine access to the HF hub, then run" \
+         "./launcher.sh demo again (the finished pretraining is reused)."
+  fi
 }
 
 run_tests() {
   setup
   if [[ "$(id -u)" == "0" ]]; then
     bash "$ROOT/scripts/install_slurm.sh" >&2 || echo "[test] Slurm install failed; Slurm tests will skip" >&2
+    bash "$ROOT/scripts/install_chromium.sh" >&2 || echo "[test] Chromium install failed; the report's browser test will skip" >&2
   fi
   cd "$ROOT"
   "$PY" -m pytest "$@"

@@ -18,10 +18,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "squad-eval": ("widenet_ds.tasks.squad_metrics:cli", "official SQuAD v1.1/v2.0 scores of a predictions file"),
     "glue-eval": ("widenet_ds.tasks.glue_metrics:cli", "GLUE metrics of a predictions file"),
     "convert": ("widenet_ds.checkpoint.cli:cli", "convert checkpoints: to-folder, reshard, to-albert, from-albert"),
+    "report": ("widenet_ds.report.cli:cli", "HTML page with plots of pretraining/finetuning run folders"),
 }
 
 # Commands that never import DeepSpeed (start fast, print nothing of DeepSpeed's).
-LIGHT_COMMANDS = {"squad-eval", "glue-eval", "model-config", "prepare-data", "train-tokenizer"}
+LIGHT_COMMANDS = {"squad-eval", "glue-eval", "model-config", "prepare-data", "train-tokenizer", "report"}
 
 
 def _usage() -> str:

@@ -1,0 +1,254 @@
+"""`widenet-ds report` on real run folders: a tiny widenet-tiny-e4 pretraining (1 rank, 6 steps) and its
+SST-2 finetuning (2 seeds, 4 steps). The page's tables are checked number by number against the runs'
+metrics.jsonl and results.json, every plot file is a real image, headless Chromium opens the page without
+errors (the screenshot is kept: $WIDENET_REPORT_ARTIFACTS, default the test's tmp folder), and bad,
+partial and live folders are reported instead of crashing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).parent))
+from headless_browser import find_chromium, open_page  # noqa: E402
+from launching import REPO, child_env  # noqa: E402
+from pretrain_support import BOOKS, CPU_CONFIG, prepare_data  # noqa: E402
+
+FINETUNE_CONFIG = REPO / "ds_configs" / "finetune_cpu_small.json"
+PRETRAIN_STEPS, FINETUNE_STEPS = 6, 4
+EXPECTED_PLOTS = {"mlm_loss.png", "sop_loss.png", "lr.png", "tokens_per_second.png", "balance_loss.png",
+                  "dropped_fraction.png", "expert_load_pretrain.png", "finetune_loss.png"}
+
+
+def _glue_entrypoint():
+    spec = importlib.util.spec_from_file_location("run_glue", REPO / "finetune" / "run_glue.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, shared_data, dist):
+    """A real pretraining folder and a real finetuning folder started from it (one process, 1 rank)."""
+    from widenet_ds.training.finetune import main as finetune_main
+    from widenet_ds.training.finetune_tasks import GlueTaskRun
+    from widenet_ds.training.pretrain import run as pretrain
+    from widenet_ds.training.pretrain_config import parse_args
+
+    root = tmp_path_factory.mktemp("report")
+    data = prepare_data(root / "data", [shared_data / BOOKS[0]])
+    pre = root / "pretrain"
+    assert pretrain(parse_args([
+        "--model-config", "widenet-tiny-e4", "--deepspeed_config", str(CPU_CONFIG), "--data", str(data),
+        "--output-dir", str(pre), "--max-steps", str(PRETRAIN_STEPS), "--log-interval", "1",
+        "--eval-interval", "3", "--eval-batches", "2", "--save-interval", str(PRETRAIN_STEPS),
+        "--no-progress-bar", "--no-tensorboard"])) == 0
+    ft = root / "sst2"
+    assert finetune_main(_glue_entrypoint().parser(), GlueTaskRun, [
+        "--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--init-from", str(pre), "--tokenizer", str(data),
+        "--deepspeed_config", str(FINETUNE_CONFIG), "--output-dir", str(ft), "--max-steps", str(FINETUNE_STEPS),
+        "--seeds", "2", "--max-train-examples", "128", "--max-eval-examples", "64", "--max-seq-length", "64",
+        "--log-interval", "1", "--allow-recipe-mismatch", "--no-tensorboard", "--no-progress-bar"]) == 0
+    return {"root": root, "pretrain": pre, "finetune": ft}
+
+
+def report(*args: str | Path) -> subprocess.CompletedProcess:
+    """The real console command, in a child process (as a user runs it)."""
+    return subprocess.run([sys.executable, "-m", "widenet_ds.cli", "report", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, env=child_env())
+
+
+class _Cells(HTMLParser):
+    """(data-run, data-row, data-key) -> text of every number cell; img sources."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells: dict[tuple[str, str, str], str] = {}
+        self.images: list[str] = []
+        self._open: tuple[str, str, str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "td" and "data-key" in attrs:
+            self._open = (attrs["data-run"], attrs["data-row"], attrs["data-key"])
+            self.cells[self._open] = ""
+        elif tag == "img":
+            self.images.append(attrs["src"])
+
+    def handle_data(self, data):
+        if self._open:
+            self.cells[self._open] += data
+
+    def handle_endtag(self, tag):
+        if tag == "td":
+            self._open = None
+
+
+def parse_page(page: Path) -> _Cells:
+    cells = _Cells()
+    cells.feed(page.read_text())
+    return cells
+
+
+def shown(text: str) -> float:
+    return float(text.strip())
+
+
+def assert_shows(cells: _Cells, run: str, row: str, key: str, expected: float) -> None:
+    text = cells.cells[(run, row, key)]
+    # 4 decimals or 4 significant digits, as the page prints them
+    assert shown(text) == pytest.approx(expected, rel=1e-3, abs=6e-5), (run, row, key, text, expected)
+
+
+@pytest.fixture(scope="module")
+def rendered(runs):
+    out = runs["root"] / "report"
+    proc = report(runs["pretrain"], runs["finetune"], "--output", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == f"report: {out / 'index.html'}"
+    return out
+
+
+def test_tables_show_the_runs_numbers(runs, rendered):
+    cells = parse_page(rendered / "index.html")
+    records = [json.loads(line) for line in (runs["pretrain"] / "metrics.jsonl").read_text().splitlines()]
+    scalars = [r for r in records if "event" not in r]
+    # the last value of each pretraining series, at the step it was logged
+    for key in ("train/mlm_loss", "valid/mlm_loss", "train/sop_loss", "valid/sop_loss", "train/mlm_accuracy",
+                "train/balance_loss", "optim/lr", "perf/tokens_per_second"):
+        last = [r for r in scalars if key in r][-1]
+        assert_shows(cells, "pretrain", f"step {last['step']}", key, last[key])
+    assert cells.cells[("pretrain", "last", "step")] == str(PRETRAIN_STEPS)
+    # expert load of each of the 4 blocks (each routes on its own) at the last step; shares sum to 1
+    final = [r for r in scalars if r["step"] == PRETRAIN_STEPS and "moe/block_00/expert_00_load" in r][-1]
+    for block in range(4):
+        loads = [final[f"moe/block_{block:02d}/expert_{e:02d}_load"] for e in range(4)]
+        assert sum(loads) == pytest.approx(1.0)
+        for e, load in enumerate(loads):
+            assert_shows(cells, "pretrain", f"step {PRETRAIN_STEPS}", f"moe/block_{block:02d}/expert_{e:02d}_load",
+                         load)
+        key = f"moe/block_{block:02d}/dropped_fraction"
+        assert_shows(cells, "pretrain", f"step {PRETRAIN_STEPS}", key, final[key])
+    # finetuning: the median, each seed and the majority-class baseline, from results.json
+    results = json.loads((runs["finetune"] / "results.json").read_text())
+    assert results["median"]["dev"]["acc"] is not None
+    assert_shows(cells, "sst2", "median", "dev/acc", results["median"]["dev"]["acc"])
+    for seed_run in results["per_seed"]:
+        assert_shows(cells, "sst2", f"seed{seed_run['seed']}", "dev/acc", seed_run["metrics"]["dev"]["acc"])
+    assert_shows(cells, "sst2", "baseline", "dev/acc", results["baseline"]["dev"]["acc"])
+    assert cells.cells[("sst2", "last", "step")] == str(FINETUNE_STEPS)
+
+
+def test_every_plot_is_a_real_image_referenced_by_the_page(rendered):
+    summary = json.loads((rendered / "report.json").read_text())
+    files = {plot["file"] for plot in summary["plots"]}
+    assert files == EXPECTED_PLOTS
+    assert sorted(p.name for p in rendered.iterdir()) == sorted(files | {"index.html", "report.json"})
+    assert sorted(parse_page(rendered / "index.html").images) == sorted(files)
+    for name in files:
+        with Image.open(rendered / name) as image:
+            assert image.format == "PNG" and image.width >= 600 and image.height >= 300, (name, image.size)
+            colours = image.convert("RGB").getcolors(maxcolors=1 << 16)
+            assert colours is None or len(colours) > 20, f"{name} looks blank"
+    # the heatmap has one panel per routed block: taller than a plain curve plot
+    with Image.open(rendered / "expert_load_pretrain.png") as heatmap, Image.open(rendered / "lr.png") as curve:
+        assert heatmap.height > curve.height
+
+
+def test_headless_chromium_opens_the_page_without_errors(rendered, tmp_path):
+    if find_chromium() is None:
+        pytest.skip("chromium is not installed (`./launcher.sh test` installs Debian's chromium as root)")
+    artifacts = Path(os.environ.get("WIDENET_REPORT_ARTIFACTS", tmp_path))
+    screenshot = artifacts / "report_screenshot.png"
+    visit = open_page(rendered / "index.html", screenshot)
+    print(f"\nreport screenshot: {screenshot}")
+    assert visit.errors == [] and visit.broken_images == [], visit
+    assert visit.title == "WideNet runs"
+    with Image.open(screenshot) as image:
+        assert image.width == 1280 and image.height == visit.height > 2000
+
+
+def test_rerun_replaces_a_previous_report_and_refuses_other_folders(runs, rendered, tmp_path):
+    stale = rendered / "old_plot.png"
+    shutil.copy(rendered / "lr.png", stale)
+    proc = report(runs["pretrain"], "--output", rendered)  # a previous report: replaced whole
+    assert proc.returncode == 0, proc.stderr
+    assert not stale.exists() and not (rendered / "finetune_loss.png").exists()
+    rendered_again = report(runs["pretrain"], runs["finetune"], "--output", rendered)
+    assert rendered_again.returncode == 0
+
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("mine")
+    proc = report(runs["pretrain"], "--output", mine)
+    assert proc.returncode == 2
+    assert "not a widenet-ds report" in proc.stderr and "thesis.tex" in proc.stderr
+    assert sorted(p.name for p in mine.iterdir()) == ["thesis.tex"] and (mine / "thesis.tex").read_text() == "mine"
+
+
+def test_bad_and_partial_folders_are_listed_not_fatal(runs, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    broken = tmp_path / "broken_finetune"
+    broken.mkdir()
+    (broken / "results.json").write_text('{"task": "SST-2", "median": ')
+    no_metrics = tmp_path / "no_metrics"
+    no_metrics.mkdir()
+    shutil.copy(runs["pretrain"] / "model_config.json", no_metrics)
+    garbled = tmp_path / "garbled"
+    garbled.mkdir()
+    (garbled / "metrics.jsonl").write_text("not json\n\x00\x01\n")
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    bad = [empty, broken, no_metrics, garbled, a_file, tmp_path / "missing"]
+
+    out = tmp_path / "report"
+    proc = report(runs["pretrain"], *bad, "--output", out)
+    assert proc.returncode == 0, proc.stderr
+    page = (out / "index.html").read_text()
+    for path, why in ((empty, "not a run folder"), (broken, "results.json is not valid JSON"),
+                      (no_metrics, "without metrics.jsonl"), (garbled, "no readable record"),
+                      (a_file, "is not a folder"), (tmp_path / "missing", "does not exist")):
+        assert f"{path}: " in proc.stderr and why in proc.stderr, (path, why, proc.stderr)
+        assert str(path) in page and why in page
+    assert json.loads((out / "report.json").read_text())["runs"][0]["name"] == "pretrain"
+
+    # nothing usable at all: exit 1, and no output written
+    proc = report(*bad, "--output", tmp_path / "nothing")
+    assert proc.returncode == 1 and "none of the folders holds a readable run" in proc.stderr
+    assert not (tmp_path / "nothing").exists()
+
+
+def test_a_live_run_is_read_up_to_its_partial_last_line(runs, tmp_path):
+    lines = (runs["pretrain"] / "metrics.jsonl").read_text().splitlines(keepends=True)
+    cut = next(i for i, line in enumerate(lines) if json.loads(line)["step"] == 4)
+    live = tmp_path / "live"
+    live.mkdir()
+    shutil.copy(runs["pretrain"] / "model_config.json", live)
+    (live / "metrics.jsonl").write_text("".join(lines[:cut]) + lines[cut][: len(lines[cut]) // 2])
+    out = tmp_path / "report"
+    proc = report(live, "--output", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "still being written" in proc.stderr
+    cells = parse_page(out / "index.html")
+    assert cells.cells[("live", "last", "step")] == "3"
+    last = json.loads(lines[cut - 1]) if "train/mlm_loss" in lines[cut - 1] else None
+    shown_mlm = [k for k in cells.cells if k[0] == "live" and k[2] == "train/mlm_loss"]
+    assert shown_mlm == [("live", "step 3", "train/mlm_loss")]
+    expected = last or [json.loads(x) for x in lines[:cut] if "train/mlm_loss" in x][-1]
+    assert_shows(cells, "live", "step 3", "train/mlm_loss", expected["train/mlm_loss"])
+
+    # the run goes on: the rest of the line and the steps after it arrive; the same report folder updates
+    (live / "metrics.jsonl").write_text("".join(lines))
+    proc = report(live, "--output", out)
+    assert proc.returncode == 0 and "still being written" not in proc.stderr
+    assert parse_page(out / "index.html").cells[("live", "last", "step")] == str(PRETRAIN_STEPS)
