@@ -47,7 +47,8 @@ def graph() -> dict[str, set[str]]:
 
 
 def layer_of(module: str) -> int:
-    for parts in range(module.count(".") + 1, 0, -1):
+    # longest matching prefix, down to a top-level module or package (never the bare root)
+    for parts in range(module.count(".") + 1, 1 if module != "widenet_ds" else 0, -1):
         prefix = ".".join(module.split(".")[:parts])
         for index, layer in enumerate(LAYERS):
             if prefix in layer:
