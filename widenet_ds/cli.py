@@ -15,13 +15,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "params": ("widenet_ds.model.counts:cli", "parameter counts of every preset (or one config)"),
     "train-tokenizer": ("widenet_ds.data.tokenizer:cli", "train a WordPiece vocabulary over text sources"),
     "prepare-data": ("widenet_ds.data.prepare:cli", "build sharded MLM+SOP pretraining examples"),
+    "verify-data": ("widenet_ds.data.verify:cli", "check every shard of a prepared data folder against its checksums"),
     "squad-eval": ("widenet_ds.tasks.squad_metrics:cli", "official SQuAD v1.1/v2.0 scores of a predictions file"),
     "glue-eval": ("widenet_ds.tasks.glue_metrics:cli", "GLUE metrics of a predictions file"),
     "convert": ("widenet_ds.checkpoint.cli:cli", "convert checkpoints: to-folder, reshard, to-albert, from-albert"),
 }
 
 # Commands that never import DeepSpeed (start fast, print nothing of DeepSpeed's).
-LIGHT_COMMANDS = {"squad-eval", "glue-eval", "model-config", "prepare-data", "train-tokenizer"}
+LIGHT_COMMANDS = {"squad-eval", "glue-eval", "model-config", "prepare-data", "train-tokenizer", "verify-data"}
 
 
 def _usage() -> str:
