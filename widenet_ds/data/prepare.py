@@ -50,6 +50,7 @@ from widenet_ds.data.shards import (
 from widenet_ds.data.sources import DocumentStream, SkipCounter, WeightedSource, parse_source
 from widenet_ds.data.tokenizer import BatchEncoder, file_sha256, load_tokenizer, save_tokenizer, train_tokenizer
 from widenet_ds.errors import DataError
+from widenet_ds.writable import check_output_folder as check_writable
 
 SETTINGS_FILE = "prepare_settings.json"
 SPLITS = ("train", "valid")
@@ -250,6 +251,7 @@ def check_output_folder(output: Path) -> None:
     """--output must be new, empty, or a data folder of prepare-data (then the settings decide)."""
     if output.exists() and not output.is_dir():
         raise DataError(f"--output {output} is a file; pass a folder (new or empty) for the prepared data")
+    check_writable(output, "--output", subfolders=SPLITS, error=DataError)
     if not output.is_dir():
         return
     # Our own temporary files (".name.xxxx.tmp") are left by an interrupted run and are harmless.

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
-from widenet_ds.errors import raise_config_problems
+from widenet_ds.errors import ConfigError, raise_config_problems
+from widenet_ds.writable import check_output_folder
 
 OptimizerChoice = Literal["auto", "deepspeed-fused", "torch-lamb"]
 LATEST = "latest"
@@ -72,6 +73,11 @@ class PretrainConfig:
                             f"with a JSON file, e.g. ds_configs/cpu_small.json (see ds_configs/README.md).")
         if self.output_dir.exists() and not self.output_dir.is_dir():
             problems.append(f"--output-dir {self.output_dir} exists and is not a directory.")
+        else:
+            try:
+                check_output_folder(self.output_dir, "--output-dir", subfolders=("checkpoints", "tensorboard"))
+            except ConfigError as err:
+                problems.append(str(err))
         raise_config_problems(problems, "the pretraining settings")
 
     @property
