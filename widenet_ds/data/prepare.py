@@ -444,7 +444,8 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--document-per-file", action="store_true",
                         help="a text file is one document (default: one per blank-line block)")
     parser.add_argument("--tokenizer", default="train", help="'train', or a tokenizer.json / vocab.txt / folder")
-    parser.add_argument("--vocab-size", type=int, default=30000, help="when training the tokenizer")
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help="when training the tokenizer (--tokenizer train; default 30000)")
     parser.add_argument("--seq-length", type=int, default=128)
     parser.add_argument("--short-seq-prob", type=float, default=0.1)
     parser.add_argument("--masked-lm-prob", type=float, default=0.15)
@@ -461,6 +462,9 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--overwrite", action="store_true", help="rebuild shards made with other settings")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
+    if args.vocab_size is not None and args.tokenizer != "train":
+        raise DataError(f"--vocab-size {args.vocab_size} only applies to --tokenizer train; the given tokenizer "
+                        f"{args.tokenizer} keeps its own vocabulary. Drop --vocab-size, or pass --tokenizer train")
 
     sources = [parse_source(spec, args.text_field, args.document_per_file) for spec in args.source]
     if args.default_corpus:
@@ -469,7 +473,7 @@ def cli(argv: list[str]) -> int:
                             args.max_predictions_per_seq, args.max_ngram)
     config = PrepareConfig(example, args.masking, args.dupe_factor, args.seed, args.valid_fraction,
                            int(args.partition_mb * (1 << 20)))
-    manifest = prepare(sources, args.output, config, args.tokenizer, args.vocab_size, args.workers,
+    manifest = prepare(sources, args.output, config, args.tokenizer, args.vocab_size or 30000, args.workers,
                        args.overwrite, progress=not args.no_progress)
     print(format_summary(manifest))
     print(f"data written to {args.output}")
