@@ -127,6 +127,16 @@ def trained_ep_size(meta: dict[str, Any]) -> int:
     return split_run_settings(meta.get("model_config") or {})[1].get("ep_size", 1)  # written before 0.2
 
 
+def check_resumable(tag_dir: Path, meta: dict[str, Any]) -> None:
+    """An exact resume needs the optimizer, schedule, loader and RNG states; a resharded checkpoint
+    (`widenet-ds convert reshard`) records that it has model states only."""
+    if meta.get("optimizer_states") is False or not any(Path(tag_dir).glob("rank_*_state.pt")):
+        raise CheckpointError(f"checkpoint {tag_dir} holds model states only (no optimizer state, LR schedule, "
+                              f"data-loader or RNG state: it was written by `widenet-ds convert reshard` or copied "
+                              f"partially), so --resume cannot continue it exactly. Start a new run from its weights "
+                              f"with --init-from {tag_dir} (a new optimizer and schedule).")
+
+
 def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
     """`field: saved -> current` for every differing model-config field (nested ones dotted)."""
     lines = []

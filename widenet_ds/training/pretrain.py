@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from widenet_ds.checkpoint.training import (CheckpointManager, TrainingState, check_same_model, latest_checkpoint,
+from widenet_ds.checkpoint.training import (CheckpointManager, TrainingState, check_resumable, check_same_model, latest_checkpoint,
                                            load_weights_only, read_meta, resolve_tag_dir, trained_ep_size)
 from widenet_ds.data.loader import PretrainingDataLoader
 from widenet_ds.data.shards import read_manifest
@@ -101,8 +101,11 @@ def find_resume_point(cfg: PretrainConfig, model_config: dict[str, Any]) -> Path
                                   f"{existing.name}); pass --resume to continue that run, or choose a new --output-dir.")
         return None
     if cfg.resume == LATEST:
+        if existing is not None:
+            check_resumable(existing, read_meta(existing))
         return existing  # None: nothing saved yet, so a requeued job starts from step 0
     source = resolve_tag_dir(Path(cfg.resume))
+    check_resumable(source, read_meta(source))
     check_same_model(read_meta(source), model_config, source)
     check_same_layout(read_meta(source), cfg.ep_size, source)
     return source
