@@ -67,7 +67,8 @@ def _check_output(args) -> None:
     output = Path(args.output)
     if output.exists() and not args.overwrite:
         raise CheckpointError(f"{output} already exists; choose another output or pass --overwrite.")
-    check_output_folder(output.parent if output.name else output, "the output's folder", error=CheckpointError)
+    if not output.exists():
+        check_output_folder(output, "output", error=CheckpointError)
 
 
 def _add_source(parser: argparse.ArgumentParser, tokenizer: bool = True) -> None:

@@ -69,7 +69,15 @@ def read_meta(tag_dir: Path, required: bool = True) -> dict[str, Any] | None:
         raise CheckpointError(f"{tag_dir} is not a complete widenet-ds checkpoint (no {META_FILE}); it is "
                               f"partial or from another program. Resume from a complete one (see "
                               f"{Path(tag_dir).parent / LATEST_FILE}).")
-    return json.loads(path.read_text())
+    try:
+        meta = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path} is not valid JSON ({err}); the checkpoint marker is damaged: resume from "
+                              f"another checkpoint of {Path(tag_dir).parent} (pass its tag folder to --resume).") from None
+    if not isinstance(meta, dict) or "model_config" not in meta:
+        raise CheckpointError(f"{path} is not a widenet-ds checkpoint marker (no model_config); resume from another "
+                              f"checkpoint of {Path(tag_dir).parent}.")
+    return meta
 
 
 def _tags(folder: Path) -> list[str]:

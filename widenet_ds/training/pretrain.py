@@ -17,8 +17,9 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from widenet_ds.checkpoint.training import (CheckpointManager, TrainingState, check_resumable, check_same_model, latest_checkpoint,
-                                           load_weights_only, read_meta, resolve_tag_dir, trained_ep_size)
+from widenet_ds.checkpoint.training import (CheckpointManager, TrainingState, check_resumable, check_same_model,
+                                           latest_checkpoint, load_weights_only, read_meta, resolve_tag_dir,
+                                           trained_ep_size)
 from widenet_ds.data.loader import PretrainingDataLoader
 from widenet_ds.data.shards import read_manifest
 from widenet_ds.data.tokenizer import TOKENIZER_FILE, VOCAB_FILE
