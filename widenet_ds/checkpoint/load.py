@@ -14,7 +14,6 @@ from typing import Any
 from torch import nn
 
 from widenet_ds.checkpoint.deepspeed import read_deepspeed_checkpoint
-from widenet_ds.checkpoint.training import config_differences, read_meta, resolve_tag_dir
 from widenet_ds.checkpoint.format import (
     _BODY,
     PortableCheckpoint,
@@ -23,8 +22,10 @@ from widenet_ds.checkpoint.format import (
     is_folder,
     read_folder,
 )
+from widenet_ds.checkpoint.training import config_differences, read_meta, resolve_tag_dir
 from widenet_ds.data.tokenizer import tokenizer_files_in
 from widenet_ds.errors import CheckpointError
+from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.moe import MoEFeedForward
 
 

@@ -18,10 +18,11 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from widenet_ds.checkpoint.deepspeed import TOKENIZER_NAMES, find_tokenizer_files, read_marker, resolve_tag_dir
 from widenet_ds.checkpoint.format import CONFIG_FILE, is_folder
+from widenet_ds.checkpoint.load import find_tokenizer_files
+from widenet_ds.checkpoint.training import read_meta, resolve_tag_dir
 from widenet_ds.data.shards import file_sha256
-from widenet_ds.data.tokenizer import load_tokenizer
+from widenet_ds.data.tokenizer import load_tokenizer, tokenizer_files_in
 from widenet_ds.errors import CheckpointError, WideNetError
 
 TOKENIZER_JSON = "tokenizer.json"
@@ -51,10 +52,10 @@ def checkpoint_tokenizer(source: Path, tag: str | None = None) -> CheckpointToke
         config = json.loads((source / CONFIG_FILE).read_text())
         recorded = (config.get("provenance") or {}).get("tokenizer_sha256")
         record = f"{source / CONFIG_FILE} (provenance.tokenizer_sha256)"
-        candidates = [source / name for name in TOKENIZER_NAMES if (source / name).is_file()]
+        candidates = list(tokenizer_files_in(source))
     else:
-        tag_dir = resolve_tag_dir(source, tag)
-        meta = read_marker(tag_dir) or {}
+        tag_dir = resolve_tag_dir(source, tag, require_marker=False)
+        meta = read_meta(tag_dir, required=False) or {}
         recorded = (meta.get("data_manifest") or {}).get("tokenizer_sha256")
         record = f"{tag_dir / 'widenet_checkpoint.json'} (data_manifest.tokenizer_sha256)"
         candidates = list(find_tokenizer_files(source, tag))
