@@ -404,3 +404,25 @@ def test_bad_input_fails_with_one_clear_error_and_touches_no_earlier_file(case, 
     assert not (tmp_path / "out" / "metrics.jsonl").exists() and not (tmp_path / "ft" / "results.json").exists()
     for name, before in earlier["digests"].items():
         assert digest(earlier[name]) == before, f"{case.id} modified the earlier run's {name} folder"
+
+
+def test_finetuning_tokenizer_check_compares_contents_and_names_both_sources(earlier):
+    """Item 4, finetuning side: `check_tokenizer_matches(..., checkpoint=)` refuses another vocabulary of
+    the same size (the vocabulary-size check alone passes it) and accepts the run's own tokenizer."""
+    from widenet_ds.data.tokenizer import load_tokenizer
+    from widenet_ds.errors import CheckpointError
+    from widenet_ds.tasks.features import check_tokenizer_matches
+
+    other = load_tokenizer(earlier["other_tokenizer"] / "tokenizer.json")
+    check_tokenizer_matches(other, earlier["vocab"])  # same size: the old check is blind to it
+    with pytest.raises(CheckpointError, match=r"--tokenizer other.* is not the tokenizer of the checkpoint .*run.*"
+                                              r"vocabulary differs from .*run/tokenizer\.json"):
+        check_tokenizer_matches(other, earlier["vocab"], checkpoint=earlier["run"], tokenizer_source="--tokenizer other")
+    for source in ("run", "export"):
+        check_tokenizer_matches(load_tokenizer(earlier["data"]), earlier["vocab"], checkpoint=earlier[source])
+
+
+def test_exported_folders_are_readable_by_group_and_others(earlier):
+    for folder in ("export", "data"):
+        for path in earlier[folder].rglob("*"):
+            assert path.stat().st_mode & 0o044 == 0o044, f"{path} is not readable by group/others"
