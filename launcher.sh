@@ -99,6 +99,11 @@ deepspeed_launch() {
   [[ -n "$master_addr" ]] && ds_args+=(--master_addr "$master_addr")
   [[ -n "$master_port" ]] && ds_args+=(--master_port "$master_port")
   [[ "$ssh_check" == 0 ]] && ds_args+=(--no_ssh_check)
+  # The runner's and launch.py's bookkeeping (cmd =, WORLD INFO, spawned ...) is not for users; errors stay.
+  ds_args+=(--log_level="${WIDENET_DEEPSPEED_LOG_LEVEL:-critical}")
+  if [[ -z "${DS_ACCELERATOR:-}" ]] && ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then
+    export DS_ACCELERATOR=cpu  # chosen, not guessed: no "unable to detect an accelerator" warning per process
+  fi
   echo "launcher.sh: $DEEPSPEED ${ds_args[*]} $entrypoint $*"
   # Not exec: this shell stays the PID a user or scheduler signals, and relays SIGTERM/SIGINT/SIGUSR1 to
   # the ranks (deepspeed's runner would die alone on one node, leaving them training; see
@@ -117,6 +122,10 @@ deepspeed_launch() {
     kill -0 "$runner" 2>/dev/null || break
   done
   trap - TERM INT USR1
+  # 2 is a user error the ranks printed once; anything else gets a line (their own output is above).
+  if [[ "$rc" != 0 && "$rc" != 2 ]]; then
+    echo "launcher.sh: the run ended with exit status $rc (a rank failed; its messages are above)" >&2
+  fi
   return "$rc"
 }
 

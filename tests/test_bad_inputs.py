@@ -341,6 +341,11 @@ CASES = [
     C("pretrain-zero-steps", "pretrain", lambda e, t: pretrain(e, t, "--max-steps", "0"), r"--max-steps must be positive"),
     C("pretrain-resume-and-init", "pretrain", lambda e, t: pretrain(e, t, "--resume", "--init-from", str(e["run"])),
       r"pass only one of them"),
+    C("pretrain-resume-changed-lr", "pretrain", lambda e, t: pretrain(e, t, "--resume", str(e["run"]), "--max-steps", "3",
+      ds=ds_config(t, **{"optimizer.params.lr": 0.01, "scheduler.params.warmup_max_lr": 0.01})),
+      r"optimizer\.params\.lr: 0\.02 -> 0\.01.*--accept-changed-settings"),
+    C("pretrain-resume-changed-batch", "pretrain", lambda e, t: pretrain(e, t, "--resume", str(e["run"]), "--max-steps",
+      "3", ds=ds_config(t, train_batch_size=32)), r"train_batch_size: 16 -> 32.*no longer be the same run"),
     C("pretrain-missing-ds-config", "pretrain", lambda e, t: pretrain(e, t, ds=t / "none.json"), r"none\.json does not exist"),
     # ---- finetuning entrypoints, CLI level ----
     C("glue-missing-data", "glue", lambda e, t: glue(e, t, data=t / "none"), r"none does not exist"),
@@ -426,3 +431,16 @@ def test_exported_folders_are_readable_by_group_and_others(earlier):
     for folder in ("export", "data"):
         for path in earlier[folder].rglob("*"):
             assert path.stat().st_mode & 0o044 == 0o044, f"{path} is not readable by group/others"
+
+
+def test_resume_with_changed_settings_runs_when_accepted_and_logs_the_change(earlier, tmp_path):
+    """Item 6: with --accept-changed-settings the resumed run continues and its log names each change."""
+    from widenet_ds.training.log import read_metrics
+
+    run = run_copy(earlier, tmp_path, lambda r: None)
+    ds = ds_config(tmp_path, **{"optimizer.params.lr": 0.01, "scheduler.params.warmup_max_lr": 0.01})
+    argv = pretrain(earlier, tmp_path, "--resume", "--max-steps", "3", "--accept-changed-settings", ds=ds, out=run)
+    assert RUN_PRETRAIN.main(argv) == 0
+    events = [r["event"] for r in read_metrics(run / "metrics.jsonl") if "event" in r]
+    assert any("changed since the checkpoint" in e and "optimizer.params.lr: 0.02 -> 0.01" in e for e in events), events
+    assert (run / "checkpoints" / "latest").read_text() == "step3"

@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from widenet_ds.errors import WideNetError
+from widenet_ds.runtime.quiet import quiet_third_party
 
 # name -> (module:function, one-line help). Imported lazily so `widenet-ds params` does not pay for
 # the data pipeline's imports and vice versa.
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"widenet-ds: unknown command {name!r}.\n\n{_usage()}", file=sys.stderr)
         return 2
     if name not in LIGHT_COMMANDS:
+        quiet_third_party()
         # DeepSpeed logs to stdout from import on; machine-readable output (--json) must stay clean.
         with contextlib.redirect_stdout(sys.stderr):
             import deepspeed  # noqa: F401

@@ -270,3 +270,36 @@ def _check_scheduler(config: dict[str, Any]) -> tuple[str | None, int | None]:
     if total is not None and isinstance(warmup, int) and warmup > total:
         raise ConfigError(f"DeepSpeed config: scheduler warmup_num_steps {warmup} exceeds total_num_steps {total}.")
     return name, total
+
+
+# What decides the optimisation trajectory: a resume with any of these changed is no longer the same run.
+TRAJECTORY_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer",
+                   "scheduler", "gradient_clipping", "fp16", "bf16", "bfloat16", "zero_optimization.stage")
+
+
+def trajectory_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """`key: saved -> current` for every setting of TRAJECTORY_KEYS that differs (nested ones dotted)."""
+
+    def flat(config: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key in TRAJECTORY_KEYS:
+            section, _, inner = key.partition(".")
+            value = config.get(section)
+            if inner:
+                value = value.get(inner) if isinstance(value, dict) else None
+            if isinstance(value, dict):
+                stack = [(key, value)]
+                while stack:
+                    prefix, node = stack.pop()
+                    for name, item in node.items():
+                        if isinstance(item, dict):
+                            stack.append((f"{prefix}.{name}", item))
+                        else:
+                            out[f"{prefix}.{name}"] = item
+            elif value is not None:
+                out[key] = value
+        return out
+
+    before, after = flat(saved), flat(current)
+    return [f"{key}: {before.get(key, '<absent>')!r} -> {after.get(key, '<absent>')!r}"
+            for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]

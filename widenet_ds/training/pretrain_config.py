@@ -46,6 +46,7 @@ class PretrainConfig:
     optimizer: OptimizerChoice = "auto"
     resume: str | None = None
     init_from: Path | None = None
+    accept_changed_settings: bool = False  # --resume with another batch size, optimizer or schedule
     tensorboard: bool = True
     progress_bar: bool = True
 
@@ -124,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", nargs="?", const=LATEST, default=None, metavar="CHECKPOINT",
                         help="continue exactly: from the latest checkpoint in --output-dir (no value; a fresh "
                              "start if there is none yet) or from the given checkpoint folder")
+    parser.add_argument("--accept-changed-settings", action="store_true",
+                        help="--resume although the batch size, optimizer, schedule, clipping or precision of the "
+                             "DeepSpeed JSON differ from the checkpoint's (the run is then no longer exact; the "
+                             "changes are logged)")
     parser.add_argument("--init-from", type=Path, default=None, metavar="CHECKPOINT",
                         help="start a new phase (e.g. seq 512) from another run's checkpoint weights")
     parser.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
