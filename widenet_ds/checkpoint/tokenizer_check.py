@@ -108,3 +108,18 @@ def check_tokenizer_for_checkpoint(tokenizer: Tokenizer, given: str, info: Check
                                   f"{info.source} was trained with (SHA-256 {info.recorded_sha256[:12]}..., recorded "
                                   f"in {info.record}); pass the tokenizer.json of the data folder the run was "
                                   "trained on.")
+
+
+def check_checkpoint_tokenizer(tokenizer: Tokenizer, tokenizer_source: str, checkpoint: str | Path,
+                               vocab_size: int | None = None, tag: str | None = None,
+                               tokenizer_file: str | Path | None = None) -> None:
+    """The one call for "is this the tokenizer of that checkpoint?" (finetuning, conversion).
+
+    tokenizer: the loaded tokenizer; tokenizer_source: how the user named it (e.g. "--tokenizer data/p1");
+    checkpoint: the weights' source (an exported folder or a DeepSpeed checkpoint / run folder);
+    vocab_size: the checkpoint's embedding rows; tokenizer_file: the tokenizer.json it was read from, if any
+    (compared by hash when the checkpoint's own tokenizer file is gone).
+    """
+    info = checkpoint_tokenizer(Path(checkpoint), tag)
+    check_tokenizer_for_checkpoint(tokenizer, tokenizer_source, info, vocab_size,
+                                   given_file=Path(tokenizer_file) if tokenizer_file else None)

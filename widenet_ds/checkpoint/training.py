@@ -74,8 +74,8 @@ def read_meta(tag_dir: Path, required: bool = True) -> dict[str, Any] | None:
     except (ValueError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{path} is not valid JSON ({err}); the checkpoint marker is damaged: resume from "
                               f"another checkpoint of {Path(tag_dir).parent} (pass its tag folder to --resume).") from None
-    if not isinstance(meta, dict) or "model_config" not in meta:
-        raise CheckpointError(f"{path} is not a widenet-ds checkpoint marker (no model_config); resume from another "
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path} is not a widenet-ds checkpoint marker (a JSON object); resume from another "
                               f"checkpoint of {Path(tag_dir).parent}.")
     return meta
 

@@ -7,15 +7,12 @@ counted exactly and the user's tokenizer object is never reconfigured (no `enabl
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol, Sequence
 
 import numpy as np
 import torch
 
-from widenet_ds.checkpoint.tokenizer_check import check_tokenizer_for_checkpoint, checkpoint_tokenizer
 from widenet_ds.errors import CheckpointError, ConfigError
 
 
@@ -43,21 +40,13 @@ class SpecialIds:
         return cls(ids[cls_token], ids[sep_token], ids[pad_token])
 
 
-def check_tokenizer_matches(tokenizer: FastTokenizer, vocab_size: int, checkpoint: str | os.PathLike | None = None,
-                            tokenizer_source: str = "the tokenizer", tag: str | None = None) -> None:
+def check_tokenizer_matches(tokenizer: FastTokenizer, vocab_size: int) -> None:
     """A tokenizer of another vocabulary would feed ids the checkpoint's embeddings never learnt (or
-    index past them); refuse it before training instead of failing in an embedding lookup.
-
-    With `checkpoint` (the --init-from source), the contents are compared too: the vocabulary must be
-    the one saved with the checkpoint (verified against the tokenizer hash it records), so another
-    vocabulary of the same size is refused, naming both sources."""
+    index past them); refuse it before training instead of failing in an embedding lookup."""
     size = tokenizer.get_vocab_size(with_added_tokens=True)
     if size != vocab_size:
-        raise CheckpointError(f"{tokenizer_source} has {size} tokens but the checkpoint's embeddings have {vocab_size}; "
+        raise CheckpointError(f"the tokenizer has {size} tokens but the checkpoint's embeddings have {vocab_size}; "
                               f"use the tokenizer the checkpoint was pretrained with (saved next to it)")
-    if checkpoint is not None:
-        info = checkpoint_tokenizer(Path(checkpoint), tag)
-        check_tokenizer_for_checkpoint(tokenizer, tokenizer_source, info, vocab_size)
 
 
 def check_max_length(max_seq_length: int, max_position_embeddings: int) -> None:
