@@ -62,8 +62,8 @@ deepspeed_launch() {
   while [[ $# -gt 0 ]]; do
     case "$1" in
       --hostfile) hostfile="${2:?--hostfile needs a file}"; shift 2 ;;
-      --num-nodes) num_nodes="${2:?--num-nodes needs a number}"; shift 2 ;;
-      --num-gpus|--num-ranks) num_gpus="${2:?$1 needs a number}"; shift 2 ;;
+      --num-nodes) num_nodes="${2:?--num-nodes needs a number}"; positive_int "$1" "$2"; shift 2 ;;
+      --num-gpus|--num-ranks) num_gpus="${2:?$1 needs a number}"; positive_int "$1" "$2"; shift 2 ;;
       --master-addr) master_addr="${2:?--master-addr needs an address}"; shift 2 ;;
       --master-port) master_port="${2:?--master-port needs a port}"; shift 2 ;;
       --no-ssh-check) ssh_check=0; shift ;;
@@ -99,8 +99,45 @@ deepspeed_launch() {
   [[ -n "$master_addr" ]] && ds_args+=(--master_addr "$master_addr")
   [[ -n "$master_port" ]] && ds_args+=(--master_port "$master_port")
   [[ "$ssh_check" == 0 ]] && ds_args+=(--no_ssh_check)
+  # The runner's and launch.py's bookkeeping (cmd =, WORLD INFO, spawned ...) is not for users; errors stay.
+  ds_args+=(--log_level="${WIDENET_DEEPSPEED_LOG_LEVEL:-critical}")
+  if [[ -z "${DS_ACCELERATOR:-}" ]] && ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then
+    export DS_ACCELERATOR=cpu  # chosen, not guessed: no "unable to detect an accelerator" warning per process
+  fi
   echo "launcher.sh: $DEEPSPEED ${ds_args[*]} $entrypoint $*"
-  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$DEEPSPEED" "${ds_args[@]}" "$entrypoint" "$@"
+  # Not exec: this shell stays the PID a user or scheduler signals, and relays SIGTERM/SIGINT/SIGUSR1 to
+  # the ranks (deepspeed's runner would die alone on one node, leaving them training; see
+  # widenet_ds/runtime/signals.py). The ranks then save, agree to stop and exit 0.
+  export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+  "$DEEPSPEED" "${ds_args[@]}" "$entrypoint" "$@" &
+  local runner=$!
+  trap "relay_signal TERM $runner" TERM
+  trap "relay_signal TERM $runner" INT
+  trap "relay_signal USR1 $runner" USR1
+  local rc
+  while true; do
+    rc=0
+    wait "$runner" || rc=$?
+    # wait returns early (status > 128) when a trapped signal arrives; the runner is then still there.
+    kill -0 "$runner" 2>/dev/null || break
+  done
+  trap - TERM INT USR1
+  # 2 is a user error the ranks printed once; anything else gets a line (their own output is above).
+  if [[ "$rc" != 0 && "$rc" != 2 ]]; then
+    echo "launcher.sh: the run ended with exit status $rc (a rank failed; its messages are above)" >&2
+  fi
+  return "$rc"
+}
+
+relay_signal() {
+  "$PYTHON" -m widenet_ds.runtime.signals forward "$1" "$2" || kill "-$1" "$2" 2>/dev/null || true
+}
+
+positive_int() {
+  # positive_int <option> <value>: refuse what deepspeed would take silently (0 ranks runs 1)
+  if ! [[ "$2" =~ ^[0-9]+$ ]] || (( 10#$2 < 1 )); then
+    echo "launcher.sh: error: $1 '$2' must be a whole number >= 1" >&2; exit 2
+  fi
 }
 
 ensure_venv() {

@@ -9,16 +9,21 @@ Also started by launcher.sh, srun and mpiexec. Options: `--help`; the details: d
 
 import sys
 
-from widenet_ds.errors import WideNetError
-from widenet_ds.training.pretrain import run
-from widenet_ds.training.pretrain_config import parse_args
+from widenet_ds.runtime.quiet import quiet_third_party
+
+quiet_third_party()  # before DeepSpeed is imported
+
+from widenet_ds.errors import WideNetError  # noqa: E402
+from widenet_ds.training.console import report_error  # noqa: E402
+from widenet_ds.training.pretrain import run  # noqa: E402
+from widenet_ds.training.pretrain_config import parse_args  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         return run(parse_args(argv))
     except WideNetError as err:
-        print(f"run_pretrain.py: error: {err}", file=sys.stderr, flush=True)
+        report_error("run_pretrain.py", err)
         return 2
 
 

@@ -59,7 +59,8 @@ def eval_logits(model: WideNetForPreTraining, rank: int) -> dict[str, torch.Tens
 def test_to_folder_then_one_process_model_gives_the_engines_logits(checkpoints, stage, tmp_path):
     run = checkpoints[stage]
     tokenizer = tmp_path / "vocab.txt"
-    tokenizer.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")
+    # As many tokens as the model's embeddings (VOCAB): convert refuses a tokenizer of another size.
+    tokenizer.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n" + "".join(f"word{i}\n" for i in range(300 - 5)))
     assert convert(["to-folder", str(run), str(tmp_path / "folder"), "--tokenizer", str(tokenizer)]) == 0
     config = json.loads((tmp_path / "folder" / "config.json").read_text())
     assert config["format_version"] == 1 and config["architecture"] == "WideNetForPreTraining"

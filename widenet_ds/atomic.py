@@ -18,6 +18,22 @@ from typing import Any, Callable, Iterator
 from widenet_ds.errors import WideNetError
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# Read once: the process's umask, so atomically written files get the permissions a plain open() gives
+# (mkstemp creates them 0600, which would make data folders and exports unreadable to a group).
+_FILE_MODE = 0o666 & ~_umask()
+
+
+def set_default_permissions(path: str | os.PathLike) -> None:
+    """Give a file written by a library that creates 0600 files (mkstemp, safetensors) the usual mode."""
+    os.chmod(path, _FILE_MODE)
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: str = "wb") -> Path:
     """Call `write(handle)` on a temporary file beside `path`, then move it over `path`."""
     path = Path(path)
@@ -26,6 +42,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: st
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": ""})) as handle:
             write(handle)
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from widenet_ds.errors import WideNetError
+from widenet_ds.runtime.quiet import quiet_third_party
 
 # name -> (module:function, one-line help). Imported lazily so `widenet-ds params` does not pay for
 # the data pipeline's imports and vice versa.
@@ -15,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "params": ("widenet_ds.model.counts:cli", "parameter counts of every preset (or one config)"),
     "train-tokenizer": ("widenet_ds.data.tokenizer:cli", "train a WordPiece vocabulary over text sources"),
     "prepare-data": ("widenet_ds.data.prepare:cli", "build sharded MLM+SOP pretraining examples"),
+    "verify-data": ("widenet_ds.data.verify:cli", "check every shard of a prepared data folder against its checksums"),
     "squad-eval": ("widenet_ds.tasks.squad_metrics:cli", "official SQuAD v1.1/v2.0 scores of a predictions file"),
     "glue-eval": ("widenet_ds.tasks.glue_metrics:cli", "GLUE metrics of a predictions file"),
     "convert": ("widenet_ds.checkpoint.cli:cli", "convert checkpoints: to-folder, reshard, to-albert, from-albert"),
@@ -22,7 +24,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 # Commands that never import DeepSpeed (start fast, print nothing of DeepSpeed's).
-LIGHT_COMMANDS = {"squad-eval", "glue-eval", "model-config", "prepare-data", "train-tokenizer", "report"}
+LIGHT_COMMANDS = {"squad-eval", "glue-eval", "model-config", "prepare-data", "train-tokenizer", "verify-data",
+                  "report"}
 
 
 def _usage() -> str:
@@ -42,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"widenet-ds: unknown command {name!r}.\n\n{_usage()}", file=sys.stderr)
         return 2
     if name not in LIGHT_COMMANDS:
+        quiet_third_party()
         # DeepSpeed logs to stdout from import on; machine-readable output (--json) must stay clean.
         with contextlib.redirect_stdout(sys.stderr):
             import deepspeed  # noqa: F401

@@ -34,7 +34,13 @@ import torch
 from torch import Tensor
 
 from widenet_ds.atomic import atomic_folder
-from widenet_ds.checkpoint.format import PortableCheckpoint, read_safetensors, save_folder, write_safetensors
+from widenet_ds.checkpoint.format import (
+    PortableCheckpoint,
+    read_safetensors,
+    save_folder,
+    tokenizer_file_name,
+    write_safetensors,
+)
 from widenet_ds.checkpoint.load import read_checkpoint
 from widenet_ds.data.tokenizer import tokenizer_files_in
 from widenet_ds.errors import CheckpointError, ConfigError
@@ -207,8 +213,21 @@ def to_albert(source: Path, target: Path, *, tag: str | None = None, model_confi
         write_safetensors(hf_state, tmp / HF_WEIGHTS, metadata={"format": "pt"})
         (tmp / HF_CONFIG).write_text(json.dumps({**hf_config, "torch_dtype": "float32"}, indent=2) + "\n")
         for path in tokenizer_files:
-            shutil.copyfile(path, tmp / Path(path).name)
+            shutil.copyfile(path, tmp / tokenizer_file_name(path))
+        if tokenizer_files:
+            _write_hf_tokenizer_config(tmp, checkpoint.config.max_position_embeddings)
     return Path(target)
+
+
+def _write_hf_tokenizer_config(folder: Path, max_length: int) -> None:
+    """Our tokenizer is BERT's uncased WordPiece, not ALBERT's SentencePiece: without this file
+    `AutoTokenizer` follows config.json's model_type to AlbertTokenizer and fails to load it."""
+    specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                "mask_token": "[MASK]"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "BertTokenizerFast", "do_lower_case": True, "strip_accents": None,
+         "tokenize_chinese_chars": True, "model_max_length": max_length, **specials}, indent=2) + "\n")
+    (folder / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")
 
 
 def read_albert_folder(folder: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:

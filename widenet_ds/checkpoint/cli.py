@@ -10,7 +10,15 @@ from widenet_ds.checkpoint.format import save_folder
 from widenet_ds.checkpoint.load import find_tokenizer_files, read_checkpoint
 from widenet_ds.data.tokenizer import TOKENIZER_FILES, tokenizer_files_in
 from widenet_ds.checkpoint.reshard import reshard
+from widenet_ds.checkpoint.tokenizer_check import (
+    check_tokenizer_for_checkpoint,
+    checkpoint_tokenizer,
+    saved_tokenizer_problem,
+)
+from widenet_ds.data.shards import file_sha256
+from widenet_ds.data.tokenizer import load_tokenizer
 from widenet_ds.errors import CheckpointError
+from widenet_ds.writable import check_output_folder
 
 _SOURCE_HELP = ("a checkpoint folder, or a DeepSpeed checkpoint: a tag folder (<output>/checkpoints/step1000), a "
                 "checkpoints folder or a run's output folder (then --tag, or the latest complete tag)")
@@ -36,6 +44,31 @@ def _source_tokenizers(args) -> tuple[Path, ...]:
     if args.tokenizer:
         return _tokenizer_files(args.tokenizer)
     return find_tokenizer_files(Path(args.source), args.tag)
+
+
+def _checked_tokenizers(args, vocab_size: int | None) -> tuple[tuple[Path, ...], str | None]:
+    """The tokenizer files to bundle, each checked against what the checkpoint records; and the recorded
+    (or bundled) tokenizer.json hash for the new folder's provenance."""
+    info = checkpoint_tokenizer(Path(args.source), args.tag)
+    files = _source_tokenizers(args)
+    if not args.tokenizer and files:
+        problem = saved_tokenizer_problem(info)
+        if problem:
+            raise CheckpointError(f"{problem}. Pass --tokenizer with the data folder the run was trained on.")
+    for path in files:
+        given = f"--tokenizer {path}" if args.tokenizer else f"the tokenizer saved with the run ({path})"
+        check_tokenizer_for_checkpoint(load_tokenizer(path), given, info, vocab_size, given_file=path)
+    bundled = [p for p in files if p.name == "tokenizer.json"]
+    return files, info.recorded_sha256 or (file_sha256(bundled[0]) if bundled else None)
+
+
+def _check_output(args) -> None:
+    """Before reading any checkpoint: the output must be new (or --overwrite) and creatable."""
+    output = Path(args.output)
+    if output.exists() and not args.overwrite:
+        raise CheckpointError(f"{output} already exists; choose another output or pass --overwrite.")
+    if not output.exists():
+        check_output_folder(output, "output", error=CheckpointError)
 
 
 def _add_source(parser: argparse.ArgumentParser, tokenizer: bool = True) -> None:
@@ -84,9 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cli(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    _check_output(args)
     if args.command == "to-folder":
         checkpoint = read_checkpoint(Path(args.source), tag=args.tag, model_config=args.model_config)
-        tokenizers = _source_tokenizers(args)
+        tokenizers, tokenizer_sha = _checked_tokenizers(args, checkpoint.config.vocab_size)
+        if tokenizer_sha:
+            checkpoint.provenance["tokenizer_sha256"] = tokenizer_sha
         out = save_folder(checkpoint, Path(args.output), dtype=args.dtype, tokenizer_files=tokenizers,
                           overwrite=args.overwrite)
         print(f"wrote {out}: {checkpoint.architecture}, step {checkpoint.provenance.get('step')}, {args.dtype}, "
@@ -99,7 +135,7 @@ def cli(argv: list[str]) -> int:
               f"or `pretrain --init-from {out}`")
     elif args.command == "to-albert":
         out = to_albert(Path(args.source), Path(args.output), tag=args.tag, model_config=args.model_config,
-                        tokenizer_files=_source_tokenizers(args), overwrite=args.overwrite)
+                        tokenizer_files=_checked_tokenizers(args, None)[0], overwrite=args.overwrite)
         print(f"wrote {out}: transformers.AlbertForPreTraining.from_pretrained({str(out)!r}) loads it")
     else:
         out = from_albert(Path(args.source), Path(args.output), upcycle_experts=args.upcycle_experts,

@@ -34,7 +34,14 @@ import torch
 from torch import Tensor
 
 from widenet_ds.checkpoint.format import PortableCheckpoint, infer_architecture, is_expert_key
-from widenet_ds.checkpoint.training import META_FILE, MODEL_STATES, read_meta, resolve_tag_dir, trained_ep_size
+from widenet_ds.checkpoint.training import (
+    META_FILE,
+    MODEL_STATES,
+    config_differences,
+    read_meta,
+    resolve_tag_dir,
+    trained_ep_size,
+)
 from widenet_ds.errors import CheckpointError
 from widenet_ds.model.config import ModelConfig
 
@@ -45,11 +52,22 @@ def expert_file(tag_dir: Path, layer: int, expert: int) -> Path:
 
 
 def _model_config(tag_dir: Path, meta: dict | None, states: dict, explicit: Path | None) -> ModelConfig:
-    if explicit is not None:
-        return ModelConfig.from_json(explicit)
     for where, holder in ((META_FILE, meta or {}), (f"{MODEL_STATES} client state", states)):
         if isinstance(holder.get("model_config"), dict):
-            return ModelConfig.from_stored(holder["model_config"])[0]
+            recorded = ModelConfig.from_stored(holder["model_config"])[0]
+            if explicit is not None:
+                # An explicit config may only repeat what the checkpoint records: a different activation or
+                # LayerNorm epsilon keeps every shape, so nothing else would notice the weights are misread.
+                given = ModelConfig.from_json(explicit)
+                diffs = [d for d in config_differences(recorded.to_dict(), given.to_dict())
+                         if not d.startswith("moe.ep_size:")]
+                if diffs:
+                    raise CheckpointError(f"--model-config {explicit} differs from the model config {tag_dir} records "
+                                          f"in {where}:\n  " + "\n  ".join(diffs) + "\nThe recorded config is the "
+                                          "one the weights were trained with; drop --model-config.")
+            return recorded
+    if explicit is not None:
+        return ModelConfig.from_json(explicit)
     raise CheckpointError(f"{tag_dir} does not record its model config (no {META_FILE} and no 'model_config' in the "
                           f"client state); pass --model-config with the JSON the run was trained with.")
 

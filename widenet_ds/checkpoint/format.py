@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from widenet_ds.atomic import atomic_folder
+from widenet_ds.atomic import atomic_folder, set_default_permissions
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.moe import MoEFeedForward
@@ -136,6 +136,12 @@ class PortableCheckpoint:
         check_weights(shapes, expected_shapes(self.architecture, self.config, self.num_labels), where)
 
 
+def tokenizer_file_name(path: Path) -> str:
+    """The name a tokenizer file gets in a folder: what every loader looks for (tokenizer.json, vocab.txt),
+    whatever it was called where it came from (e.g. bert-base-uncased-vocab.txt)."""
+    return "tokenizer.json" if Path(path).suffix == ".json" else "vocab.txt"
+
+
 # --- safetensors ------------------------------------------------------------------------------------
 def read_safetensors(path: Path) -> dict[str, Tensor]:
     """A safetensors file; pickles (PyTorch .bin/.pt) and damaged files are refused, never unpickled."""
@@ -165,6 +171,7 @@ def write_safetensors(state: dict[str, Tensor], path: Path, metadata: dict[str, 
     # safetensors refuses shared storage (tied weights): every tensor gets its own contiguous copy.
     save_file({k: t.detach().to("cpu").clone().contiguous() for k, t in state.items()}, str(path),
               metadata=metadata)
+    set_default_permissions(path)  # safetensors writes 0600; exported folders are meant to be shared
 
 
 # --- save / read ------------------------------------------------------------------------------------
@@ -182,9 +189,9 @@ def save_folder(checkpoint: PortableCheckpoint, target: Path, *, dtype: str = "f
         state = {k: t.to(DTYPES[dtype]) if t.is_floating_point() else t for k, t in checkpoint.state.items()}
         write_safetensors(state, tmp / WEIGHTS_FILE, metadata={"format": "pt", "widenet_format_version": "1"})
         for path in tokenizer_files:
-            shutil.copyfile(path, tmp / Path(path).name)
+            shutil.copyfile(path, tmp / tokenizer_file_name(path))
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        (tmp / README_FILE).write_text(_readme(checkpoint, dtype, [Path(p).name for p in tokenizer_files]))
+        (tmp / README_FILE).write_text(_readme(checkpoint, dtype, [tokenizer_file_name(p) for p in tokenizer_files]))
     return Path(target)
 
 

@@ -14,7 +14,6 @@ from typing import Any
 from torch import nn
 
 from widenet_ds.checkpoint.deepspeed import read_deepspeed_checkpoint
-from widenet_ds.checkpoint.training import read_meta, resolve_tag_dir
 from widenet_ds.checkpoint.format import (
     _BODY,
     PortableCheckpoint,
@@ -23,8 +22,10 @@ from widenet_ds.checkpoint.format import (
     is_folder,
     read_folder,
 )
+from widenet_ds.checkpoint.training import config_differences, read_meta, resolve_tag_dir
 from widenet_ds.data.tokenizer import tokenizer_files_in
 from widenet_ds.errors import CheckpointError
+from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.moe import MoEFeedForward
 
 
@@ -33,7 +34,15 @@ def read_checkpoint(source: Path, *, tag: str | None = None, model_config: Path 
     if is_folder(source):
         if tag is not None:
             raise CheckpointError(f"{source} is a checkpoint folder, which has no tags; drop the tag {tag!r}.")
-        return read_folder(source)
+        checkpoint = read_folder(source)
+        if model_config is not None:
+            diffs = [d for d in config_differences(checkpoint.config.to_dict(), ModelConfig.from_json(model_config)
+                                                   .to_dict()) if not d.startswith("moe.ep_size:")]
+            if diffs:
+                raise CheckpointError(f"--model-config {model_config} differs from the model config recorded in "
+                                      f"{source}/config.json:\n  " + "\n  ".join(diffs) + "\nThe recorded config is "
+                                      "the one the weights were trained with; drop --model-config.")
+        return checkpoint
     return read_deepspeed_checkpoint(source, tag=tag, model_config=model_config)
 
 

@@ -69,7 +69,15 @@ def read_meta(tag_dir: Path, required: bool = True) -> dict[str, Any] | None:
         raise CheckpointError(f"{tag_dir} is not a complete widenet-ds checkpoint (no {META_FILE}); it is "
                               f"partial or from another program. Resume from a complete one (see "
                               f"{Path(tag_dir).parent / LATEST_FILE}).")
-    return json.loads(path.read_text())
+    try:
+        meta = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path} is not valid JSON ({err}); the checkpoint marker is damaged: resume from "
+                              f"another checkpoint of {Path(tag_dir).parent} (pass its tag folder to --resume).") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path} is not a widenet-ds checkpoint marker (a JSON object); resume from another "
+                              f"checkpoint of {Path(tag_dir).parent}.")
+    return meta
 
 
 def _tags(folder: Path) -> list[str]:
@@ -125,6 +133,16 @@ def trained_ep_size(meta: dict[str, Any]) -> int:
     if "ep_size" in meta:
         return meta["ep_size"]
     return split_run_settings(meta.get("model_config") or {})[1].get("ep_size", 1)  # written before 0.2
+
+
+def check_resumable(tag_dir: Path, meta: dict[str, Any]) -> None:
+    """An exact resume needs the optimizer, schedule, loader and RNG states; a resharded checkpoint
+    (`widenet-ds convert reshard`) records that it has model states only."""
+    if meta.get("optimizer_states") is False or not any(Path(tag_dir).glob("rank_*_state.pt")):
+        raise CheckpointError(f"checkpoint {tag_dir} holds model states only (no optimizer state, LR schedule, "
+                              f"data-loader or RNG state: it was written by `widenet-ds convert reshard` or copied "
+                              f"partially), so --resume cannot continue it exactly. Start a new run from its weights "
+                              f"with --init-from {tag_dir} (a new optimizer and schedule).")
 
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:

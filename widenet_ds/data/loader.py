@@ -96,7 +96,8 @@ class PretrainingDataLoader:
 
         dtype = token_dtype(self.manifest["vocab_size"])
         split_info = self.manifest["splits"][split]
-        self.shards = [Shard(self.data_dir / s["name"], s, dtype) for s in split_info["shards"]]
+        self.shards = [Shard(self.data_dir / s["name"], s, dtype, self.manifest["vocab_size"])
+                       for s in split_info["shards"]]
         self.shard_starts = [0]
         for shard in self.shards:
             self.shard_starts.append(self.shard_starts[-1] + shard.num_examples)

@@ -7,8 +7,11 @@ partition, never what it contains. The main process reads the sources and keeps 
 `workers + 1` partitions in flight, so memory does not grow with the corpus.
 
 Re-runs: the settings (sources, tokenizer, example options, seed; not the worker count) are hashed
-into every shard's meta. A re-run with the same settings skips finished shards; with different
-settings it stops and names the changed keys (pass --overwrite, or use a new --output).
+into every shard's meta. A re-run with the same settings skips finished shards whose files match their
+checksums and rebuilds (byte-identically) any other, naming it; with different settings it stops and
+names the changed keys (pass --overwrite, or use a new --output). An --output that is neither empty
+nor a data folder of prepare-data (e.g. a pretraining run folder) is refused: nothing else in a
+folder is ever overwritten.
 """
 
 from __future__ import annotations
@@ -34,13 +37,25 @@ from widenet_ds.atomic import atomic_write_json
 from widenet_ds.data.default_corpus import DefaultCorpusSource
 from widenet_ds.data.examples import ExampleConfig, PretrainingIds, create_examples, mask_tokens
 from widenet_ds.data.sentences import sentence_spans
-from widenet_ds.data.shards import FORMAT_VERSION, MANIFEST_FILE, ShardBuilder, read_complete_meta, token_dtype
+from widenet_ds.data.shards import (
+    CHECKSUM_KEYS,
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    ShardBuilder,
+    read_complete_meta,
+    read_shard_meta,
+    shard_problems,
+    token_dtype,
+)
 from widenet_ds.data.sources import DocumentStream, SkipCounter, WeightedSource, parse_source
 from widenet_ds.data.tokenizer import BatchEncoder, file_sha256, load_tokenizer, save_tokenizer, train_tokenizer
 from widenet_ds.errors import DataError
+from widenet_ds.writable import check_output_folder as check_writable
 
 SETTINGS_FILE = "prepare_settings.json"
 SPLITS = ("train", "valid")
+# Everything prepare-data writes into --output; a folder holding anything else is not a data folder.
+DATA_FOLDER_ENTRIES = frozenset({SETTINGS_FILE, MANIFEST_FILE, "tokenizer.json", "vocab.txt", *SPLITS})
 # Documents per tokenizer call: big enough to amortise the call, small enough that the Rust
 # encodings (tens of bytes per token) stay small.
 _ENCODE_BATCH_CHARS = 1 << 20
@@ -232,6 +247,28 @@ def _check_previous_settings(output: Path, settings: dict, overwrite: bool) -> N
         (output / name).unlink(missing_ok=True)
 
 
+def check_output_folder(output: Path) -> None:
+    """--output must be new, empty, or a data folder of prepare-data (then the settings decide)."""
+    if output.exists() and not output.is_dir():
+        raise DataError(f"--output {output} is a file; pass a folder (new or empty) for the prepared data")
+    check_writable(output, "--output", subfolders=SPLITS, error=DataError)
+    if not output.is_dir():
+        return
+    # Our own temporary files (".name.xxxx.tmp") are left by an interrupted run and are harmless.
+    entries = sorted(p.name for p in output.iterdir() if not (p.name.startswith(".") and p.name.endswith(".tmp")))
+    if not entries:
+        return
+    foreign = [name for name in entries if name not in DATA_FOLDER_ENTRIES]
+    if SETTINGS_FILE in entries and not foreign:
+        return
+    what = (f"it holds {', '.join(foreign[:6])}{' ...' if len(foreign) > 6 else ''}, which prepare-data did not write"
+            if SETTINGS_FILE in entries else
+            f"it is not a data folder of prepare-data (no {SETTINGS_FILE}; it holds "
+            f"{', '.join(entries[:6])}{' ...' if len(entries) > 6 else ''})")
+    raise DataError(f"--output {output} is not empty and {what}; writing shards and tokenizer files there could "
+                    "replace another run's files (e.g. a pretraining run's tokenizer). Pass a new or empty --output")
+
+
 def prepare(sources: list[WeightedSource], output: Path, config: PrepareConfig, tokenizer: str = "train",
             vocab_size: int = 30000, workers: int = 1, overwrite: bool = False,
             progress: bool = True) -> dict:
@@ -240,6 +277,7 @@ def prepare(sources: list[WeightedSource], output: Path, config: PrepareConfig, 
         raise DataError("no sources given; pass --source PATH (or hf:NAME) or --default-corpus")
     if workers < 1:
         raise DataError(f"--workers {workers} must be at least 1")
+    check_output_folder(output)
     output.mkdir(parents=True, exist_ok=True)
     given_sha = None if tokenizer == "train" else file_sha256(_tokenizer_file(Path(tokenizer)))
     settings = _settings(sources, config, tokenizer, vocab_size, given_sha)
@@ -317,10 +355,17 @@ def _resolve_tokenizer(sources, output, config, tokenizer, vocab_size, progress)
 
 
 def _finished_partition(output: Path, partition: int, settings_sha: str) -> PartitionResult | None:
+    """The results of a partition an earlier run finished, else None (to be built). A finished shard
+    whose files no longer match their checksums is rebuilt, and said so."""
     metas = {}
     for split in SPLITS:
-        meta = read_complete_meta(output / split / f"part-{partition:05d}", settings_sha)
+        stem = output / split / f"part-{partition:05d}"
+        meta = read_complete_meta(stem, settings_sha)
         if meta is None:
+            written = read_shard_meta(stem)
+            if written is not None and written.get("settings_sha256") == settings_sha:
+                print(f"prepare-data: rebuilding damaged shard {split}/part-{partition:05d} "
+                      f"({'; '.join(shard_problems(stem, written))})", file=sys.stderr)
             return None
         metas[split] = meta
     stats = metas["train"]["stats"]
@@ -338,7 +383,8 @@ def _manifest(results: dict[int, PartitionResult], settings: dict, tokenizer_sha
     splits = {}
     for split in SPLITS:
         shards = [{"name": f"{split}/part-{p:05d}", **{k: results[p].metas[split][k]
-                                                       for k in ("examples", "tokens", "masks", "bin_bytes", "bin_sha256")}}
+                                                       for k in ("examples", "tokens", "masks", *CHECKSUM_KEYS)
+                                                       if k in results[p].metas[split]}}
                   for p in sorted(results)]
         shards = [s for s in shards if s["examples"]]
         if shards:  # a corpus too small for a held-out split has no "valid" entry
@@ -398,7 +444,8 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--document-per-file", action="store_true",
                         help="a text file is one document (default: one per blank-line block)")
     parser.add_argument("--tokenizer", default="train", help="'train', or a tokenizer.json / vocab.txt / folder")
-    parser.add_argument("--vocab-size", type=int, default=30000, help="when training the tokenizer")
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help="when training the tokenizer (--tokenizer train; default 30000)")
     parser.add_argument("--seq-length", type=int, default=128)
     parser.add_argument("--short-seq-prob", type=float, default=0.1)
     parser.add_argument("--masked-lm-prob", type=float, default=0.15)
@@ -415,6 +462,9 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--overwrite", action="store_true", help="rebuild shards made with other settings")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
+    if args.vocab_size is not None and args.tokenizer != "train":
+        raise DataError(f"--vocab-size {args.vocab_size} only applies to --tokenizer train; the given tokenizer "
+                        f"{args.tokenizer} keeps its own vocabulary. Drop --vocab-size, or pass --tokenizer train")
 
     sources = [parse_source(spec, args.text_field, args.document_per_file) for spec in args.source]
     if args.default_corpus:
@@ -423,7 +473,7 @@ def cli(argv: list[str]) -> int:
                             args.max_predictions_per_seq, args.max_ngram)
     config = PrepareConfig(example, args.masking, args.dupe_factor, args.seed, args.valid_fraction,
                            int(args.partition_mb * (1 << 20)))
-    manifest = prepare(sources, args.output, config, args.tokenizer, args.vocab_size, args.workers,
+    manifest = prepare(sources, args.output, config, args.tokenizer, args.vocab_size or 30000, args.workers,
                        args.overwrite, progress=not args.no_progress)
     print(format_summary(manifest))
     print(f"data written to {args.output}")

@@ -15,6 +15,7 @@ import collections
 import json
 import math
 import random
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +57,26 @@ class TextSource:
 
     def documents(self, skipped: SkipCounter) -> Iterator[str]:
         for file in self.files():
+            _refuse_binary(file)
             yield from _text_file_documents(file, self.document_per_file, skipped)
+
+
+# Signatures of files that are not text but are easily passed as --source by mistake.
+_BINARY_MAGIC = {b"\x1f\x8b": "gzip-compressed", b"PK\x03\x04": "a zip archive", b"BZh": "bzip2-compressed",
+                 b"\xfd7zXZ": "xz-compressed", b"(\xb5/\xfd": "zstd-compressed", b"PAR1": "a Parquet file",
+                 b"\x89PNG": "a PNG image", b"%PDF": "a PDF"}
+
+
+def _refuse_binary(file: Path) -> None:
+    """A binary file is not skipped document by document (that reads as "empty text"): it is named."""
+    with open(file, "rb") as handle:
+        head = handle.read(8192)
+    kind = next((name for magic, name in _BINARY_MAGIC.items() if head.startswith(magic)), None)
+    if kind is None and b"\x00" in head:
+        kind = "binary (it holds NUL bytes)"
+    if kind is not None:
+        raise DataError(f"source file {file} is {kind}, not text; --source takes UTF-8 text files, .jsonl or "
+                        ".parquet (decompress or convert the file first)")
 
 
 def _text_file_documents(file: Path, whole_file: bool, skipped: SkipCounter) -> Iterator[str]:
@@ -190,6 +210,14 @@ def parse_source(spec: str, text_field: str = "text", document_per_file: bool = 
             options["config"] = config
         return WeightedSource(HFSource(text_field=text_field, **options), weight)
     path = Path(body).expanduser().resolve()
+    if not path.exists() and sep and head:
+        if Path(head).expanduser().exists():
+            raise DataError(f"source {spec!r}: weight {tail!r} is not a number; write PATH:WEIGHT with a positive "
+                            f"number, e.g. {head}:2 (repeat the documents twice) or {head}:0.5 (half of them)")
+        if re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", head):
+            raise DataError(f"source {spec!r}: {head + ':'!r} is not a kind of source widenet-ds reads; pass a local "
+                            "path (PATH[:WEIGHT]: a text file or folder, .jsonl, .parquet) or hf:NAME[@CONFIG] "
+                            "for a HF dataset")
     if not path.exists():
         raise DataError(f"source {str(path)!r} does not exist; pass an existing file or folder "
                         "(text, .jsonl or .parquet) or hf:NAME for a HF dataset")
@@ -216,7 +244,28 @@ class DocumentStream:
         for index, weighted in enumerate(self.sources):
             rng = random.Random(f"mix/{self.seed}/{index}")
             whole, fraction = divmod(weighted.weight, 1.0)
+            before = SkipCounter(self.skipped)
+            position = -1
             for position, document in enumerate(weighted.source.documents(self.skipped)):
                 copies = int(whole) + (1 if fraction and rng.random() < fraction else 0)
                 for _ in range(copies):
                     yield position, document
+            if position < 0:
+                _refuse_empty_source(weighted.source, SkipCounter(self.skipped) - before)
+
+
+def _refuse_empty_source(source: object, skipped: SkipCounter) -> None:
+    """A source that gave no document at all is an error naming why (never a silent "empty text" later)."""
+    name = getattr(source, "path", None) or getattr(source, "name", None) or type(source).__name__
+    if not skipped:
+        raise DataError(f"source {name} is empty (or only blank lines), so the sources hold no documents from it; "
+                        "remove it or fix the file")
+    reasons = ", ".join(f"{count} x {reason}" for reason, count in skipped.most_common())
+    hint = ""
+    if any("field" in reason for reason in skipped):
+        hint = " Pass --text-field with the name of the field that holds the text."
+    elif any("UTF-8" in reason for reason in skipped):
+        hint = " Convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)."
+    elif any("JSON" in reason for reason in skipped):
+        hint = " Each line of a .jsonl file must be one JSON object."
+    raise DataError(f"source {name} gave no usable document: every record was skipped ({reasons}).{hint}")

@@ -7,7 +7,6 @@ records the SHA-256 of `tokenizer.json`, so pretraining and finetuning provably 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import re
 from collections.abc import Iterable
@@ -18,7 +17,7 @@ from tokenizers.implementations import BertWordPieceTokenizer
 
 from widenet_ds.atomic import atomic_write_text
 from widenet_ds.data.default_corpus import DefaultCorpusSource
-from widenet_ds.data.shards import read_manifest
+from widenet_ds.data.shards import file_sha256, read_manifest
 from widenet_ds.data.sources import DocumentStream, SkipCounter, WeightedSource, parse_source
 from widenet_ds.errors import DataError
 
@@ -145,14 +144,6 @@ class BatchEncoder:
                                                                   add_special_tokens=False)):
             encodings[i] = encoding
         return encodings
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def cli(argv: list[str]) -> int:

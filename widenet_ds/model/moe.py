@@ -19,6 +19,9 @@ split sizes once, see dropless.py) and traces whole under `torch.compile(fullgra
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import torch
 import torch.nn.functional as F
 from deepspeed.moe.layer import MoE
@@ -141,7 +144,8 @@ class MoEFeedForward(nn.Module):
             if self.moe.expert_group_name in groups._get_expert_parallel_group_dict():
                 self.moe.deepspeed_moe._set_ep_group(groups._get_expert_parallel_group(self.moe.expert_group_name))
             else:
-                self.moe.set_deepspeed_parallelism()
+                with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed prints "No existing process group ..."
+                    self.moe.set_deepspeed_parallelism()
 
     def forward(self, hidden: Tensor, routing: Routing | None = None) -> tuple[Tensor, Routing]:
         return self.moe.deepspeed_moe(hidden, routing)

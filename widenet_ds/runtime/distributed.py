@@ -4,6 +4,8 @@ all-to-all runs even with ep_size 1), so a single process gets a 1-rank gloo gro
 from __future__ import annotations
 
 import atexit
+import contextlib
+import io
 import random
 
 import numpy as np
@@ -28,7 +30,9 @@ def init_distributed(backend: str | None = None) -> None:
     resolve_launch_env()
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+    # DeepSpeed prints "... built successfully" for its shared-memory op on every rank: kept off the console.
+    with contextlib.redirect_stdout(io.StringIO()):
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
     # Tear the groups down before interpreter exit (and, under mpiexec, before mpi4py's MPI_Finalize,
     # registered earlier so run later): left to static destructors, gloo's threads abort ~1 exit in 10.
     atexit.register(_destroy_process_groups)

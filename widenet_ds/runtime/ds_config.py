@@ -15,6 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from widenet_ds.errors import ConfigError
+from widenet_ds.runtime.ds_sections import (
+    check_offload,
+    check_optimizer_params,
+    check_pydantic_sections,
+    check_scheduler_params,
+    check_values,
+)
 
 # Every top-level key DeepSpeed 0.19.8 reads (traced from `DeepSpeedConfig.__init__` with a dict that
 # records lookups), plus "_comment", which DeepSpeed ignores and our shipped configs use as docs.
@@ -95,11 +102,15 @@ def validate_ds_config(config: dict[str, Any], *, world_size: int, has_moe: bool
                        cuda_available: bool) -> DeepSpeedSettings:
     """Check a DeepSpeed JSON dict against this run; raise ConfigError naming the fix on the first problem."""
     _check_known_keys(config)
+    check_values(config)
     batch = _resolve_batch(config, world_size)
     zero_stage = _zero_stage(config, has_moe)
     precision = _precision(config, cuda_available)
     optimizer_type = _check_optimizer(config, zero_stage)
     scheduler_type, total_steps = _check_scheduler(config)
+    # Nested sections against DeepSpeed's own models and signatures.
+    check_pydantic_sections(config)
+    check_offload(config, optimizer_type)
     return DeepSpeedSettings(config=config, batch=batch, zero_stage=zero_stage, precision=precision,
                              optimizer_type=optimizer_type, scheduler_type=scheduler_type,
                              total_num_steps=total_steps)
@@ -223,6 +234,8 @@ def _check_optimizer(config: dict[str, Any], zero_stage: int) -> str | None:
             if key not in LAMB_PARAMS:
                 raise ConfigError(f"DeepSpeed config: Lamb has no parameter {key!r}."
                                   f"{_did_you_mean(key, LAMB_PARAMS)} Known: {', '.join(sorted(LAMB_PARAMS))}.")
+    else:
+        check_optimizer_params(name, params)
     if (zero_stage > 0 and name.lower() not in ZERO_TESTED_OPTIMIZERS
             and not config.get("zero_allow_untested_optimizer", False)):
         raise ConfigError(f"DeepSpeed config uses ZeRO stage {zero_stage} with optimizer {name!r}, which DeepSpeed "
@@ -242,6 +255,7 @@ def _check_scheduler(config: dict[str, Any]) -> tuple[str | None, int | None]:
         raise ConfigError(f"DeepSpeed config: unknown scheduler type {name!r}.{_did_you_mean(str(name), SCHEDULERS)}"
                           f" DeepSpeed's schedulers: {', '.join(SCHEDULERS)}.")
     params = section.get("params", {})
+    check_scheduler_params(name, params)
     peak = params.get("warmup_max_lr")
     opt_lr = config.get("optimizer", {}).get("params", {}).get("lr")
     if peak is not None and opt_lr is not None and peak != opt_lr:
@@ -256,3 +270,36 @@ def _check_scheduler(config: dict[str, Any]) -> tuple[str | None, int | None]:
     if total is not None and isinstance(warmup, int) and warmup > total:
         raise ConfigError(f"DeepSpeed config: scheduler warmup_num_steps {warmup} exceeds total_num_steps {total}.")
     return name, total
+
+
+# What decides the optimisation trajectory: a resume with any of these changed is no longer the same run.
+TRAJECTORY_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer",
+                   "scheduler", "gradient_clipping", "fp16", "bf16", "bfloat16", "zero_optimization.stage")
+
+
+def trajectory_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """`key: saved -> current` for every setting of TRAJECTORY_KEYS that differs (nested ones dotted)."""
+
+    def flat(config: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key in TRAJECTORY_KEYS:
+            section, _, inner = key.partition(".")
+            value = config.get(section)
+            if inner:
+                value = value.get(inner) if isinstance(value, dict) else None
+            if isinstance(value, dict):
+                stack = [(key, value)]
+                while stack:
+                    prefix, node = stack.pop()
+                    for name, item in node.items():
+                        if isinstance(item, dict):
+                            stack.append((f"{prefix}.{name}", item))
+                        else:
+                            out[f"{prefix}.{name}"] = item
+            elif value is not None:
+                out[key] = value
+        return out
+
+    before, after = flat(saved), flat(current)
+    return [f"{key}: {before.get(key, '<absent>')!r} -> {after.get(key, '<absent>')!r}"
+            for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]

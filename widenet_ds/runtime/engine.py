@@ -9,7 +9,9 @@ ZeRO 1/2), because the fused kernel cannot run on CPU.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import logging
 from dataclasses import dataclass
 
@@ -75,8 +77,11 @@ def build_engine(model: nn.Module, settings: DeepSpeedSettings, optimizer_choice
         del config["optimizer"]  # DeepSpeed must not build a second optimizer from the JSON
         optimizer = Lamb(groups, **optimizer_params)
     logger.info("optimizer: %s", plan.reason)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, optimizer=optimizer,
-                                           config=config)
+    # DeepSpeed's MoE prints "No existing process group found, creating ..." on every rank (a bare print);
+    # its logger writes to the stream it was created with, so warnings still reach the console.
+    with contextlib.redirect_stdout(io.StringIO()):
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, optimizer=optimizer,
+                                               config=config)
     if plan.implementation == "torch-lamb":
         enable_per_tensor_trust_ratio(engine)
     return engine, plan

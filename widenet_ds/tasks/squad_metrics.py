@@ -235,13 +235,61 @@ def _check_mapping(obj, path, value_types: tuple[type, ...], what: str) -> dict:
     return obj
 
 
+def check_squad_shape(dataset, path) -> list[str]:
+    """Every question id of a SQuAD `data` list, after checking the official layout (articles ->
+    paragraphs -> qas with id and answers) so that a file of another shape is named, not a TypeError."""
+    layout = ("the SQuAD layout is {\"data\": [{\"paragraphs\": [{\"context\": str, \"qas\": [{\"id\": str, "
+              "\"question\": str, \"answers\": [{\"text\": str, \"answer_start\": int}]}]}]}]}")
+
+    def fail(where: str, problem: str) -> DataError:
+        return DataError(f"{path}: {where} {problem}; not a SQuAD dev file ({layout})")
+
+    if not isinstance(dataset, list):
+        raise fail("'data'", f"is a {type(dataset).__name__}, not a list of articles")
+    qids = []
+    for a, article in enumerate(dataset):
+        if not isinstance(article, dict) or not isinstance(article.get("paragraphs"), list):
+            raise fail(f"data[{a}]", "has no 'paragraphs' list")
+        for p, paragraph in enumerate(article["paragraphs"]):
+            if not isinstance(paragraph, dict) or not isinstance(paragraph.get("qas"), list):
+                raise fail(f"data[{a}].paragraphs[{p}]", "has no 'qas' list")
+            for q, qa in enumerate(paragraph["qas"]):
+                where = f"data[{a}].paragraphs[{p}].qas[{q}]"
+                if not isinstance(qa, dict) or not isinstance(qa.get("id"), str):
+                    raise fail(where, "has no string 'id'")
+                answers = qa.get("answers")
+                if not isinstance(answers, list) or not all(isinstance(x, dict) and isinstance(x.get("text"), str)
+                                                            for x in answers):
+                    raise fail(where, "has no 'answers' list of {\"text\": ...} objects")
+                qids.append(qa["id"])
+    return qids
+
+
+# Published leaderboard files carry a few ids of questions later removed from dev-v1.1 (28 of 10,585),
+# which the official script ignores; more than this fraction means predictions of another file.
+UNKNOWN_ID_TOLERANCE = 0.01
+
+
+def _check_known_ids(mapping: dict, qids: set[str], path, data_path) -> None:
+    unknown = [k for k in mapping if k not in qids]
+    if unknown and len(unknown) <= UNKNOWN_ID_TOLERANCE * len(mapping):
+        print(f"squad-eval: {path}: {len(unknown)} of {len(mapping)} ids are not questions of {data_path} (e.g. "
+              f"{unknown[:3]}); ignored, as the official script does", file=sys.stderr)
+    elif unknown:
+        raise DataError(f"{path}: {len(unknown)} of {len(mapping)} ids are not questions of {data_path} (e.g. "
+                        f"{unknown[:3]}); these predictions belong to another data file: score them with the "
+                        "data they were made for")
+
+
 def evaluate_squad_files(data_path, predictions_path, na_prob_path=None, na_prob_thresh: float = 1.0,
                          version: str | None = None) -> dict:
     dataset_json = _load_json(data_path, "SQuAD data")
     if not isinstance(dataset_json, dict) or "data" not in dataset_json:
         raise DataError(f"{data_path}: not a SQuAD file (no top-level 'data' list)")
+    qids = set(check_squad_shape(dataset_json["data"], data_path))
     version = version or dataset_version(dataset_json)
     preds = _check_mapping(_load_json(predictions_path, "predictions"), predictions_path, (str,), "answer strings")
+    _check_known_ids(preds, qids, predictions_path, data_path)
     if version == "1.1":
         if na_prob_path is not None:
             raise DataError("--na-prob is for SQuAD v2.0 data; the v1.1 scorer has no no-answer probabilities")
@@ -250,6 +298,7 @@ def evaluate_squad_files(data_path, predictions_path, na_prob_path=None, na_prob
     if na_prob_path is not None:
         na_probs = _check_mapping(_load_json(na_prob_path, "no-answer probabilities"), na_prob_path,
                                   (int, float), "numbers")
+        _check_known_ids(na_probs, qids, na_prob_path, data_path)
     return evaluate_v2(dataset_json["data"], preds, na_probs, na_prob_thresh)
 
 

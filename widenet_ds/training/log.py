@@ -134,6 +134,10 @@ class TrainingLog:
         self.metrics_file.flush()
         if "train/loss" in scalars:
             self._console(step, scalars)
+        elif "valid/loss" in scalars:
+            self._print(f"[step {step}] validation: loss {scalars['valid/loss']:.4f} | mlm {scalars['valid/mlm_loss']:.4f}"
+                        f" acc {scalars['valid/mlm_accuracy']:.3f} | sop {scalars['valid/sop_loss']:.4f}"
+                        f" acc {scalars['valid/sop_accuracy']:.3f}")
 
     def advance(self, steps: int = 1) -> None:
         if self.bar is not None:

@@ -17,18 +17,21 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from widenet_ds.checkpoint.training import (CheckpointManager, TrainingState, check_same_model, latest_checkpoint,
-                                           load_weights_only, read_meta, resolve_tag_dir, trained_ep_size)
+from widenet_ds.checkpoint.training import (CheckpointManager, TrainingState, check_resumable, check_same_model,
+                                           latest_checkpoint, load_weights_only, read_meta, resolve_tag_dir,
+                                           trained_ep_size)
 from widenet_ds.data.loader import PretrainingDataLoader
 from widenet_ds.data.shards import read_manifest
 from widenet_ds.data.tokenizer import TOKENIZER_FILE, VOCAB_FILE
-from widenet_ds.errors import CheckpointError, ConfigError, DataError
+from widenet_ds.errors import CheckpointError, ConfigError, DataError, WideNetError
 from widenet_ds.model.config import PRESETS, ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
 from widenet_ds.runtime.compile import compile_for_training
 from widenet_ds.runtime.distributed import check_ep_size, init_distributed, seed_everything
-from widenet_ds.runtime.ds_config import DeepSpeedSettings, load_ds_config, validate_ds_config
+from widenet_ds.runtime.ds_config import (DeepSpeedSettings, load_ds_config, trajectory_changes,
+                                          validate_ds_config)
 from widenet_ds.runtime.engine import build_engine, expert_grad_norm_stage0, plan_optimizer
+from widenet_ds.training.console import mark_same_on_every_rank, say
 from widenet_ds.training.log import StepMetrics, TrainingLog, memory_mib
 from widenet_ds.training.preemption import StopRequest
 from widenet_ds.training.pretrain_config import LATEST, PretrainConfig
@@ -46,6 +49,7 @@ class RunPlan:
     manifest: dict[str, Any]
     resume_from: Path | None
     init_from: Path | None
+    resume_changes: tuple[str, ...] = ()  # accepted with --accept-changed-settings, logged at the start
 
 
 # --- checks -----------------------------------------------------------------------------------------
@@ -102,8 +106,11 @@ def find_resume_point(cfg: PretrainConfig, model_config: dict[str, Any]) -> Path
                                   f"{existing.name}); pass --resume to continue that run, or choose a new --output-dir.")
         return None
     if cfg.resume == LATEST:
+        if existing is not None:
+            check_resumable(existing, read_meta(existing))
         return existing  # None: nothing saved yet, so a requeued job starts from step 0
     source = resolve_tag_dir(Path(cfg.resume))
+    check_resumable(source, read_meta(source))
     check_same_model(read_meta(source), model_config, source)
     check_same_layout(read_meta(source), cfg.ep_size, source)
     return source
@@ -130,7 +137,14 @@ def plan_run(cfg: PretrainConfig, world_size: int) -> RunPlan:
         if saved["tokenizer_sha256"] != manifest["tokenizer_sha256"]:
             raise DataError(f"checkpoint {resume_from} was trained on data of another tokenizer than {cfg.data_dir}; "
                             f"resume with the same data (a new phase on new data: use --init-from).")
-    return RunPlan(model_config, ds, max_steps, manifest, resume_from, init_from)
+    changes = tuple(trajectory_changes(read_meta(resume_from).get("deepspeed_config") or {}, ds.config)
+                    if resume_from is not None else ())
+    if changes and not cfg.accept_changed_settings:
+        raise ConfigError(f"--resume from {resume_from} with a DeepSpeed JSON that changes the run:\n  "
+                          + "\n  ".join(changes) + "\nThe resumed run would no longer be the same run. Resume with "
+                          "the checkpoint's settings (its widenet_checkpoint.json holds them), or pass "
+                          "--accept-changed-settings to continue with these changes (they are logged).")
+    return RunPlan(model_config, ds, max_steps, manifest, resume_from, init_from, changes)
 
 
 # --- the loop ---------------------------------------------------------------------------------------
@@ -153,24 +167,33 @@ def validate(engine, loader: PretrainingDataLoader, start_state: dict, batches: 
 
 
 def run(cfg: PretrainConfig) -> int:
+    say("starting: initialising the process group")
     init_distributed()
     rank = torch_dist.get_rank()
     world = torch_dist.get_world_size()
-    plan = plan_run(cfg, world)
-    micro = plan.ds.batch.micro_batch_size
-    train_loader = PretrainingDataLoader(cfg.data_dir, micro, rank, world, cfg.seed, split="train")
-    valid_loader = None
-    if cfg.eval_interval:
-        if "valid" not in plan.manifest["splits"]:
-            raise DataError(f"{cfg.data_dir} has no 'valid' split for --eval-interval; prepare the data with "
-                            f"--valid-fraction > 0, or pass --eval-interval 0.")
-        valid_loader = PretrainingDataLoader(cfg.data_dir, micro, rank, world, cfg.seed, split="valid")
+    say(f"{world} rank(s); checking the data, model config and DeepSpeed JSON")
+    try:  # every rank reads the same inputs: these errors are the same on all of them (printed once)
+        plan = plan_run(cfg, world)
+        micro = plan.ds.batch.micro_batch_size
+        train_loader = PretrainingDataLoader(cfg.data_dir, micro, rank, world, cfg.seed, split="train")
+        valid_loader = None
+        if cfg.eval_interval:
+            if "valid" not in plan.manifest["splits"]:
+                raise DataError(f"{cfg.data_dir} has no 'valid' split for --eval-interval; prepare the data with "
+                                f"--valid-fraction > 0, or pass --eval-interval 0.")
+            valid_loader = PretrainingDataLoader(cfg.data_dir, micro, rank, world, cfg.seed, split="valid")
+    except WideNetError as err:
+        raise mark_same_on_every_rank(err)
 
     # The same initial weights on every rank; then per-rank streams for gate noise and dropout.
     seed_everything(cfg.seed)
+    say(f"building the model ({plan.model_config.num_layers} blocks, hidden {plan.model_config.hidden_size}, "
+        f"vocabulary {plan.model_config.vocab_size})")
     model = WideNetForPreTraining(plan.model_config, ep_size=cfg.ep_size)
     model.set_activation_checkpointing(cfg.activation_checkpointing)
     compile_for_training(model, cfg.compile, cfg.compile_backend)
+    say(f"initialising DeepSpeed (ZeRO stage {plan.ds.zero_stage}, {plan.ds.precision}, "
+        f"{plan.ds.batch.train_batch_size} samples per step)")
     engine, optimizer_plan = build_engine(model, plan.ds, cfg.optimizer)
     seed_everything(cfg.seed + 1 + rank)
 
@@ -195,10 +218,13 @@ def run(cfg: PretrainConfig) -> int:
     log.event(state.step, f"optimizer: {optimizer_plan.reason}")
     if plan.resume_from is not None:
         log.event(state.step, f"resumed from {plan.resume_from}")
+        for change in plan.resume_changes:
+            log.event(state.step, f"changed since the checkpoint (--accept-changed-settings): {change}")
     elif plan.init_from is not None:
         log.event(state.step, f"weights from {plan.init_from} (new optimizer and schedule)")
     stop = StopRequest()
     stop.install()
+    say(f"training: steps {state.step + 1} to {plan.max_steps}")
     try:
         _train(cfg, plan, engine, train_loader, valid_loader, checkpoints, state, log, stop, meta)
     finally:

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
-from widenet_ds.errors import raise_config_problems
+from widenet_ds.errors import ConfigError, raise_config_problems
 from widenet_ds.runtime.compile import CompileMode
+from widenet_ds.writable import check_output_folder
 
 OptimizerChoice = Literal["auto", "deepspeed-fused", "torch-lamb"]
 LATEST = "latest"
@@ -48,6 +49,7 @@ class PretrainConfig:
     optimizer: OptimizerChoice = "auto"
     resume: str | None = None
     init_from: Path | None = None
+    accept_changed_settings: bool = False  # --resume with another batch size, optimizer or schedule
     tensorboard: bool = True
     progress_bar: bool = True
 
@@ -77,6 +79,11 @@ class PretrainConfig:
                             f"with a JSON file, e.g. ds_configs/cpu_small.json (see ds_configs/README.md).")
         if self.output_dir.exists() and not self.output_dir.is_dir():
             problems.append(f"--output-dir {self.output_dir} exists and is not a directory.")
+        else:
+            try:
+                check_output_folder(self.output_dir, "--output-dir", subfolders=("checkpoints", "tensorboard"))
+            except ConfigError as err:
+                problems.append(str(err))
         raise_config_problems(problems, "the pretraining settings")
 
     @property
@@ -130,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", nargs="?", const=LATEST, default=None, metavar="CHECKPOINT",
                         help="continue exactly: from the latest checkpoint in --output-dir (no value; a fresh "
                              "start if there is none yet) or from the given checkpoint folder")
+    parser.add_argument("--accept-changed-settings", action="store_true",
+                        help="--resume although the batch size, optimizer, schedule, clipping or precision of the "
+                             "DeepSpeed JSON differ from the checkpoint's (the run is then no longer exact; the "
+                             "changes are logged)")
     parser.add_argument("--init-from", type=Path, default=None, metavar="CHECKPOINT",
                         help="start a new phase (e.g. seq 512) from another run's checkpoint weights")
     parser.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",

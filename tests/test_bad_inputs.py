@@ -1,0 +1,447 @@
+"""Issue 16, must-show 2: a table of bad inputs across every entrypoint and file format.
+
+Each row is one bad input. It must fail with ONE clear error (exit status 2, or the entrypoint's
+error) whose message names the problem (the row's pattern), before any training step, and leave every
+file of a real earlier run untouched: the earlier run's data folder, pretraining run (with
+checkpoints), exported folder and resharded checkpoint are hashed once and compared after every row.
+
+Most rows call the entrypoints' main(argv) in this process (widenet-ds, pretrain/run_pretrain.py,
+finetune/run_glue.py and run_squad.py); launcher.sh rows run as subprocesses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from launching import REPO, child_env  # noqa: E402
+from pretrain_support import CPU_CONFIG, write_model_config  # noqa: E402
+
+from widenet_ds.cli import main as widenet_ds  # noqa: E402
+from widenet_ds.errors import WideNetError  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("dist")
+
+
+def load_script(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RUN_PRETRAIN = load_script(REPO / "pretrain/run_pretrain.py")
+RUN_GLUE = load_script(REPO / "finetune/run_glue.py")
+RUN_SQUAD = load_script(REPO / "finetune/run_squad.py")
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# --- the earlier run ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def earlier(tmp_path_factory, shared_data, dist):
+    """A real earlier run: prepared data, a 2-step pretraining run with a checkpoint, its exported
+    folder and a resharded copy; plus inputs the rows share (another tokenizer of the same size)."""
+    root = tmp_path_factory.mktemp("earlier")
+    books = shared_data / "corpus/books"
+    data, run = root / "data", root / "run"
+    assert widenet_ds(["prepare-data", "--source", str(books / "pg11.txt"), "--tokenizer", "train", "--vocab-size",
+                       "1000", "--seq-length", "64", "--valid-fraction", "0.05", "--output", str(data),
+                       "--workers", "1", "--no-progress"]) == 0
+    vocab = json.loads((data / "manifest.json").read_text())["vocab_size"]
+    model = write_model_config(root / "model.json", vocab_size=vocab)
+    assert RUN_PRETRAIN.main(["--model-config", str(model), "--deepspeed_config", str(CPU_CONFIG), "--data",
+                              str(data), "--output-dir", str(run), "--max-steps", "2", "--eval-interval", "0",
+                              "--no-progress-bar", "--no-tensorboard"]) == 0
+    assert widenet_ds(["convert", "to-folder", str(run), str(root / "export")]) == 0
+    assert widenet_ds(["convert", "reshard", str(run), str(root / "resharded"), "--ep-size", "1",
+                       "--world-size", "1"]) == 0
+    other = root / "other_tokenizer"  # same vocabulary size, other words
+    assert widenet_ds(["train-tokenizer", "--source", str(books / "pg84.txt"), "--vocab-size", str(vocab),
+                       "--output", str(other)]) == 0
+    env = {"root": root, "data": data, "run": run, "model": model, "export": root / "export",
+           "resharded": root / "resharded", "other_tokenizer": other, "vocab": vocab, "shared": shared_data,
+           "bert_vocab": shared_data / "vocab/bert-base-uncased-vocab.txt", "books": books}
+    env["digests"] = {name: digest(env[name]) for name in ("data", "run", "export", "resharded")}
+    return env
+
+
+# --- helpers that write one bad input into the row's own folder -----------------------------------
+def write(path: Path, content: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return path
+
+
+def ds_config(tmp: Path, **changes) -> Path:
+    config = json.loads(CPU_CONFIG.read_text())
+    for key, value in changes.items():
+        if "." in key:
+            section, inner = key.split(".", 1)
+            config.setdefault(section, {})
+            target = config[section]
+            for part in inner.split(".")[:-1]:
+                target = target.setdefault(part, {})
+            target[inner.split(".")[-1]] = value
+        else:
+            config[key] = value
+    return write(tmp / "ds.json", json.dumps(config))
+
+
+def model_config(env, tmp: Path, **changes) -> Path:
+    config = json.loads(env["model"].read_text())
+    config.update(changes)
+    return write(tmp / "model.json", json.dumps(config))
+
+
+def other_activation(env) -> str:
+    return "gelu" if json.loads(env["model"].read_text())["activation"] == "gelu_new" else "gelu_new"
+
+
+def data_copy(env, tmp: Path, damage: Callable[[Path], None]) -> Path:
+    copy = tmp / "data"
+    shutil.copytree(env["data"], copy)
+    damage(copy)
+    return copy
+
+
+def run_copy(env, tmp: Path, damage: Callable[[Path], None]) -> Path:
+    copy = tmp / "run"
+    shutil.copytree(env["run"], copy)
+    damage(copy)
+    return copy
+
+
+def flip_token(data: Path) -> None:
+    shard = data / "train" / "part-00000.bin"
+    tokens = np.fromfile(shard, dtype=np.uint16)
+    tokens[len(tokens) // 3] = 7 if tokens[len(tokens) // 3] != 7 else 8
+    tokens.tofile(shard)
+
+
+def squad(tmp: Path, data, predictions, *extra: str) -> list[str]:
+    return ["squad-eval", "--data", str(write(tmp / "dev.json", json.dumps(data))),
+            "--predictions", str(write(tmp / "pred.json", json.dumps(predictions))), *extra]
+
+
+SQUAD_OK = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": "a b c", "qas": [
+    {"id": "q1", "question": "what?", "answers": [{"text": "b", "answer_start": 2}]}]}]}]}
+
+
+def pretrain(env, tmp: Path, *extra: str, ds: Path | None = None, data: Path | None = None,
+             model: Path | None = None, out: Path | None = None) -> list[str]:
+    return ["--model-config", str(model or env["model"]), "--deepspeed_config", str(ds or CPU_CONFIG),
+            "--data", str(data or env["data"]), "--output-dir", str(out or tmp / "out"), "--max-steps", "2",
+            "--eval-interval", "0", "--no-progress-bar", "--no-tensorboard", *extra]
+
+
+def glue(env, tmp: Path, *extra: str, ds: Path | None = None, data: Path | None = None, task: str = "sst2") -> list[str]:
+    return ["--task", task, "--data", str(data or env["shared"] / "glue/SST-2"), "--preset", "widenet-tiny-e4",
+            "--tokenizer", str(env["data"]), "--deepspeed_config", str(ds or REPO / "ds_configs/finetune_cpu_small.json"),
+            "--output-dir", str(tmp / "ft"), "--max-steps", "1", *extra]
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    entry: str                                   # widenet-ds | pretrain | glue | squad | launcher
+    argv: Callable[[dict, Path], list[str]]      # (earlier run, this row's folder) -> arguments
+    pattern: str                                 # what the message must say (regex, case-insensitive)
+
+
+C = Case
+CASES = [
+    # ---- prepare-data: output folders (item 2) and sources (item 10) ----
+    C("prepare-output-is-a-run-folder", "widenet-ds", lambda e, t: ["prepare-data", "--source", str(e["books"] / "pg11.txt"),
+      "--output", str(e["run"])], r"not a data folder of prepare-data.*new or empty --output"),
+    C("prepare-output-is-a-file", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--output",
+      str(write(t / "f", "x"))], r"is a file"),
+    C("prepare-output-under-a-file", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--output",
+      str(write(t / "f", "x") / "sub")], r"cannot be created: .*f is a file"),
+    C("prepare-missing-source", "widenet-ds", lambda e, t: ["prepare-data", "--source", str(t / "nope.txt"), "--output",
+      str(t / "o")], r"nope\.txt.*does not exist"),
+    C("prepare-source-scheme", "widenet-ds", lambda e, t: ["prepare-data", "--source", "file:abc", "--output",
+      str(t / "o")], r"'file:' is not a kind of source.*local path"),
+    C("prepare-source-bad-weight", "widenet-ds", lambda e, t: ["prepare-data", "--source", f"{e['books'] / 'pg11.txt'}:abc",
+      "--output", str(t / "o")], r"weight 'abc' is not a number"),
+    C("prepare-source-negative-weight", "widenet-ds", lambda e, t: ["prepare-data", "--source",
+      f"{e['books'] / 'pg11.txt'}:-1", "--output", str(t / "o")], r"weight must be a positive number"),
+    C("prepare-binary-source", "widenet-ds", lambda e, t: ["prepare-data", "--source", str(write(t / "x.txt", bytes(range(256)) * 40)),
+      "--output", str(t / "o"), "--no-progress"], r"x\.txt is binary.*not text"),
+    C("prepare-gzip-source", "widenet-ds", lambda e, t: ["prepare-data", "--source", str(write(t / "c.txt", b"\x1f\x8b\x08" + b"\x01" * 100)),
+      "--output", str(t / "o"), "--no-progress"], r"gzip-compressed.*decompress"),
+    C("prepare-non-utf8-source", "widenet-ds", lambda e, t: ["prepare-data", "--source",
+      str(write(t / "l.txt", "Caf\xe9 cr\xe8me. Na\xefve.\n\nSoci\xe9t\xe9 g\xe9n\xe9rale.\n".encode("latin-1"))),
+      "--output", str(t / "o"), "--no-progress"], r"no usable document.*non-UTF-8.*Convert the file to UTF-8"),
+    C("prepare-jsonl-without-text", "widenet-ds", lambda e, t: ["prepare-data", "--source",
+      str(write(t / "r.jsonl", '{"body": "One. Two."}\n{"body": "Three. Four."}\n')), "--output", str(t / "o"),
+      "--no-progress"], r"without a string 'text' field.*--text-field"),
+    C("prepare-malformed-jsonl", "widenet-ds", lambda e, t: ["prepare-data", "--source",
+      str(write(t / "m.jsonl", "{not json\n[1, 2\n")), "--output", str(t / "o"), "--no-progress"],
+      r"malformed JSON line.*one JSON object"),
+    C("prepare-empty-source", "widenet-ds", lambda e, t: ["prepare-data", "--source", str(write(t / "e.txt", "\n \n")),
+      "--output", str(t / "o"), "--no-progress"], r"e\.txt is empty"),
+    C("prepare-vocab-size-with-tokenizer", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--tokenizer",
+      str(e["bert_vocab"]), "--vocab-size", "8000", "--output", str(t / "o")], r"--vocab-size 8000 only applies to --tokenizer train"),
+    C("prepare-missing-tokenizer", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--tokenizer",
+      str(t / "tok.json"), "--output", str(t / "o")], r"tok\.json.*does not exist"),
+    C("prepare-tokenizer-without-specials", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--tokenizer",
+      str(write(t / "vocab.txt", "a\nb\nc\n")), "--output", str(t / "o"), "--no-progress"], r"lacks the special tokens"),
+    C("prepare-tiny-vocab", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--vocab-size", "10",
+      "--output", str(t / "o"), "--no-progress"], r"--vocab-size 10 is too small"),
+    C("prepare-zero-workers", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--workers", "0",
+      "--output", str(t / "o")], r"--workers 0 must be at least 1"),
+    C("prepare-zero-dupe-factor", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--dupe-factor", "0",
+      "--output", str(t / "o")], r"--dupe-factor 0 must be at least 1"),
+    C("prepare-valid-fraction", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--valid-fraction", "0.9",
+      "--output", str(t / "o")], r"--valid-fraction 0.9 must be in"),
+    C("prepare-masking-choice", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--masking", "both",
+      "--output", str(t / "o")], r"invalid choice: 'both'"),
+    C("prepare-no-source", "widenet-ds", lambda e, t: ["prepare-data", "--output", str(t / "o")], r"no sources given"),
+    C("prepare-changed-settings", "widenet-ds", lambda e, t: ["prepare-data", "--source", str(e["books"] / "pg11.txt"),
+      "--tokenizer", "train", "--vocab-size", "1000", "--seq-length", "128", "--output",
+      str(data_copy(e, t, lambda d: None)), "--workers", "1", "--no-progress"], r"prepared with other settings.*--overwrite"),
+    # ---- verify-data and damaged data folders (item 7) ----
+    C("verify-missing-folder", "widenet-ds", lambda e, t: ["verify-data", str(t / "none")], r"does not exist.*prepare-data"),
+    C("verify-run-folder", "widenet-ds", lambda e, t: ["verify-data", str(e["run"])], r"has no manifest\.json"),
+    C("verify-bit-flip", "widenet-ds", lambda e, t: ["verify-data", str(data_copy(e, t, flip_token))],
+      r"train/part-00000\.bin: content does not match its checksum.*Re-run `widenet-ds prepare-data`"),
+    C("verify-replaced-tokenizer", "widenet-ds", lambda e, t: ["verify-data", str(data_copy(
+      e, t, lambda d: shutil.copy(e["other_tokenizer"] / "tokenizer.json", d / "tokenizer.json")))],
+      r"tokenizer\.json: not the tokenizer the shards were built with"),
+    C("verify-manifest-not-json", "widenet-ds", lambda e, t: ["verify-data", str(data_copy(
+      e, t, lambda d: write(d / "manifest.json", "{oops")))], r"manifest\.json is not valid JSON"),
+    # ---- train-tokenizer, model-config, params ----
+    C("tokenizer-no-source", "widenet-ds", lambda e, t: ["train-tokenizer", "--output", str(t / "o")],
+      r"give at least one --source"),
+    C("tokenizer-tiny-vocab", "widenet-ds", lambda e, t: ["train-tokenizer", "--default-corpus", "--vocab-size", "50",
+      "--output", str(t / "o")], r"--vocab-size 50 is too small"),
+    C("model-config-unknown-preset", "widenet-ds", lambda e, t: ["model-config", "widenet-huge-e99", "--output",
+      str(t / "m.json")], r"widenet-huge-e99"),
+    C("model-config-bad-set", "widenet-ds", lambda e, t: ["model-config", "widenet-tiny-e4", "--set", "hidden",
+      "--output", str(t / "m.json")], r"is not KEY=VALUE"),
+    C("model-config-unknown-field", "widenet-ds", lambda e, t: ["model-config", "widenet-tiny-e4", "--set",
+      "hiden_size=64", "--output", str(t / "m.json")], r"hiden_size"),
+    C("model-config-broken-json", "widenet-ds", lambda e, t: ["model-config", str(write(t / "b.json", "{")),
+      "--output", str(t / "m.json")], r"b\.json"),
+    C("unknown-command", "widenet-ds", lambda e, t: ["prepare-dta"], r"unknown command 'prepare-dta'"),
+    # ---- squad-eval, glue-eval (items 8, 10) ----
+    C("squad-data-wrong-shape", "widenet-ds", lambda e, t: squad(t, {"version": "1.1", "data": {"x": 1}}, {}),
+      r"'data' is a dict, not a list of articles"),
+    C("squad-article-without-paragraphs", "widenet-ds", lambda e, t: squad(t, {"version": "1.1", "data": [{"t": 1}]}, {}),
+      r"data\[0\] has no 'paragraphs' list"),
+    C("squad-qa-without-id", "widenet-ds", lambda e, t: squad(t, {"version": "1.1", "data": [{"paragraphs": [{"qas": [
+      {"question": "q", "answers": []}]}]}]}, {}), r"qas\[0\] has no string 'id'"),
+    C("squad-predictions-unknown-ids", "widenet-ds", lambda e, t: squad(t, SQUAD_OK, {"zz1": "b", "zz2": "c"}),
+      r"2 of 2 ids are not questions of .*another data file"),
+    C("squad-predictions-not-a-mapping", "widenet-ds", lambda e, t: squad(t, SQUAD_OK, ["b"]),
+      r"expected a JSON object"),
+    C("squad-predictions-not-json", "widenet-ds", lambda e, t: ["squad-eval", "--data", str(write(t / "d.json",
+      json.dumps(SQUAD_OK))), "--predictions", str(write(t / "p.json", "{"))], r"p\.json is not valid JSON"),
+    C("squad-missing-data", "widenet-ds", lambda e, t: ["squad-eval", "--data", str(t / "none.json"), "--predictions",
+      str(write(t / "p.json", "{}"))], r"none\.json: no such file"),
+    C("squad-na-prob-for-v11", "widenet-ds", lambda e, t: squad(t, SQUAD_OK, {"q1": "b"}, "--na-prob",
+      str(write(t / "na.json", '{"q1": 0.5}'))), r"--na-prob is for SQuAD v2\.0"),
+    C("squad-unknown-version", "widenet-ds", lambda e, t: squad(t, {**SQUAD_OK, "version": "3"}, {"q1": "b"}),
+      r"unknown SQuAD version '3'"),
+    C("glue-predictions-missing", "widenet-ds", lambda e, t: ["glue-eval", "--task", "sst2", "--data",
+      str(e["shared"] / "glue/SST-2/dev.tsv"), "--predictions", str(t / "none.tsv")], r"none\.tsv"),
+    C("glue-unknown-task", "widenet-ds", lambda e, t: ["glue-eval", "--task", "sst3", "--data",
+      str(e["shared"] / "glue/SST-2/dev.tsv"), "--predictions", str(write(t / "p.tsv", "index\tprediction\n0\t1\n"))],
+      r"sst3"),
+    # ---- convert (items 4, 5, 9) ----
+    C("convert-other-tokenizer-same-size", "widenet-ds", lambda e, t: ["convert", "to-folder", str(e["run"]), str(t / "o"),
+      "--tokenizer", str(e["other_tokenizer"])], r"other_tokenizer.* is not the tokenizer of the checkpoint .*run"),
+    C("convert-tokenizer-other-size", "widenet-ds", lambda e, t: ["convert", "to-folder", str(e["run"]), str(t / "o"),
+      "--tokenizer", str(e["bert_vocab"])], r"has 30522 tokens but the checkpoint .* has embeddings for 1000"),
+    C("convert-run-tokenizer-replaced", "widenet-ds", lambda e, t: ["convert", "to-folder", str(run_copy(
+      e, t, lambda r: shutil.copy(e["other_tokenizer"] / "tokenizer.json", r / "tokenizer.json"))), str(t / "o")],
+      r"no tokenizer\.json saved with it has that hash.*--tokenizer"),
+    C("convert-model-config-activation", "widenet-ds", lambda e, t: ["convert", "to-folder", str(e["run"]), str(t / "o"),
+      "--model-config", str(model_config(e, t, activation=other_activation(e)))],
+      r"activation: 'gelu\w*' \(checkpoint\) vs 'gelu\w*' \(this run\).*drop --model-config"),
+    C("convert-model-config-eps", "widenet-ds", lambda e, t: ["convert", "to-folder", str(e["export"]), str(t / "o"),
+      "--model-config", str(model_config(e, t, layer_norm_eps=1e-5))], r"layer_norm_eps: .*drop --model-config"),
+    C("convert-output-exists", "widenet-ds", lambda e, t: ["convert", "to-folder", str(e["run"]), str(e["export"])],
+      r"already exists; choose another output or pass --overwrite"),
+    C("convert-output-under-a-file", "widenet-ds", lambda e, t: ["convert", "to-folder", str(e["run"]),
+      str(write(t / "f", "x") / "o")], r"cannot be created: .*f is a file"),
+    C("convert-missing-source", "widenet-ds", lambda e, t: ["convert", "to-folder", str(t / "none"), str(t / "o")],
+      r"none does not exist"),
+    C("convert-unknown-tag", "widenet-ds", lambda e, t: ["convert", "to-folder", str(e["run"]), str(t / "o"), "--tag",
+      "step99"], r"tag 'step99' does not exist.*step2"),
+    C("convert-moe-to-albert", "widenet-ds", lambda e, t: ["convert", "to-albert", str(e["export"]), str(t / "o")],
+      r"Mixture-of-Experts.*to-folder"),
+    C("convert-from-albert-not-hf", "widenet-ds", lambda e, t: ["convert", "from-albert", str(e["data"]), str(t / "o")],
+      r"has no config\.json"),
+    C("convert-marker-not-json", "widenet-ds", lambda e, t: ["convert", "to-folder", str(run_copy(
+      e, t, lambda r: write(r / "checkpoints/step2/widenet_checkpoint.json", "{"))), str(t / "o")],
+      r"widenet_checkpoint\.json is not valid JSON"),
+    C("convert-damaged-pt", "widenet-ds", lambda e, t: ["convert", "to-folder", str(run_copy(
+      e, t, lambda r: write(r / "checkpoints/step2/mp_rank_00_model_states.pt", os.urandom(4096)))), str(t / "o")],
+      r"refused to read .*mp_rank_00_model_states\.pt"),
+    # ---- pretraining (items 6-10) ----
+    C("pretrain-resume-resharded", "pretrain", lambda e, t: pretrain(e, t, "--resume", str(e["resharded"])),
+      r"holds model states only.*--init-from"),
+    C("pretrain-zero-key-typo", "pretrain", lambda e, t: pretrain(e, t, ds=ds_config(t, **{"zero_optimization.overlap_com": True})),
+      r"unknown key 'zero_optimization\.overlap_com'.*Did you mean 'overlap_comm'"),
+    C("pretrain-offload-key-typo", "pretrain", lambda e, t: pretrain(e, t, ds=ds_config(
+      t, **{"zero_optimization.offload_optimizer.devic": "cpu"})), r"offload_optimizer\.devic'.*Did you mean 'device'"),
+    C("pretrain-scheduler-param-typo", "pretrain", lambda e, t: pretrain(e, t, ds=ds_config(
+      t, **{"scheduler.params.warmup_num_step": 3})), r"scheduler\.params\.warmup_num_step'.*warmup_num_steps"),
+    C("pretrain-optimizer-param-typo", "pretrain", lambda e, t: pretrain(e, t, ds=ds_config(
+      t, optimizer={"type": "AdamW", "params": {"lr": 0.02, "weight_decy": 0.01}})), r"weight_decy'.*weight_decay"),
+    C("pretrain-lamb-param-typo", "pretrain", lambda e, t: pretrain(e, t, ds=ds_config(t, **{"optimizer.params.bta1": 0.9})),
+      r"Lamb has no parameter 'bta1'"),
+    C("pretrain-lr-zero", "pretrain", lambda e, t: pretrain(e, t, ds=ds_config(
+      t, **{"optimizer.params.lr": 0, "scheduler.params.warmup_max_lr": 0})), r"lr 0 must be a positive number"),
+    C("pretrain-negative-clipping", "pretrain", lambda e, t: pretrain(e, t, ds=ds_config(t, gradient_clipping=-1.0)),
+      r"gradient_clipping -1\.0 must be a number >= 0"),
+    C("pretrain-offload-with-lamb", "pretrain", lambda e, t: pretrain(e, t, ds=ds_config(
+      t, zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}})), r"offloads the optimizer.*Lamb"),
+    C("pretrain-unknown-top-key", "pretrain", lambda e, t: pretrain(e, t, ds=ds_config(t, gradient_cliping=1.0)),
+      r"unknown key 'gradient_cliping'.*gradient_clipping"),
+    C("pretrain-ds-json-broken", "pretrain", lambda e, t: pretrain(e, t, ds=write(t / "ds.json", '{"a": 1,')),
+      r"ds\.json is not valid JSON"),
+    C("pretrain-fp16-on-cpu", "pretrain", lambda e, t: pretrain(e, t, ds=ds_config(t, fp16={"enabled": True})),
+      r"fp16 needs a CUDA device"),
+    C("pretrain-output-is-a-file", "pretrain", lambda e, t: pretrain(e, t, out=write(t / "f", "x")),
+      r"exists and is not a directory"),
+    C("pretrain-output-under-a-file", "pretrain", lambda e, t: pretrain(e, t, out=write(t / "f", "x") / "out"),
+      r"cannot be created: .*f is a file"),
+    C("pretrain-checkpoints-is-a-file", "pretrain", lambda e, t: pretrain(e, t, out=write(t / "o" / "checkpoints", "x").parent),
+      r"checkpoints is a file, where the run writes"),
+    C("pretrain-output-unwritable", "pretrain", lambda e, t: pretrain(e, t, out=Path("/proc/widenet-out")),
+      r"/proc/widenet-out is not writable"),
+    C("pretrain-into-earlier-run", "pretrain", lambda e, t: pretrain(e, t, out=e["run"]),
+      r"already holds checkpoints.*--resume"),
+    C("pretrain-resume-other-model", "pretrain", lambda e, t: pretrain(e, t, "--resume", str(e["run"]),
+      model=model_config(e, t, hidden_dropout=0.3)), r"another model config.*hidden_dropout"),
+    C("pretrain-damaged-shard", "pretrain", lambda e, t: pretrain(e, t, data=data_copy(e, t, flip_token)),
+      r"part-00000\.bin is damaged"),
+    C("pretrain-data-is-run-folder", "pretrain", lambda e, t: pretrain(e, t, data=e["run"]), r"has no manifest\.json"),
+    C("pretrain-vocab-mismatch", "pretrain", lambda e, t: pretrain(e, t, model=model_config(e, t, vocab_size=30522)),
+      r"vocab_size 30522.*1000"),
+    C("pretrain-zero-steps", "pretrain", lambda e, t: pretrain(e, t, "--max-steps", "0"), r"--max-steps must be positive"),
+    C("pretrain-resume-and-init", "pretrain", lambda e, t: pretrain(e, t, "--resume", "--init-from", str(e["run"])),
+      r"pass only one of them"),
+    C("pretrain-resume-changed-lr", "pretrain", lambda e, t: pretrain(e, t, "--resume", str(e["run"]), "--max-steps", "3",
+      ds=ds_config(t, **{"optimizer.params.lr": 0.01, "scheduler.params.warmup_max_lr": 0.01})),
+      r"optimizer\.params\.lr: 0\.02 -> 0\.01.*--accept-changed-settings"),
+    C("pretrain-resume-changed-batch", "pretrain", lambda e, t: pretrain(e, t, "--resume", str(e["run"]), "--max-steps",
+      "3", ds=ds_config(t, train_batch_size=32)), r"train_batch_size: 16 -> 32.*no longer be the same run"),
+    C("pretrain-missing-ds-config", "pretrain", lambda e, t: pretrain(e, t, ds=t / "none.json"), r"none\.json does not exist"),
+    # ---- finetuning entrypoints, CLI level ----
+    C("glue-missing-data", "glue", lambda e, t: glue(e, t, data=t / "none"), r"none does not exist"),
+    C("glue-zero-key-typo", "glue", lambda e, t: glue(e, t, ds=ds_config(t, **{"zero_optimization.stag": 1})),
+      r"zero_optimization\.stag'.*Did you mean 'stage'"),
+    C("glue-negative-clipping", "glue", lambda e, t: glue(e, t, ds=ds_config(t, gradient_clipping=-2)),
+      r"gradient_clipping -2 must be"),
+    C("squad-version-choice", "squad", lambda e, t: ["--version", "3.0", "--data", str(t)], r"invalid choice: '3\.0'"),
+    # ---- launcher.sh (subprocesses) ----
+    C("launcher-zero-ranks", "launcher", lambda e, t: ["pretrain", "--num-gpus", "0", "--", "--x"],
+      r"--num-gpus '0' must be a whole number >= 1"),
+    C("launcher-unknown-option", "launcher", lambda e, t: ["pretrain", "--gpus", "2", "--", "--x"],
+      r"unknown launch option '--gpus'"),
+    C("launcher-nodes-without-hostfile", "launcher", lambda e, t: ["pretrain", "--num-nodes", "2", "--", "--x"],
+      r"--num-nodes 2 needs --hostfile"),
+    C("launcher-unknown-command", "launcher", lambda e, t: ["pretrian"], r"unknown command 'pretrian'"),
+]
+
+
+def run_entry(entry: str, argv: list[str], capsys) -> tuple[int, str]:
+    if entry == "launcher":
+        venv = Path(sys.executable).parent.parent
+        proc = subprocess.run([str(REPO / "launcher.sh"), *argv], capture_output=True, text=True, timeout=60,
+                              env=child_env(WIDENET_VENV=str(venv)))
+        return proc.returncode, proc.stdout + proc.stderr
+    try:
+        if entry == "widenet-ds":
+            code = widenet_ds(argv)
+        elif entry == "pretrain":
+            code = RUN_PRETRAIN.main(argv)
+        else:
+            from widenet_ds.training.finetune import main as finetune_main
+            from widenet_ds.training.finetune_tasks import GlueTaskRun, SquadTaskRun
+
+            script = RUN_GLUE if entry == "glue" else RUN_SQUAD
+            code = finetune_main(script.parser(), GlueTaskRun if entry == "glue" else SquadTaskRun, argv)
+    except SystemExit as exit_:  # argparse: usage + one error line
+        code = exit_.code
+    except WideNetError as err:  # an entrypoint that lets its user errors out (caught by its caller)
+        print(f"error: {err}", file=sys.stderr)
+        code = 2
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_the_table_covers_every_entrypoint_with_60_distinct_cases():
+    assert len({case.id for case in CASES}) == len(CASES) >= 60
+    assert {case.entry for case in CASES} == {"widenet-ds", "pretrain", "glue", "squad", "launcher"}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+def test_bad_input_fails_with_one_clear_error_and_touches_no_earlier_file(case, earlier, tmp_path, capsys):
+    capsys.readouterr()
+    argv = case.argv(earlier, tmp_path)
+    code, output = run_entry(case.entry, argv, capsys)
+    assert code == 2, f"exit status {code}, expected 2 (a user error):\n{output[-3000:]}"
+    assert re.search(case.pattern, output, re.IGNORECASE | re.DOTALL), f"message does not name the problem:\n{output[-3000:]}"
+    assert "Traceback" not in output, output[-3000:]
+    errors = [line for line in output.splitlines() if re.search(r"\berror\b", line, re.IGNORECASE)]
+    assert len(errors) <= 1 or case.entry == "launcher", f"more than one error line:\n{output[-3000:]}"
+    assert not (tmp_path / "out" / "metrics.jsonl").exists() and not (tmp_path / "ft" / "results.json").exists()
+    for name, before in earlier["digests"].items():
+        assert digest(earlier[name]) == before, f"{case.id} modified the earlier run's {name} folder"
+
+
+def test_finetuning_tokenizer_check_compares_contents_and_names_both_sources(earlier):
+    """Item 4, finetuning side: `check_checkpoint_tokenizer` refuses another vocabulary of the same size
+    (the vocabulary-size check finetuning does today passes it) and accepts the run's own tokenizer."""
+    from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
+    from widenet_ds.data.tokenizer import load_tokenizer
+    from widenet_ds.errors import CheckpointError
+    from widenet_ds.tasks.features import check_tokenizer_matches
+
+    other = load_tokenizer(earlier["other_tokenizer"] / "tokenizer.json")
+    check_tokenizer_matches(other, earlier["vocab"])  # same size: the size check is blind to it
+    with pytest.raises(CheckpointError, match=r"--tokenizer other is not the tokenizer of the checkpoint .*run.*"
+                                              r"vocabulary differs from .*run/tokenizer\.json"):
+        check_checkpoint_tokenizer(other, "--tokenizer other", earlier["run"], earlier["vocab"])
+    for source in ("run", "export"):
+        check_checkpoint_tokenizer(load_tokenizer(earlier["data"]), "--tokenizer data", earlier[source], earlier["vocab"])
+
+
+def test_exported_folders_are_readable_by_group_and_others(earlier):
+    for folder in ("export", "data"):
+        for path in earlier[folder].rglob("*"):
+            assert path.stat().st_mode & 0o044 == 0o044, f"{path} is not readable by group/others"
+
+
+def test_resume_with_changed_settings_runs_when_accepted_and_logs_the_change(earlier, tmp_path):
+    """Item 6: with --accept-changed-settings the resumed run continues and its log names each change."""
+    from widenet_ds.training.log import read_metrics
+
+    run = run_copy(earlier, tmp_path, lambda r: None)
+    ds = ds_config(tmp_path, **{"optimizer.params.lr": 0.01, "scheduler.params.warmup_max_lr": 0.01})
+    argv = pretrain(earlier, tmp_path, "--resume", "--max-steps", "3", "--accept-changed-settings", ds=ds, out=run)
+    assert RUN_PRETRAIN.main(argv) == 0
+    events = [r["event"] for r in read_metrics(run / "metrics.jsonl") if "event" in r]
+    assert any("changed since the checkpoint" in e and "optimizer.params.lr: 0.02 -> 0.01" in e for e in events), events
+    assert (run / "checkpoints" / "latest").read_text() == "step3"

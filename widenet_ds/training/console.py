@@ -1,0 +1,46 @@
+"""Progress lines before the first step, and errors printed once for all ranks.
+
+Building the model and initialising DeepSpeed take tens of seconds on a cold machine; a line per
+phase (rank 0 only) says the run is alive. An error every rank raises alike (bad data, config, JSON:
+all ranks read the same inputs) is printed by rank 0 only; an error of one rank names the rank.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+_START = time.monotonic()
+
+
+def process_rank() -> int:
+    try:
+        import torch.distributed as torch_dist
+
+        if torch_dist.is_available() and torch_dist.is_initialized():
+            return torch_dist.get_rank()
+    except ImportError:
+        pass
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def say(message: str) -> None:
+    """One progress line on rank 0's console (stderr, so stdout stays for results)."""
+    if process_rank() == 0:
+        print(f"[widenet-ds {time.monotonic() - _START:5.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def mark_same_on_every_rank(err: BaseException) -> BaseException:
+    """Tag an error raised while every rank does the same thing with the same inputs."""
+    err.same_on_every_rank = True  # type: ignore[attr-defined]
+    return err
+
+
+def report_error(program: str, err: BaseException) -> None:
+    """Print a user error once: rank 0 prints shared errors; another rank only its own, with its rank."""
+    rank = process_rank()
+    if rank == 0:
+        print(f"{program}: error: {err}", file=sys.stderr, flush=True)
+    elif not getattr(err, "same_on_every_rank", False):
+        print(f"{program}: error (rank {rank}): {err}", file=sys.stderr, flush=True)
