@@ -9,9 +9,13 @@ A stopped run (SIGTERM/SIGUSR1: saved, exit 0) continues with the same command p
 import argparse
 import sys
 
-from widenet_ds.training.finetune import main
-from widenet_ds.training.finetune_config import add_common_arguments
-from widenet_ds.training.finetune_tasks import GlueOptions, GlueTaskRun
+from widenet_ds.runtime.quiet import quiet_third_party
+
+quiet_third_party()  # before DeepSpeed is imported
+
+from widenet_ds.training.finetune import main  # noqa: E402
+from widenet_ds.training.finetune_config import add_common_arguments  # noqa: E402
+from widenet_ds.training.finetune_tasks import GlueOptions, GlueTaskRun  # noqa: E402
 
 
 def parser() -> argparse.ArgumentParser:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from widenet_ds.atomic import atomic_write, atomic_write_bytes
+from widenet_ds.atomic import atomic_write_bytes
 from widenet_ds.errors import DataError
 
 INDEX_COLUMNS = ("offset", "length", "a_length", "sop_label", "mask_offset", "mask_count")

@@ -45,6 +45,7 @@ from widenet_ds.checkpoint.training import (
     read_meta,
 )
 from widenet_ds.errors import ConfigError, DataError, WideNetError, raise_config_problems
+from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
 from widenet_ds.runtime.distributed import init_distributed, seed_everything
 from widenet_ds.runtime.ds_config import DeepSpeedSettings, load_ds_config, validate_ds_config
 from widenet_ds.runtime.engine import build_engine
@@ -52,6 +53,7 @@ from widenet_ds.tasks.features import check_max_length, check_tokenizer_matches
 from widenet_ds.tasks.recipes import FinetuneRecipe
 from widenet_ds.training.finetune_config import RESULTS_FILE, RUN_CONFIG_FILE, FinetuneConfig, changed_settings
 from widenet_ds.training.finetune_tasks import TaskRun
+from widenet_ds.training.console import report_error
 from widenet_ds.training.finetune_weights import load_tokenizer_for, model_overrides, save_finetuned
 from widenet_ds.training.log import TrainingLog, read_metrics
 from widenet_ds.training.predict import Batching, Prepared
@@ -368,6 +370,9 @@ def _run_seeds(cfg: FinetuneConfig, plan: FinetunePlan, task_run: TaskRun, token
         model, load_report = task_run.model(plan.recipe, tokenizer.get_vocab_size())
         if data is None:  # once per run: read the data and say what the run is
             check_tokenizer_matches(tokenizer, model.cfg.vocab_size)
+            if cfg.init_from is not None:  # the same vocabulary, not just the same size
+                check_checkpoint_tokenizer(tokenizer, f"--tokenizer {cfg.tokenizer}" if cfg.tokenizer else
+                                           "the tokenizer saved with --init-from", cfg.init_from, model.cfg.vocab_size)
             # An explicit --max-seq-length above the model's positions is an error; the recipe's is capped.
             max_len = cfg.max_seq_length or min(plan.recipe.max_seq_length, model.cfg.max_position_embeddings)
             check_max_length(max_len, model.cfg.max_position_embeddings)
@@ -433,6 +438,6 @@ def main(parser: argparse.ArgumentParser, task_run_class: type[TaskRun], argv: l
         cfg = FinetuneConfig(task=options, **args)
         run(cfg, task_run_class(cfg))
     except WideNetError as err:
-        print(f"{Path(sys.argv[0]).name}: error: {err}", file=sys.stderr, flush=True)
+        report_error(Path(sys.argv[0]).name, err)
         return 2
     return 0

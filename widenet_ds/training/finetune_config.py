@@ -11,7 +11,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
 
-from widenet_ds.errors import raise_config_problems
+from widenet_ds.errors import ConfigError, raise_config_problems
+from widenet_ds.writable import check_output_folder
 
 HF_DATA = "hf"
 RESULTS_FILE = "results.json"
@@ -103,9 +104,17 @@ class FinetuneConfig:
     def _output_dir_problems(self) -> list[str]:
         """A folder holding an earlier run is never written into unless that run is to be continued."""
         if not self.output_dir.exists():
+            try:
+                check_output_folder(self.output_dir, "--output-dir")  # can it be created?
+            except ConfigError as err:
+                return [str(err)]
             return []
         if not self.output_dir.is_dir():
             return [f"--output-dir {self.output_dir} exists and is not a directory; choose another --output-dir."]
+        try:
+            check_output_folder(self.output_dir, "--output-dir")
+        except ConfigError as err:
+            return [str(err)]
         used = sorted(path.name for path in self.output_dir.iterdir()
                       if path.name in (RESULTS_FILE, RUN_CONFIG_FILE)
                       or (path.is_dir() and path.name.startswith("seed")))
