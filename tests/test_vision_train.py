@@ -34,7 +34,7 @@ def write_ds_config(path: Path, steps: int, lr: float = 0.003, **changes) -> Pat
 
 
 def test_digits_single_rank_learns_far_above_chance(tmp_path):
-    ds = write_ds_config(tmp_path / "ds.json", steps=160)
+    ds = write_ds_config(tmp_path / "ds.json", steps=120)
     out = tmp_path / "digits"
     start = time.monotonic()
     proc = subprocess.run([sys.executable, str(RUN_CLASSIFY), "--model-config", "widenet-vit-digits", "--dataset",
@@ -44,10 +44,10 @@ def test_digits_single_rank_learns_far_above_chance(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads((out / "results.json").read_text())
     # 10 balanced classes: chance is 0.1; a trained model is far above it.
-    assert results["test/accuracy"] > 0.5, results
+    assert results["test/accuracy"] > 0.7, results
     losses = train_losses(out)
-    assert losses[160] < losses[40] - 0.5, losses
-    loads = [train_losses(out, f"moe/block_03/expert_{e:02d}_load")[160] for e in range(4)]
+    assert losses[120] < losses[40] - 0.5, losses
+    loads = [train_losses(out, f"moe/block_03/expert_{e:02d}_load")[120] for e in range(4)]
     assert sum(loads) == pytest.approx(1.0) and min(loads) > 0.05, loads  # the balance loss keeps experts in use
     print(f"digits: test accuracy {results['test/accuracy']:.3f} in {time.monotonic() - start:.0f} s")
 
@@ -68,13 +68,13 @@ def test_expert_parallel_two_ranks_matches_ep1(tmp_path):
                               load_file(tmp_path / "ep1.rank1.safetensors")["logits"])
 
 
-STEPS, SAVE_EVERY = 12, 4
+STEPS, SAVE_EVERY = 8, 3
 
 
 def resume_args(ds: Path, out: Path, *extra: str) -> list[str]:
     return ["--model-config", "widenet-vit-digits", "--dataset", "digits", "--deepspeed_config", str(ds),
             "--output-dir", str(out), "--ep-size", "2", "--log-interval", "1", "--save-interval", str(SAVE_EVERY),
-            "--eval-interval", "6", "--workers", "1", "--no-progress-bar", "--no-tensorboard",
+            "--eval-interval", "4", "--workers", "1", "--no-progress-bar", "--no-tensorboard",
             "--randaugment", "1,10", "--inception-crop", "--flip", "--mixup-alpha", "0.5", "--label-smoothing", "0.1",
             *extra]
 

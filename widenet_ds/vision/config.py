@@ -220,10 +220,12 @@ _IMAGENET = dict(image_size=224, patch_size=16, num_channels=3, num_classes=1001
 _WIDENET = dict(ffn="moe", share_attention=True, share_ffn=True, share_layernorm=False, head="gap")
 _VIT = dict(ffn="dense", share_attention=False, share_ffn=False, share_layernorm=False, head="cls")
 # CPU presets: Fashion-MNIST (28 px, 1 channel, patch 4: 49 patches) and sklearn digits (8 px, patch 2).
+# Init std 0.1, about the Glorot scale of the authors' Keras default init at these widths: BERT's 0.02
+# leaves such narrow models on a long loss plateau (digits: 59% vs 97% test accuracy after 120 steps).
 _FMNIST = dict(image_size=28, patch_size=4, num_channels=1, num_classes=10, pre_logits=False,
-               hidden_size=96, num_layers=6, num_heads=4, intermediate_size=192)
+               hidden_size=96, num_layers=6, num_heads=4, intermediate_size=192, initializer_range=0.1)
 _DIGITS = dict(image_size=8, patch_size=2, num_channels=1, num_classes=10, pre_logits=False,
-               hidden_size=64, num_layers=4, num_heads=4, intermediate_size=128)
+               hidden_size=64, num_layers=4, num_heads=4, intermediate_size=128, initializer_range=0.1)
 
 
 def _preset(*parts: dict, router: bool = True):

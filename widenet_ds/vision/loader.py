@@ -112,8 +112,11 @@ class ImageLoader:
                 for b in range(first, self.batches_per_epoch())]
 
     def _epoch_batches(self, batches: list[list[int]]) -> Iterator[dict[str, torch.Tensor]]:
+        # Its own generator: a DataLoader iterator otherwise draws its base seed from the global RNG, and a
+        # resumed run, which starts an iterator mid-epoch, would then draw different augmentations.
         loader = DataLoader(self.dataset, batch_sampler=batches, num_workers=self.workers, collate_fn=_collate,
-                            persistent_workers=False, prefetch_factor=4 if self.workers else None)
+                            persistent_workers=False, prefetch_factor=4 if self.workers else None,
+                            generator=torch.Generator().manual_seed(self.seed))
         yield from loader
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
