@@ -66,3 +66,18 @@ def test_training_checkpoint_to_folder_and_back(dist, tmp_path):
         to_folder(tmp_path / "run", folder)
     with pytest.raises(CheckpointError, match="not a widenet-ds vision folder"):
         read_folder(tmp_path)
+
+
+def test_init_from_folder_keeps_the_body_and_renews_a_head_of_another_shape(tmp_path):
+    from widenet_ds.vision.export import save_folder
+    from widenet_ds.vision.train import init_weights_for
+
+    cfg = VisionConfig.from_preset("widenet-vit-digits")
+    model = ViTWideNetForImageClassification(cfg)
+    folder = save_folder(cfg, model.state_dict(), tmp_path / "pretrained")
+    finetune = VisionConfig.from_preset("widenet-vit-digits", num_classes=5)
+    kept = init_weights_for(finetune, folder)
+    assert "classifier.weight" not in kept and "embeddings.position" in kept
+    assert len(kept) == len(model.state_dict()) - 2
+    with pytest.raises(CheckpointError, match="embeddings.position"):
+        init_weights_for(VisionConfig.from_preset("widenet-vit-digits", image_size=16), folder)

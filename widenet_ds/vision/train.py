@@ -14,7 +14,7 @@ import argparse
 import json
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
 
@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
+from widenet_ds.checkpoint_folder import global_key_map
 from widenet_ds.checkpointing import CheckpointManager, StopRequest, TrainingState, read_meta
 from widenet_ds.distributed import init_distributed
 from widenet_ds.ds_config import DeepSpeedSettings, load_ds_config, validate_ds_config
@@ -33,6 +34,7 @@ from widenet_ds.training_log import TrainingLog, memory_mib
 from widenet_ds.vision.augment import AugmentConfig, BatchAugmenter, normalize
 from widenet_ds.vision.config import VisionConfig, parse_overrides
 from widenet_ds.vision.datasets import DATASETS, ImageSource, load_dataset
+from widenet_ds.vision.export import build_global_state_shapes, read_folder
 from widenet_ds.vision.loader import ImageLoader, default_workers
 from widenet_ds.vision.model import ViTWideNetForImageClassification, count_trainable_parameters
 
@@ -68,6 +70,7 @@ class ClassifyConfig:
     workers: int | None = None  # None: default_workers(world)
     optimizer: OptimizerChoice = "auto"
     resume: str | None = None
+    init_from: Path | None = None  # a portable vision folder: body weights (a new head when classes differ)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     tensorboard: bool = True
     progress_bar: bool = True
@@ -94,6 +97,11 @@ class ClassifyConfig:
                               f"with a JSON file, e.g. ds_configs/vision_cpu_small.json (see ds_configs/README.md).")
         if self.output_dir.exists() and not self.output_dir.is_dir():
             raise ConfigError(f"--output-dir {self.output_dir} exists and is not a directory.")
+        if self.init_from is not None:
+            self.init_from = Path(self.init_from)
+            if self.resume is not None:
+                raise ConfigError("--resume continues a run and --init-from starts a new one (finetuning) from a "
+                                  "folder's weights; pass only one of them.")
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -133,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                                   "share of the cores, at most 8)")
     parser.add_argument("--optimizer", choices=get_args(OptimizerChoice), default="auto")
     parser.add_argument("--resume", nargs="?", const=LATEST, default=None, metavar="CHECKPOINT")
+    parser.add_argument("--init-from", type=Path, default=None, metavar="FOLDER",
+                        help="finetune from a portable vision folder (python -m widenet_ds.vision.export to-folder): "
+                             "every weight but a head of another shape (classifier, pre-logits) is loaded")
     aug = parser.add_argument_group("augmentation (the authors' ImageNet recipe: --randaugment 2,15 --inception-crop "
                                     "--flip --mixup-alpha 0.5 --label-smoothing 0.1)")
     aug.add_argument("--randaugment", default="0,15", metavar="OPS,MAGNITUDE", help="kornia RandAugment (0 ops: off)")
@@ -172,6 +183,29 @@ class RunPlan:
     splits: dict[str, ImageSource]
     max_steps: int
     resume_from: Path | None
+    init_state: dict[str, torch.Tensor] | None = None  # global keys; the head left out when it does not fit
+
+
+HEAD_PREFIXES = ("classifier.", "pre_logits.")
+
+
+def init_weights_for(model: VisionConfig, folder: Path) -> dict[str, torch.Tensor]:
+    """The folder's weights that fit `model`: a head of another shape (new classes, no pre-logits) is left
+    to its fresh initialisation, as the authors' finetuning drops it; any other mismatch is an error."""
+    _, state = read_folder(folder)
+    expected = build_global_state_shapes(model)
+    kept, wrong = {}, []
+    for key, shape in expected.items():
+        fits = key in state and tuple(state[key].shape) == shape
+        if fits:
+            kept[key] = state[key]
+        elif not key.startswith(HEAD_PREFIXES):
+            wrong.append(f"{key}: {tuple(state[key].shape) if key in state else 'absent'} in the folder, {shape} here")
+    if wrong:
+        raise CheckpointError(f"--init-from {folder} does not fit this model's body:\n  " + "\n  ".join(wrong[:8])
+                              + "\nUse the folder's config with only num_classes / pre_logits / head changed (the "
+                                "same image_size and patch_size: the positions must match).")
+    return kept
 
 
 def check_data_fits_model(splits: dict[str, ImageSource], model: VisionConfig, dataset: str) -> None:
@@ -217,7 +251,8 @@ def plan_run(cfg: ClassifyConfig, world_size: int) -> RunPlan:
         if saved.get("ep_size") != cfg.ep_size or saved.get("dataset") != cfg.dataset:
             raise CheckpointError(f"checkpoint {resume_from} was trained with --ep-size {saved.get('ep_size')} on "
                                   f"{saved.get('dataset')}; resume with the same --ep-size and --dataset.")
-    return RunPlan(model, ds, splits, max_steps, resume_from)
+    init_state = init_weights_for(model, cfg.init_from) if cfg.init_from is not None else None
+    return RunPlan(model, ds, splits, max_steps, resume_from, init_state)
 
 
 # --- metrics ----------------------------------------------------------------------------------------
@@ -327,6 +362,9 @@ def run(cfg: ClassifyConfig) -> int:
 
     _seed_everything(cfg.seed)  # the same initial weights on every rank
     model = ViTWideNetForImageClassification(model_cfg, cfg.ep_size, cfg.activation_checkpointing)
+    if plan.init_state is not None:
+        local = {k: plan.init_state[g] for k, g in global_key_map(model).items() if g in plan.init_state}
+        model.load_state_dict(local, strict=False)
     engine, optimizer_plan = build_engine(model, plan.ds, cfg.optimizer)
     _seed_everything(cfg.seed + 1 + rank)  # per-rank streams: augmentation, gate noise, dropout
 
@@ -347,6 +385,10 @@ def run(cfg: ClassifyConfig) -> int:
     log.event(state.step, f"optimizer: {optimizer_plan.reason}")
     if plan.resume_from is not None:
         log.event(state.step, f"resumed from {plan.resume_from}")
+    elif plan.init_state is not None:
+        fresh = sorted({k.split(".")[0] for k in model.state_dict() if k not in global_key_map(model)
+                        or global_key_map(model)[k] not in plan.init_state})
+        log.event(state.step, f"weights from {cfg.init_from}" + (f"; new {', '.join(fresh)}" if fresh else ""))
     stop = StopRequest()
     stop.install()
     try:
