@@ -7,7 +7,7 @@ import deepspeed
 import pytest
 import torch
 
-from widenet_ds.checkpointing import CheckpointManager, TrainingState
+from widenet_ds.checkpoint.training import CheckpointManager, TrainingState
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.datasets import digits

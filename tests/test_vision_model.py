@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from widenet_ds.errors import ConfigError
-from widenet_ds.moe import FeedForward, MoEFeedForward, expert_capacity
+from widenet_ds.model.moe import FeedForward, MoEFeedForward
+from widenet_ds.model.routing import expert_capacity
 from widenet_ds.vision.config import VISION_PRESETS, VisionConfig
 from widenet_ds.vision.model import build_model, count_trainable_parameters
 

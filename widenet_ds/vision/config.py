@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from widenet_ds.config import (Activation, FFNKind, MoEConfig, ModelConfig, _check_choice, _check_fraction,
+from widenet_ds.model.config import (Activation, FFNKind, MoEConfig, ModelConfig, _check_choice, _check_fraction,
                                _check_positive, _from_dict)
 from widenet_ds.errors import ConfigError
 
@@ -68,6 +68,10 @@ class VisionConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):
+            if "ep_size" in self.moe:
+                raise ConfigError(f"VisionConfig.moe.ep_size = {self.moe['ep_size']}: expert parallelism is a run flag, "
+                                  f"not part of the model; remove moe.ep_size from the config and pass --ep-size "
+                                  f"{self.moe['ep_size']} to the trainer.")
             self.moe = _from_dict(MoEConfig, self.moe, "VisionConfig.moe")
         _check_positive(self, "image_size", "patch_size", "num_channels", "num_classes", "hidden_size",
                         "num_layers", "num_heads", "intermediate_size", "layer_norm_eps", "initializer_range")
@@ -80,10 +84,6 @@ class VisionConfig:
                 f"VisionConfig.image_size = {self.image_size} is not divisible by patch_size = {self.patch_size}; "
                 f"the patches must tile the image: use patch_size {fits} or an image_size that is a multiple of "
                 f"{self.patch_size} (e.g. {self.image_size // self.patch_size * self.patch_size or self.patch_size}).")
-        if self.moe.ep_size != 1:
-            raise ConfigError(f"VisionConfig.moe.ep_size = {self.moe.ep_size}: expert parallelism is a run flag, not "
-                              f"part of the model; remove moe.ep_size from the config and pass --ep-size "
-                              f"{self.moe.ep_size} to the trainer.")
         if self.expert_intermediate_size is not None:
             _check_positive(self, "expert_intermediate_size")
         if self.moe_blocks is not None:
@@ -121,7 +121,7 @@ class VisionConfig:
     def experts_width(self) -> int:
         return self.expert_intermediate_size or self.intermediate_size
 
-    def encoder_config(self, ep_size: int = 1, activation_checkpointing: bool = False) -> ModelConfig:
+    def encoder_config(self) -> ModelConfig:
         """The WideNet encoder's config: pre-LN with a final LayerNorm; text-only fields unused."""
         return ModelConfig(
             vocab_size=1, embedding_size=self.hidden_size, hidden_size=self.hidden_size,
@@ -130,8 +130,7 @@ class VisionConfig:
             attention_dropout=self.attention_dropout, classifier_dropout=0.0, layer_norm_eps=self.layer_norm_eps,
             initializer_range=self.initializer_range, activation=self.activation, norm_position="pre",
             share_attention=self.share_attention, share_ffn=self.share_ffn, share_layernorm=self.share_layernorm,
-            ffn=self.ffn, activation_checkpointing=activation_checkpointing,
-            moe=dataclasses.replace(self.moe, ep_size=ep_size) if self.is_moe else MoEConfig())
+            ffn=self.ffn, moe=self.moe if self.is_moe else MoEConfig())
 
     # -- (de)serialisation ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -21,10 +21,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from widenet_ds.checkpoint_folder import (CONFIG_FILE, README_FILE, WEIGHTS_FILE, atomic_folder, global_key_map,
-                                          read_safetensors, write_safetensors)
-from widenet_ds.convert.deepspeed_checkpoint import MODEL_STATES, expert_file, read_marker, resolve_tag_dir
-from widenet_ds.convert.torch_files import load_torch_file
+from widenet_ds.atomic import atomic_folder
+from widenet_ds.checkpoint.deepspeed import expert_file, load_torch_file
+from widenet_ds.checkpoint.format import (CONFIG_FILE, README_FILE, WEIGHTS_FILE, global_key_map, read_safetensors,
+                                          write_safetensors)
+from widenet_ds.checkpoint.training import MODEL_STATES, read_meta, resolve_tag_dir
 from widenet_ds.errors import CheckpointError, ConfigError, WideNetError
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification
@@ -36,7 +37,7 @@ FORMAT_VERSION = 1
 def read_training_checkpoint(source: Path, tag: str | None = None) -> tuple[VisionConfig, dict[str, Tensor], dict]:
     """(config, full fp32 weights with experts by global index, provenance) of a vision training checkpoint."""
     tag_dir = resolve_tag_dir(Path(source), tag)
-    meta = read_marker(tag_dir)
+    meta = read_meta(tag_dir, required=False)
     if not meta or meta.get("architecture") != ARCHITECTURE:
         raise CheckpointError(f"{tag_dir} is not a checkpoint of vision/run_classify.py (its widenet_checkpoint.json "
                               f"does not name {ARCHITECTURE}); NLP checkpoints convert with `widenet-ds convert`.")
@@ -69,7 +70,7 @@ def save_folder(cfg: VisionConfig, state: dict[str, Tensor], target: Path, prove
     config = {"format_version": FORMAT_VERSION, "architecture": ARCHITECTURE, "vision_model": cfg.to_dict(),
               "experts": "stored by global index; any ep_size dividing num_experts loads them",
               "provenance": provenance or {}}
-    with atomic_folder(Path(target), overwrite) as tmp:
+    with atomic_folder(Path(target), overwrite, error=CheckpointError) as tmp:
         write_safetensors(state, tmp / WEIGHTS_FILE, metadata={"format": "pt", "widenet_format_version": "1"})
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         (tmp / README_FILE).write_text(

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from widenet_ds.model import RoutingStats, WideNetEncoder
-from widenet_ds.moe import FeedForward, MoEFeedForward
+from widenet_ds.model.widenet import RoutingStats, WideNetEncoder
+from widenet_ds.model.moe import FeedForward, MoEFeedForward
 from widenet_ds.vision.config import VisionConfig
 
 
@@ -52,21 +52,22 @@ class ViTWideNetForImageClassification(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.ep_size = ep_size
-        encoder_cfg = cfg.encoder_config(ep_size, activation_checkpointing)
+        encoder_cfg = cfg.encoder_config()
         self.embeddings = PatchEmbedding(cfg)
-        self.encoder = WideNetEncoder(encoder_cfg, ffn=self._feed_forwards(cfg, encoder_cfg))
+        self.encoder = WideNetEncoder(encoder_cfg, ep_size, ffn=self._feed_forwards(cfg, encoder_cfg, ep_size))
+        self.encoder.activation_checkpointing = activation_checkpointing
         self.pre_logits = nn.Linear(cfg.hidden_size, cfg.hidden_size) if cfg.pre_logits else None
         self.classifier = nn.Linear(cfg.hidden_size, cfg.num_classes)
         self.reset_parameters()
 
     @staticmethod
-    def _feed_forwards(cfg: VisionConfig, encoder_cfg) -> nn.ModuleList:
+    def _feed_forwards(cfg: VisionConfig, encoder_cfg, ep_size: int) -> nn.ModuleList:
         """One module when shared, else one per block: MoE where `moe_block_indices` says, dense elsewhere."""
         expert_cfg = dataclasses.replace(encoder_cfg, intermediate_size=cfg.experts_width)
         moe_blocks = set(cfg.moe_block_indices)
         blocks = [0] if cfg.share_ffn else range(cfg.num_layers)
         return nn.ModuleList(
-            MoEFeedForward(expert_cfg) if i in moe_blocks
+            MoEFeedForward(expert_cfg, ep_size) if i in moe_blocks
             else FeedForward(cfg.hidden_size, cfg.intermediate_size, cfg.activation) for i in blocks)
 
     def moe_layers(self) -> list[MoEFeedForward]:

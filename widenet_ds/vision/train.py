@@ -12,25 +12,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
 
-import numpy as np
 import torch
 import torch.distributed as torch_dist
 
-from widenet_ds.checkpoint_folder import global_key_map
-from widenet_ds.checkpointing import CheckpointManager, StopRequest, TrainingState, read_meta
-from widenet_ds.distributed import init_distributed
-from widenet_ds.ds_config import DeepSpeedSettings, load_ds_config, validate_ds_config
-from widenet_ds.engine import build_engine, plan_optimizer
+from widenet_ds.checkpoint.format import global_key_map
+from widenet_ds.checkpoint.training import CheckpointManager, TrainingState, read_meta
+from widenet_ds.runtime.distributed import check_ep_size, init_distributed, seed_everything
+from widenet_ds.runtime.ds_config import DeepSpeedSettings, load_ds_config, validate_ds_config
+from widenet_ds.runtime.engine import build_engine, expert_grad_norm_stage0, plan_optimizer
 from widenet_ds.errors import CheckpointError, ConfigError, DataError
-from widenet_ds.pretrain import expert_grad_norm_stage0, find_resume_point, resolve_max_steps
-from widenet_ds.train_config import LATEST, OptimizerChoice
-from widenet_ds.training_log import TrainingLog, memory_mib
+from widenet_ds.training.pretrain import find_resume_point, resolve_max_steps
+from widenet_ds.training.pretrain_config import LATEST, OptimizerChoice
+from widenet_ds.training.log import TrainingLog, memory_mib
+from widenet_ds.training.preemption import StopRequest
 from widenet_ds.vision.augment import AugmentConfig, BatchAugmenter, normalize
 from widenet_ds.vision.config import VisionConfig, parse_overrides
 from widenet_ds.vision.datasets import DATASETS, ImageSource, load_dataset
@@ -221,16 +220,10 @@ def check_data_fits_model(splits: dict[str, ImageSource], model: VisionConfig, d
 
 def plan_run(cfg: ClassifyConfig, world_size: int) -> RunPlan:
     model = VisionConfig.load(cfg.model_config, **parse_overrides(cfg.overrides))
-    if model.is_moe:
-        if world_size % cfg.ep_size:
-            raise ConfigError(f"--ep-size {cfg.ep_size} does not divide the world size {world_size}; pick an ep size "
-                              f"dividing the number of ranks.")
-        if model.moe.num_experts % cfg.ep_size:
-            raise ConfigError(f"--ep-size {cfg.ep_size} does not divide num_experts {model.moe.num_experts}; each "
-                              f"expert-parallel rank must hold the same number of experts.")
-    elif cfg.ep_size != 1:
-        raise ConfigError(f"--ep-size {cfg.ep_size}: the model {cfg.model_config} has no experts; drop --ep-size.")
-    model.encoder_config(cfg.ep_size)  # the encoder's own checks with this ep size (e.g. dropless needs ep 1)
+    check_ep_size(cfg.ep_size, world_size, model.moe.num_experts if model.is_moe else None)
+    if model.is_moe and model.moe.dispatch == "dropless" and cfg.ep_size != 1:
+        raise ConfigError(f"moe.dispatch = 'dropless' runs with --ep-size 1 only, but --ep-size is {cfg.ep_size}; use "
+                          f"--ep-size 1 or --set moe.dispatch=deepspeed.")
     cuda = torch.cuda.is_available()
     ds = validate_ds_config(load_ds_config(cfg.deepspeed_config), world_size=world_size, has_moe=model.is_moe,
                             cuda_available=cuda)
@@ -248,9 +241,9 @@ def plan_run(cfg: ClassifyConfig, world_size: int) -> RunPlan:
     resume_from = find_resume_point(cfg, model.to_dict())
     if resume_from is not None:
         saved = read_meta(resume_from)
-        if saved.get("ep_size") != cfg.ep_size or saved.get("dataset") != cfg.dataset:
-            raise CheckpointError(f"checkpoint {resume_from} was trained with --ep-size {saved.get('ep_size')} on "
-                                  f"{saved.get('dataset')}; resume with the same --ep-size and --dataset.")
+        if saved.get("dataset") != cfg.dataset:
+            raise CheckpointError(f"checkpoint {resume_from} was trained on {saved.get('dataset')}; resume with "
+                                  f"--dataset {saved.get('dataset')}.")
     init_state = init_weights_for(model, cfg.init_from) if cfg.init_from is not None else None
     return RunPlan(model, ds, splits, max_steps, resume_from, init_state)
 
@@ -303,25 +296,7 @@ class ClassifyMetrics:
         return scalars, sums["count"]
 
 
-class ClassifyLog(TrainingLog):
-    """The pretraining log with an image-classification console line."""
-
-    def _console(self, step: int, s: dict[str, float]) -> None:
-        figures = (f"loss {s['train/loss']:.4f} | task {s['train/task_loss']:.4f} acc {s['train/accuracy']:.3f}"
-                   f" | lr {s['optim/lr']:.3g} | {s['perf/samples_per_second']:.1f} images/s")
-        if self.bar is not None:
-            self.bar.set_postfix_str(figures, refresh=True)
-        else:
-            self._print(f"[step {step}] {figures}")
-
-
 # --- the loop ---------------------------------------------------------------------------------------
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def _input_dtype(engine) -> torch.dtype:
     return next(engine.module.parameters()).dtype
 
@@ -360,13 +335,13 @@ def run(cfg: ClassifyConfig) -> int:
                               model_cfg.num_channels, micro, rank, world, cfg.seed, train=False, workers=workers)
     augmenter = BatchAugmenter(cfg.augment, model_cfg.image_size, model_cfg.num_classes)
 
-    _seed_everything(cfg.seed)  # the same initial weights on every rank
+    seed_everything(cfg.seed)  # the same initial weights on every rank
     model = ViTWideNetForImageClassification(model_cfg, cfg.ep_size, cfg.activation_checkpointing)
     if plan.init_state is not None:
         local = {k: plan.init_state[g] for k, g in global_key_map(model).items() if g in plan.init_state}
         model.load_state_dict(local, strict=False)
     engine, optimizer_plan = build_engine(model, plan.ds, cfg.optimizer)
-    _seed_everything(cfg.seed + 1 + rank)  # per-rank streams: augmentation, gate noise, dropout
+    seed_everything(cfg.seed + 1 + rank)  # per-rank streams: augmentation, gate noise, dropout
 
     checkpoints = CheckpointManager(cfg.checkpoint_dir, cfg.keep_last, rank, world)
     state = TrainingState()
@@ -377,7 +352,7 @@ def run(cfg: ClassifyConfig) -> int:
         model_cfg.to_json(cfg.output_dir / MODEL_CONFIG_FILE)
     meta = {"model_config": model_cfg.to_dict(), "deepspeed_config": plan.ds.config, "ep_size": cfg.ep_size,
             "dataset": cfg.dataset, "architecture": "ViTWideNetForImageClassification"}
-    log = ClassifyLog(cfg.output_dir, enabled=rank == 0, tensorboard=cfg.tensorboard, progress_bar=cfg.progress_bar,
+    log = TrainingLog(cfg.output_dir, enabled=rank == 0, tensorboard=cfg.tensorboard, progress_bar=cfg.progress_bar,
                       start_step=state.step, max_steps=plan.max_steps)
     log.event(state.step, f"model {cfg.model_config}: {count_trainable_parameters(model):,} trainable parameters "
                           f"(ep_size {cfg.ep_size}: this rank's share); train {len(plan.splits['train'])} / test "
