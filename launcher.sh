@@ -19,6 +19,9 @@ commands:
   setup                 create .venv and install widenet-ds with its pinned packages (idempotent)
   demo                  the main job: set up, prepare the embedded corpus, pretrain a small WideNet on
                         2 local CPU ranks with expert parallelism 2, finetune it on SST-2, print scores
+  vision-demo           set up, install Fashion-MNIST (Debian package, root), train ViT-WideNet-tiny on it
+                        on 2 CPU ranks with expert parallelism 2 (a few minutes), print test accuracy
+  vision [L] -- ARGS    run vision/run_classify.py (image classification) under the deepspeed launcher
   pretrain [L] -- ARGS  run pretrain/run_pretrain.py under the deepspeed launcher
   finetune [L] -- ARGS  run finetune/run_glue.py (or --squad: finetune/run_squad.py) likewise
   convert ARGS          widenet-ds convert ARGS (to-folder, reshard, to-albert, from-albert)
@@ -210,12 +213,45 @@ PY
   fi
 }
 
+install_fashion_mnist() {
+  # Debian's dataset-fashion-mnist (MIT): the vision path's offline default data set.
+  [[ -d /usr/share/datasets/fashion-mnist ]] && return 0
+  if [[ "$(id -u)" != "0" ]]; then
+    echo "[setup] not root: cannot install Debian's dataset-fashion-mnist; run 'sudo apt-get install" \
+         "dataset-fashion-mnist' or pass --data-dir with the Fashion-MNIST IDX files" >&2
+    return 1
+  fi
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; } >&2
+}
+
+vision_demo() {
+  setup
+  install_fashion_mnist || exit 1
+  local run="${WIDENET_VISION_DEMO_DIR:-$ROOT/runs/vision-demo}"
+  echo "[vision-demo] training widenet-vit-tiny on Fashion-MNIST, 2 CPU ranks, expert parallel 2 -> $run" >&2
+  ( deepspeed_launch "$ROOT/vision/run_classify.py" --num-gpus 2 -- \
+    --model-config widenet-vit-tiny --dataset fashion-mnist --deepspeed_config "$ROOT/ds_configs/vision_cpu_small.json" \
+    --output-dir "$run" --ep-size 2 --max-steps "${WIDENET_VISION_DEMO_STEPS:-600}" --save-interval 200 \
+    --eval-interval 200 --max-eval-examples 2000 --log-interval 50 --workers 1 --flip --resume )
+  "$PY" - "$run" <<'PY'
+import json, sys
+from pathlib import Path
+run = Path(sys.argv[1])
+result = json.loads((run / "results.json").read_text())
+print("\n== widenet-ds vision demo ==")
+print(f"widenet-vit-tiny, {result['step']} steps on Fashion-MNIST (2 ranks, ep 2): test accuracy "
+      f"{result['test/accuracy']:.4f} on the first 2000 test images (chance 0.1)")
+print(f"outputs in {run}")
+PY
+}
+
 run_tests() {
   setup
   if [[ "$(id -u)" == "0" ]]; then
     bash "$ROOT/scripts/install_slurm.sh" >&2 || echo "[test] Slurm install failed; Slurm tests will skip" >&2
     bash "$ROOT/scripts/install_chromium.sh" >&2 || echo "[test] Chromium install failed; the report's browser test will skip" >&2
   fi
+  install_fashion_mnist || echo "[test] Fashion-MNIST not installed; its test will skip" >&2
   cd "$ROOT"
   "$PY" -m pytest "$@"
 }
@@ -225,6 +261,8 @@ cmd="${1:-}"
 case "$cmd" in
   setup) setup ;;
   demo) demo ;;
+  vision-demo) vision_demo ;;
+  vision) ensure_venv; deepspeed_launch "$ROOT/vision/run_classify.py" "$@" ;;
   pretrain) ensure_venv; deepspeed_launch "$ROOT/pretrain/run_pretrain.py" "$@" ;;
   finetune)
     ensure_venv

@@ -22,6 +22,7 @@ NoisePolicy = Literal["gaussian", "jitter", "rsample", "none"]
 CombineWeights = Literal["raw", "renormalize"]
 BalanceLoss = Literal["switch", "widenet_tf"]
 Dispatch = Literal["deepspeed", "dropless"]
+CapacityRounding = Literal["ceil", "floor"]
 Activation = Literal["gelu", "gelu_new"]
 NormPosition = Literal["post", "pre"]
 FFNKind = Literal["moe", "dense"]
@@ -96,6 +97,9 @@ class MoEConfig:
     `dispatch`: "deepspeed" runs DeepSpeed's capacity buffers (B = ceil(K * C * T / E) slots per expert,
     overflow dropped); "dropless" runs every route on exactly its tokens (no capacity, nothing dropped,
     capacity factors and drop_tokens unused; any ep_size), see widenet_ds/model/dropless.py.
+
+    `capacity_rounding`: "ceil" (DeepSpeed's B = ceil(K * C * T / E)) or "floor" (the authors' vision code,
+    int(T * C * K // E)).
     """
 
     num_experts: int = 4
@@ -110,6 +114,7 @@ class MoEConfig:
     balance_loss: BalanceLoss = "switch"
     balance_loss_weight: float = 0.01
     dispatch: Dispatch = "deepspeed"
+    capacity_rounding: CapacityRounding = "ceil"
 
     def __post_init__(self) -> None:
         _check_positive(self, "num_experts", "top_k", "capacity_factor", "eval_capacity_factor")
@@ -125,7 +130,8 @@ class MoEConfig:
         if self.balance_loss_weight < 0:
             raise ConfigError(f"MoEConfig.balance_loss_weight = {self.balance_loss_weight} must be >= 0.")
         for name, literal in (("noise", NoisePolicy), ("combine_weights", CombineWeights),
-                              ("balance_loss", BalanceLoss), ("dispatch", Dispatch)):
+                              ("balance_loss", BalanceLoss), ("dispatch", Dispatch),
+                              ("capacity_rounding", CapacityRounding)):
             _check_choice(self, name, literal)
         if self.noise == "rsample" and self.top_k != 1:
             raise ConfigError(

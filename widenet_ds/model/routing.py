@@ -34,12 +34,16 @@ class Routing:
     dropped_routes: Tensor    # int scalar, routes dropped by capacity
 
 
-def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: float) -> int:
-    """B = ceil(K * C * T / E) in exact arithmetic, so float rounding never adds or removes a slot.
+def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: float,
+                    rounding: str = "ceil") -> int:
+    """B = ceil(K * C * T / E) (or floor: the authors' vision code, int(T * C * K // E)) in exact arithmetic,
+    so float rounding never adds or removes a slot.
 
     Integer operations only on `num_tokens`, so that a symbolic token count under torch.compile stays
     symbolic (a `Fraction` of a SymInt would not trace)."""
     num, den = Fraction(str(capacity_factor)).as_integer_ratio()
+    if rounding == "floor":
+        return (k * num_tokens * num) // (den * num_experts)
     return -(-(k * num_tokens * num) // (den * num_experts))
 
 
@@ -139,7 +143,8 @@ def route_tokens(logits: Tensor, cfg: MoEConfig, *, training: bool) -> Routing:
 def _capacity(cfg: MoEConfig, num_tokens: int, num_experts: int, training: bool) -> int:
     if cfg.drop_tokens:
         factor = cfg.capacity_factor if training else cfg.eval_capacity_factor
-        return torch.sym_max(expert_capacity(num_tokens, num_experts, cfg.top_k, factor), cfg.min_capacity)
+        return torch.sym_max(expert_capacity(num_tokens, num_experts, cfg.top_k, factor,
+                                             cfg.capacity_rounding), cfg.min_capacity)
     # No dropping: a static bound instead of the busiest expert's load (reading that load is a
     # device -> host sync, plus an all-reduce over the expert-parallel group). The k choices of a token are
     # distinct experts, so an expert receives at most one route per token: T slots always suffice, on every

@@ -117,7 +117,9 @@ class WideNetEncoder(nn.Module):
     pre-LN (paper eq. 6-8): x = x + MHA(LN_att_i(x)); x = x + FFN(LN_ffn_i(x)); final LayerNorm at the end.
     """
 
-    def __init__(self, cfg: ModelConfig, ep_size: int = 1) -> None:
+    def __init__(self, cfg: ModelConfig, ep_size: int = 1, ffn: nn.ModuleList | None = None) -> None:
+        """`ffn`: the FFN of each block (length 1 when shared), to mix dense and MoE blocks (ViT-MoE);
+        default: built from cfg."""
         super().__init__()
         self.cfg = cfg
         # A run setting (memory for compute), switched on by the trainer: set_activation_checkpointing().
@@ -131,7 +133,11 @@ class WideNetEncoder(nn.Module):
             return nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
         self.attention = copies(lambda: SelfAttention(cfg), cfg.share_attention)
-        if cfg.is_moe:
+        if ffn is not None:
+            if len(ffn) not in (1, blocks):
+                raise ValueError(f"ffn holds {len(ffn)} modules; pass 1 (shared) or one per block ({blocks}).")
+            self.ffn = ffn
+        elif cfg.is_moe:
             self.ffn = copies(lambda: MoEFeedForward(cfg, ep_size), cfg.share_ffn)
         else:
             self.ffn = copies(lambda: FeedForward(cfg.hidden_size, cfg.intermediate_size, cfg.activation),
@@ -149,7 +155,7 @@ class WideNetEncoder(nn.Module):
                                           pick(self.attention_norm), pick(self.ffn_norm))
 
         def feed_forward(h: Tensor) -> tuple[Tensor, Routing | None]:
-            if self.cfg.is_moe:
+            if isinstance(ffn, MoEFeedForward):
                 out, used = ffn(h, routing)
                 return self.ffn_dropout(out), used
             return self.ffn_dropout(ffn(h)), None
@@ -162,8 +168,9 @@ class WideNetEncoder(nn.Module):
         out, routing = feed_forward(ln_ffn(x))
         return x + out, routing
 
-    def forward(self, x: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor, RoutingStats | None]:
-        attend = attention_mask.bool()[:, None, None, :]
+    def forward(self, x: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Tensor, RoutingStats | None]:
+        # attention_mask None: every token attends to every token (images have no padding).
+        attend = attention_mask.bool()[:, None, None, :] if attention_mask is not None else None
         routings: list[Routing] = []
         routing = None
         for i in range(self.cfg.num_layers):

@@ -1,0 +1,76 @@
+"""Fashion-MNIST at CPU scale: ViT-WideNet-tiny vs the dense unshared ViT of the same dims vs the shared
+dense (w/o MoE) ablation, same steps, same data order, same DeepSpeed config. Not a CI test.
+
+    PYTHONPATH=. python bench/bench_vision_fmnist.py --steps 300 --ranks 2 --output runs/bench_vision
+
+Each model trains through vision/run_classify.py under the deepspeed launcher (ep 2 for the MoE model on
+2 ranks) and is evaluated on the whole test split (or --max-eval-examples); prints a Markdown table of
+trainable parameters, test accuracy, train wall time and images/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from widenet_ds.vision.config import VisionConfig  # noqa: E402
+from widenet_ds.vision.model import build_model, count_trainable_parameters  # noqa: E402
+
+MODELS = ("widenet-vit-tiny", "vit-tiny", "widenet-vit-tiny-no-moe")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--max-eval-examples", type=int, default=None)
+    parser.add_argument("--output", type=Path, default=REPO / "runs" / "bench_vision")
+    parser.add_argument("--data-dir", default=None)
+    args = parser.parse_args()
+    args.output.mkdir(parents=True, exist_ok=True)
+    ds = json.loads((REPO / "ds_configs" / "vision_cpu_small.json").read_text())
+    ds["scheduler"]["params"].update(total_num_steps=args.steps, warmup_num_steps=max(1, args.steps // 10))
+    ds_path = args.output / "ds.json"
+    ds_path.write_text(json.dumps(ds))
+    rows = []
+    for name in MODELS:
+        out = args.output / name
+        ep = args.ranks if VisionConfig.from_preset(name).is_moe else 1
+        cmd = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(args.ranks), "--master_port",
+               str(29700 + MODELS.index(name)), str(REPO / "vision" / "run_classify.py"), "--model-config", name,
+               "--deepspeed_config", str(ds_path), "--output-dir", str(out), "--max-steps", str(args.steps),
+               "--ep-size", str(ep), "--log-interval", "50", "--eval-interval", "0", "--save-interval",
+               str(args.steps), "--workers", "0", "--no-progress-bar", "--flip"]
+        if args.max_eval_examples:
+            cmd += ["--max-eval-examples", str(args.max_eval_examples)]
+        if args.data_dir:
+            cmd += ["--data-dir", args.data_dir]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.ranks))}
+        start = time.monotonic()
+        subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
+        wall = time.monotonic() - start
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        train = [r for r in records if "train/loss" in r]
+        result = json.loads((out / "results.json").read_text())
+        params = count_trainable_parameters(build_model(VisionConfig.from_preset(name), device="meta"))
+        speed = sum(r["perf/samples_per_second"] for r in train) / len(train)
+        rows.append((name, params, result["test/accuracy"], train[-1]["train/task_loss"], wall, speed))
+    print(f"\nFashion-MNIST, {args.steps} steps x 64 images, {args.ranks} CPU ranks, ds_configs/vision_cpu_small.json "
+          f"(schedule fitted to the steps)\n")
+    print("| model | trainable params | test accuracy | last train loss | wall time (s, incl. start-up + eval) | images/s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, params, acc, loss, wall, speed in rows:
+        print(f"| {name} | {params:,} | {acc:.4f} | {loss:.3f} | {wall:.0f} | {speed:.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

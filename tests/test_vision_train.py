@@ -1,0 +1,109 @@
+"""vision/run_classify.py on the pretraining's DeepSpeed engine: digits learns far above chance (1 rank);
+ep 1 = ep 2 forward on 2 ranks; an ep-2 run killed with SIGKILL resumes with identical losses (augmentation,
+mixup and gate noise included)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).parent))
+from launching import REPO, child_env, deepspeed_command, run_deepspeed  # noqa: E402
+from pretrain_support import events, train_losses  # noqa: E402
+
+RUN_CLASSIFY = REPO / "vision" / "run_classify.py"
+EP_FORWARD = REPO / "tests" / "scripts" / "vision_expert_parallel_forward.py"
+
+
+def write_ds_config(path: Path, steps: int, lr: float = 0.003, **changes) -> Path:
+    config = json.loads((REPO / "ds_configs" / "vision_cpu_small.json").read_text())
+    config["optimizer"]["params"]["lr"] = lr
+    config["scheduler"]["params"].update(total_num_steps=steps, warmup_num_steps=max(1, steps // 10), warmup_max_lr=lr)
+    config.update(changes)
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_digits_single_rank_learns_far_above_chance(tmp_path):
+    ds = write_ds_config(tmp_path / "ds.json", steps=120)
+    out = tmp_path / "digits"
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(RUN_CLASSIFY), "--model-config", "widenet-vit-digits", "--dataset",
+                           "digits", "--deepspeed_config", str(ds), "--output-dir", str(out), "--log-interval", "40",
+                           "--eval-interval", "0", "--workers", "0", "--no-progress-bar", "--no-tensorboard"],
+                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads((out / "results.json").read_text())
+    # 10 balanced classes: chance is 0.1; a trained model is far above it.
+    assert results["test/accuracy"] > 0.7, results
+    losses = train_losses(out)
+    assert losses[120] < losses[40] - 0.5, losses
+    loads = [train_losses(out, f"moe/block_03/expert_{e:02d}_load")[120] for e in range(4)]
+    assert sum(loads) == pytest.approx(1.0) and min(loads) > 0.05, loads  # the balance loss keeps experts in use
+    print(f"digits: test accuracy {results['test/accuracy']:.3f} in {time.monotonic() - start:.0f} s")
+
+
+@pytest.mark.multirank
+def test_expert_parallel_two_ranks_matches_ep1(tmp_path):
+    for ep in (1, 2):
+        run_deepspeed(EP_FORWARD, [str(tmp_path / f"ep{ep}"), "widenet-vit-digits", str(ep)], num_ranks=2)
+    for rank in (0, 1):
+        ep1 = load_file(tmp_path / f"ep1.rank{rank}.safetensors")
+        ep2 = load_file(tmp_path / f"ep2.rank{rank}.safetensors")
+        torch.testing.assert_close(ep2["logits"], ep1["logits"], atol=1e-5, rtol=0)
+        torch.testing.assert_close(ep2["loss"], ep1["loss"], atol=1e-5, rtol=0)
+        assert torch.equal(ep2["expert_counts"], ep1["expert_counts"])
+        assert ep1["expert_counts"].shape == (4, 4)  # 4 routing blocks, 4 experts
+    # the two ranks saw different images: a comparison of equal outputs would prove little
+    assert not torch.allclose(load_file(tmp_path / "ep1.rank0.safetensors")["logits"],
+                              load_file(tmp_path / "ep1.rank1.safetensors")["logits"])
+
+
+STEPS, SAVE_EVERY = 8, 3
+
+
+def resume_args(ds: Path, out: Path, *extra: str) -> list[str]:
+    return ["--model-config", "widenet-vit-digits", "--dataset", "digits", "--deepspeed_config", str(ds),
+            "--output-dir", str(out), "--ep-size", "2", "--log-interval", "1", "--save-interval", str(SAVE_EVERY),
+            "--eval-interval", "4", "--workers", "1", "--no-progress-bar", "--no-tensorboard",
+            "--randaugment", "1,10", "--inception-crop", "--flip", "--mixup-alpha", "0.5", "--label-smoothing", "0.1",
+            *extra]
+
+
+@pytest.mark.multirank
+def test_sigkill_then_resume_gives_identical_losses(tmp_path):
+    ds = write_ds_config(tmp_path / "zero2.json", steps=STEPS, zero_optimization={"stage": 2})
+    reference = tmp_path / "reference"
+    run_deepspeed(RUN_CLASSIFY, resume_args(ds, reference))
+    assert sorted(train_losses(reference)) == list(range(1, STEPS + 1))
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(deepspeed_command(RUN_CLASSIFY, resume_args(ds, out)), cwd=REPO, env=child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, text=True)
+    latest = out / "checkpoints" / "latest"
+    deadline = time.monotonic() + 240
+    while not latest.is_file():
+        if proc.poll() is not None:
+            pytest.fail(f"run ended ({proc.returncode}) before its first checkpoint:\n{proc.stdout.read()[-4000:]}")
+        assert time.monotonic() < deadline, "no checkpoint within the timeout"
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)  # launcher and both ranks: nothing saved after this
+    proc.wait(timeout=60)
+    killed_at = latest.read_text()
+    assert killed_at != f"step{STEPS}", "the run finished before it was killed; the test proved nothing"
+
+    run_deepspeed(RUN_CLASSIFY, resume_args(ds, out, "--resume"))
+    assert any(e.startswith("resumed from") for e in events(out))
+    for key in ("train/loss", "train/accuracy", "test/accuracy", "moe/block_01/expert_02_load"):
+        expected, got = train_losses(reference, key), train_losses(out, key)
+        assert sorted(got) == sorted(expected), key
+        assert got == expected, f"{key} differs after resume (killed at {killed_at})"

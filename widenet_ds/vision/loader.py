@@ -1,0 +1,131 @@
+"""Batches of images for each rank, with an exact-resume position, decoded by DataLoader workers.
+
+Workers only decode and resize (deterministic work: every image to image_size x image_size, as the
+authors' `prepare_img` does, aspect not kept). Every random augmentation runs afterwards on the whole
+batch in the training process (widenet_ds/vision/augment.py), from the global RNG that checkpoints
+save, so a resumed run draws the same crops, RandAugment ops and mixup as the uninterrupted one.
+
+Training order: epoch e is a permutation of the train split drawn from (seed, e); it is cut into global
+batches of micro_batch x world examples (the remainder is dropped, as the authors' fixed-shape TPU
+batches) and rank r takes rows [r * micro, (r + 1) * micro) of each. Evaluation is one pass padded with
+weight-0 rows to whole global batches, so every rank runs the same number of equal-shape batches (an
+expert-parallel all-to-all needs that).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from widenet_ds.errors import DataError
+from widenet_ds.vision.datasets import ImageSource
+
+PAD = -1
+
+
+class _Images(Dataset):
+    """index -> (uint8 [C, S, S], label, weight); PAD gives image 0 with weight 0."""
+
+    def __init__(self, source: ImageSource, image_size: int, channels: int) -> None:
+        self.source = source
+        self.image_size = image_size
+        self.channels = channels
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: int):
+        real = index != PAD
+        i = index if real else 0
+        image = self.source.load(i, self.channels)
+        if image.shape[2] != self.channels:
+            raise DataError(f"{self.source.name}: image {i} has {image.shape[2]} channel(s), the model expects "
+                            f"{self.channels}; set the model's num_channels to {image.shape[2]} "
+                            f"(--set num_channels={image.shape[2]}).")
+        pixels = torch.from_numpy(np.array(image, dtype=np.uint8, copy=True)).permute(2, 0, 1)
+        if pixels.shape[1:] != (self.image_size, self.image_size):
+            pixels = F.interpolate(pixels[None].float(), size=(self.image_size, self.image_size), mode="bilinear",
+                                   antialias=True, align_corners=False)[0].round().clamp(0, 255).to(torch.uint8)
+        return pixels, int(self.source.labels[i]), float(real)
+
+
+def _collate(rows):
+    pixels, labels, weights = zip(*rows)
+    return {"pixels": torch.stack(pixels), "labels": torch.tensor(labels, dtype=torch.long),
+            "weight": torch.tensor(weights, dtype=torch.float32)}
+
+
+def default_workers(world_size: int) -> int:
+    """Enough decoding processes not to starve a GPU: the cores of this rank's share, at most 8."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0, min(8, cores // max(world_size, 1) - 1))
+
+
+class ImageLoader:
+    """Iterates this rank's micro-batches; `state_dict` is the position after the last batch yielded."""
+
+    def __init__(self, source: ImageSource, image_size: int, channels: int, micro_batch_size: int, rank: int,
+                 world_size: int, seed: int, *, train: bool, workers: int = 0) -> None:
+        self.dataset = _Images(source, image_size, channels)
+        self.micro = micro_batch_size
+        self.rank = rank
+        self.world = world_size
+        self.seed = seed
+        self.train = train
+        self.workers = workers
+        self.global_batch = micro_batch_size * world_size
+        if train and len(source) < self.global_batch:
+            raise DataError(f"{source.name} has {len(source)} examples, fewer than one global batch of "
+                            f"{self.global_batch} (micro batch {micro_batch_size} x {world_size} ranks); lower "
+                            f"train_micro_batch_size_per_gpu in the DeepSpeed config or use more data.")
+        self.epoch = 0
+        self.batch = 0
+
+    def batches_per_epoch(self) -> int:
+        n = len(self.dataset)
+        return n // self.global_batch if self.train else -(-n // self.global_batch)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batch": self.batch, "seed": self.seed, "world": self.world}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state["seed"] != self.seed or state["world"] != self.world:
+            raise DataError(f"loader state of seed {state['seed']} on {state['world']} ranks cannot continue with "
+                            f"seed {self.seed} on {self.world} ranks; resume with the same --seed and rank count.")
+        self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+
+    def _order(self, epoch: int) -> np.ndarray:
+        n = len(self.dataset)
+        if not self.train:
+            return np.concatenate([np.arange(n), np.full(self.batches_per_epoch() * self.global_batch - n, PAD)])
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+        return torch.randperm(n, generator=generator).numpy()[: self.batches_per_epoch() * self.global_batch]
+
+    def _rank_batches(self, epoch: int, first: int) -> list[list[int]]:
+        order = self._order(epoch)
+        return [order[b * self.global_batch + self.rank * self.micro: b * self.global_batch + (self.rank + 1) * self.micro].tolist()
+                for b in range(first, self.batches_per_epoch())]
+
+    def _epoch_batches(self, batches: list[list[int]]) -> Iterator[dict[str, torch.Tensor]]:
+        # Its own generator: a DataLoader iterator otherwise draws its base seed from the global RNG, and a
+        # resumed run, which starts an iterator mid-epoch, would then draw different augmentations.
+        loader = DataLoader(self.dataset, batch_sampler=batches, num_workers=self.workers, collate_fn=_collate,
+                            persistent_workers=False, prefetch_factor=4 if self.workers else None,
+                            generator=torch.Generator().manual_seed(self.seed))
+        yield from loader
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        if not self.train:  # one pass from the start
+            yield from self._epoch_batches(self._rank_batches(0, 0))
+            return
+        while True:
+            for batch in self._epoch_batches(self._rank_batches(self.epoch, self.batch)):
+                self.batch += 1
+                yield batch
+            self.epoch += 1
+            self.batch = 0

@@ -1,0 +1,145 @@
+"""ViT-WideNet image classifier: a ViT body on the shared WideNet encoder (widenet_ds/model.py).
+
+Patches (a strided conv) -> the authors' constant zero CLS token in front -> learned positions ->
+dropout -> the pre-LN WideNet encoder (shared attention, shared MoE, per-block LayerNorms, final
+LayerNorm) -> GAP over all tokens or the CLS token -> optional pre-logits Dense + tanh -> classifier.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from widenet_ds.model.widenet import RoutingStats, WideNetEncoder
+from widenet_ds.model.moe import FeedForward, MoEFeedForward
+from widenet_ds.vision.config import VisionConfig
+
+
+@dataclass
+class ImageClassificationOutput:
+    loss: Tensor | None          # task loss + balance_loss_weight * balance loss
+    task_loss: Tensor | None     # cross-entropy (soft targets with mixup / label smoothing)
+    balance_loss: Tensor         # summed over the routing calls, unweighted
+    logits: Tensor               # [B, num_classes]
+    routing: RoutingStats | None = None
+
+
+class PatchEmbedding(nn.Module):
+    """Conv2d(patch, stride patch) -> tokens, the constant zero CLS token first, + learned positions."""
+
+    def __init__(self, cfg: VisionConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.projection = nn.Conv2d(cfg.num_channels, cfg.hidden_size, cfg.patch_size, stride=cfg.patch_size)
+        self.position = nn.Parameter(torch.zeros(1, cfg.num_tokens, cfg.hidden_size))
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        # pixels: [B, C, H, W] -> [B, 1 + N, H_model]
+        patches = self.projection(pixels).flatten(2).transpose(1, 2)
+        cls = patches.new_zeros(patches.shape[0], 1, patches.shape[2])  # the authors' CLS: zeros, not trained
+        return self.dropout(torch.cat([cls, patches], dim=1) + self.position)
+
+
+class ViTWideNetForImageClassification(nn.Module):
+    """Image classifier for every vision preset; `ep_size` places the experts (a run choice)."""
+
+    def __init__(self, cfg: VisionConfig, ep_size: int = 1, activation_checkpointing: bool = False) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.ep_size = ep_size
+        encoder_cfg = cfg.encoder_config()
+        self.embeddings = PatchEmbedding(cfg)
+        self.encoder = WideNetEncoder(encoder_cfg, ep_size, ffn=self._feed_forwards(cfg, encoder_cfg, ep_size))
+        self.encoder.activation_checkpointing = activation_checkpointing
+        self.pre_logits = nn.Linear(cfg.hidden_size, cfg.hidden_size) if cfg.pre_logits else None
+        self.classifier = nn.Linear(cfg.hidden_size, cfg.num_classes)
+        self.reset_parameters()
+
+    @staticmethod
+    def _feed_forwards(cfg: VisionConfig, encoder_cfg, ep_size: int) -> nn.ModuleList:
+        """One module when shared, else one per block: MoE where `moe_block_indices` says, dense elsewhere."""
+        expert_cfg = dataclasses.replace(encoder_cfg, intermediate_size=cfg.experts_width)
+        moe_blocks = set(cfg.moe_block_indices)
+        blocks = [0] if cfg.share_ffn else range(cfg.num_layers)
+        return nn.ModuleList(
+            MoEFeedForward(expert_cfg, ep_size) if i in moe_blocks
+            else FeedForward(cfg.hidden_size, cfg.intermediate_size, cfg.activation) for i in blocks)
+
+    def moe_layers(self) -> list[MoEFeedForward]:
+        return [m for m in self.encoder.ffn if isinstance(m, MoEFeedForward)]
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """N(0, initializer_range) weights, zero biases, unit LayerNorms, as BERT/ViT.
+
+        Non-expert tensors draw from the global RNG in module order; each expert draws from its own
+        generator keyed by (MoE layer, global expert index), so the model is the same whatever the
+        ep_size, and the MoE layers of ViT-MoE do not start as copies of each other.
+        """
+        std = self.cfg.initializer_range
+        expert_params = {id(p) for moe in self.moe_layers() for p in moe.experts.parameters()}
+        for module in self.modules():
+            own = list(module.parameters(recurse=False))
+            if any(id(p) in expert_params for p in own):
+                continue
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
+                module.weight.normal_(0.0, std)
+                if module.bias is not None:
+                    module.bias.zero_()
+            elif isinstance(module, nn.LayerNorm):
+                module.weight.fill_(1.0)
+                module.bias.zero_()
+        self.embeddings.position.normal_(0.0, std)
+        base_seed = torch.initial_seed()
+        for layer, moe in enumerate(self.moe_layers()):
+            for expert, index in zip(moe.experts, moe.global_expert_indices()):
+                seed = (base_seed * 1_000_003 + layer * 65_537 + index) % (2 ** 63)
+                generator = torch.Generator().manual_seed(seed)
+                for linear in (expert.fc_in, expert.fc_out):
+                    weight = torch.empty(linear.weight.shape).normal_(0.0, std, generator=generator)
+                    linear.weight.copy_(weight)
+                    linear.bias.zero_()
+
+    def ensure_process_groups(self) -> None:
+        """Expert-parallel groups for use outside a DeepSpeed engine (the engine makes them itself)."""
+        for moe in self.moe_layers():
+            moe.ensure_process_groups()
+
+    def forward(self, pixels: Tensor, labels: Tensor | None = None, label_smoothing: float = 0.0,
+                sample_weight: Tensor | None = None) -> ImageClassificationOutput:
+        """pixels: [B, C, H, W]; labels: int [B] or soft targets [B, classes] (mixup); sample_weight: [B]
+        (0 for padding rows of a fixed-shape eval batch)."""
+        x = self.embeddings(pixels)
+        x, balance, routing = self.encoder(x, None)
+        pooled = x.mean(dim=1) if self.cfg.head == "gap" else x[:, 0]
+        if self.pre_logits is not None:
+            pooled = torch.tanh(self.pre_logits(pooled))
+        logits = self.classifier(pooled)
+        task_loss = loss = None
+        if labels is not None:
+            per_sample = F.cross_entropy(logits.float(), labels, reduction="none", label_smoothing=label_smoothing)
+            if sample_weight is None:
+                task_loss = per_sample.mean()
+            else:
+                task_loss = (per_sample * sample_weight).sum() / sample_weight.sum().clamp(min=1.0)
+            loss = task_loss + self.cfg.moe.balance_loss_weight * balance if self.cfg.is_moe else task_loss
+        return ImageClassificationOutput(loss, task_loss, balance, logits, routing)
+
+
+def count_trainable_parameters(model: nn.Module) -> int:
+    """Each tensor once (shared modules are registered once, so `parameters()` already deduplicates)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def build_model(cfg: VisionConfig, ep_size: int = 1, activation_checkpointing: bool = False,
+                device: str | torch.device | None = None) -> ViTWideNetForImageClassification:
+    """The model, optionally on the meta device (parameter counts of the big presets without memory)."""
+    if device is None:
+        return ViTWideNetForImageClassification(cfg, ep_size, activation_checkpointing)
+    with torch.device(device):
+        return ViTWideNetForImageClassification(cfg, ep_size, activation_checkpointing)
