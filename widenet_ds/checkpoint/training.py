@@ -29,8 +29,8 @@ import torch
 import torch.distributed as torch_dist
 
 from widenet_ds.atomic import atomic_write_json, atomic_write_text
-from widenet_ds.errors import CheckpointError
-from widenet_ds.model.config import split_run_settings
+from widenet_ds.errors import CheckpointError, ConfigError
+from widenet_ds.model.config import ModelConfig, split_run_settings
 
 META_FILE = "widenet_checkpoint.json"
 LATEST_FILE = "latest"
@@ -159,6 +159,10 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: s
 
 def check_same_model(meta: dict[str, Any], model_config: dict[str, Any], where: Path) -> None:
     saved, _ = split_run_settings(meta["model_config"])
+    try:  # a text model's config, written by an older version: fields added since take their defaults
+        saved = ModelConfig.from_dict(saved).to_dict()
+    except ConfigError:
+        pass  # another config type (vision), compared as stored
     diffs = config_differences(saved, model_config)
     if diffs:
         raise CheckpointError(f"checkpoint {where} is of another model config; differing fields:\n  "
