@@ -28,21 +28,21 @@ NormPosition = Literal["post", "pre"]
 FFNKind = Literal["moe", "dense"]
 
 
-def _check_choice(obj: Any, name: str, literal: Any) -> None:
+def check_choice(obj: Any, name: str, literal: Any) -> None:
     choices = get_args(literal)
     value = getattr(obj, name)
     if value not in choices:
         raise ConfigError(f"{type(obj).__name__}.{name} = {value!r} is not one of {list(choices)}; pick one of those.")
 
 
-def _check_positive(obj: Any, *names: str) -> None:
+def check_positive(obj: Any, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ConfigError(f"{type(obj).__name__}.{name} = {value!r} must be a positive number.")
 
 
-def _check_fraction(obj: Any, *names: str) -> None:
+def check_fraction(obj: Any, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
         if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
@@ -55,7 +55,7 @@ def _check_fraction(obj: Any, *names: str) -> None:
 RUN_SETTINGS = {"activation_checkpointing": "--activation-checkpointing", "ep_size": "--ep-size"}
 
 
-def _from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
+def dataclass_from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
     """Build a dataclass from a dict, refusing unknown keys with a did-you-mean hint."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a JSON object, got {type(data).__name__}.")
@@ -69,6 +69,36 @@ def _from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
             fix = f" Did you mean {hint[0]!r}?" if hint else f" Known keys: {sorted(names)}."
             raise ConfigError(f"{where}: unknown key {key!r}.{fix}")
     return cls(**data)
+
+
+def read_config_json(path: str | os.PathLike, what: str, presets: dict) -> dict[str, Any]:
+    """A config JSON file's dict, its format version checked; errors name the file and the presets."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} does not exist; pass a JSON file or a preset name "
+                          f"({', '.join(presets)}).") from None
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{what} {path} is not valid JSON: {err}.") from None
+    version = data.get("format_version", FORMAT_VERSION) if isinstance(data, dict) else None
+    if version != FORMAT_VERSION:
+        raise ConfigError(f"{what} {path} has format_version {version}; this widenet-ds reads version {FORMAT_VERSION}.")
+    return data
+
+
+def preset_data(name: str, presets: dict, what: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """A preset's fields with overrides applied (`moe` merged field by field)."""
+    if name not in presets:
+        hint = difflib.get_close_matches(name, presets, n=1)
+        raise ConfigError(f"unknown {what} {name!r}." + (f" Did you mean {hint[0]!r}?" if hint else "")
+                          + f" Presets: {', '.join(presets)}.")
+    data = presets[name]()
+    overrides = dict(overrides)
+    moe_overrides = overrides.pop("moe", None) or {}
+    data.update(overrides)
+    data["moe"] = {**data.get("moe", {}), **moe_overrides}
+    return data
 
 
 def split_run_settings(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -117,7 +147,7 @@ class MoEConfig:
     capacity_rounding: CapacityRounding = "ceil"
 
     def __post_init__(self) -> None:
-        _check_positive(self, "num_experts", "top_k", "capacity_factor", "eval_capacity_factor")
+        check_positive(self, "num_experts", "top_k", "capacity_factor", "eval_capacity_factor")
         for name in ("num_experts", "top_k", "min_capacity"):
             if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
                 raise ConfigError(f"MoEConfig.{name} = {getattr(self, name)!r} must be an integer.")
@@ -132,7 +162,7 @@ class MoEConfig:
         for name, literal in (("noise", NoisePolicy), ("combine_weights", CombineWeights),
                               ("balance_loss", BalanceLoss), ("dispatch", Dispatch),
                               ("capacity_rounding", CapacityRounding)):
-            _check_choice(self, name, literal)
+            check_choice(self, name, literal)
         if self.noise == "rsample" and self.top_k != 1:
             raise ConfigError(
                 "MoEConfig.noise = 'rsample' is DeepSpeed's top-1 policy; with top_k = 2 use "
@@ -173,13 +203,13 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):
-            self.moe = _from_dict(MoEConfig, self.moe, "ModelConfig.moe")
-        _check_positive(self, "vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads",
+            self.moe = dataclass_from_dict(MoEConfig, self.moe, "ModelConfig.moe")
+        check_positive(self, "vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads",
                         "intermediate_size", "max_position_embeddings", "type_vocab_size", "layer_norm_eps",
                         "initializer_range")
-        _check_fraction(self, "hidden_dropout", "attention_dropout", "classifier_dropout")
+        check_fraction(self, "hidden_dropout", "attention_dropout", "classifier_dropout")
         for name, literal in (("activation", Activation), ("norm_position", NormPosition), ("ffn", FFNKind)):
-            _check_choice(self, name, literal)
+            check_choice(self, name, literal)
         if self.hidden_size % self.num_heads:
             raise ConfigError(
                 f"ModelConfig.hidden_size = {self.hidden_size} is not divisible by num_heads = {self.num_heads}; "
@@ -230,7 +260,7 @@ class ModelConfig:
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
         data = dict(data)
         data.pop("format_version", None)
-        return _from_dict(cls, data, "ModelConfig")
+        return dataclass_from_dict(cls, data, "ModelConfig")
 
     @classmethod
     def from_stored(cls, data: dict[str, Any]) -> tuple["ModelConfig", dict[str, Any]]:
@@ -253,31 +283,11 @@ class ModelConfig:
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "ModelConfig":
-        try:
-            with open(path) as fh:
-                data = json.load(fh)
-        except FileNotFoundError:
-            raise ConfigError(f"model config {path} does not exist; pass a JSON file or a preset name "
-                              f"({', '.join(PRESETS)}).") from None
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"model config {path} is not valid JSON: {err}.") from None
-        version = data.get("format_version", FORMAT_VERSION) if isinstance(data, dict) else None
-        if version != FORMAT_VERSION:
-            raise ConfigError(f"model config {path} has format_version {version}; this widenet-ds reads "
-                              f"version {FORMAT_VERSION}.")
-        return cls.from_dict(data)
+        return cls.from_dict(read_config_json(path, "model config", PRESETS))
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "ModelConfig":
-        if name not in PRESETS:
-            hint = difflib.get_close_matches(name, PRESETS, n=1)
-            raise ConfigError(f"unknown preset {name!r}." + (f" Did you mean {hint[0]!r}?" if hint else "")
-                              + f" Presets: {', '.join(PRESETS)}.")
-        data = PRESETS[name]()
-        moe_overrides = overrides.pop("moe", None) or {}
-        data.update(overrides)
-        data["moe"] = {**data.get("moe", {}), **moe_overrides}
-        return cls.from_dict(data)
+        return cls.from_dict(preset_data(name, PRESETS, "preset", overrides))
 
     @classmethod
     def load(cls, name_or_path: str, **overrides: Any) -> "ModelConfig":

@@ -15,15 +15,15 @@ balance loss alpha * E^2 * mean(P * f) with both choices counted / k, alpha = 0.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from widenet_ds.model.config import (Activation, FFNKind, MoEConfig, ModelConfig, _check_choice, _check_fraction,
-                               _check_positive, _from_dict)
+from widenet_ds.atomic import atomic_write_json
 from widenet_ds.errors import ConfigError
+from widenet_ds.model.config import (Activation, FFNKind, ModelConfig, MoEConfig, check_choice, check_fraction,
+                                     check_positive, dataclass_from_dict, preset_data, read_config_json)
 
 FORMAT_VERSION = 1
 Head = Literal["gap", "cls"]
@@ -72,12 +72,12 @@ class VisionConfig:
                 raise ConfigError(f"VisionConfig.moe.ep_size = {self.moe['ep_size']}: expert parallelism is a run flag, "
                                   f"not part of the model; remove moe.ep_size from the config and pass --ep-size "
                                   f"{self.moe['ep_size']} to the trainer.")
-            self.moe = _from_dict(MoEConfig, self.moe, "VisionConfig.moe")
-        _check_positive(self, "image_size", "patch_size", "num_channels", "num_classes", "hidden_size",
+            self.moe = dataclass_from_dict(MoEConfig, self.moe, "VisionConfig.moe")
+        check_positive(self, "image_size", "patch_size", "num_channels", "num_classes", "hidden_size",
                         "num_layers", "num_heads", "intermediate_size", "layer_norm_eps", "initializer_range")
-        _check_fraction(self, "hidden_dropout", "attention_dropout")
+        check_fraction(self, "hidden_dropout", "attention_dropout")
         for name, literal in (("ffn", FFNKind), ("activation", Activation), ("head", Head)):
-            _check_choice(self, name, literal)
+            check_choice(self, name, literal)
         if self.image_size % self.patch_size:
             fits = [p for p in range(self.patch_size, 0, -1) if self.image_size % p == 0][0]
             raise ConfigError(
@@ -85,7 +85,7 @@ class VisionConfig:
                 f"the patches must tile the image: use patch_size {fits} or an image_size that is a multiple of "
                 f"{self.patch_size} (e.g. {self.image_size // self.patch_size * self.patch_size or self.patch_size}).")
         if self.expert_intermediate_size is not None:
-            _check_positive(self, "expert_intermediate_size")
+            check_positive(self, "expert_intermediate_size")
         if self.moe_blocks is not None:
             if self.ffn != "moe" or self.share_ffn:
                 raise ConfigError("VisionConfig.moe_blocks (MoE in the last n blocks only) needs ffn = 'moe' and "
@@ -140,41 +140,18 @@ class VisionConfig:
     def from_dict(cls, data: dict[str, Any]) -> "VisionConfig":
         data = dict(data)
         data.pop("format_version", None)
-        return _from_dict(cls, data, "VisionConfig")
+        return dataclass_from_dict(cls, data, "VisionConfig")
 
     def to_json(self, path: str | os.PathLike) -> None:
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as fh:
-            json.dump({"format_version": FORMAT_VERSION, **self.to_dict()}, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-        os.replace(tmp, path)
+        atomic_write_json(path, {"format_version": FORMAT_VERSION, **self.to_dict()}, sort_keys=True)
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "VisionConfig":
-        try:
-            data = json.loads(open(path).read())
-        except FileNotFoundError:
-            raise ConfigError(f"vision model config {path} does not exist; pass a JSON file or a preset name "
-                              f"({', '.join(VISION_PRESETS)}).") from None
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"vision model config {path} is not valid JSON: {err}.") from None
-        version = data.get("format_version", FORMAT_VERSION) if isinstance(data, dict) else None
-        if version != FORMAT_VERSION:
-            raise ConfigError(f"vision model config {path} has format_version {version}; this widenet-ds reads "
-                              f"version {FORMAT_VERSION}.")
-        return cls.from_dict(data)
+        return cls.from_dict(read_config_json(path, "vision model config", VISION_PRESETS))
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "VisionConfig":
-        if name not in VISION_PRESETS:
-            hint = difflib.get_close_matches(name, VISION_PRESETS, n=1)
-            raise ConfigError(f"unknown vision preset {name!r}." + (f" Did you mean {hint[0]!r}?" if hint else "")
-                              + f" Presets: {', '.join(VISION_PRESETS)}.")
-        data = VISION_PRESETS[name]()
-        moe_overrides = overrides.pop("moe", None) or {}
-        data.update(overrides)
-        data["moe"] = {**data.get("moe", {}), **moe_overrides}
-        return cls.from_dict(data)
+        return cls.from_dict(preset_data(name, VISION_PRESETS, "vision preset", overrides))
 
     @classmethod
     def load(cls, name_or_path: str, **overrides: Any) -> "VisionConfig":
