@@ -28,3 +28,11 @@ def dist():
     from widenet_ds.runtime.distributed import init_distributed
     init_distributed()
     yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_stale_build_locks():
+    """A lock left by an earlier killed process would hang every multi-rank test (see launching.py)."""
+    from launching import clear_stale_build_locks
+    for lock in clear_stale_build_locks():
+        print(f"removed a stale JIT-build lock: {lock}")

@@ -6,12 +6,28 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+STALE_LOCK_SECONDS = 300  # a real build of DeepSpeed's shm op takes ~1 min
+
+
+def clear_stale_build_locks() -> list[Path]:
+    """Remove JIT-build locks older than any real build. torch's cpp_extension takes a `lock` file in the
+    extension's build folder whenever a process loads DeepSpeed's shm op; a rank killed at that moment (the
+    SIGKILL tests, a cancelled run) leaves it behind, and every later rank then waits for it forever."""
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
+    now = time.time()
+    stale = [lock for lock in root.glob("*/*/lock") if now - lock.stat().st_mtime > STALE_LOCK_SECONDS]
+    for lock in stale:
+        lock.unlink(missing_ok=True)
+    return stale
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -29,6 +45,7 @@ def free_port() -> int:
 
 
 def deepspeed_command(script: str | Path, args: list[str], num_ranks: int = 2) -> list[str]:
+    clear_stale_build_locks()
     launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent)) or "deepspeed"
     return [launcher, "--num_gpus", str(num_ranks), "--master_port", str(free_port()), str(script), *args]
 
