@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# DeepSpeed JIT-builds its shm op into TORCH_EXTENSIONS_DIR; one folder per environment, so that two
+# checkouts with different venvs never rebuild over each other's build (and its lock) in ~/.cache.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 
 
 def shared_data_dir() -> Path:
@@ -36,3 +40,8 @@ def no_stale_build_locks():
     from launching import clear_stale_build_locks
     for lock in clear_stale_build_locks():
         print(f"removed a stale JIT-build lock: {lock}")
+    # DeepSpeed's CPU shm all-reduce keeps ~60 MB per rank in /dev/shm, named by port; a SIGKILLed rank
+    # never unlinks its buffer, so left-overs of earlier sessions would fill /dev/shm (RAM). None of them
+    # can be in use before this session starts a rank.
+    for buffer in Path("/dev/shm").glob("deepspeed_allreduce_buffer_*"):
+        buffer.unlink(missing_ok=True)
