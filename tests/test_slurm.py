@@ -77,7 +77,7 @@ def test_pretrain_sbatch_trains_on_two_ranks_and_resumes_after_preemption(cluste
         return metrics.exists() and any('"train/loss"' in line and json.loads(line)["step"] >= 2
                                         for line in metrics.read_text().splitlines())
 
-    wait_for(trained_two_steps, 180, "training steps", cluster, job)
+    wait_for(trained_two_steps, 300, "training steps", cluster, job)
     # Preempt by hand: TERM to the batch shell, which has the tasks checkpoint, then requeues the job.
     cluster.run("scancel", "--batch", "--signal=TERM", str(job))
     assert cluster.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240) == "COMPLETED", log.read_text()
