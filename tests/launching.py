@@ -24,7 +24,9 @@ def clear_stale_build_locks() -> list[Path]:
     SIGKILL tests, a cancelled run) leaves it behind, and every later rank then waits for it forever."""
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
     now = time.time()
-    stale = [lock for lock in root.glob("*/*/lock") if now - lock.stat().st_mtime > STALE_LOCK_SECONDS]
+    # <dir>/<op>/lock when TORCH_EXTENSIONS_DIR is set (conftest does), <dir>/<py_cpu tag>/<op>/lock by default
+    locks = [*root.glob("*/lock"), *root.glob("*/*/lock")]
+    stale = [lock for lock in locks if now - lock.stat().st_mtime > STALE_LOCK_SECONDS]
     for lock in stale:
         lock.unlink(missing_ok=True)
     return stale

@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
 from launching import STALE_LOCK_SECONDS, clear_stale_build_locks
 
 
-def test_only_locks_older_than_any_build_are_removed(tmp_path, monkeypatch):
+@pytest.mark.parametrize("tag", [("py311_cpu",), ()], ids=["default-cache-layout", "TORCH_EXTENSIONS_DIR-layout"])
+def test_only_locks_older_than_any_build_are_removed(tmp_path, monkeypatch, tag):
+    # torch builds into <dir>/<py tag>/<op> by default, straight into <dir>/<op> when TORCH_EXTENSIONS_DIR is set
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    old, fresh = tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "lock", tmp_path / "py311_cpu" / "other" / "lock"
+    old, fresh = tmp_path.joinpath(*tag, "deepspeed_shm_comm", "lock"), tmp_path.joinpath(*tag, "other", "lock")
     for lock in (old, fresh):
         lock.parent.mkdir(parents=True)
         lock.touch()

@@ -25,6 +25,7 @@ Dispatch = Literal["deepspeed", "dropless"]
 CapacityRounding = Literal["ceil", "floor"]
 Activation = Literal["gelu", "gelu_new"]
 NormPosition = Literal["post", "pre"]
+Residual = Literal["standard", "normed"]
 FFNKind = Literal["moe", "dense"]
 
 
@@ -177,6 +178,12 @@ class ModelConfig:
     `share_attention`, `share_ffn` (one MoE or FFN for all blocks), `share_layernorm` (ALBERT) and
     `ffn = "dense"` (a plain FFN, not a one-expert MoE). `routing_groups` G splits the blocks into G
     groups that reuse the routing computed at each group's first block (G = num_layers routes every block).
+
+    ParaFormer's layout: `num_branches` N > 1 arranges the num_layers blocks as N parallel branches of
+    num_layers / N blocks (branch b holds blocks b*L..b*L+L-1), all reading the embedded input; their output
+    sequences are summed (see widenet_ds/model/branches.py). `residual = "normed"` is its sub-layer form
+    LN(x) + f(LN(x)) (pre-LN only); "standard" is x + f(LN(x)) (pre-LN) or LN(x + f(x)) (post-LN).
+    `qkv_bias = false` drops the query/key/value biases (ParaFormer's and lucidrains' ViT).
     """
 
     vocab_size: int = 30000
@@ -199,6 +206,9 @@ class ModelConfig:
     share_layernorm: bool = False
     ffn: FFNKind = "moe"
     routing_groups: int | None = None
+    num_branches: int = 1
+    residual: Residual = "standard"
+    qkv_bias: bool = True
     moe: MoEConfig = field(default_factory=MoEConfig)
 
     def __post_init__(self) -> None:
@@ -208,7 +218,8 @@ class ModelConfig:
                         "intermediate_size", "max_position_embeddings", "type_vocab_size", "layer_norm_eps",
                         "initializer_range")
         check_fraction(self, "hidden_dropout", "attention_dropout", "classifier_dropout")
-        for name, literal in (("activation", Activation), ("norm_position", NormPosition), ("ffn", FFNKind)):
+        for name, literal in (("activation", Activation), ("norm_position", NormPosition), ("ffn", FFNKind),
+                              ("residual", Residual)):
             check_choice(self, name, literal)
         if self.hidden_size % self.num_heads:
             raise ConfigError(
@@ -229,6 +240,27 @@ class ModelConfig:
             raise ConfigError(
                 "ModelConfig.share_layernorm = true with unshared attention/FFN has no counterpart in the paper "
                 "or ALBERT; share attention and FFN too, or set share_layernorm = false.")
+        if self.residual == "normed" and self.norm_position != "pre":
+            raise ConfigError("ModelConfig.residual = 'normed' (ParaFormer's LN(x) + f(LN(x))) is a pre-LN form; set "
+                              "norm_position = 'pre' or residual = 'standard'.")
+        self._check_branches()
+
+    def _check_branches(self) -> None:
+        check_positive(self, "num_branches")
+        if self.num_branches == 1:
+            return
+        if self.num_layers % self.num_branches:
+            raise ConfigError(f"ModelConfig.num_branches = {self.num_branches} must divide num_layers = "
+                              f"{self.num_layers} (branches of equal depth); e.g. 12 layers as 3 x 4 or 4 x 3.")
+        if self.share_layernorm:
+            raise ConfigError("ModelConfig.num_branches > 1 with share_layernorm = true: every branch would compute "
+                              "the same function; keep LayerNorms per block (share_layernorm = false).")
+        if self.is_moe and not self.share_ffn:
+            raise ConfigError("ModelConfig.num_branches > 1 supports one shared MoE (WideNet) or dense FFNs; an MoE "
+                              "per block is not supported: set share_ffn = true or ffn = 'dense'.")
+        if self.is_moe and self.routing_groups != self.num_layers:
+            raise ConfigError("ModelConfig.routing_groups cannot be combined with num_branches > 1 (each depth routes "
+                              "once over all branches); leave routing_groups unset.")
 
     # -- derived -------------------------------------------------------------------------------------
     @property
@@ -240,15 +272,25 @@ class ModelConfig:
         return self.ffn == "moe"
 
     @property
+    def layers_per_branch(self) -> int:
+        return self.num_layers // self.num_branches
+
+    @property
     def num_routing_calls(self) -> int:
-        """Routing calls per forward: one per block, fewer with routing groups."""
-        return self.routing_groups if self.is_moe else 0
+        """Routing calls per forward: one per block, fewer with routing groups; with branches one per depth
+        (over the tokens of all active branches)."""
+        if not self.is_moe:
+            return 0
+        return self.layers_per_branch if self.num_branches > 1 else self.routing_groups
 
     @property
     def routing_blocks(self) -> list[int]:
-        """Block index of each routing call: the first block of every routing group."""
+        """Block index of each routing call: the first block of every routing group (with branches: the
+        depth in the branch)."""
         if not self.is_moe:
             return []
+        if self.num_branches > 1:
+            return list(range(self.layers_per_branch))
         per_group = self.num_layers // self.routing_groups
         return [group * per_group for group in range(self.routing_groups)]
 

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from widenet_ds.errors import ConfigError
+from widenet_ds.model.branches import BranchParallel, active_branches, branch_blocks, depth_step
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.moe import FeedForward, MoEFeedForward
 from widenet_ds.model.routing import Routing
@@ -89,24 +90,28 @@ class SelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.num_heads = cfg.num_heads
-        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.qkv_bias)
+        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.qkv_bias)
+        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.qkv_bias)
         self.output = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.attention_dropout = cfg.attention_dropout
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
-    def forward(self, x: Tensor, attend: Tensor | None) -> Tensor:
-        # x: [B, S, H]; attend: bool [B, 1, 1, S], True where a key may be attended (None: every key)
-        batch, seq, hidden = x.shape
+    def context(self, query: Tensor, key: Tensor, value: Tensor, attend: Tensor | None) -> Tensor:
+        """Scaled dot-product attention of projected [B, S, H] queries, keys and values -> [B, S, H]."""
+        batch, seq, hidden = query.shape
 
         def heads(t: Tensor) -> Tensor:  # [B, S, H] -> [B, heads, S, head_dim]
             return t.view(batch, seq, self.num_heads, -1).transpose(1, 2)
 
         context = F.scaled_dot_product_attention(
-            heads(self.query(x)), heads(self.key(x)), heads(self.value(x)), attn_mask=attend,
+            heads(query), heads(key), heads(value), attn_mask=attend,
             dropout_p=self.attention_dropout if self.training else 0.0)
-        return self.dropout(self.output(context.transpose(1, 2).reshape(batch, seq, hidden)))
+        return context.transpose(1, 2).reshape(batch, seq, hidden)
+
+    def forward(self, x: Tensor, attend: Tensor | None) -> Tensor:
+        # x: [B, S, H]; attend: bool [B, 1, 1, S], True where a key may be attended (None: every key)
+        return self.dropout(self.output(self.context(self.query(x), self.key(x), self.value(x), attend)))
 
 
 # --- encoder ----------------------------------------------------------------------------------------
@@ -115,6 +120,10 @@ class WideNetEncoder(nn.Module):
 
     post-LN (BERT/ALBERT): x = LN_att_i(x + MHA(x)); x = LN_ffn_i(x + FFN(x))
     pre-LN (paper eq. 6-8): x = x + MHA(LN_att_i(x)); x = x + FFN(LN_ffn_i(x)); final LayerNorm at the end.
+    residual "normed" (ParaFormer): h = LN_att_i(x); x = h + MHA(h); h = LN_ffn_i(x); x = h + FFN(h).
+
+    With num_branches > 1 the blocks form parallel branches whose outputs are summed before the final
+    LayerNorm (widenet_ds/model/branches.py); `forward(..., branches=k)` runs the first k only.
     """
 
     def __init__(self, cfg: ModelConfig, ep_size: int = 1, ffn: nn.ModuleList | None = None) -> None:
@@ -147,6 +156,8 @@ class WideNetEncoder(nn.Module):
         self.final_norm = layer_norm() if cfg.norm_position == "pre" else None
         self.ffn_dropout = nn.Dropout(cfg.hidden_dropout)
         self.blocks_per_routing_group = blocks // cfg.routing_groups if cfg.is_moe else 1
+        # Set by the caller to run this rank's share of the branches (widenet_ds/model/branches.py).
+        self.branch_parallel: BranchParallel | None = None
 
     def _block(self, i: int, x: Tensor, attend: Tensor | None,
                routing: Routing | None) -> tuple[Tensor, Routing | None]:
@@ -164,13 +175,71 @@ class WideNetEncoder(nn.Module):
             x = ln_att(x + attention(x, attend))
             out, routing = feed_forward(x)
             return ln_ffn(x + out), routing
+        if self.cfg.residual == "normed":
+            h = ln_att(x)
+            x = h + attention(h, attend)
+            h = ln_ffn(x)
+            out, routing = feed_forward(h)
+            return h + out, routing
         x = x + attention(ln_att(x), attend)
         out, routing = feed_forward(ln_ffn(x))
         return x + out, routing
 
-    def forward(self, x: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Tensor, RoutingStats | None]:
+    # -- branches ------------------------------------------------------------------------------------
+    def branch_modules(self, branch: int) -> list[nn.Module]:
+        """The modules only `branch` uses: its blocks' entries of every per-block list."""
+        owned = []
+        for modules in (self.attention, self.ffn, self.attention_norm, self.ffn_norm):
+            if len(modules) > 1:
+                owned.extend(modules[i] for i in branch_blocks(self.cfg.layers_per_branch, branch))
+        return owned
+
+    def set_trainable_branches(self, branches: int) -> None:
+        """requires_grad on for the first `branches` branches, off for the others; call before the forward.
+
+        A parameter without requires_grad gets no .grad, DeepSpeed's ZeRO-0 reduction skips it, and the
+        optimizers (torch's, our LAMB) skip a parameter without a gradient: no moment, decay or trust-ratio
+        update, its optimizer state untouched."""
+        active_branches(self.cfg.num_branches, branches)  # range check
+        for branch in range(self.cfg.num_branches):
+            for module in self.branch_modules(branch):
+                module.requires_grad_(branch < branches)
+
+    def _run_branches(self, x: Tensor, attend: Tensor | None,
+                      branches: int | None) -> tuple[Tensor, list[Routing]]:
+        active = active_branches(self.cfg.num_branches, branches)
+        if self.branch_parallel is not None:
+            mine = set(self.branch_parallel.branches)
+            active = [b for b in active if b in mine]
+        routings: list[Routing] = []
+        if active:
+            if attend is not None:
+                attend = attend.repeat(len(active), 1, 1, 1)
+            streams = x.unsqueeze(0).expand(len(active), *x.shape)
+            for depth in range(self.cfg.layers_per_branch):
+                if self.activation_checkpointing and self.training:
+                    streams, used = checkpoint(depth_step, self, depth, active, streams, attend, use_reentrant=False)
+                else:
+                    streams, used = depth_step(self, depth, active, streams, attend)
+                if used is not None:
+                    routings.append(used)
+            out = streams.sum(dim=0)
+        else:  # this rank holds none of the active branches
+            out = torch.zeros_like(x)
+        if self.branch_parallel is not None:
+            out = self.branch_parallel.sum(out)
+        return out, routings
+
+    def forward(self, x: Tensor, attention_mask: Tensor | None,
+                branches: int | None = None) -> tuple[Tensor, Tensor, RoutingStats | None]:
+        """`branches`: run the first k branches only (None: all; must be None without branches)."""
         # attention_mask None: every token attends to every token (images have no padding).
         attend = attention_mask.bool()[:, None, None, :] if attention_mask is not None else None
+        if self.cfg.num_branches > 1:
+            x, routings = self._run_branches(x, attend, branches)
+            return self._finish(x, routings)
+        if branches not in (None, 1):
+            raise ConfigError(f"branches = {branches}, but this model has one branch (num_branches = 1).")
         routings: list[Routing] = []
         routing = None
         for i in range(self.cfg.num_layers):
@@ -185,6 +254,9 @@ class WideNetEncoder(nn.Module):
             if used is not None and reuse is None:
                 routings.append(used)
             routing = used
+        return self._finish(x, routings)
+
+    def _finish(self, x: Tensor, routings: list[Routing]) -> tuple[Tensor, Tensor, RoutingStats | None]:
         if self.final_norm is not None:
             x = self.final_norm(x)
         if not routings:
@@ -207,8 +279,8 @@ class WideNetModel(nn.Module):
         self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
-                attention_mask: Tensor | None = None) -> EncoderOutput:
-        # input_ids: [B, S]
+                attention_mask: Tensor | None = None, branches: int | None = None) -> EncoderOutput:
+        # input_ids: [B, S]; branches: the first k branches only (ParaFormer layout; None: all)
         if input_ids.shape[1] > self.cfg.max_position_embeddings:
             raise ConfigError(f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings = "
                               f"{self.cfg.max_position_embeddings}; truncate inputs to that length.")
@@ -217,7 +289,7 @@ class WideNetModel(nn.Module):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         x = self.embeddings(input_ids, token_type_ids)
-        x, balance, routing = self.encoder(x, attention_mask)
+        x, balance, routing = self.encoder(x, attention_mask, branches)
         pooled = torch.tanh(self.pooler(x[:, 0]))
         return EncoderOutput(x, pooled, balance, routing)
 
@@ -285,6 +357,10 @@ class WideNetPreTrainedModel(nn.Module):
         """Recompute each block in the backward pass instead of keeping its activations."""
         self.widenet.encoder.activation_checkpointing = enabled
 
+    @property
+    def encoder(self) -> WideNetEncoder:
+        return self.widenet.encoder
+
     def post_init(self) -> None:
         _init_weights(self, self.cfg)
 
@@ -314,8 +390,8 @@ class WideNetForPreTraining(WideNetPreTrainedModel):
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None, mlm_labels: Tensor | None = None,
-                sop_labels: Tensor | None = None) -> PreTrainingOutput:
-        body = self.widenet(input_ids, token_type_ids, attention_mask)
+                sop_labels: Tensor | None = None, branches: int | None = None) -> PreTrainingOutput:
+        body = self.widenet(input_ids, token_type_ids, attention_mask, branches)
         mlm_logits = self.mlm_head(body.sequence)                         # [B, S, V]
         sop_logits = self.sop_head(self.sop_dropout(body.pooled))         # [B, 2]
         mlm_loss = sop_loss = None
@@ -344,8 +420,9 @@ class WideNetForSequenceClassification(WideNetPreTrainedModel):
         self.post_init()
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
-                attention_mask: Tensor | None = None, labels: Tensor | None = None) -> ClassificationOutput:
-        body = self.widenet(input_ids, token_type_ids, attention_mask)
+                attention_mask: Tensor | None = None, labels: Tensor | None = None,
+                branches: int | None = None) -> ClassificationOutput:
+        body = self.widenet(input_ids, token_type_ids, attention_mask, branches)
         logits = self.classifier(self.dropout(body.pooled))
         task_loss = None
         if labels is not None:
@@ -367,8 +444,8 @@ class WideNetForQuestionAnswering(WideNetPreTrainedModel):
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None, start_positions: Tensor | None = None,
-                end_positions: Tensor | None = None) -> QuestionAnsweringOutput:
-        body = self.widenet(input_ids, token_type_ids, attention_mask)
+                end_positions: Tensor | None = None, branches: int | None = None) -> QuestionAnsweringOutput:
+        body = self.widenet(input_ids, token_type_ids, attention_mask, branches)
         start_logits, end_logits = self.qa_outputs(body.sequence).float().unbind(dim=-1)
         if attention_mask is not None:
             # Padding can never be an answer boundary.

@@ -22,11 +22,13 @@ from typing import Any, Literal
 
 from widenet_ds.atomic import atomic_write_json
 from widenet_ds.errors import ConfigError
-from widenet_ds.model.config import (Activation, FFNKind, ModelConfig, MoEConfig, check_choice, check_fraction,
-                                     check_positive, dataclass_from_dict, preset_data, read_config_json)
+from widenet_ds.model.config import (Activation, FFNKind, ModelConfig, MoEConfig, Residual, check_choice,
+                                     check_fraction, check_positive, dataclass_from_dict, preset_data,
+                                     read_config_json)
 
 FORMAT_VERSION = 1
 Head = Literal["gap", "cls"]
+ClsToken = Literal["zero", "learned"]
 
 
 @dataclass
@@ -39,8 +41,13 @@ class VisionConfig:
     the dense FFN's `intermediate_size` (ViT-MoE-B: experts 4096, dense blocks 3072).
 
     `head`: "gap" averages all tokens (the CLS token included, as the authors' code does), "cls" takes
-    the CLS token. The CLS token is the authors' constant zero vector (no parameters). `pre_logits`
-    adds Dense(hidden) + tanh before the classifier.
+    the CLS token. `cls_token = "zero"` is the WideNet authors' constant zero vector (no parameters),
+    "learned" a trained one (lucidrains' ViT, ParaFormer). `pre_logits` adds Dense(hidden) + tanh before
+    the classifier.
+
+    ParaFormer: `num_branches` N > 1 arranges the num_layers blocks as N parallel branches summed before
+    the final LayerNorm, `residual = "normed"` is its LN(x) + f(LN(x)) sub-layer, `qkv_bias = false` its
+    bias-free query/key/value projection (see ModelConfig and docs/paraformer.md).
     """
 
     image_size: int = 224
@@ -64,6 +71,10 @@ class VisionConfig:
     activation: Activation = "gelu_new"
     head: Head = "gap"
     pre_logits: bool = True
+    cls_token: ClsToken = "zero"
+    num_branches: int = 1
+    residual: Residual = "standard"
+    qkv_bias: bool = True
     moe: MoEConfig = field(default_factory=MoEConfig)
 
     def __post_init__(self) -> None:
@@ -76,7 +87,7 @@ class VisionConfig:
         check_positive(self, "image_size", "patch_size", "num_channels", "num_classes", "hidden_size",
                         "num_layers", "num_heads", "intermediate_size", "layer_norm_eps", "initializer_range")
         check_fraction(self, "hidden_dropout", "attention_dropout")
-        for name, literal in (("ffn", FFNKind), ("activation", Activation), ("head", Head)):
+        for name, literal in (("ffn", FFNKind), ("activation", Activation), ("head", Head), ("cls_token", ClsToken)):
             check_choice(self, name, literal)
         if self.image_size % self.patch_size:
             fits = [p for p in range(self.patch_size, 0, -1) if self.image_size % p == 0][0]
@@ -118,6 +129,14 @@ class VisionConfig:
         return list(range(first, self.num_layers))
 
     @property
+    def routing_blocks(self) -> list[int]:
+        """What each routing call of a forward belongs to: its block, or with branches its depth (one call
+        per depth over the tokens of all active branches)."""
+        if self.is_moe and self.num_branches > 1:
+            return list(range(self.layers_per_branch))
+        return self.moe_block_indices
+
+    @property
     def experts_width(self) -> int:
         return self.expert_intermediate_size or self.intermediate_size
 
@@ -130,7 +149,12 @@ class VisionConfig:
             attention_dropout=self.attention_dropout, classifier_dropout=0.0, layer_norm_eps=self.layer_norm_eps,
             initializer_range=self.initializer_range, activation=self.activation, norm_position="pre",
             share_attention=self.share_attention, share_ffn=self.share_ffn, share_layernorm=self.share_layernorm,
-            ffn=self.ffn, moe=self.moe if self.is_moe else MoEConfig())
+            ffn=self.ffn, num_branches=self.num_branches, residual=self.residual, qkv_bias=self.qkv_bias,
+            moe=self.moe if self.is_moe else MoEConfig())
+
+    @property
+    def layers_per_branch(self) -> int:
+        return self.num_layers // self.num_branches
 
     # -- (de)serialisation ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -204,6 +228,25 @@ _DIGITS = dict(image_size=8, patch_size=2, num_channels=1, num_classes=10, pre_l
                hidden_size=64, num_layers=4, num_heads=4, intermediate_size=128, initializer_range=0.1)
 
 
+# ParaFormer (DUAT-Maker/Shallow-Paraformer, see docs/paraformer.md): lucidrains-style ViT of hidden 192, 3 heads of
+# 64, FFN 768, dropout 0.1, bias-free q/k/v, LN(x) + f(LN(x)) sub-layers, a learned CLS token, LayerNorm +
+# Linear head, images resized to 224 with patches of 16; CIFAR-10 as in its Table 1. N x L: branches x layers.
+_PARAFORMER = dict(image_size=224, patch_size=16, num_channels=3, num_classes=10, hidden_size=192, num_heads=3,
+                   intermediate_size=768, hidden_dropout=0.1, attention_dropout=0.1, layer_norm_eps=1e-5,
+                   activation="gelu", head="cls", pre_logits=False, cls_token="learned", residual="normed",
+                   qkv_bias=False, ffn="dense", share_attention=False, share_ffn=False, share_layernorm=False)
+# CPU scale for Fashion-MNIST: 12 layers of the same form at hidden 64 on 28 px (patch 4), init as _FMNIST.
+_PARAFORMER_TINY = dict(_PARAFORMER, image_size=28, patch_size=4, num_channels=1, hidden_size=64, num_heads=4,
+                        intermediate_size=128, initializer_range=0.1)
+# WideNet x ParaFormer: every branch layer uses the one shared attention and the one shared MoE (the authors'
+# router, E 4), with its own LayerNorms.
+_SHARED_MOE = dict(ffn="moe", share_attention=True, share_ffn=True)
+
+
+def _layout(branches: int, layers: int) -> dict[str, int]:
+    return dict(num_branches=branches, num_layers=branches * layers)
+
+
 def _preset(*parts: dict, router: bool = True):
     def build() -> dict[str, Any]:
         data: dict[str, Any] = {}
@@ -235,4 +278,12 @@ VISION_PRESETS = {
     "widenet-vit-tiny-no-moe": _preset(_FMNIST, _WIDENET, dict(ffn="dense"), router=False),
     "widenet-vit-digits": _preset(_DIGITS, _WIDENET),
     "vit-digits": _preset(_DIGITS, _VIT, dict(head="gap"), router=False),
+    # ParaFormer's Table 1 (PF N x L; 1 x 12 and 1 x 24 are the sequential ViT12 / ViT24 of the same code).
+    **{f"paraformer-{n}x{depth // n}": _preset(_PARAFORMER, _layout(n, depth // n), router=False)
+       for depth in (12, 24) for n in (1, 2, 3, 4, 6, 12, 24) if depth % n == 0 and not (depth == 24 and n == 3)},
+    "widenet-paraformer-3x4": _preset(_PARAFORMER, _layout(3, 4), _SHARED_MOE),
+    "paraformer-tiny-1x12": _preset(_PARAFORMER_TINY, _layout(1, 12), router=False),
+    "paraformer-tiny-3x4": _preset(_PARAFORMER_TINY, _layout(3, 4), router=False),
+    "paraformer-tiny-4x3": _preset(_PARAFORMER_TINY, _layout(4, 3), router=False),
+    "widenet-paraformer-tiny-3x4": _preset(_PARAFORMER_TINY, _layout(3, 4), _SHARED_MOE),
 }

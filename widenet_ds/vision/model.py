@@ -29,19 +29,24 @@ class ImageClassificationOutput:
 
 
 class PatchEmbedding(nn.Module):
-    """Conv2d(patch, stride patch) -> tokens, the constant zero CLS token first, + learned positions."""
+    """Conv2d(patch, stride patch) -> tokens, the CLS token first (constant zeros or learned), + learned
+    positions."""
 
     def __init__(self, cfg: VisionConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.projection = nn.Conv2d(cfg.num_channels, cfg.hidden_size, cfg.patch_size, stride=cfg.patch_size)
         self.position = nn.Parameter(torch.zeros(1, cfg.num_tokens, cfg.hidden_size))
+        self.cls = nn.Parameter(torch.zeros(1, 1, cfg.hidden_size)) if cfg.cls_token == "learned" else None
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
     def forward(self, pixels: Tensor) -> Tensor:
         # pixels: [B, C, H, W] -> [B, 1 + N, H_model]
         patches = self.projection(pixels).flatten(2).transpose(1, 2)
-        cls = patches.new_zeros(patches.shape[0], 1, patches.shape[2])  # the authors' CLS: zeros, not trained
+        if self.cls is None:  # the WideNet authors' CLS: zeros, not trained
+            cls = patches.new_zeros(patches.shape[0], 1, patches.shape[2])
+        else:
+            cls = self.cls.expand(patches.shape[0], -1, -1)
         return self.dropout(torch.cat([cls, patches], dim=1) + self.position)
 
 
@@ -95,6 +100,8 @@ class ViTWideNetForImageClassification(nn.Module):
                 module.weight.fill_(1.0)
                 module.bias.zero_()
         self.embeddings.position.normal_(0.0, std)
+        if self.embeddings.cls is not None:
+            self.embeddings.cls.normal_(0.0, std)
         base_seed = torch.initial_seed()
         for layer, moe in enumerate(self.moe_layers()):
             for expert, index in zip(moe.experts, moe.global_expert_indices()):
@@ -111,11 +118,12 @@ class ViTWideNetForImageClassification(nn.Module):
             moe.ensure_process_groups()
 
     def forward(self, pixels: Tensor, labels: Tensor | None = None, label_smoothing: float = 0.0,
-                sample_weight: Tensor | None = None) -> ImageClassificationOutput:
+                sample_weight: Tensor | None = None, branches: int | None = None) -> ImageClassificationOutput:
         """pixels: [B, C, H, W]; labels: int [B] or soft targets [B, classes] (mixup); sample_weight: [B]
-        (0 for padding rows of a fixed-shape eval batch)."""
+        (0 for padding rows of a fixed-shape eval batch); branches: the first k branches only (ParaFormer
+        layout; None: all)."""
         x = self.embeddings(pixels)
-        x, balance, routing = self.encoder(x, None)
+        x, balance, routing = self.encoder(x, None, branches)
         pooled = x.mean(dim=1) if self.cfg.head == "gap" else x[:, 0]
         if self.pre_logits is not None:
             pooled = torch.tanh(self.pre_logits(pooled))

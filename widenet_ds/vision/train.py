@@ -29,6 +29,7 @@ from widenet_ds.errors import CheckpointError, ConfigError, DataError
 from widenet_ds.training.pretrain import find_resume_point, resolve_max_steps
 from widenet_ds.training.pretrain_config import LATEST, OptimizerChoice
 from widenet_ds.training.log import TrainingLog, memory_mib
+from widenet_ds.training.branch_schedule import SCHEDULES, BranchSchedule
 from widenet_ds.training.preemption import StopRequest
 from widenet_ds.vision.augment import AugmentConfig, BatchAugmenter, normalize
 from widenet_ds.vision.config import VisionConfig, parse_overrides
@@ -71,6 +72,9 @@ class ClassifyConfig:
     resume: str | None = None
     init_from: Path | None = None  # a portable vision folder: body weights (a new head when classes differ)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+    branch_schedule: str = "joint"             # ParaFormer layouts: joint | prefix | staged
+    prefix_cycle_batches: int | None = None    # prefix: batches per phase (default: one epoch)
+    stage_steps: list[int] = field(default_factory=list)  # staged: where branches 2..N join
     tensorboard: bool = True
     progress_bar: bool = True
 
@@ -152,10 +156,26 @@ def build_parser() -> argparse.ArgumentParser:
     aug.add_argument("--mixup-alpha", type=float, default=0.0)
     aug.add_argument("--cutmix-alpha", type=float, default=0.0)
     aug.add_argument("--label-smoothing", type=float, default=0.0)
+    branches = parser.add_argument_group("ParaFormer branch layouts (num_branches > 1; see docs/paraformer.md)")
+    branches.add_argument("--branch-schedule", choices=SCHEDULES, default="joint",
+                          help="joint: all branches every step; prefix: the authors' code (per batch one step on each "
+                               "nested prefix of branches, alternating with joint phases); staged: branch i+1 joins "
+                               "at step S_i")
+    branches.add_argument("--prefix-cycle-batches", type=int, default=None, metavar="B",
+                          help="prefix: batches in each phase (default: one epoch, as the authors' code)")
+    branches.add_argument("--stage-steps", type=_int_list, default=[], metavar="S[,S2,...]",
+                          help="staged: one step count S (branch i+1 joins at i*S) or one step per joining branch")
     parser.add_argument("--no-tensorboard", dest="tensorboard", action="store_false")
     parser.add_argument("--no-progress-bar", dest="progress_bar", action="store_false")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 200,400") from None
 
 
 def parse_args(argv: list[str] | None = None) -> ClassifyConfig:
@@ -182,6 +202,7 @@ class RunPlan:
     splits: dict[str, ImageSource]
     max_steps: int
     resume_from: Path | None
+    schedule: BranchSchedule
     init_state: dict[str, torch.Tensor] | None = None  # global keys; the head left out when it does not fit
 
 
@@ -233,19 +254,42 @@ def plan_run(cfg: ClassifyConfig, world_size: int) -> RunPlan:
         raise DataError(f"{cfg.dataset} at {cfg.data_dir} has no test/val split to evaluate on; add it "
                         f"(ImageFolder: val/<class>/...).")
     check_data_fits_model(splits, model, cfg.dataset)
+    batches_per_epoch = max(1, len(splits["train"]) // ds.batch.train_batch_size)
+    schedule = BranchSchedule.build(cfg.branch_schedule, model.num_branches, batches_per_epoch,
+                                    cfg.prefix_cycle_batches, cfg.stage_steps)
+    if schedule.kind != "joint":
+        check_branch_updates_isolated(ds, schedule.kind)
     requested = cfg.max_steps
     if cfg.epochs is not None:
-        steps_per_epoch = len(splits["train"]) // ds.batch.train_batch_size
-        requested = max(1, int(cfg.epochs * steps_per_epoch))
-    max_steps = resolve_max_steps(requested, ds.total_num_steps)
+        requested = max(1, int(cfg.epochs * batches_per_epoch))
+    max_steps = schedule.end_step(resolve_max_steps(requested, ds.total_num_steps))
     resume_from = find_resume_point(cfg, model.to_dict())
     if resume_from is not None:
         saved = read_meta(resume_from)
         if saved.get("dataset") != cfg.dataset:
             raise CheckpointError(f"checkpoint {resume_from} was trained on {saved.get('dataset')}; resume with "
                                   f"--dataset {saved.get('dataset')}.")
+        if saved.get("branch_schedule", "joint") != schedule.kind:
+            raise CheckpointError(f"checkpoint {resume_from} was trained with --branch-schedule "
+                                  f"{saved.get('branch_schedule', 'joint')}; resume with the same schedule.")
     init_state = init_weights_for(model, cfg.init_from) if cfg.init_from is not None else None
-    return RunPlan(model, ds, splits, max_steps, resume_from, init_state)
+    return RunPlan(model, ds, splits, max_steps, resume_from, schedule, init_state)
+
+
+def check_branch_updates_isolated(ds: DeepSpeedSettings, kind: str) -> None:
+    """Refuse the set-ups that would update resting branches. Only fp32 ZeRO 0 keeps one tensor per
+    parameter, so that a branch without gradients is skipped whole by the optimizer; ZeRO 1-2 and DeepSpeed's
+    fp16/bf16 optimizers update flat buffers, where a resting branch's zero gradients would still move its
+    Adam/LAMB moments, its weight decay and the trust ratio of the flat piece."""
+    problems = []
+    if ds.zero_stage != 0:
+        problems.append(f"zero_optimization.stage is {ds.zero_stage}: set it to 0")
+    if ds.precision != "fp32":
+        problems.append(f"the JSON enables {ds.precision}: remove its fp16/bf16 section (fp32)")
+    if problems:
+        raise ConfigError(f"--branch-schedule {kind} trains some branches while others rest, and a resting branch must "
+                          f"get no update of any kind; that holds only with fp32 ZeRO stage 0 ({'; '.join(problems)}), "
+                          f"or use --branch-schedule joint.")
 
 
 # --- metrics ----------------------------------------------------------------------------------------
@@ -315,6 +359,22 @@ def evaluate(engine, loader: ImageLoader, metrics: ClassifyMetrics) -> dict[str,
     return scalars
 
 
+@torch.no_grad()
+def evaluate_branch_prefixes(engine, loader: ImageLoader) -> dict[str, float]:
+    """ParaFormer's compression curve: test accuracy of the first k branches, k = 1..N, no retraining."""
+    engine.eval()
+    dtype = _input_dtype(engine)
+    branches = engine.module.cfg.num_branches
+    metrics = [ClassifyMetrics([], 0) for _ in range(branches)]
+    for batch in loader:
+        pixels = normalize(batch["pixels"].to(engine.device)).to(dtype)
+        labels, weight = batch["labels"].to(engine.device), batch["weight"].to(engine.device)
+        for k in range(1, branches + 1):
+            metrics[k - 1].add(engine(pixels, labels, sample_weight=weight, branches=k), labels, weight)
+    engine.train()
+    return {str(k + 1): m.reduce("test")[0]["test/accuracy"] for k, m in enumerate(metrics)}
+
+
 def _limit(source: ImageSource, count: int | None) -> ImageSource:
     if count is None or count >= len(source):
         return source
@@ -351,13 +411,17 @@ def run(cfg: ClassifyConfig) -> int:
         cfg.output_dir.mkdir(parents=True, exist_ok=True)
         model_cfg.to_json(cfg.output_dir / MODEL_CONFIG_FILE)
     meta = {"model_config": model_cfg.to_dict(), "deepspeed_config": plan.ds.config, "ep_size": cfg.ep_size,
-            "dataset": cfg.dataset, "architecture": "ViTWideNetForImageClassification"}
+            "dataset": cfg.dataset, "architecture": "ViTWideNetForImageClassification",
+            "branch_schedule": plan.schedule.kind}
     log = TrainingLog(cfg.output_dir, enabled=rank == 0, tensorboard=cfg.tensorboard, progress_bar=cfg.progress_bar,
                       start_step=state.step, max_steps=plan.max_steps)
     log.event(state.step, f"model {cfg.model_config}: {count_trainable_parameters(model):,} trainable parameters "
                           f"(ep_size {cfg.ep_size}: this rank's share); train {len(plan.splits['train'])} / test "
                           f"{len(test_loader.dataset)} images of {cfg.dataset}; {workers} loader workers per rank")
     log.event(state.step, f"optimizer: {optimizer_plan.reason}")
+    if model_cfg.num_branches > 1:
+        log.event(state.step, f"{model_cfg.num_branches} branches x {model_cfg.layers_per_branch} layers; "
+                              f"{plan.schedule.describe()}; the run ends at step {plan.max_steps}")
     if plan.resume_from is not None:
         log.event(state.step, f"resumed from {plan.resume_from}")
     elif plan.init_state is not None:
@@ -368,13 +432,19 @@ def run(cfg: ClassifyConfig) -> int:
     stop.install()
     try:
         finished = _train(cfg, plan, engine, train_loader, test_loader, augmenter, checkpoints, state, log, stop, meta)
+        if model_cfg.num_branches > 1:
+            model.encoder.set_trainable_branches(model_cfg.num_branches)
         if finished:
             test = evaluate(engine, test_loader, ClassifyMetrics([], 0))
             log.record(state.step, test)
+            by_branches = evaluate_branch_prefixes(engine, test_loader) if model_cfg.num_branches > 1 else None
             if rank == 0:
                 results = {"step": state.step, "dataset": cfg.dataset, "model_config": cfg.model_config,
                            "ep_size": cfg.ep_size, "world_size": world,
                            "parameters": count_trainable_parameters(model) if cfg.ep_size == 1 else None, **test}
+                if by_branches is not None:
+                    results["branch_schedule"] = plan.schedule.kind
+                    results["accuracy_by_branches"] = by_branches
                 (cfg.output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
                 log.event(state.step, f"test accuracy {test['test/accuracy']:.4f} (loss {test['test/task_loss']:.4f})")
     finally:
@@ -386,50 +456,70 @@ def run(cfg: ClassifyConfig) -> int:
 def _train(cfg: ClassifyConfig, plan: RunPlan, engine, train_loader: ImageLoader, test_loader: ImageLoader,
            augmenter: BatchAugmenter, checkpoints: CheckpointManager, state: TrainingState, log: TrainingLog,
            stop: StopRequest, meta: dict[str, Any]) -> bool:
-    """The loop; True when max_steps was reached, False when stopped by a signal."""
+    """The loop over batches, each one optimizer step (or, with the prefix schedule, one per nested prefix
+    of branches); True when max_steps was reached, False when stopped by a signal."""
     model_cfg = plan.model_config
     experts = model_cfg.moe.num_experts if model_cfg.is_moe else 0
-    train_metrics = ClassifyMetrics(model_cfg.moe_block_indices, experts)
+    train_metrics = ClassifyMetrics(model_cfg.routing_blocks, experts)
     own_grad_norm = plan.ds.zero_stage == 0 and plan.ds.precision == "fp32"
     accumulation = plan.ds.batch.gradient_accumulation_steps
     dtype = _input_dtype(engine)
+    branched = model_cfg.num_branches > 1
+    encoder = engine.module.encoder
     batches = iter(train_loader)
+    batch_index = plan.schedule.batch_at_step(state.step)
+    trainable = model_cfg.num_branches
     window_seconds = 0.0
     saved_step = state.step if plan.resume_from is not None else None
     engine.train()
     while state.step < plan.max_steps:
-        lr = engine.get_lr()[0]
-        log_now = (state.step + 1) % cfg.log_interval == 0 or state.step + 1 == plan.max_steps
-        grad_norm = None
-        step_start = time.perf_counter()
-        for micro_step in range(accumulation):
-            batch = next(batches)
-            labels = batch["labels"].to(engine.device)
-            pixels, targets = augmenter(batch["pixels"].to(engine.device), labels)
-            output = engine(pixels.to(dtype), targets, label_smoothing=cfg.augment.label_smoothing)
-            engine.backward(output.loss)
-            if log_now and own_grad_norm and micro_step == accumulation - 1:
-                grad_norm = expert_grad_norm_stage0(engine.module, cfg.ep_size)
-            engine.step()
-            train_metrics.add(output, labels, torch.ones_like(labels, dtype=torch.float32))
-        state.step += 1
-        state.samples += plan.ds.batch.train_batch_size
-        log.advance()
-        window_seconds += time.perf_counter() - step_start
-        if log_now:
-            scalars, samples = train_metrics.reduce("train")
-            if grad_norm is None:
-                grad_norm = float(engine.get_global_grad_norm() or 0.0)
-            scalars.update({"optim/lr": lr, "optim/grad_norm": grad_norm,
-                            "optim/loss_scale": float(getattr(engine.optimizer, "loss_scale", 1.0)),
-                            "perf/samples_per_second": samples / window_seconds, "perf/memory_mib": memory_mib(),
-                            "data/epoch": train_loader.epoch + train_loader.batch / train_loader.batches_per_epoch()})
-            log.record(state.step, scalars)
-            window_seconds = 0.0
-        if cfg.eval_interval and state.step % cfg.eval_interval == 0 and state.step != plan.max_steps:
-            log.record(state.step, evaluate(engine, test_loader, ClassifyMetrics([], 0)))
+        first_step = state.step
+        micro_batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # drawn once, reused per prefix
+        for active in plan.schedule.branch_counts(batch_index, state.step):
+            if branched and active != trainable:
+                encoder.set_trainable_branches(active)
+                trainable = active
+            lr = engine.get_lr()[0]
+            log_now = (state.step + 1) % cfg.log_interval == 0 or state.step + 1 == plan.max_steps
+            grad_norm = None
+            step_start = time.perf_counter()
+            for micro_step in range(accumulation):
+                if micro_step == len(micro_batches):
+                    batch = next(batches)
+                    labels = batch["labels"].to(engine.device)
+                    pixels, targets = augmenter(batch["pixels"].to(engine.device), labels)
+                    micro_batches.append((pixels.to(dtype), targets, labels))
+                pixels, targets, labels = micro_batches[micro_step]
+                output = engine(pixels, targets, label_smoothing=cfg.augment.label_smoothing,
+                                branches=active if branched else None)
+                engine.backward(output.loss)
+                if log_now and own_grad_norm and micro_step == accumulation - 1:
+                    grad_norm = expert_grad_norm_stage0(engine.module, cfg.ep_size)
+                engine.step()
+                train_metrics.add(output, labels, torch.ones_like(labels, dtype=torch.float32))
+            state.step += 1
+            state.samples += plan.ds.batch.train_batch_size
+            log.advance()
+            window_seconds += time.perf_counter() - step_start
+            if log_now:
+                scalars, samples = train_metrics.reduce("train")
+                if grad_norm is None:
+                    grad_norm = float(engine.get_global_grad_norm() or 0.0)
+                scalars.update({"optim/lr": lr, "optim/grad_norm": grad_norm,
+                                "optim/loss_scale": float(getattr(engine.optimizer, "loss_scale", 1.0)),
+                                "perf/samples_per_second": samples / window_seconds, "perf/memory_mib": memory_mib(),
+                                "data/epoch": train_loader.epoch + train_loader.batch / train_loader.batches_per_epoch()})
+                if branched:
+                    scalars["branches/active"] = active
+                log.record(state.step, scalars)
+                window_seconds = 0.0
+            if cfg.eval_interval and state.step % cfg.eval_interval == 0 and state.step != plan.max_steps:
+                log.record(state.step, evaluate(engine, test_loader, ClassifyMetrics([], 0)))
+        batch_index += 1
+        # Checkpoints and stops fall between batches (a prefix batch's steps belong together).
         stopping = stop.agreed()
-        if stopping or state.step % cfg.save_interval == 0 or state.step == plan.max_steps:
+        crossed_save = state.step // cfg.save_interval > first_step // cfg.save_interval
+        if stopping or crossed_save or state.step == plan.max_steps:
             if saved_step != state.step:
                 tag_dir = checkpoints.save(engine, state, train_loader, meta)
                 saved_step = state.step
