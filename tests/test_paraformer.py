@@ -19,10 +19,9 @@ from widenet_ds.model.widenet import WideNetForSequenceClassification
 from widenet_ds.runtime.distributed import init_distributed
 from widenet_ds.runtime.ds_config import load_ds_config, validate_ds_config
 from widenet_ds.runtime.engine import build_engine
-from widenet_ds.training.branch_schedule import BranchSchedule
+from widenet_ds.training.branch_schedule import BranchSchedule, check_branch_updates_isolated
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification, build_model, count_trainable_parameters
-from widenet_ds.vision.train import check_branch_updates_isolated
 
 sys.path.insert(0, str(Path(__file__).parent))
 from launching import REPO  # noqa: E402
@@ -130,8 +129,8 @@ def test_widenet_x_paraformer_routes_once_per_depth_over_all_active_branches():
     model = ViTWideNetForImageClassification(cfg).eval()
     out = model(torch.randn(2, 1, 28, 28), branches=2)
     assert out.routing.expert_counts.shape == (4, cfg.moe.num_experts)  # 4 depths
-    # 2 branches x 2 images x 50 tokens, top-2 routes each
-    assert out.routing.expert_counts.sum(-1).tolist() == [2 * 2 * 50 * 2] * 4
+    # 2 branches x 2 images x (16 patches + CLS), top-2 routes each
+    assert out.routing.expert_counts.sum(-1).tolist() == [2 * 2 * 17 * 2] * 4
 
 
 def test_branch_layout_errors_name_the_fix():

@@ -15,10 +15,12 @@ function of the step count (`batch_at_step`), and a run's length is rounded up t
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from typing import Literal
 
 from widenet_ds.errors import ConfigError
+from widenet_ds.runtime.ds_config import DeepSpeedSettings
 
 ScheduleKind = Literal["joint", "prefix", "staged"]
 SCHEDULES = ("joint", "prefix", "staged")
@@ -117,3 +119,49 @@ def _stage_thresholds(stage_steps: list[int] | None, num_branches: int) -> tuple
     if any(s <= 0 for s in stage_steps) or any(b <= a for a, b in zip(stage_steps, stage_steps[1:])):
         raise ConfigError(f"--stage-steps {','.join(map(str, stage_steps))} must be positive and increasing.")
     return tuple(stage_steps)
+
+
+def check_branch_updates_isolated(ds: DeepSpeedSettings, kind: str) -> None:
+    """Refuse the set-ups that would update resting branches. Only fp32 ZeRO 0 keeps one tensor per
+    parameter, so that a branch without gradients is skipped whole by the optimizer; ZeRO 1-2 and DeepSpeed's
+    fp16/bf16 optimizers update flat buffers, where a resting branch's zero gradients would still move its
+    Adam/LAMB moments, its weight decay and the trust ratio of the flat piece."""
+    problems = []
+    if ds.zero_stage != 0:
+        problems.append(f"zero_optimization.stage is {ds.zero_stage}: set it to 0")
+    if ds.precision != "fp32":
+        problems.append(f"the JSON enables {ds.precision}: remove its fp16/bf16 section (fp32)")
+    if problems:
+        raise ConfigError(f"--branch-schedule {kind} trains some branches while others rest, and a resting branch must "
+                          f"get no update of any kind; that holds only with fp32 ZeRO stage 0 ({'; '.join(problems)}), "
+                          f"or use --branch-schedule joint.")
+
+
+def plan_branch_schedule(kind: str, num_branches: int, batches_per_epoch: int, ds: DeepSpeedSettings,
+                         cycle_batches: int | None = None, stage_steps: list[int] | None = None) -> BranchSchedule:
+    """The run's schedule, refused before any model is built when the DeepSpeed set-up cannot keep resting
+    branches still."""
+    schedule = BranchSchedule.build(kind, num_branches, batches_per_epoch, cycle_batches, stage_steps)
+    if schedule.kind != "joint":
+        check_branch_updates_isolated(ds, schedule.kind)
+    return schedule
+
+
+def add_branch_arguments(parser: argparse.ArgumentParser) -> None:
+    """--branch-schedule, --prefix-cycle-batches, --stage-steps (pretraining and image classification)."""
+    group = parser.add_argument_group("ParaFormer branch layouts (num_branches > 1; see docs/paraformer.md)")
+    group.add_argument("--branch-schedule", choices=SCHEDULES, default="joint",
+                       help="joint: all branches every step; prefix: the authors' code (per batch one step on each "
+                            "nested prefix of branches, alternating with joint phases); staged: branch i+1 joins at "
+                            "step S_i")
+    group.add_argument("--prefix-cycle-batches", type=int, default=None, metavar="B",
+                       help="prefix: batches in each phase (default: one epoch, as the authors' code)")
+    group.add_argument("--stage-steps", type=_int_list, default=[], metavar="S[,S2,...]",
+                       help="staged: one step count S (branch i+1 joins at i*S) or one step per joining branch")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 200,400") from None

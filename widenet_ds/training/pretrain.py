@@ -31,6 +31,7 @@ from widenet_ds.runtime.distributed import check_ep_size, init_distributed, seed
 from widenet_ds.runtime.ds_config import (DeepSpeedSettings, load_ds_config, trajectory_changes,
                                           validate_ds_config)
 from widenet_ds.runtime.engine import build_engine, expert_grad_norm_stage0, plan_optimizer
+from widenet_ds.training.branch_schedule import BranchSchedule, plan_branch_schedule
 from widenet_ds.training.console import mark_same_on_every_rank, say
 from widenet_ds.training.log import StepMetrics, TrainingLog, memory_mib
 from widenet_ds.training.preemption import StopRequest
@@ -49,6 +50,7 @@ class RunPlan:
     manifest: dict[str, Any]
     resume_from: Path | None
     init_from: Path | None
+    schedule: BranchSchedule
     resume_changes: tuple[str, ...] = ()  # accepted with --accept-changed-settings, logged at the start
 
 
@@ -125,13 +127,19 @@ def plan_run(cfg: PretrainConfig, world_size: int) -> RunPlan:
     ds = validate_ds_config(load_ds_config(cfg.deepspeed_config), world_size=world_size,
                             has_moe=model_config.is_moe, cuda_available=cuda)
     plan_optimizer(ds, cfg.optimizer, cuda)
-    max_steps = resolve_max_steps(cfg.max_steps, ds.total_num_steps)
+    batches_per_epoch = max(1, manifest["splits"]["train"]["examples"] // ds.batch.train_batch_size)
+    schedule = plan_branch_schedule(cfg.branch_schedule, model_config.num_branches, batches_per_epoch, ds,
+                                    cfg.prefix_cycle_batches, cfg.stage_steps)
+    max_steps = schedule.end_step(resolve_max_steps(cfg.max_steps, ds.total_num_steps))
     resume_from = find_resume_point(cfg, model_config.to_dict())
     init_from = None
     if cfg.init_from is not None:
         init_from = resolve_tag_dir(cfg.init_from)
         # A new phase may change the expert placement (--ep-size), not the weights' shapes or meaning.
         check_same_model(read_meta(init_from), model_config.to_dict(), init_from)
+    if resume_from is not None and read_meta(resume_from).get("branch_schedule", "joint") != schedule.kind:
+        raise CheckpointError(f"checkpoint {resume_from} was trained with --branch-schedule "
+                              f"{read_meta(resume_from).get('branch_schedule', 'joint')}; resume with the same schedule.")
     if resume_from is not None:
         saved = read_meta(resume_from)["data_manifest"]
         if saved["tokenizer_sha256"] != manifest["tokenizer_sha256"]:
@@ -144,7 +152,7 @@ def plan_run(cfg: PretrainConfig, world_size: int) -> RunPlan:
                           + "\n  ".join(changes) + "\nThe resumed run would no longer be the same run. Resume with "
                           "the checkpoint's settings (its widenet_checkpoint.json holds them), or pass "
                           "--accept-changed-settings to continue with these changes (they are logged).")
-    return RunPlan(model_config, ds, max_steps, manifest, resume_from, init_from, changes)
+    return RunPlan(model_config, ds, max_steps, manifest, resume_from, init_from, schedule, changes)
 
 
 # --- the loop ---------------------------------------------------------------------------------------
@@ -212,10 +220,15 @@ def run(cfg: PretrainConfig) -> int:
                 shutil.copy2(cfg.data_dir / name, cfg.output_dir / name)
     meta = {"model_config": plan.model_config.to_dict(), "ep_size": cfg.ep_size, "deepspeed_config": plan.ds.config,
             "data_manifest": {k: plan.manifest[k] for k in ("seq_length", "vocab_size", "tokenizer_sha256")}}
+    if plan.model_config.num_branches > 1:
+        meta["branch_schedule"] = plan.schedule.kind
 
     log = TrainingLog(cfg.output_dir, enabled=rank == 0, tensorboard=cfg.tensorboard,
                       progress_bar=cfg.progress_bar, start_step=state.step, max_steps=plan.max_steps)
     log.event(state.step, f"optimizer: {optimizer_plan.reason}")
+    if plan.model_config.num_branches > 1:
+        log.event(state.step, f"{plan.model_config.num_branches} branches x {plan.model_config.layers_per_branch} "
+                              f"blocks; {plan.schedule.describe()}; the run ends at step {plan.max_steps}")
     if plan.resume_from is not None:
         log.event(state.step, f"resumed from {plan.resume_from}")
         for change in plan.resume_changes:
@@ -242,46 +255,62 @@ def _train(cfg, plan: RunPlan, engine, train_loader, valid_loader, checkpoints: 
     valid_start = valid_loader.state_dict() if valid_loader is not None else None
     own_grad_norm = plan.ds.zero_stage == 0 and plan.ds.precision == "fp32"
     accumulation = plan.ds.batch.gradient_accumulation_steps
+    branched = mcfg.num_branches > 1
     batches = iter(train_loader)
+    batch_index = plan.schedule.batch_at_step(state.step)
+    trainable = mcfg.num_branches
     window_seconds = 0.0  # training time of the logging window (validation and saving excluded)
     saved_step = state.step if plan.resume_from is not None else None
     engine.train()
     while state.step < plan.max_steps:
-        lr = engine.get_lr()[0]  # the rate this step uses (read before the scheduler advances)
-        log_now = (state.step + 1) % cfg.log_interval == 0 or state.step + 1 == plan.max_steps
-        grad_norm = None
-        step_start = time.perf_counter()
-        for micro_step in range(accumulation):
-            batch = _to_device(next(batches), engine.device)
-            output = engine(**batch)
-            engine.backward(output.loss)
-            if log_now and own_grad_norm and micro_step == accumulation - 1:
-                grad_norm = expert_grad_norm_stage0(engine.module, cfg.ep_size)
-            engine.step()
-            train_metrics.add(output, batch)
-        state.step += 1
-        state.samples += plan.ds.batch.train_batch_size
-        log.advance()
-        window_seconds += time.perf_counter() - step_start
+        first_step = state.step
+        micro_batches: list[dict[str, torch.Tensor]] = []  # drawn once, reused by each prefix of a batch
+        for active in plan.schedule.branch_counts(batch_index, state.step):
+            if branched and active != trainable:
+                engine.module.encoder.set_trainable_branches(active)
+                trainable = active
+            lr = engine.get_lr()[0]  # the rate this step uses (read before the scheduler advances)
+            log_now = (state.step + 1) % cfg.log_interval == 0 or state.step + 1 == plan.max_steps
+            grad_norm = None
+            step_start = time.perf_counter()
+            for micro_step in range(accumulation):
+                if micro_step == len(micro_batches):
+                    micro_batches.append(_to_device(next(batches), engine.device))
+                batch = micro_batches[micro_step]
+                output = engine(**batch, branches=active) if branched else engine(**batch)
+                engine.backward(output.loss)
+                if log_now and own_grad_norm and micro_step == accumulation - 1:
+                    grad_norm = expert_grad_norm_stage0(engine.module, cfg.ep_size)
+                engine.step()
+                train_metrics.add(output, batch)
+            state.step += 1
+            state.samples += plan.ds.batch.train_batch_size
+            log.advance()
+            window_seconds += time.perf_counter() - step_start
 
-        if log_now:
-            scalars, samples, tokens = train_metrics.reduce("train")
-            if grad_norm is None:
-                grad_norm = float(engine.get_global_grad_norm())
-            scalars.update({
-                "optim/lr": lr, "optim/grad_norm": grad_norm,
-                # fp32 / bf16 optimizers do no loss scaling and have no loss_scale attribute.
-                "optim/loss_scale": float(getattr(engine.optimizer, "loss_scale", 1.0)),
-                "perf/samples_per_second": samples / window_seconds,
-                "perf/tokens_per_second": tokens / window_seconds,
-                "perf/memory_mib": memory_mib(),
-            })
-            log.record(state.step, scalars)
-            window_seconds = 0.0
-        if valid_loader is not None and state.step % cfg.eval_interval == 0:
-            log.record(state.step, validate(engine, valid_loader, valid_start, cfg.eval_batches, valid_metrics))
+            if log_now:
+                scalars, samples, tokens = train_metrics.reduce("train")
+                if grad_norm is None:
+                    grad_norm = float(engine.get_global_grad_norm())
+                scalars.update({
+                    "optim/lr": lr, "optim/grad_norm": grad_norm,
+                    # fp32 / bf16 optimizers do no loss scaling and have no loss_scale attribute.
+                    "optim/loss_scale": float(getattr(engine.optimizer, "loss_scale", 1.0)),
+                    "perf/samples_per_second": samples / window_seconds,
+                    "perf/tokens_per_second": tokens / window_seconds,
+                    "perf/memory_mib": memory_mib(),
+                })
+                if branched:
+                    scalars["branches/active"] = active
+                log.record(state.step, scalars)
+                window_seconds = 0.0
+            if valid_loader is not None and state.step % cfg.eval_interval == 0:
+                log.record(state.step, validate(engine, valid_loader, valid_start, cfg.eval_batches, valid_metrics))
+        batch_index += 1
+        # Checkpoints and stops fall between batches (a prefix batch's steps belong together).
         stopping = stop.agreed()
-        if stopping or state.step % cfg.save_interval == 0 or state.step == plan.max_steps:
+        crossed_save = state.step // cfg.save_interval > first_step // cfg.save_interval
+        if stopping or crossed_save or state.step == plan.max_steps:
             if saved_step != state.step:
                 tag_dir = checkpoints.save(engine, state, train_loader, meta)
                 saved_step = state.step

@@ -8,12 +8,13 @@ vocabulary come from the prepared data's manifest. Nothing here repeats any of t
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
 from widenet_ds.errors import ConfigError, raise_config_problems
 from widenet_ds.runtime.compile import CompileMode
+from widenet_ds.training.branch_schedule import add_branch_arguments
 from widenet_ds.writable import check_output_folder
 
 OptimizerChoice = Literal["auto", "deepspeed-fused", "torch-lamb"]
@@ -50,6 +51,9 @@ class PretrainConfig:
     resume: str | None = None
     init_from: Path | None = None
     accept_changed_settings: bool = False  # --resume with another batch size, optimizer or schedule
+    branch_schedule: str = "joint"           # ParaFormer layouts (num_branches > 1): joint | prefix | staged
+    prefix_cycle_batches: int | None = None
+    stage_steps: list[int] = field(default_factory=list)
     tensorboard: bool = True
     progress_bar: bool = True
 
@@ -143,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "changes are logged)")
     parser.add_argument("--init-from", type=Path, default=None, metavar="CHECKPOINT",
                         help="start a new phase (e.g. seq 512) from another run's checkpoint weights")
+    add_branch_arguments(parser)
     parser.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
                         help="write metrics.jsonl only")
     parser.add_argument("--no-progress-bar", dest="progress_bar", action="store_false")

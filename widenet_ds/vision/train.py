@@ -29,7 +29,7 @@ from widenet_ds.errors import CheckpointError, ConfigError, DataError
 from widenet_ds.training.pretrain import find_resume_point, resolve_max_steps
 from widenet_ds.training.pretrain_config import LATEST, OptimizerChoice
 from widenet_ds.training.log import TrainingLog, memory_mib
-from widenet_ds.training.branch_schedule import SCHEDULES, BranchSchedule
+from widenet_ds.training.branch_schedule import BranchSchedule, add_branch_arguments, plan_branch_schedule
 from widenet_ds.training.preemption import StopRequest
 from widenet_ds.vision.augment import AugmentConfig, BatchAugmenter, normalize
 from widenet_ds.vision.config import VisionConfig, parse_overrides
@@ -156,26 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     aug.add_argument("--mixup-alpha", type=float, default=0.0)
     aug.add_argument("--cutmix-alpha", type=float, default=0.0)
     aug.add_argument("--label-smoothing", type=float, default=0.0)
-    branches = parser.add_argument_group("ParaFormer branch layouts (num_branches > 1; see docs/paraformer.md)")
-    branches.add_argument("--branch-schedule", choices=SCHEDULES, default="joint",
-                          help="joint: all branches every step; prefix: the authors' code (per batch one step on each "
-                               "nested prefix of branches, alternating with joint phases); staged: branch i+1 joins "
-                               "at step S_i")
-    branches.add_argument("--prefix-cycle-batches", type=int, default=None, metavar="B",
-                          help="prefix: batches in each phase (default: one epoch, as the authors' code)")
-    branches.add_argument("--stage-steps", type=_int_list, default=[], metavar="S[,S2,...]",
-                          help="staged: one step count S (branch i+1 joins at i*S) or one step per joining branch")
+    add_branch_arguments(parser)
     parser.add_argument("--no-tensorboard", dest="tensorboard", action="store_false")
     parser.add_argument("--no-progress-bar", dest="progress_bar", action="store_false")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser
 
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 200,400") from None
 
 
 def parse_args(argv: list[str] | None = None) -> ClassifyConfig:
@@ -255,10 +241,8 @@ def plan_run(cfg: ClassifyConfig, world_size: int) -> RunPlan:
                         f"(ImageFolder: val/<class>/...).")
     check_data_fits_model(splits, model, cfg.dataset)
     batches_per_epoch = max(1, len(splits["train"]) // ds.batch.train_batch_size)
-    schedule = BranchSchedule.build(cfg.branch_schedule, model.num_branches, batches_per_epoch,
+    schedule = plan_branch_schedule(cfg.branch_schedule, model.num_branches, batches_per_epoch, ds,
                                     cfg.prefix_cycle_batches, cfg.stage_steps)
-    if schedule.kind != "joint":
-        check_branch_updates_isolated(ds, schedule.kind)
     requested = cfg.max_steps
     if cfg.epochs is not None:
         requested = max(1, int(cfg.epochs * batches_per_epoch))
@@ -275,21 +259,6 @@ def plan_run(cfg: ClassifyConfig, world_size: int) -> RunPlan:
     init_state = init_weights_for(model, cfg.init_from) if cfg.init_from is not None else None
     return RunPlan(model, ds, splits, max_steps, resume_from, schedule, init_state)
 
-
-def check_branch_updates_isolated(ds: DeepSpeedSettings, kind: str) -> None:
-    """Refuse the set-ups that would update resting branches. Only fp32 ZeRO 0 keeps one tensor per
-    parameter, so that a branch without gradients is skipped whole by the optimizer; ZeRO 1-2 and DeepSpeed's
-    fp16/bf16 optimizers update flat buffers, where a resting branch's zero gradients would still move its
-    Adam/LAMB moments, its weight decay and the trust ratio of the flat piece."""
-    problems = []
-    if ds.zero_stage != 0:
-        problems.append(f"zero_optimization.stage is {ds.zero_stage}: set it to 0")
-    if ds.precision != "fp32":
-        problems.append(f"the JSON enables {ds.precision}: remove its fp16/bf16 section (fp32)")
-    if problems:
-        raise ConfigError(f"--branch-schedule {kind} trains some branches while others rest, and a resting branch must "
-                          f"get no update of any kind; that holds only with fp32 ZeRO stage 0 ({'; '.join(problems)}), "
-                          f"or use --branch-schedule joint.")
 
 
 # --- metrics ----------------------------------------------------------------------------------------
