@@ -22,6 +22,7 @@ from widenet_ds.cli import main as widenet_ds_main
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining, WideNetForSequenceClassification
+from widenet_ds.report import branches as branch_report
 from widenet_ds.vision import export
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification
@@ -165,8 +166,8 @@ def run_classify(tmp_path: Path, out: Path, steps: int, *extra: str) -> None:
     config["scheduler"]["params"].update(total_num_steps=steps, warmup_num_steps=max(1, steps // 10))
     ds = tmp_path / f"ds{steps}.json"
     ds.write_text(json.dumps(config))
-    proc = subprocess.run([sys.executable, str(REPO / "vision" / "run_classify.py"), *DIGITS_MODEL, "--dataset", "digits",
-                           "--deepspeed_config", str(ds), "--output-dir", str(out), "--eval-interval", "0",
+    proc = subprocess.run([sys.executable, str(REPO / "vision" / "run_classify.py"), *DIGITS_MODEL, "--dataset",
+                           "digits", "--deepspeed_config", str(ds), "--output-dir", str(out), "--eval-interval", "0",
                            "--workers", "0", "--no-progress-bar", "--no-tensorboard", *extra],
                           cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -192,8 +193,18 @@ def test_training_continues_from_an_expanded_folder(tmp_path):
     assert any(str(tmp_path / "three") in e for e in events(tmp_path / "new"))
     results = json.loads((tmp_path / "new" / "results.json").read_text())
     assert sorted(results["accuracy_by_branches"]) == ["1", "2", "3"]
-    print(f"old run: loss {first_old:.3f} -> {last_old:.3f}; continued with 3 branches from {first_new:.3f}; "
-          f"accuracy by branches {results['accuracy_by_branches']}")
+    # the accuracy-per-k table and plot of both runs
+    png, md = tmp_path / "branches.png", tmp_path / "branches.md"
+    assert branch_report.main([str(tmp_path / "old"), str(tmp_path / "new"), "--plot", str(png),
+                               "--table", str(md)]) == 0
+    table = md.read_text().splitlines()
+    assert table[0] == "| run | k = 1 | k = 2 | k = 3 |"
+    assert table[3] == "| new | " + " | ".join(f"{results['accuracy_by_branches'][k]:.4f}" for k in "123") + " |"
+    assert table[2].startswith("| old | ") and table[2].endswith(" |  |")  # the old run has no third branch
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert branch_report.main([str(tmp_path / "two")]) == 2  # a folder, not a run: no results.json
+    print(f"old run: loss {first_old:.3f} -> {last_old:.3f}; continued with 3 branches from {first_new:.3f}\n"
+          + md.read_text())
 
 
 # --- errors -------------------------------------------------------------------------------------------

@@ -6,8 +6,9 @@
 Both read a portable folder (`widenet-ds convert to-folder`) and write a complete one, atomically, with the
 source's dtype and tokenizer files. A compressed folder computes what the source computes with
 `forward(branches=K)`; an expanded one computes the source's outputs with `forward(branches=N)` (N the old
-count), and its new branches are a fresh initialisation (seeded): continue training from it with
-`pretrain --init-from` / `finetune --init-from`. Vision folders: `python -m widenet_ds.vision.export compress`.
+count), and its new branches are a fresh initialisation (seeded). Both load wherever a folder loads
+(`load_pretrained`, finetuning's --init-from, which builds the model from the folder's config). Vision folders:
+`python -m widenet_ds.vision.export compress` / `expand`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def _stored_config(folder: Path) -> dict:
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{path} is not valid JSON: {err}.") from None
     if not isinstance(stored, dict) or not isinstance(stored.get("model"), dict):
-        hint = " (a vision folder: use `python -m widenet_ds.vision.export`)" if isinstance(stored, dict) and "vision_model" in stored else ""
+        vision = isinstance(stored, dict) and "vision_model" in stored
+        hint = " (a vision folder: use `python -m widenet_ds.vision.export`)" if vision else ""
         raise CheckpointError(f"{path} has no 'model' entry{hint}; it is not a text checkpoint folder.")
     return stored
 
