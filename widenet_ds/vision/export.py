@@ -8,6 +8,8 @@ with a CLS head and no pre-logits layer (the structure of HF's ViT) to `ViTForIm
 
     python -m widenet_ds.vision.export to-folder runs/vit/checkpoints runs/vit/model
     python -m widenet_ds.vision.export to-hf runs/vit/model runs/vit/hf
+    python -m widenet_ds.vision.export compress runs/pf/model runs/pf/model-k2 --branches 2
+    python -m widenet_ds.vision.export expand runs/pf/model runs/pf/model-m4 --branches 4 --seed 0
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from torch import Tensor
 
 from widenet_ds.atomic import atomic_folder
+from widenet_ds.checkpoint.branches import check_keep, compress, expand, expanded_config
 from widenet_ds.checkpoint.deepspeed import expert_file, load_torch_file
 from widenet_ds.checkpoint.format import (CONFIG_FILE, README_FILE, WEIGHTS_FILE, global_key_map, read_safetensors,
                                           write_safetensors)
@@ -111,6 +114,51 @@ def to_folder(source: Path, target: Path, tag: str | None = None, overwrite: boo
     return save_folder(cfg, state, target, provenance, overwrite)
 
 
+# --- ParaFormer branches: compress to the first k, expand to m (widenet_ds/checkpoint/branches.py) ---------
+def _stored_config(folder: Path) -> dict[str, Any]:
+    """config.json of a vision folder, read before its weights (so that a bad --branches fails at once)."""
+    path = Path(folder) / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{folder} is not a widenet-ds vision folder (no {CONFIG_FILE}); write one with "
+                              f"`python -m widenet_ds.vision.export to-folder`.")
+    stored = json.loads(path.read_text())
+    if not isinstance(stored, dict) or stored.get("architecture") != ARCHITECTURE:
+        raise CheckpointError(f"{folder} holds no {ARCHITECTURE} (text folders: `widenet-ds branches`).")
+    return stored
+
+
+def fresh_state(cfg: VisionConfig, seed: int) -> dict[str, Tensor]:
+    """A newly initialised model's global state dict (ep_size 1), seeded without touching the caller's RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return ViTWideNetForImageClassification(cfg).state_dict()
+
+
+def compress_folder(source: Path, target: Path, k: int, overwrite: bool = False) -> tuple[Path, VisionConfig]:
+    """A folder of the source's first k branches: it computes what the source computes with branches=k."""
+    stored = _stored_config(source)
+    check_keep(stored["vision_model"], k)
+    cfg, state = read_folder(source)
+    config, kept = compress(cfg.to_dict(), state, k)
+    new_cfg = VisionConfig.from_dict(config)
+    provenance = {**stored.get("provenance", {}), "compressed_from": str(Path(source).resolve()),
+                  "branches": f"the first {k} of {cfg.num_branches} branches"}
+    return save_folder(new_cfg, kept, target, provenance, overwrite), new_cfg
+
+
+def expand_folder(source: Path, target: Path, m: int, seed: int = 0,
+                  overwrite: bool = False) -> tuple[Path, VisionConfig, list[str]]:
+    """A complete folder with m branches: the source's weights, the new branches freshly initialised."""
+    stored = _stored_config(source)
+    expanded_config(stored["vision_model"], m)  # checks m before the weights are read
+    cfg, state = read_folder(source)
+    new_cfg = VisionConfig.from_dict(expanded_config(cfg.to_dict(), m))
+    expansion = expand(cfg.to_dict(), state, m, fresh_state(new_cfg, seed))
+    provenance = {**stored.get("provenance", {}), "expanded_from": str(Path(source).resolve()),
+                  "branches": f"{cfg.num_branches} trained + {m - cfg.num_branches} new (seed {seed})"}
+    return save_folder(new_cfg, expansion.state, target, provenance, overwrite), new_cfg, expansion.new_keys
+
+
 # --- Hugging Face ViT --------------------------------------------------------------------------------
 def check_hf_convertible(cfg: VisionConfig) -> None:
     problems = []
@@ -180,10 +228,29 @@ def main(argv: list[str] | None = None) -> int:
     hf = sub.add_parser("to-hf", help="a portable folder of a dense ViT -> a Hugging Face ViTForImageClassification")
     hf.add_argument("source", type=Path)
     hf.add_argument("target", type=Path)
+    for name, help_, what in (("compress", "a folder of a ParaFormer -> a folder of its first K branches",
+                               "K: branches to keep (1..N)"),
+                              ("expand", "a folder of a ParaFormer -> one with M branches (the new ones fresh)",
+                               "M: the new number of branches (> N)")):
+        branches = sub.add_parser(name, help=help_)
+        branches.add_argument("source", type=Path)
+        branches.add_argument("target", type=Path)
+        branches.add_argument("--branches", type=int, required=True, help=what)
+        if name == "expand":
+            branches.add_argument("--seed", type=int, default=0, help="seed of the new branches' initialisation")
+        branches.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
     try:
         if args.command == "to-folder":
             print(f"wrote {to_folder(args.source, args.target, args.tag, args.overwrite)}")
+        elif args.command == "compress":
+            out, cfg = compress_folder(args.source, args.target, args.branches, args.overwrite)
+            print(f"wrote {out}: {cfg.num_branches} branch(es) x {cfg.layers_per_branch} layers")
+        elif args.command == "expand":
+            out, cfg, new_keys = expand_folder(args.source, args.target, args.branches, args.seed, args.overwrite)
+            print(f"wrote {out}: {cfg.num_branches} branches x {cfg.layers_per_branch} layers ({len(new_keys)} new "
+                  f"tensors, seed {args.seed}); continue training with run_classify.py --init-from {out} "
+                  f"--set num_branches={cfg.num_branches} --set num_layers={cfg.num_layers}")
         else:
             cfg, state = read_folder(args.source)
             to_hf_vit(cfg, state).save_pretrained(str(args.target))

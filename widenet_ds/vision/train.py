@@ -198,7 +198,13 @@ HEAD_PREFIXES = ("classifier.", "pre_logits.")
 def init_weights_for(model: VisionConfig, folder: Path) -> dict[str, torch.Tensor]:
     """The folder's weights that fit `model`: a head of another shape (new classes, no pre-logits) is left
     to its fresh initialisation, as the authors' finetuning drops it; any other mismatch is an error."""
-    _, state = read_folder(folder)
+    saved, state = read_folder(folder)
+    branched = max(saved.num_branches, model.num_branches) > 1
+    if branched and (saved.num_branches, saved.layers_per_branch) != (model.num_branches, model.layers_per_branch):
+        # The common mix-up after `export expand` / `compress`: the preset's layout instead of the folder's.
+        raise CheckpointError(f"--init-from {folder} holds {saved.num_branches} branch(es) x {saved.layers_per_branch} "
+                              f"layers, this model {model.num_branches} x {model.layers_per_branch}; pass --set "
+                              f"num_branches={saved.num_branches} --set num_layers={saved.num_layers}.")
     expected = build_global_state_shapes(model)
     kept, wrong = {}, []
     for key, shape in expected.items():
