@@ -60,11 +60,16 @@ def test_a_run_length_inside_a_prefix_batch_is_rounded_up(data, tmp_path, dist):
     assert any("the run ends at step 4" in e for e in events(tmp_path / "run"))
 
 
-def test_staged_pretraining_adds_the_second_branch_at_its_step(data, tmp_path, dist):
-    argv = pretrain_args(data, tmp_path, "run", "--branch-schedule", "staged", "--stage-steps", "3", "--max-steps", "5")
+def test_staged_pretraining_adds_the_second_branch_and_reports_mlm_loss_per_branch_count(data, tmp_path, dist):
+    argv = pretrain_args(data, tmp_path, "run", "--branch-schedule", "staged", "--stage-steps", "3", "--max-steps", "5",
+                         "--eval-interval", "5", "--eval-batches", "2")
     assert run_pretrain(parse_pretrain_args(argv)) == 0
     active = train_losses(tmp_path / "run", "branches/active")
     assert [active[s] for s in range(1, 6)] == [1, 1, 1, 2, 2]
+    # the compression curve on the held-out split: the first k branches, no retraining
+    per_k = [train_losses(tmp_path / "run", f"valid_branches_{k}/mlm_loss")[5] for k in (1, 2)]
+    assert train_losses(tmp_path / "run", "valid/mlm_loss")[5] == pytest.approx(per_k[1])  # k = 2: the full model
+    assert per_k[0] != per_k[1]
 
 
 def test_zero1_with_a_prefix_schedule_is_refused_before_anything_is_written(data, tmp_path, dist):

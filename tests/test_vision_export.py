@@ -17,7 +17,9 @@ from widenet_ds.vision.model import ViTWideNetForImageClassification
 
 
 @pytest.mark.parametrize("preset, overrides", [("vit-tiny", dict(head="cls")),
-                                               ("vit-b16", dict(pre_logits=False, num_classes=1000))])
+                                               ("vit-b16", dict(pre_logits=False, num_classes=1000)),
+                                               # bias-free q/k/v and a learned CLS token (ParaFormer's ViT)
+                                               ("paraformer-tiny-1x12", dict(residual="standard"))])
 def test_dense_vit_converts_to_hf_with_logit_parity(preset, overrides):
     torch.manual_seed(0)
     cfg = VisionConfig.from_preset(preset, **overrides)
@@ -35,7 +37,8 @@ def test_dense_vit_converts_to_hf_with_logit_parity(preset, overrides):
     assert want.std() > 0.01  # the logits carry signal
 
 
-@pytest.mark.parametrize("preset", ["widenet-vit-tiny", "vit-moe-b16", "vit-b16"])
+@pytest.mark.parametrize("preset", ["widenet-vit-tiny", "vit-moe-b16", "vit-b16", "paraformer-tiny-3x4",
+                                    "paraformer-tiny-1x12"])
 def test_models_hf_cannot_hold_are_refused(preset):
     cfg = VisionConfig.from_preset(preset)
     with pytest.raises(ConfigError, match="cannot become a Hugging Face ViTForImageClassification"):

@@ -162,15 +162,16 @@ def _to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor
 
 @torch.no_grad()
 def validate(engine, loader: PretrainingDataLoader, start_state: dict, batches: int,
-             metrics: StepMetrics) -> dict[str, float]:
-    """MLM/SOP on the held-out split: the same `batches` micro-batches every time (the loader is rewound)."""
+             metrics: StepMetrics, branches: int | None = None, prefix: str = "valid") -> dict[str, float]:
+    """MLM/SOP on the held-out split: the same `batches` micro-batches every time (the loader is rewound).
+    `branches`: the first k branches only (ParaFormer's compression curve)."""
     engine.eval()
     loader.load_state_dict(start_state)
     for _, batch in zip(range(batches), loader):
         batch = _to_device(batch, engine.device)
-        metrics.add(engine(**batch), batch)
+        metrics.add(engine(**batch, branches=branches) if branches else engine(**batch), batch)
     engine.train()
-    scalars, _, _ = metrics.reduce("valid")
+    scalars, _, _ = metrics.reduce(prefix)
     return scalars
 
 
@@ -239,20 +240,30 @@ def run(cfg: PretrainConfig) -> int:
     stop.install()
     say(f"training: steps {state.step + 1} to {plan.max_steps}")
     try:
-        _train(cfg, plan, engine, train_loader, valid_loader, checkpoints, state, log, stop, meta)
+        valid_start = valid_loader.state_dict() if valid_loader is not None else None
+        finished = _train(cfg, plan, engine, train_loader, valid_loader, valid_start, checkpoints, state, log, stop,
+                          meta)
+        if finished and valid_loader is not None and plan.model_config.num_branches > 1:
+            # ParaFormer's compression curve: held-out MLM/SOP of the first k branches, no retraining.
+            for k in range(1, plan.model_config.num_branches + 1):
+                metrics = StepMetrics(plan.model_config.routing_blocks,
+                                      plan.model_config.moe.num_experts if plan.model_config.is_moe else 0)
+                log.record(state.step, validate(engine, valid_loader, valid_start, cfg.eval_batches, metrics,
+                                                branches=k, prefix=f"valid_branches_{k}"))
     finally:
         stop.uninstall()
         log.close()
     return 0
 
 
-def _train(cfg, plan: RunPlan, engine, train_loader, valid_loader, checkpoints: CheckpointManager,
-           state: TrainingState, log: TrainingLog, stop: StopRequest, meta: dict[str, Any]) -> None:
+def _train(cfg, plan: RunPlan, engine, train_loader, valid_loader, valid_start: dict | None,
+           checkpoints: CheckpointManager, state: TrainingState, log: TrainingLog, stop: StopRequest,
+           meta: dict[str, Any]) -> bool:
+    """The loop over batches; True when max_steps was reached, False when stopped by a signal."""
     mcfg = plan.model_config
     num_experts = mcfg.moe.num_experts if mcfg.is_moe else 0
     train_metrics = StepMetrics(mcfg.routing_blocks, num_experts)
     valid_metrics = StepMetrics(mcfg.routing_blocks, num_experts)
-    valid_start = valid_loader.state_dict() if valid_loader is not None else None
     own_grad_norm = plan.ds.zero_stage == 0 and plan.ds.precision == "fp32"
     accumulation = plan.ds.batch.gradient_accumulation_steps
     branched = mcfg.num_branches > 1
@@ -317,4 +328,5 @@ def _train(cfg, plan: RunPlan, engine, train_loader, valid_loader, checkpoints: 
                 log.event(state.step, f"checkpoint saved: {tag_dir}")
         if stopping:
             log.event(state.step, f"stopped by {stop.signal_name or 'a signal on another rank'}; resume with --resume")
-            return
+            return False
+    return True

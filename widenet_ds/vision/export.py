@@ -168,6 +168,11 @@ def check_hf_convertible(cfg: VisionConfig) -> None:
         problems.append("HF's classifier reads the CLS token (head = 'cls'), not the average of all tokens")
     if cfg.pre_logits:
         problems.append("ViTForImageClassification has no pre-logits layer (pre_logits = false)")
+    if cfg.num_branches > 1:
+        problems.append("HF's ViT is one sequential stack (num_branches = 1; `compress --branches 1` keeps branch 1)")
+    if cfg.residual != "standard":
+        problems.append("HF's ViT adds the sub-layer to the raw residual stream (residual = 'standard', not ParaFormer's "
+                        "LN(x) + f(LN(x)))")
     if problems:
         raise ConfigError(f"this model cannot become a Hugging Face ViTForImageClassification: {'; '.join(problems)}.")
 
@@ -181,12 +186,12 @@ def hf_config(cfg: VisionConfig):
                      hidden_act="gelu_pytorch_tanh" if cfg.activation == "gelu_new" else "gelu",
                      hidden_dropout_prob=cfg.hidden_dropout, attention_probs_dropout_prob=cfg.attention_dropout,
                      layer_norm_eps=cfg.layer_norm_eps, image_size=cfg.image_size, patch_size=cfg.patch_size,
-                     num_channels=cfg.num_channels, qkv_bias=True, num_labels=cfg.num_classes)
+                     num_channels=cfg.num_channels, qkv_bias=cfg.qkv_bias, num_labels=cfg.num_classes)
 
 
 def hf_state_dict(cfg: VisionConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Our keys -> HF ViTForImageClassification's. The CLS token is our constant zero."""
-    out = {"vit.embeddings.cls_token": torch.zeros(1, 1, cfg.hidden_size),
+    """Our keys -> HF ViTForImageClassification's. The CLS token is ours when learned, else our constant zero."""
+    out = {"vit.embeddings.cls_token": state.get("embeddings.cls", torch.zeros(1, 1, cfg.hidden_size)),
            "vit.embeddings.position_embeddings": state["embeddings.position"],
            "vit.embeddings.patch_embeddings.projection.weight": state["embeddings.projection.weight"],
            "vit.embeddings.patch_embeddings.projection.bias": state["embeddings.projection.bias"],
@@ -201,7 +206,8 @@ def hf_state_dict(cfg: VisionConfig, state: dict[str, Tensor]) -> dict[str, Tens
                  "mlp.fc1": f"ffn.{i}.fc_in", "mlp.fc2": f"ffn.{i}.fc_out"}
         for hf_name, our_name in pairs.items():
             for leaf in ("weight", "bias"):
-                out[f"vit.layers.{i}.{hf_name}.{leaf}"] = state[f"encoder.{our_name}.{leaf}"]
+                if f"encoder.{our_name}.{leaf}" in state:  # no q/k/v biases when qkv_bias = false
+                    out[f"vit.layers.{i}.{hf_name}.{leaf}"] = state[f"encoder.{our_name}.{leaf}"]
     return out
 
 
