@@ -30,6 +30,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from widenet_ds.report.branches import plot, read_run  # noqa: E402
 from widenet_ds.training.log import read_metrics  # noqa: E402
 from widenet_ds.vision.config import VisionConfig  # noqa: E402
 from widenet_ds.vision.model import build_model, count_trainable_parameters  # noqa: E402
@@ -83,26 +84,6 @@ def forward_latency_ms(name: str, threads: int, batch: int = 256, repeats: int =
     return statistics.median(times)
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for row in rows:
-        if row["accuracy_by_branches"] and row["budget"] == "equal-steps":
-            ks = sorted(int(k) for k in row["accuracy_by_branches"])
-            ax.plot(ks, [row["accuracy_by_branches"][str(k)] for k in ks], marker="o", label=row["model"])
-        elif row["budget"] == "equal-steps":
-            ax.axhline(row["test_accuracy"], linestyle="--", color="grey", label=f"{row['model']} (12 layers)")
-    ax.set_xlabel("branches kept (first k, no retraining)")
-    ax.set_ylabel("Fashion-MNIST test accuracy")
-    ax.set_title("Compression: accuracy of the first k branches")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=600)
@@ -141,7 +122,9 @@ def main() -> int:
     print(f"load average at end: {os.getloadavg()}")
     (args.output / "table.md").write_text(table + "\n")
     (args.output / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
-    plot(rows, args.output / "fig4_fmnist.png")
+    # the paper's Fig. 4: accuracy of the first k branches (equal-steps runs; the sequential ViT has one branch)
+    plot([read_run(Path(r["run_dir"])) for r in rows if r["accuracy_by_branches"] and r["budget"] == "equal-steps"],
+         args.output / "fig4_fmnist.png")
     return 0
 
 
