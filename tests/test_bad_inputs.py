@@ -347,6 +347,18 @@ CASES = [
     C("pretrain-resume-changed-batch", "pretrain", lambda e, t: pretrain(e, t, "--resume", str(e["run"]), "--max-steps",
       "3", ds=ds_config(t, train_batch_size=32)), r"train_batch_size: 16 -> 32.*no longer be the same run"),
     C("pretrain-missing-ds-config", "pretrain", lambda e, t: pretrain(e, t, ds=t / "none.json"), r"none\.json does not exist"),
+    # ---- ParaFormer branch layouts, schedules, compression ----
+    C("model-config-branches-not-dividing", "widenet-ds", lambda e, t: ["model-config", str(e["model"]), "--set",
+      "num_branches=3", "--output", str(t / "m.json")], r"num_branches = 3 must divide num_layers = 4"),
+    C("pretrain-prefix-schedule-without-branches", "pretrain", lambda e, t: pretrain(e, t, "--branch-schedule", "prefix",
+      ds=ds_config(t, **{"zero_optimization.stage": 0})), r"needs a model with branches.*paraformer"),
+    C("pretrain-prefix-schedule-under-zero1", "pretrain", lambda e, t: pretrain(e, t, "--branch-schedule", "prefix",
+      model=model_config(e, t, num_branches=2, norm_position="pre")), r"no update of any kind.*stage is 1: set it to 0"),
+    C("pretrain-staged-without-stage-steps", "pretrain", lambda e, t: pretrain(e, t, "--branch-schedule", "staged",
+      model=model_config(e, t, num_branches=2, norm_position="pre"), ds=ds_config(t, **{"zero_optimization.stage": 0})),
+      r"needs --stage-steps"),
+    C("branches-compress-model-without-branches", "widenet-ds", lambda e, t: ["branches", "compress", str(e["export"]),
+      str(t / "o"), "--branches", "1"], r"no branches \(num_branches = 1\)"),
     # ---- finetuning entrypoints, CLI level ----
     C("glue-missing-data", "glue", lambda e, t: glue(e, t, data=t / "none"), r"none does not exist"),
     C("glue-zero-key-typo", "glue", lambda e, t: glue(e, t, ds=ds_config(t, **{"zero_optimization.stag": 1})),
