@@ -14,7 +14,6 @@ count), and its new branches are a fresh initialisation (seeded). Both load wher
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
@@ -22,7 +21,7 @@ from torch import Tensor
 
 from widenet_ds.checkpoint.branches import check_keep, compress, expand, expanded_config, layout_of
 from widenet_ds.checkpoint.format import (CONFIG_FILE, PortableCheckpoint, _model_kwargs, architectures, read_folder,
-                                          save_folder)
+                                          read_folder_config, save_folder)
 from widenet_ds.data.tokenizer import tokenizer_files_in
 from widenet_ds.errors import CheckpointError
 from widenet_ds.model.config import ModelConfig
@@ -32,13 +31,7 @@ from widenet_ds.writable import check_output_folder
 def _stored_config(folder: Path) -> dict:
     """The folder's config.json as written (read_folder checks it fully, with the weights)."""
     path = Path(folder) / CONFIG_FILE
-    if not path.is_file():
-        raise CheckpointError(f"{folder} is not a widenet-ds checkpoint folder (no {CONFIG_FILE}); write one with "
-                              f"`widenet-ds convert to-folder`.")
-    try:
-        stored = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path} is not valid JSON: {err}.") from None
+    stored = read_folder_config(folder)
     if not isinstance(stored, dict) or not isinstance(stored.get("model"), dict):
         vision = isinstance(stored, dict) and "vision_model" in stored
         hint = " (a vision folder: use `python -m widenet_ds.vision.export`)" if vision else ""

@@ -216,16 +216,22 @@ def is_folder(path: Path) -> bool:
     return (Path(path) / CONFIG_FILE).is_file()
 
 
-def read_folder(folder: Path) -> PortableCheckpoint:
-    folder = Path(folder)
-    config_path = folder / CONFIG_FILE
+def read_folder_config(folder: Path) -> Any:
+    """A folder's config.json as written (`read_folder` checks it fully, with the weights)."""
+    config_path = Path(folder) / CONFIG_FILE
     if not config_path.is_file():
         raise CheckpointError(f"{folder} is not a widenet-ds checkpoint folder (no {CONFIG_FILE}); write one with "
                               f"`widenet-ds convert to-folder`.")
     try:
-        config = json.loads(config_path.read_text())
+        return json.loads(config_path.read_text())
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{config_path} is not valid JSON: {err}.") from None
+
+
+def read_folder(folder: Path) -> PortableCheckpoint:
+    folder = Path(folder)
+    config_path = folder / CONFIG_FILE
+    config = read_folder_config(folder)
     version = config.get("format_version") if isinstance(config, dict) else None
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{config_path} has format_version {version!r}; this widenet-ds reads version "
