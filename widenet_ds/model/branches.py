@@ -13,7 +13,17 @@ Each branch keeps its own parameter tensors: a branch outside the active set is 
 gets no gradient, which optimizers skip entirely (`WideNetEncoder.set_trainable_branches`).
 
 Branch-parallel (`BranchParallel`): each rank runs its share of the branches and one all-reduce sums the
-partial sums; the all-reduce is differentiable, so it trains too.
+partial sums. Everything outside the branches (embeddings, final LayerNorm, head) runs replicated, on the
+same input, on every rank, so the gradients follow Megatron's tensor-parallel pair: the sum's backward is
+the identity (every rank's incoming gradient already is the whole one) and the encoder input's backward
+all-reduces (each rank's input gradient covers only its branches). After a backward, every rank then holds
+the one-process gradients of its own branches and of everything outside the branches; the modules that
+every branch shares (WideNet's attention and MoE) hold this rank's share, summed by
+`BranchParallel.all_reduce_shared_gradients` (call it once before each optimizer step, on every rank).
+Not covered: a shared MoE routes each rank's tokens by itself, so with capacity dropping (drop_tokens) the
+capacity and the dropped routes are per rank, and the balance loss is this rank's branches' own; with
+nothing dropped the logits are the one-process ones. Expert parallelism inside the branch group is not
+supported (the shared gradients' sum would add different experts).
 """
 
 from __future__ import annotations
@@ -24,7 +34,6 @@ import torch
 import torch.distributed as torch_dist
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.distributed.nn.functional import all_reduce as differentiable_all_reduce
 
 from widenet_ds.errors import ConfigError
 from widenet_ds.model.moe import MoEFeedForward
@@ -49,9 +58,66 @@ class BranchParallel:
         start = rank * base + min(rank, extra)
         return cls(group, tuple(range(start, start + base + (rank < extra))))
 
+    @property
+    def process_group(self) -> torch_dist.ProcessGroup:
+        return self.group or torch_dist.group.WORLD
+
+    def input(self, x: Tensor) -> Tensor:
+        """The encoder input as this rank's branches read it: x, whose gradient is summed over the ranks."""
+        return _SumGradientOverRanks.apply(x, self.process_group)
+
     def sum(self, partial: Tensor) -> Tensor:
-        """The sum over all branches from each rank's partial sum (gradients flow back to every rank)."""
-        return differentiable_all_reduce(partial, group=self.group or torch_dist.group.WORLD)
+        """The sum over all branches from each rank's partial sum; its gradient passes through unchanged."""
+        return _SumOverRanks.apply(partial, self.process_group)
+
+    def all_reduce_shared_gradients(self, encoder: nn.Module) -> None:
+        """Sum the gradients of the modules every branch uses over the ranks (one all-reduce; a rank whose
+        branches were all inactive contributes zeros). Collective: every rank calls it, after the backward."""
+        params = [p for p in shared_parameters(encoder) if p.requires_grad]
+        if not params:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        torch_dist.all_reduce(flat, group=self.process_group)
+        for param, summed in zip(params, flat.split([p.numel() for p in params])):
+            param.grad = summed.view_as(param)
+
+
+class _SumOverRanks(torch.autograd.Function):
+    """Forward: all-reduce (sum). Backward: identity, as Megatron's reduce-from-tensor-parallel-region.
+    (torch.distributed.nn's all_reduce all-reduces the gradient too: with the head replicated on every rank
+    that multiplies the branches' gradients by the number of ranks.)"""
+
+    @staticmethod
+    def forward(ctx, partial: Tensor, group: torch_dist.ProcessGroup) -> Tensor:
+        total = partial.clone(memory_format=torch.contiguous_format)
+        torch_dist.all_reduce(total, group=group)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        return grad, None
+
+
+class _SumGradientOverRanks(torch.autograd.Function):
+    """Forward: identity. Backward: all-reduce (sum), as Megatron's copy-to-tensor-parallel-region."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, group: torch_dist.ProcessGroup) -> Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        grad = grad.clone(memory_format=torch.contiguous_format)
+        torch_dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def shared_parameters(encoder: nn.Module) -> list[nn.Parameter]:
+    """The parameters of the modules every branch uses (a per-block list of length 1), in a fixed order."""
+    return [p for modules in (encoder.attention, encoder.ffn, encoder.attention_norm, encoder.ffn_norm)
+            if len(modules) == 1 for p in modules[0].parameters()]
 
 
 def branch_blocks(layers_per_branch: int, branch: int) -> range:

@@ -209,6 +209,7 @@ class WideNetEncoder(nn.Module):
                       branches: int | None) -> tuple[Tensor, list[Routing]]:
         active = active_branches(self.cfg.num_branches, branches)
         if self.branch_parallel is not None:
+            x = self.branch_parallel.input(x)
             mine = set(self.branch_parallel.branches)
             active = [b for b in active if b in mine]
         routings: list[Routing] = []
@@ -224,8 +225,8 @@ class WideNetEncoder(nn.Module):
                 if used is not None:
                     routings.append(used)
             out = streams.sum(dim=0)
-        else:  # this rank holds none of the active branches
-            out = torch.zeros_like(x)
+        else:  # this rank holds none of the active branches: zeros, still tied to x so that the input's
+            out = x * 0  # backward all-reduce runs here too (the other ranks wait for it)
         if self.branch_parallel is not None:
             out = self.branch_parallel.sum(out)
         return out, routings
