@@ -134,7 +134,7 @@ def measure_all(variants: dict[str, tuple], args, threads: int | None = None) ->
                                   args.warmup, args.repeats)
     train = interleaved_medians({n: timed(train_step(m, f, x, y), threads) for n, (m, f, x, y) in variants.items()},
                                 args.warmup, args.train_repeats)
-    return {n: (forward[n] * 1e3, args.batch / train[n]) for n in variants}
+    return {n: (forward[n] * 1e3, len(x) / train[n]) for n, (_, _, x, _) in variants.items()}
 
 
 # --- (a) and (b): one process ------------------------------------------------------------------------
@@ -159,26 +159,27 @@ def section_layouts(args) -> None:
 def section_batching(args) -> None:
     torch.set_num_threads(args.threads)
     print(f"\n### (b) batched branches against a Python loop over the branches: 1 process, {args.threads} "
-          f"threads, batch {args.batch}\n")
+          f"threads\n")
     print(f"({load()})\n")
-    variants = {}
-    for preset in BRANCHED:
-        model = build(preset)
-        pixels, labels = make_batch(model.cfg, args.batch)
-        if not model.cfg.is_moe:  # the two paths compute the same logits (an MoE's capacity is per routing call)
-            with torch.no_grad():
-                torch.testing.assert_close(batched_logits(model.eval(), pixels), loop_logits(model, pixels),
-                                           atol=1e-4, rtol=1e-4)
-        variants[preset, "loop"] = (model, loop_logits, pixels, labels)
-        variants[preset, "batched"] = (build(preset), batched_logits, pixels, labels)
-    results = measure_all(variants, args)
-    print("| model | loop forward ms | batched forward ms | batched speed-up | loop train samples/s | "
+    print("| model | batch | loop forward ms | batched forward ms | batched speed-up | loop train samples/s | "
           "batched train samples/s | batched speed-up |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for preset in BRANCHED:
-        loop, batched = results[preset, "loop"], results[preset, "batched"]
-        print(f"| {preset} | {loop[0]:.1f} | {batched[0]:.1f} | {loop[0] / batched[0]:.2f}x | {loop[1]:.0f} | "
-              f"{batched[1]:.0f} | {batched[1] / loop[1]:.2f}x |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for batch in args.loop_batches:
+        variants = {}
+        for preset in BRANCHED:
+            model = build(preset)
+            pixels, labels = make_batch(model.cfg, batch)
+            if not model.cfg.is_moe:  # the same logits both ways (an MoE's capacity is per routing call)
+                with torch.no_grad():
+                    torch.testing.assert_close(batched_logits(model.eval(), pixels), loop_logits(model, pixels),
+                                               atol=1e-4, rtol=1e-4)
+            variants[preset, "loop"] = (model, loop_logits, pixels, labels)
+            variants[preset, "batched"] = (build(preset), batched_logits, pixels, labels)
+        results = measure_all(variants, args)
+        for preset in BRANCHED:
+            loop, batched = results[preset, "loop"], results[preset, "batched"]
+            print(f"| {preset} | {batch} | {loop[0]:.1f} | {batched[0]:.1f} | {loop[0] / batched[0]:.2f}x | "
+                  f"{loop[1]:.0f} | {batched[1]:.0f} | {batched[1] / loop[1]:.2f}x |", flush=True)
     print(f"\n({load()})", flush=True)
 
 
@@ -262,6 +263,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=15, help="forward repeats")
     parser.add_argument("--train-repeats", type=int, default=10)
+    parser.add_argument("--loop-batches", type=int, nargs="+", default=[8, 64], help="batch sizes of (b)")
     parser.add_argument("--sections", nargs="+", default=["a", "b", "c"], choices=["a", "b", "c"])
     args = parser.parse_args()
     print(f"ParaFormer speed, CPU fp32, {machine()}, {time.strftime('%Y-%m-%d %H:%M')}")
