@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.distributed as torch_dist
@@ -211,9 +212,8 @@ def _rank_main(rank: int, world: int, port: int, args, result_path: str) -> None
         split.encoder.branch_parallel = parallel
         whole = build(preset)  # the same weights, all branches, on rank 0 alone
         pixels, labels = make_batch(split.cfg, args.batch)
-        reduce_shared = lambda: parallel.all_reduce_shared_gradients(split.encoder)  # noqa: E731
         runs = {"1 rank, 1 thread": (whole, (0,), 1, None), "1 rank, 2 threads": (whole, (0,), 2, None),
-                "2 ranks": (split, (0, 1), 1, reduce_shared)}
+                "2 ranks": (split, (0, 1), 1, partial(parallel.all_reduce_shared_gradients, split.encoder))}
         forward = interleaved_medians({name: on_ranks(forward_pass(model, batched_logits, pixels), ranks, threads)
                                        for name, (model, ranks, threads, _) in runs.items()},
                                       args.warmup, args.repeats)
