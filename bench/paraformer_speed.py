@@ -225,6 +225,7 @@ def _rank_main(rank: int, world: int, port: int, args, result_path: str) -> None
     if rank == 0:
         with open(result_path, "w") as fh:
             json.dump(results, fh)
+    torch_dist.barrier()  # nobody tears the group down while the other still uses it
     torch_dist.destroy_process_group()
 
 
