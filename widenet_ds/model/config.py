@@ -102,6 +102,24 @@ def preset_data(name: str, presets: dict, what: str, overrides: dict[str, Any]) 
     return data
 
 
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` strings (VALUE as JSON, else a plain string; `moe.KEY` for router fields) -> overrides."""
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r} is not KEY=VALUE; e.g. --set num_layers=6 or --set moe.num_experts=8.")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        if key.startswith("moe."):
+            overrides.setdefault("moe", {})[key[4:]] = value
+        else:
+            overrides[key] = value
+    return overrides
+
+
 def split_run_settings(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(a stored model-config dict without the run settings of RUN_SETTINGS, those settings)."""
     data = dict(data)
@@ -392,19 +410,7 @@ def cli(argv: list[str]) -> int:
                              "(numbers, true/false) or a plain string; repeatable")
     parser.add_argument("--output", required=True, help="the JSON file to write")
     args = parser.parse_args(argv)
-    overrides: dict[str, Any] = {}
-    for item in args.set:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--set {item!r} is not KEY=VALUE; e.g. --set moe.num_experts=8.")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        if key.startswith("moe."):
-            overrides.setdefault("moe", {})[key[4:]] = value
-        else:
-            overrides[key] = value
+    overrides = parse_overrides(args.set)
     cfg = ModelConfig.load(args.base).replace(**overrides)
     cfg.to_json(args.output)
     print(f"wrote {args.output}")

@@ -15,7 +15,6 @@ balance loss alpha * E^2 * mean(P * f) with both choices counted / k, alpha = 0.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -23,8 +22,8 @@ from typing import Any, Literal
 from widenet_ds.atomic import atomic_write_json
 from widenet_ds.errors import ConfigError
 from widenet_ds.model.config import (Activation, FFNKind, ModelConfig, MoEConfig, Residual, check_choice,
-                                     check_fraction, check_positive, dataclass_from_dict, preset_data,
-                                     read_config_json)
+                                     check_fraction, check_positive, dataclass_from_dict, parse_overrides,
+                                     preset_data, read_config_json)
 
 FORMAT_VERSION = 1
 Head = Literal["gap", "cls"]
@@ -185,24 +184,6 @@ class VisionConfig:
         data = cls.from_json(name_or_path).to_dict()
         data["moe"] = {**data["moe"], **(overrides.pop("moe", None) or {})}
         return cls.from_dict({**data, **overrides})
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """`KEY=VALUE` strings (VALUE as JSON, else a plain string; `moe.KEY` for router fields) -> overrides."""
-    overrides: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--set {item!r} is not KEY=VALUE; e.g. --set num_classes=10 or --set moe.top_k=1.")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        if key.startswith("moe."):
-            overrides.setdefault("moe", {})[key[4:]] = value
-        else:
-            overrides[key] = value
-    return overrides
 
 
 # --- presets ----------------------------------------------------------------------------------------

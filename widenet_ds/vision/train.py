@@ -32,7 +32,8 @@ from widenet_ds.training.log import TrainingLog, memory_mib
 from widenet_ds.training.branch_schedule import BranchSchedule, add_branch_arguments, plan_branch_schedule
 from widenet_ds.training.preemption import StopRequest
 from widenet_ds.vision.augment import AugmentConfig, BatchAugmenter, normalize
-from widenet_ds.vision.config import VisionConfig, parse_overrides
+from widenet_ds.model.config import parse_overrides
+from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.datasets import DATASETS, ImageSource, load_dataset
 from widenet_ds.vision.export import build_global_state_shapes, read_folder
 from widenet_ds.vision.loader import ImageLoader, default_workers
