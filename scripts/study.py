@@ -203,7 +203,8 @@ def finetune(pre: dict, task: str, shared: Path, data: Path, out: Path, sizes: d
                   "--output-dir", str(run_dir), "--max-steps", str(steps), "--seeds", str(SEEDS),
                   "--log-interval", str(max(1, steps // 10)), "--max-seq-length", str(SEQ_LENGTH),
                   # the study's small schedule is not the paper's recipe on purpose
-                  "--allow-recipe-mismatch", "--no-tensorboard", "--no-progress-bar"]
+                  "--allow-recipe-mismatch", "--no-tensorboard", "--no-progress-bar",
+                  "--resume"]  # a stage stopped part-way continues where it was (finished seeds are kept)
         with quiet(run_dir.parent / "console.log"):
             if task == "SQuAD1.1":
                 train, dev = squad_split(shared, out)

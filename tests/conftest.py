@@ -41,7 +41,22 @@ def no_stale_build_locks():
     for lock in clear_stale_build_locks():
         print(f"removed a stale JIT-build lock: {lock}")
     # DeepSpeed's CPU shm all-reduce keeps ~60 MB per rank in /dev/shm, named by port; a SIGKILLed rank
-    # never unlinks its buffer, so left-overs of earlier sessions would fill /dev/shm (RAM). None of them
-    # can be in use before this session starts a rank.
+    # never unlinks its buffer, so left-overs of earlier sessions would fill /dev/shm (RAM). A buffer still
+    # mapped by a live process belongs to a run of another session (or checkout) and is left alone.
+    in_use = _mapped_files()
     for buffer in Path("/dev/shm").glob("deepspeed_allreduce_buffer_*"):
-        buffer.unlink(missing_ok=True)
+        if str(buffer) not in in_use:
+            buffer.unlink(missing_ok=True)
+
+
+def _mapped_files() -> set[str]:
+    """The paths of the files mapped by any process this user can see (from /proc/<pid>/maps)."""
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:  # the process ended, or is not ours
+            continue
+        fields = (line.split(maxsplit=5) for line in text.splitlines())
+        mapped.update(f[5] for f in fields if len(f) == 6)  # address perms offset dev inode path
+    return mapped

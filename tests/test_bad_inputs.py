@@ -128,6 +128,15 @@ def run_copy(env, tmp: Path, damage: Callable[[Path], None]) -> Path:
     return copy
 
 
+def data_of_other_tokenizer(env, tmp: Path) -> Path:
+    """The earlier run's text tokenized with another vocabulary of the same size."""
+    data = tmp / "data"
+    assert widenet_ds(["prepare-data", "--source", str(env["books"] / "pg11.txt"), "--tokenizer",
+                       str(env["other_tokenizer"] / "tokenizer.json"), "--seq-length", "64", "--valid-fraction",
+                       "0.05", "--output", str(data), "--workers", "1", "--no-progress"]) == 0
+    return data
+
+
 def flip_token(data: Path) -> None:
     shard = data / "train" / "part-00000.bin"
     tokens = np.fromfile(shard, dtype=np.uint16)
@@ -346,6 +355,14 @@ CASES = [
       r"optimizer\.params\.lr: 0\.02 -> 0\.01.*--accept-changed-settings"),
     C("pretrain-resume-changed-batch", "pretrain", lambda e, t: pretrain(e, t, "--resume", str(e["run"]), "--max-steps",
       "3", ds=ds_config(t, train_batch_size=32)), r"train_batch_size: 16 -> 32.*no longer be the same run"),
+    C("pretrain-init-from-folder-data-of-other-tokenizer", "pretrain", lambda e, t: pretrain(
+      e, t, "--init-from", str(e["export"]), data=data_of_other_tokenizer(e, t)),
+      r"the tokenizer of --data .*data is not the tokenizer of the checkpoint .*export"),
+    C("pretrain-init-from-folder-of-other-model", "pretrain", lambda e, t: pretrain(
+      e, t, "--init-from", str(e["export"]), model=model_config(e, t, layer_norm_eps=1e-5)),
+      r"export is of another model config.*layer_norm_eps: 1e-12 \(checkpoint\) vs 1e-05 \(this run\)"),
+    C("pretrain-model-config-plain-folder", "pretrain", lambda e, t: pretrain(e, t, model=e["data"]),
+      r"--model-config .*data is a directory but not a checkpoint folder"),
     C("pretrain-missing-ds-config", "pretrain", lambda e, t: pretrain(e, t, ds=t / "none.json"), r"none\.json does not exist"),
     # ---- ParaFormer branch layouts, schedules, compression ----
     C("model-config-branches-not-dividing", "widenet-ds", lambda e, t: ["model-config", str(e["model"]), "--set",

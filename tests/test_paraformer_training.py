@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from widenet_ds.cli import main as widenet_ds
 from widenet_ds.errors import ConfigError
 from widenet_ds.training.pretrain import run as run_pretrain
 from widenet_ds.training.pretrain_config import parse_args as parse_pretrain_args
@@ -70,6 +71,24 @@ def test_staged_pretraining_adds_the_second_branch_and_reports_mlm_loss_per_bran
     per_k = [train_losses(tmp_path / "run", f"valid_branches_{k}/mlm_loss")[5] for k in (1, 2)]
     assert train_losses(tmp_path / "run", "valid/mlm_loss")[5] == pytest.approx(per_k[1])  # k = 2: the full model
     assert per_k[0] != per_k[1]
+
+
+def test_pretraining_continues_from_an_expanded_folder(data, tmp_path, dist):
+    # 2 branches pretrained, exported, expanded to 3. The first step of the new phase runs at the warm-up's
+    # lr 0, so its held-out MLM loss with the first 2 branches is the old run's last one.
+    short_eval = ["--eval-batches", "2"]
+    assert run_pretrain(parse_pretrain_args(pretrain_args(data, tmp_path, "two", "--max-steps", "4",
+                                                          "--eval-interval", "4", *short_eval))) == 0
+    assert widenet_ds(["convert", "to-folder", str(tmp_path / "two"), str(tmp_path / "two-folder")]) == 0
+    three = tmp_path / "three-folder"
+    assert widenet_ds(["branches", "expand", str(tmp_path / "two-folder"), str(three), "--branches", "3"]) == 0
+    argv = pretrain_args(data, tmp_path, "three", "--init-from", str(three), "--max-steps", "1",
+                         "--eval-interval", "1", *short_eval)
+    argv[argv.index("--model-config") + 1] = str(three)  # the folder's own (expanded) model config
+    assert run_pretrain(parse_pretrain_args(argv)) == 0
+    old = train_losses(tmp_path / "two", "valid/mlm_loss")[4]
+    assert train_losses(tmp_path / "three", "valid_branches_2/mlm_loss")[1] == pytest.approx(old, abs=1e-5)
+    assert any(e.startswith("loaded ") and str(three) in e for e in events(tmp_path / "three"))
 
 
 def test_zero1_with_a_prefix_schedule_is_refused_before_anything_is_written(data, tmp_path, dist):

@@ -1,5 +1,6 @@
 """The pretraining entry point in one process: each bad input fails with one clear error before any
-training starts (nothing written), and phase 2 starts from phase 1's weights on new, longer data."""
+training starts (nothing written), and phase 2 starts from phase 1's weights on new, longer data, from
+its DeepSpeed checkpoint or from its portable folder."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from widenet_ds.checkpoint.format import read_folder
+from widenet_ds.cli import main as widenet_ds
 from widenet_ds.errors import CheckpointError, ConfigError, DataError
 from widenet_ds.training.pretrain import run
 from widenet_ds.training.pretrain_config import parse_args
 
 sys.path.insert(0, str(Path(__file__).parent))
-from pretrain_support import BOOKS, CPU_CONFIG, prepare_data, train_losses, write_ds_config  # noqa: E402
+from pretrain_support import BOOKS, CPU_CONFIG, events, prepare_data, train_losses, write_ds_config  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +114,23 @@ def test_phase2_starts_from_phase1_weights_with_new_sequence_length(data, albert
     meta = read_meta(out / "checkpoints" / "step1")
     assert meta["data_manifest"]["seq_length"] == 128 and meta["step"] == 1
     old = torch.load(phase1 / "step2" / "mp_rank_00_model_states.pt", weights_only=True)["module"]
+    new = torch.load(out / "checkpoints" / "step1" / "mp_rank_00_model_states.pt", weights_only=True)["module"]
+    assert old.keys() == new.keys()
+    for name in old:
+        assert torch.equal(old[name], new[name]), name
+
+
+def test_init_from_a_checkpoint_folder_starts_from_its_weights(data, albert_run, tmp_path, dist):
+    # A portable folder (what convert to-folder, reshard and branches expand write) is as good a start as
+    # the DeepSpeed checkpoint it came from: the model config is read from it and the weights are its own.
+    folder = tmp_path / "folder"
+    assert widenet_ds(["convert", "to-folder", str(albert_run), str(folder)]) == 0
+    out = tmp_path / "from-folder"
+    assert run(parse_args(args(data, out, "--init-from", str(folder), "--max-steps", "1", model=str(folder),
+                               data_dir=data["seq128"]))) == 0
+    assert any(e.startswith(f"loaded {len(read_folder(folder).state)} tensors from {folder}") for e in events(out))
+    # One step at WarmupDecayLR's warm-up lr 0: the weights stay the folder's, which are phase 1's.
+    old = torch.load(albert_run / "checkpoints" / "step2" / "mp_rank_00_model_states.pt", weights_only=True)["module"]
     new = torch.load(out / "checkpoints" / "step1" / "mp_rank_00_model_states.pt", weights_only=True)["module"]
     assert old.keys() == new.keys()
     for name in old:

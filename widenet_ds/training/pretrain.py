@@ -17,12 +17,15 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
+from widenet_ds.checkpoint.format import is_folder, read_folder, read_folder_config
+from widenet_ds.checkpoint.load import LoadReport, load_into
+from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
 from widenet_ds.checkpoint.training import (CheckpointManager, TrainingState, check_resumable, check_same_model,
                                            latest_checkpoint, load_weights_only, read_meta, resolve_tag_dir,
                                            trained_ep_size)
 from widenet_ds.data.loader import PretrainingDataLoader
 from widenet_ds.data.shards import read_manifest
-from widenet_ds.data.tokenizer import TOKENIZER_FILE, VOCAB_FILE
+from widenet_ds.data.tokenizer import TOKENIZER_FILE, VOCAB_FILE, load_tokenizer
 from widenet_ds.errors import CheckpointError, ConfigError, DataError, WideNetError
 from widenet_ds.model.config import PRESETS, ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
@@ -49,18 +52,22 @@ class RunPlan:
     max_steps: int
     manifest: dict[str, Any]
     resume_from: Path | None
-    init_from: Path | None
+    init_from: Path | None  # a DeepSpeed tag folder or a portable checkpoint folder
     schedule: BranchSchedule
     resume_changes: tuple[str, ...] = ()  # accepted with --accept-changed-settings, logged at the start
 
 
 # --- checks -----------------------------------------------------------------------------------------
 def resolve_model_config(name_or_path: str, manifest: dict[str, Any], data_dir: Path) -> ModelConfig:
-    """A preset takes the data's vocabulary size; a JSON config must already match it."""
+    """A preset takes the data's vocabulary size; a JSON config, or a checkpoint folder's (its
+    config.json), must already match it."""
     overrides: dict[str, Any] = {}
     if name_or_path in PRESETS:
         overrides["vocab_size"] = manifest["vocab_size"]
-    cfg = ModelConfig.load(name_or_path, **overrides)
+    if Path(name_or_path).is_dir():
+        cfg = _folder_model_config(Path(name_or_path), "--model-config")
+    else:
+        cfg = ModelConfig.load(name_or_path, **overrides)
     if cfg.vocab_size != manifest["vocab_size"]:
         raise DataError(f"model config {name_or_path} has vocab_size {cfg.vocab_size}, the data in {data_dir} was "
                         f"tokenized with {manifest['vocab_size']} tokens; use data prepared with this model's "
@@ -70,6 +77,17 @@ def resolve_model_config(name_or_path: str, manifest: dict[str, Any], data_dir: 
                         f"model's max_position_embeddings {cfg.max_position_embeddings}; prepare the data with "
                         f"--seq-length {cfg.max_position_embeddings} or raise max_position_embeddings.")
     return cfg
+
+
+def _folder_model_config(folder: Path, flag: str) -> ModelConfig:
+    if not is_folder(folder):
+        raise ConfigError(f"{flag} {folder} is a directory but not a checkpoint folder (no config.json); pass a "
+                          f"preset, a model-config JSON or a folder written by `widenet-ds convert to-folder`.")
+    try:
+        return ModelConfig.from_stored(read_folder_config(folder)["model"])[0]
+    except (KeyError, TypeError, ConfigError) as err:
+        raise CheckpointError(f"{folder}/config.json holds no readable model config ({err}); convert the "
+                              f"checkpoint again.") from None
 
 
 def resolve_max_steps(requested: int | None, schedule_steps: int | None) -> int:
@@ -134,9 +152,14 @@ def plan_run(cfg: PretrainConfig, world_size: int) -> RunPlan:
     resume_from = find_resume_point(cfg, model_config.to_dict())
     init_from = None
     if cfg.init_from is not None:
-        init_from = resolve_tag_dir(cfg.init_from)
-        # A new phase may change the expert placement (--ep-size), not the weights' shapes or meaning.
-        check_same_model(read_meta(init_from), model_config.to_dict(), init_from)
+        init_from = cfg.init_from if is_folder(cfg.init_from) else resolve_tag_dir(cfg.init_from)
+        saved = (_folder_model_config(init_from, "--init-from").to_dict() if is_folder(init_from)
+                 else read_meta(init_from)["model_config"])
+        # A new phase may change the expert placement (--ep-size), not the weights' shapes or meaning...
+        check_same_model({"model_config": saved}, model_config.to_dict(), init_from)
+        # ... nor what each embedding row stands for: the data's tokenizer must be the checkpoint's.
+        check_checkpoint_tokenizer(load_tokenizer(cfg.data_dir), f"the tokenizer of --data {cfg.data_dir}",
+                                   init_from, model_config.vocab_size, tokenizer_file=cfg.data_dir / TOKENIZER_FILE)
     if resume_from is not None and read_meta(resume_from).get("branch_schedule", "joint") != schedule.kind:
         raise CheckpointError(f"checkpoint {resume_from} was trained with --branch-schedule "
                               f"{read_meta(resume_from).get('branch_schedule', 'joint')}; resume with the same schedule.")
@@ -200,6 +223,10 @@ def run(cfg: PretrainConfig) -> int:
         f"vocabulary {plan.model_config.vocab_size})")
     model = WideNetForPreTraining(plan.model_config, ep_size=cfg.ep_size)
     model.set_activation_checkpointing(cfg.activation_checkpointing)
+    init_report: LoadReport | None = None
+    if plan.init_from is not None and is_folder(plan.init_from):
+        # Into the module before DeepSpeed copies its parameters (ZeRO partitions, fp32 master weights).
+        init_report = load_into(model, read_folder(plan.init_from), str(plan.init_from))
     compile_for_training(model, cfg.compile, cfg.compile_backend)
     say(f"initialising DeepSpeed (ZeRO stage {plan.ds.zero_stage}, {plan.ds.precision}, "
         f"{plan.ds.batch.train_batch_size} samples per step)")
@@ -210,7 +237,7 @@ def run(cfg: PretrainConfig) -> int:
     state = TrainingState()
     if plan.resume_from is not None:
         state = checkpoints.load(engine, plan.resume_from, train_loader)
-    elif plan.init_from is not None:
+    elif plan.init_from is not None and init_report is None:
         load_weights_only(engine, plan.init_from)
     if rank == 0:
         cfg.output_dir.mkdir(parents=True, exist_ok=True)
@@ -236,6 +263,8 @@ def run(cfg: PretrainConfig) -> int:
             log.event(state.step, f"changed since the checkpoint (--accept-changed-settings): {change}")
     elif plan.init_from is not None:
         log.event(state.step, f"weights from {plan.init_from} (new optimizer and schedule)")
+        for line in init_report.summary().splitlines() if init_report is not None else ():
+            log.event(state.step, line)
     stop = StopRequest()
     stop.install()
     say(f"training: steps {state.step + 1} to {plan.max_steps}")

@@ -29,10 +29,11 @@ class PretrainConfig:
     DeepSpeed JSON. `resume` is None (a fresh run), "latest" (the newest complete checkpoint in
     `output_dir`, or a fresh start when there is none yet, so a requeued job simply continues) or a
     checkpoint folder. `init_from` starts a new phase (e.g. phase 2, seq 512) from the weights of
-    another run's checkpoint, with a fresh optimizer and schedule.
+    another run's DeepSpeed checkpoint or of a portable checkpoint folder (`convert to-folder`, a reshard,
+    a ParaFormer expansion), with a fresh optimizer and schedule.
     """
 
-    model_config: str  # a preset name or a model-config JSON file
+    model_config: str  # a preset name, a model-config JSON file or a checkpoint folder (its config)
     deepspeed_config: Path
     data_dir: Path
     output_dir: Path
@@ -102,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "launcher (or launcher.sh, srun, mpiexec). Batch sizes, learning rate, schedule, "
                     "precision and ZeRO stage come from the DeepSpeed JSON only.")
     parser.add_argument("--model-config", required=True,
-                        help="a preset name (e.g. widenet-base-e4, albert-base, widenet-tiny-e4) or a model-config JSON")
+                        help="a preset name (e.g. widenet-base-e4, albert-base, widenet-tiny-e4), a model-config JSON "
+                             "or a checkpoint folder (the model it holds)")
     parser.add_argument("--deepspeed_config", "--deepspeed-config", dest="deepspeed_config", required=True,
                         type=Path, help="DeepSpeed JSON (see ds_configs/README.md)")
     parser.add_argument("--data", dest="data_dir", required=True, type=Path,
@@ -146,7 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "DeepSpeed JSON differ from the checkpoint's (the run is then no longer exact; the "
                              "changes are logged)")
     parser.add_argument("--init-from", type=Path, default=None, metavar="CHECKPOINT",
-                        help="start a new phase (e.g. seq 512) from another run's checkpoint weights")
+                        help="start a new phase (e.g. seq 512) from the weights of another run's checkpoint or of "
+                             "a checkpoint folder (convert to-folder, branches expand); the data must use its "
+                             "tokenizer")
     add_branch_arguments(parser)
     parser.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
                         help="write metrics.jsonl only")
