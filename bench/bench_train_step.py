@@ -24,7 +24,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import device, gemm_peak_flops, init_single_rank, machine, median_seconds, sync  # noqa: E402
+from bench.common import gemm_peak_flops, init_single_rank, machine, median_seconds, sync  # noqa: E402
 
 # name -> (preset, MoEConfig overrides); "hf-albert" is transformers' AlbertForPreTraining.
 MODELS = {

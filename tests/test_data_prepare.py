@@ -53,7 +53,7 @@ def vocab(shared_data) -> Path:
 def test_output_is_byte_identical_for_any_worker_count(tmp_path, wiki, vocab, masking):
     config = PrepareConfig(ExampleConfig(seq_length=64), masking=masking, dupe_factor=2, seed=7, **SMALL)
     one = prepare([parse_source(str(wiki))], tmp_path / "w1", config, str(vocab), workers=1, progress=False)
-    two = prepare([parse_source(str(wiki))], tmp_path / "w2", config, str(vocab), workers=2, progress=False)
+    prepare([parse_source(str(wiki))], tmp_path / "w2", config, str(vocab), workers=2, progress=False)
     assert len(one["splits"]["train"]["shards"]) >= 5  # several partitions, really spread over workers
     assert one["splits"]["valid"]["examples"] > 0
     assert folder_digest(tmp_path / "w1") == folder_digest(tmp_path / "w2")

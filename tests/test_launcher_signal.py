@@ -29,8 +29,6 @@ STEPS = 8
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory, shared_data):
-    from launch_inputs import prepare_tiny_corpus
-
     from widenet_ds.data.prepare import cli as prepare_cli
 
     root = tmp_path_factory.mktemp("signal")

@@ -2,7 +2,6 @@
 
 import json
 
-import pytest
 
 from widenet_ds.cli import main
 from widenet_ds.model.counts import preset_counts

@@ -6,7 +6,7 @@ import contextlib
 import importlib
 import sys
 
-from widenet_ds.errors import WideNetError
+from widenet_ds.errors import exit_status
 from widenet_ds.runtime.quiet import quiet_third_party
 
 # name -> (module:function, one-line help). Imported lazily so `widenet-ds params` does not pay for
@@ -53,11 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             import deepspeed  # noqa: F401
     module_name, func_name = SUBCOMMANDS[name][0].split(":")
     func = getattr(importlib.import_module(module_name), func_name)
-    try:
-        return int(func(rest) or 0)
-    except WideNetError as err:
-        print(f"widenet-ds {name}: error: {err}", file=sys.stderr)
-        return 2
+    return exit_status(f"widenet-ds {name}", lambda: func(rest))
 
 
 if __name__ == "__main__":

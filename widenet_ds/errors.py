@@ -1,5 +1,10 @@
 """User-facing errors. Each message names the problem and the fix."""
 
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
 
 class WideNetError(Exception):
     """Base class of every error caused by user input (configs, data, checkpoints, launch)."""
@@ -28,3 +33,13 @@ def raise_config_problems(problems: list[str], what: str) -> None:
         raise ConfigError(problems[0])
     if problems:
         raise ConfigError(f"{len(problems)} problems with {what}:\n  - " + "\n  - ".join(problems))
+
+
+def exit_status(prog: str, command: Callable[[], int | None]) -> int:
+    """Run a command-line command: its exit status, or 2 after one `prog: error: ...` line on stderr when
+    the input was at fault (a WideNetError; no traceback: the message names the problem and the fix)."""
+    try:
+        return int(command() or 0)
+    except WideNetError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return 2

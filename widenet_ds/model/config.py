@@ -11,7 +11,7 @@ import difflib
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, Self, get_args
 
 from widenet_ds.atomic import atomic_write_json
 from widenet_ds.errors import ConfigError
@@ -120,6 +120,51 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return overrides
 
 
+class ConfigFile:
+    """Presets and JSON files, shared by the text (`ModelConfig`) and vision (`VisionConfig`) configs: a
+    subclass is a dataclass with a `moe` field that names its presets and what it is called in errors."""
+
+    NAME: ClassVar[str]         # "model config": how errors name a config file
+    PRESET_NAME: ClassVar[str]  # "preset": how errors name a preset
+
+    @classmethod
+    def presets(cls) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        data = dict(data)
+        data.pop("format_version", None)
+        return dataclass_from_dict(cls, data, cls.__name__)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with fields changed; `moe` as a dict of MoE fields to change."""
+        data = self.to_dict()
+        data["moe"] = {**data["moe"], **(changes.pop("moe", None) or {})}
+        return type(self).from_dict({**data, **changes})
+
+    def to_json(self, path: str | os.PathLike) -> None:
+        atomic_write_json(path, {"format_version": FORMAT_VERSION, **self.to_dict()}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> Self:
+        return cls.from_dict(read_config_json(path, cls.NAME, cls.presets()))
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> Self:
+        return cls.from_dict(preset_data(name, cls.presets(), cls.PRESET_NAME, overrides))
+
+    @classmethod
+    def load(cls, name_or_path: str, **overrides: Any) -> Self:
+        """A preset name or a JSON file, plus field overrides (`moe` as a dict)."""
+        if name_or_path in cls.presets():
+            return cls.from_preset(name_or_path, **overrides)
+        return cls.from_json(name_or_path).replace(**overrides)
+
+
 def split_run_settings(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(a stored model-config dict without the run settings of RUN_SETTINGS, those settings)."""
     data = dict(data)
@@ -189,7 +234,7 @@ class MoEConfig:
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(ConfigFile):
     """A WideNet / ALBERT / BERT-with-factorized-embeddings encoder and its heads.
 
     Sharing flags express the paper's Table 3 ablations without code forks:
@@ -203,6 +248,9 @@ class ModelConfig:
     LN(x) + f(LN(x)) (pre-LN only); "standard" is x + f(LN(x)) (pre-LN) or LN(x + f(x)) (post-LN).
     `qkv_bias = false` drops the query/key/value biases (ParaFormer's and lucidrains' ViT).
     """
+
+    NAME: ClassVar[str] = "model config"
+    PRESET_NAME: ClassVar[str] = "preset"
 
     vocab_size: int = 30000
     embedding_size: int = 128
@@ -313,14 +361,9 @@ class ModelConfig:
         return [group * per_group for group in range(self.routing_groups)]
 
     # -- (de)serialisation ---------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
-        data = dict(data)
-        data.pop("format_version", None)
-        return dataclass_from_dict(cls, data, "ModelConfig")
+    def presets(cls) -> dict[str, Any]:
+        return PRESETS
 
     @classmethod
     def from_stored(cls, data: dict[str, Any]) -> tuple["ModelConfig", dict[str, Any]]:
@@ -330,32 +373,6 @@ class ModelConfig:
         returned as run settings (provenance), not refused."""
         model, settings = split_run_settings(data)
         return cls.from_dict(model), settings
-
-    def replace(self, **changes: Any) -> "ModelConfig":
-        """A copy with fields changed; `moe` as a dict of MoE fields to change."""
-        data = self.to_dict()
-        data["moe"] = {**data["moe"], **(changes.pop("moe", None) or {})}
-        return ModelConfig.from_dict({**data, **changes})
-
-    def to_json(self, path: str | os.PathLike) -> None:
-        payload = {"format_version": FORMAT_VERSION, **self.to_dict()}
-        atomic_write_json(path, payload, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, path: str | os.PathLike) -> "ModelConfig":
-        return cls.from_dict(read_config_json(path, "model config", PRESETS))
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> "ModelConfig":
-        return cls.from_dict(preset_data(name, PRESETS, "preset", overrides))
-
-    @classmethod
-    def load(cls, name_or_path: str, **overrides: Any) -> "ModelConfig":
-        """A preset name or a JSON file."""
-        if name_or_path in PRESETS:
-            return cls.from_preset(name_or_path, **overrides)
-        cfg = cls.from_json(name_or_path)
-        return cfg.replace(**overrides) if overrides else cfg
 
 
 # --- presets ----------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from widenet_ds.atomic import atomic_write_text  # noqa: E402
-from widenet_ds.errors import ConfigError, WideNetError  # noqa: E402
+from widenet_ds.errors import ConfigError, exit_status  # noqa: E402
 
 RESULTS_FILE = "results.json"
 
@@ -81,18 +81,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, default=None, help="write the plot to this PNG file")
     parser.add_argument("--table", type=Path, default=None, help="also write the Markdown table to this file")
     args = parser.parse_args(argv)
-    try:
-        runs = [read_run(folder) for folder in args.runs]
-        table = markdown_table(runs)
-        print(table, end="")
-        if args.table is not None:
-            atomic_write_text(args.table, table)
-        if args.plot is not None:
-            print(f"wrote {plot(runs, args.plot)}")
-    except WideNetError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return exit_status(parser.prog, lambda: _command(args))
+
+
+def _command(args: argparse.Namespace) -> None:
+    runs = [read_run(folder) for folder in args.runs]
+    table = markdown_table(runs)
+    print(table, end="")
+    if args.table is not None:
+        atomic_write_text(args.table, table)
+    if args.plot is not None:
+        print(f"wrote {plot(runs, args.plot)}")
 
 
 if __name__ == "__main__":

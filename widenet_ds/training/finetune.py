@@ -57,7 +57,7 @@ from widenet_ds.training.console import report_error
 from widenet_ds.training.finetune_weights import load_tokenizer_for, model_overrides, save_finetuned
 from widenet_ds.training.log import TrainingLog, read_metrics
 from widenet_ds.training.predict import Batching, Prepared
-from widenet_ds.training.preemption import StopRequest
+from widenet_ds.training.preemption import SavePoints, StopRequest
 
 SEED_RESULT_FILE = "result.json"
 
@@ -208,7 +208,8 @@ def train(cfg: FinetuneConfig, engine, loop: SeedLoop, state: TrainingState, eva
     pad_id = loop.batches.dataset.pad_id
     micro = loop.batching.micro_batch
     sums, window_seconds = [0.0, 0.0, 0.0, 0.0], 0.0
-    saved_step = state.step if state.step else None
+    save_points = SavePoints(loop.checkpoints, loop.stop, loop.log, cfg.save_interval, loop.max_steps,
+                             saved_step=state.step if state.step else None)
     engine.train()
     while state.step < loop.max_steps:
         lr = engine.get_lr()[0]  # the rate this step uses (read before the scheduler advances)
@@ -226,8 +227,7 @@ def train(cfg: FinetuneConfig, engine, loop: SeedLoop, state: TrainingState, eva
         loop.log.advance()
         window_seconds += time.perf_counter() - step_start
 
-        stopping = loop.stop.agreed()
-        save_now = stopping or state.step % cfg.save_interval == 0 or state.step == loop.max_steps
+        save_now = save_points.due(state.step, state.step - 1)
         # A checkpoint also closes the logging window: a run resumed from it logs the same windows.
         if state.step % cfg.log_interval == 0 or save_now:
             loss, task_loss, balance, n = _all_reduce_sum(sums)
@@ -237,13 +237,7 @@ def train(cfg: FinetuneConfig, engine, loop: SeedLoop, state: TrainingState, eva
             sums, window_seconds = [0.0, 0.0, 0.0, 0.0], 0.0
         if cfg.eval_interval and state.step % cfg.eval_interval == 0 and state.step != loop.max_steps:
             evaluate(state.step)
-        if save_now and saved_step != state.step:
-            tag_dir = loop.checkpoints.save(engine, state, loop.batches, loop.meta)
-            saved_step = state.step
-            loop.log.event(state.step, f"checkpoint saved: {tag_dir}")
-        if stopping:
-            loop.log.event(state.step, f"stopped by {loop.stop.signal_name or 'a signal on another rank'}; "
-                                       f"resume with --resume")
+        if save_now and save_points.save(engine, state, loop.batches, loop.meta):
             return True
     return False
 

@@ -14,6 +14,7 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as torch_dist
@@ -24,16 +25,16 @@ METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
 
-class StepMetrics:
-    """Sums over the micro-batches of a logging window on this rank; `reduce` sums over ranks.
+class WindowSums:
+    """Per-rank sums over a logging window (or an evaluation), and the routing of each routing call;
+    one all-reduce sums them over ranks. A subclass names its sums (`SUMS`, "micro_batches" among them).
 
     Losses are averaged over micro-batches and ranks; accuracies are correct / counted over all of
     them; expert load is the fraction of routes per expert of each routing call (summed counts), the
     dropped fraction the mean over micro-batches and ranks.
     """
 
-    SUMS = ("loss", "mlm_loss", "sop_loss", "balance_loss", "mlm_correct", "mlm_count", "sop_correct",
-            "sop_count", "samples", "tokens", "micro_batches")
+    SUMS: tuple[str, ...] = ()
 
     def __init__(self, blocks_of_calls: list[int], num_experts: int) -> None:
         self.blocks_of_calls = blocks_of_calls  # block index of each routing call
@@ -45,26 +46,15 @@ class StepMetrics:
         self.expert_counts = torch.zeros(len(self.blocks_of_calls), self.num_experts, dtype=torch.float64)
         self.dropped = torch.zeros(len(self.blocks_of_calls), dtype=torch.float64)
 
-    @torch.no_grad()
-    def add(self, output, batch: dict[str, torch.Tensor]) -> None:
-        """One micro-batch: `output` of WideNetForPreTraining with labels, `batch` its inputs."""
-        mlm_labels, sop_labels = batch["mlm_labels"], batch["sop_labels"]
-        predicted = mlm_labels != -100
-        mlm_correct = (output.mlm_logits.argmax(-1) == mlm_labels) & predicted
-        values = {
-            "loss": output.loss, "mlm_loss": output.mlm_loss, "sop_loss": output.sop_loss,
-            "balance_loss": output.balance_loss, "mlm_correct": mlm_correct.sum(), "mlm_count": predicted.sum(),
-            "sop_correct": (output.sop_logits.argmax(-1) == sop_labels).sum(), "sop_count": sop_labels.numel(),
-            "samples": sop_labels.numel(), "tokens": batch["attention_mask"].sum(), "micro_batches": 1,
-        }
+    def _add(self, values: dict[str, Any], routing) -> None:
         self.sums += torch.tensor([float(values[name]) for name in self.SUMS], dtype=torch.float64)
-        if output.routing is not None:
-            self.expert_counts += output.routing.expert_counts.detach().to(torch.float64).cpu()
-            self.dropped += output.routing.dropped_fraction.detach().to(torch.float64).cpu()
+        if routing is not None and self.blocks_of_calls:
+            self.expert_counts += routing.expert_counts.detach().to(torch.float64).cpu()
+            self.dropped += routing.dropped_fraction.detach().to(torch.float64).cpu()
 
-    def reduce(self, prefix: str) -> tuple[dict[str, float], float, float]:
-        """Collective: every rank must call it at the same point. Returns the scalars (named
-        `prefix/...`), and the samples and real (unpadded) tokens of the window over all ranks."""
+    def _reduce(self, prefix: str) -> tuple[dict[str, float], dict[str, float]]:
+        """Collective: every rank must call it at the same point. The sums over ranks, and (for the "train"
+        prefix) each routing call's expert load and dropped fraction as scalars; then a new window."""
         flat = torch.cat([self.sums, self.expert_counts.flatten(), self.dropped])
         if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
             device = "cuda" if torch_dist.get_backend() == "nccl" else "cpu"
@@ -72,20 +62,47 @@ class StepMetrics:
             torch_dist.all_reduce(flat)
             flat = flat.cpu()
         sums = dict(zip(self.SUMS, flat[: len(self.SUMS)].tolist()))
-        n = sums["micro_batches"]
-        scalars = {f"{prefix}/{name}": sums[name] / n for name in ("loss", "mlm_loss", "sop_loss", "balance_loss")}
-        scalars[f"{prefix}/mlm_accuracy"] = sums["mlm_correct"] / max(sums["mlm_count"], 1.0)
-        scalars[f"{prefix}/sop_accuracy"] = sums["sop_correct"] / max(sums["sop_count"], 1.0)
-        counts = flat[len(self.SUMS): len(self.SUMS) + self.expert_counts.numel()].view_as(self.expert_counts)
-        dropped = flat[len(self.SUMS) + self.expert_counts.numel():] / n
+        routing = {}
         if prefix == "train":
+            counts = flat[len(self.SUMS): len(self.SUMS) + self.expert_counts.numel()].view_as(self.expert_counts)
+            dropped = flat[len(self.SUMS) + self.expert_counts.numel():] / max(sums["micro_batches"], 1.0)
             for call, block in enumerate(self.blocks_of_calls):
                 load = counts[call] / counts[call].sum().clamp(min=1.0)
                 for expert in range(self.num_experts):
-                    scalars[f"moe/block_{block:02d}/expert_{expert:02d}_load"] = load[expert].item()
-                scalars[f"moe/block_{block:02d}/dropped_fraction"] = dropped[call].item()
+                    routing[f"moe/block_{block:02d}/expert_{expert:02d}_load"] = load[expert].item()
+                routing[f"moe/block_{block:02d}/dropped_fraction"] = dropped[call].item()
         self.reset()
-        return scalars, sums["samples"], sums["tokens"]
+        return sums, routing
+
+
+class StepMetrics(WindowSums):
+    """MLM + SOP pretraining's window sums."""
+
+    SUMS = ("loss", "mlm_loss", "sop_loss", "balance_loss", "mlm_correct", "mlm_count", "sop_correct",
+            "sop_count", "samples", "tokens", "micro_batches")
+
+    @torch.no_grad()
+    def add(self, output, batch: dict[str, torch.Tensor]) -> None:
+        """One micro-batch: `output` of WideNetForPreTraining with labels, `batch` its inputs."""
+        mlm_labels, sop_labels = batch["mlm_labels"], batch["sop_labels"]
+        predicted = mlm_labels != -100
+        mlm_correct = (output.mlm_logits.argmax(-1) == mlm_labels) & predicted
+        self._add({
+            "loss": output.loss, "mlm_loss": output.mlm_loss, "sop_loss": output.sop_loss,
+            "balance_loss": output.balance_loss, "mlm_correct": mlm_correct.sum(), "mlm_count": predicted.sum(),
+            "sop_correct": (output.sop_logits.argmax(-1) == sop_labels).sum(), "sop_count": sop_labels.numel(),
+            "samples": sop_labels.numel(), "tokens": batch["attention_mask"].sum(), "micro_batches": 1,
+        }, output.routing)
+
+    def reduce(self, prefix: str) -> tuple[dict[str, float], float, float]:
+        """Collective. The scalars (named `prefix/...`), and the samples and real (unpadded) tokens of the
+        window over all ranks."""
+        sums, routing = self._reduce(prefix)
+        n = max(sums["micro_batches"], 1.0)
+        scalars = {f"{prefix}/{name}": sums[name] / n for name in ("loss", "mlm_loss", "sop_loss", "balance_loss")}
+        scalars[f"{prefix}/mlm_accuracy"] = sums["mlm_correct"] / max(sums["mlm_count"], 1.0)
+        scalars[f"{prefix}/sop_accuracy"] = sums["sop_correct"] / max(sums["sop_count"], 1.0)
+        return {**scalars, **routing}, sums["samples"], sums["tokens"]
 
 
 def memory_mib() -> float:

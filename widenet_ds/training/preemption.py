@@ -1,8 +1,10 @@
-"""Preemption: a signal asks every rank to stop at the same step, save, and exit 0 (Slurm requeues)."""
+"""Preemption: a signal asks every rank to stop at the same step, save, and exit 0 (Slurm requeues);
+`SavePoints`: where the training loops write checkpoints and stop."""
 
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 import torch
 import torch.distributed as torch_dist
@@ -38,3 +40,37 @@ class StopRequest:
             flag = flag.to(device)
             torch_dist.all_reduce(flag, op=torch_dist.ReduceOp.MAX)
         return bool(flag.item())
+
+
+class SavePoints:
+    """A loop saves every `save_interval` steps, at its last step and when stopped by a signal (then it
+    stops); never twice for one step. Asked between batches (a ParaFormer prefix batch's steps belong
+    together), so a batch of several steps saves when it crosses a multiple of the interval."""
+
+    def __init__(self, checkpoints, stop: StopRequest, log, save_interval: int, max_steps: int,
+                 saved_step: int | None) -> None:
+        self.checkpoints, self.stop, self.log = checkpoints, stop, log
+        self.save_interval, self.max_steps = save_interval, max_steps
+        self.saved_step = saved_step  # the step already on disk (a resumed run's), None for a fresh run
+        self.stopping = False
+
+    def due(self, step: int, since: int) -> bool:
+        """Collective (`StopRequest.agreed`): whether `step`, reached from step `since`, is to be saved."""
+        self.stopping = self.stop.agreed()
+        crossed = step // self.save_interval > since // self.save_interval
+        return self.stopping or crossed or step == self.max_steps
+
+    def save(self, engine, state, loader, meta: dict[str, Any]) -> bool:
+        """Write `state.step`'s checkpoint (unless on disk already); True when the loop is to stop now."""
+        if self.saved_step != state.step:
+            tag_dir = self.checkpoints.save(engine, state, loader, meta)
+            self.saved_step = state.step
+            self.log.event(state.step, f"checkpoint saved: {tag_dir}")
+        if self.stopping:
+            self.log.event(state.step, f"stopped by {self.stop.signal_name or 'a signal on another rank'}; "
+                                       f"resume with --resume")
+        return self.stopping
+
+    def after_batch(self, since: int, engine, state, loader, meta: dict[str, Any]) -> bool:
+        """`due` then `save`: True when the loop is to stop now."""
+        return self.save(engine, state, loader, meta) if self.due(state.step, since) else False

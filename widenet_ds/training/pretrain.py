@@ -37,7 +37,7 @@ from widenet_ds.runtime.engine import build_engine, expert_grad_norm_stage0, pla
 from widenet_ds.training.branch_schedule import BranchSchedule, plan_branch_schedule
 from widenet_ds.training.console import mark_same_on_every_rank, say
 from widenet_ds.training.log import StepMetrics, TrainingLog, memory_mib
-from widenet_ds.training.preemption import StopRequest
+from widenet_ds.training.preemption import SavePoints, StopRequest
 from widenet_ds.training.pretrain_config import LATEST, PretrainConfig
 
 MODEL_CONFIG_FILE = "model_config.json"
@@ -300,7 +300,8 @@ def _train(cfg, plan: RunPlan, engine, train_loader, valid_loader, valid_start: 
     batch_index = plan.schedule.batch_at_step(state.step)
     trainable = mcfg.num_branches
     window_seconds = 0.0  # training time of the logging window (validation and saving excluded)
-    saved_step = state.step if plan.resume_from is not None else None
+    save_points = SavePoints(checkpoints, stop, log, cfg.save_interval, plan.max_steps,
+                             saved_step=state.step if plan.resume_from is not None else None)
     engine.train()
     while state.step < plan.max_steps:
         first_step = state.step
@@ -347,15 +348,6 @@ def _train(cfg, plan: RunPlan, engine, train_loader, valid_loader, valid_start: 
             if valid_loader is not None and state.step % cfg.eval_interval == 0:
                 log.record(state.step, validate(engine, valid_loader, valid_start, cfg.eval_batches, valid_metrics))
         batch_index += 1
-        # Checkpoints and stops fall between batches (a prefix batch's steps belong together).
-        stopping = stop.agreed()
-        crossed_save = state.step // cfg.save_interval > first_step // cfg.save_interval
-        if stopping or crossed_save or state.step == plan.max_steps:
-            if saved_step != state.step:
-                tag_dir = checkpoints.save(engine, state, train_loader, meta)
-                saved_step = state.step
-                log.event(state.step, f"checkpoint saved: {tag_dir}")
-        if stopping:
-            log.event(state.step, f"stopped by {stop.signal_name or 'a signal on another rank'}; resume with --resume")
+        if save_points.after_batch(first_step, engine, state, train_loader, meta):
             return False
     return True

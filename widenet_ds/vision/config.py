@@ -14,24 +14,19 @@ balance loss alpha * E^2 * mean(P * f) with both choices counted / k, alpha = 0.
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from widenet_ds.atomic import atomic_write_json
 from widenet_ds.errors import ConfigError
-from widenet_ds.model.config import (Activation, FFNKind, ModelConfig, MoEConfig, Residual, check_choice,
-                                     check_fraction, check_positive, dataclass_from_dict, parse_overrides,
-                                     preset_data, read_config_json)
+from widenet_ds.model.config import (Activation, ConfigFile, FFNKind, ModelConfig, MoEConfig, Residual, check_choice,
+                                     check_fraction, check_positive, dataclass_from_dict)
 
-FORMAT_VERSION = 1
 Head = Literal["gap", "cls"]
 ClsToken = Literal["zero", "learned"]
 
 
 @dataclass
-class VisionConfig:
+class VisionConfig(ConfigFile):
     """A ViT body on the WideNet encoder, with its image classification head.
 
     `ffn = "moe"` with `share_ffn` is WideNet (one MoE for all blocks); with `share_ffn = false`,
@@ -48,6 +43,9 @@ class VisionConfig:
     the final LayerNorm, `residual = "normed"` is its LN(x) + f(LN(x)) sub-layer, `qkv_bias = false` its
     bias-free query/key/value projection (see ModelConfig and docs/paraformer.md).
     """
+
+    NAME: ClassVar[str] = "vision model config"
+    PRESET_NAME: ClassVar[str] = "vision preset"
 
     image_size: int = 224
     patch_size: int = 16
@@ -155,35 +153,9 @@ class VisionConfig:
     def layers_per_branch(self) -> int:
         return self.num_layers // self.num_branches
 
-    # -- (de)serialisation ---------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "VisionConfig":
-        data = dict(data)
-        data.pop("format_version", None)
-        return dataclass_from_dict(cls, data, "VisionConfig")
-
-    def to_json(self, path: str | os.PathLike) -> None:
-        atomic_write_json(path, {"format_version": FORMAT_VERSION, **self.to_dict()}, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, path: str | os.PathLike) -> "VisionConfig":
-        return cls.from_dict(read_config_json(path, "vision model config", VISION_PRESETS))
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> "VisionConfig":
-        return cls.from_dict(preset_data(name, VISION_PRESETS, "vision preset", overrides))
-
-    @classmethod
-    def load(cls, name_or_path: str, **overrides: Any) -> "VisionConfig":
-        """A preset name or a JSON file, plus field overrides (`moe` as a dict)."""
-        if name_or_path in VISION_PRESETS:
-            return cls.from_preset(name_or_path, **overrides)
-        data = cls.from_json(name_or_path).to_dict()
-        data["moe"] = {**data["moe"], **(overrides.pop("moe", None) or {})}
-        return cls.from_dict({**data, **overrides})
+    def presets(cls) -> dict[str, Any]:
+        return VISION_PRESETS
 
 
 # --- presets ----------------------------------------------------------------------------------------

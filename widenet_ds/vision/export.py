@@ -29,7 +29,7 @@ from widenet_ds.checkpoint.deepspeed import expert_file, load_torch_file
 from widenet_ds.checkpoint.format import (CONFIG_FILE, README_FILE, WEIGHTS_FILE, global_key_map, read_safetensors,
                                           write_safetensors)
 from widenet_ds.checkpoint.training import MODEL_STATES, read_meta, resolve_tag_dir
-from widenet_ds.errors import CheckpointError, ConfigError, WideNetError
+from widenet_ds.errors import CheckpointError, ConfigError, exit_status
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification
 
@@ -246,26 +246,24 @@ def main(argv: list[str] | None = None) -> int:
             branches.add_argument("--seed", type=int, default=0, help="seed of the new branches' initialisation")
         branches.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
-    try:
-        if args.command == "to-folder":
-            print(f"wrote {to_folder(args.source, args.target, args.tag, args.overwrite)}")
-        elif args.command == "compress":
-            out, cfg = compress_folder(args.source, args.target, args.branches, args.overwrite)
-            print(f"wrote {out}: {cfg.num_branches} branch(es) x {cfg.layers_per_branch} layers")
-        elif args.command == "expand":
-            out, cfg, new_keys = expand_folder(args.source, args.target, args.branches, args.seed, args.overwrite)
-            print(f"wrote {out}: {cfg.num_branches} branches x {cfg.layers_per_branch} layers ({len(new_keys)} new "
-                  f"tensors, seed {args.seed}); continue training with run_classify.py --init-from {out} "
-                  f"--set num_branches={cfg.num_branches} --set num_layers={cfg.num_layers}")
-        else:
-            cfg, state = read_folder(args.source)
-            to_hf_vit(cfg, state).save_pretrained(str(args.target))
-            print(f"wrote {args.target}")
-    except WideNetError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return exit_status(parser.prog, lambda: _command(args))
 
+
+def _command(args: argparse.Namespace) -> None:
+    if args.command == "to-folder":
+        print(f"wrote {to_folder(args.source, args.target, args.tag, args.overwrite)}")
+    elif args.command == "compress":
+        out, cfg = compress_folder(args.source, args.target, args.branches, args.overwrite)
+        print(f"wrote {out}: {cfg.num_branches} branch(es) x {cfg.layers_per_branch} layers")
+    elif args.command == "expand":
+        out, cfg, new_keys = expand_folder(args.source, args.target, args.branches, args.seed, args.overwrite)
+        print(f"wrote {out}: {cfg.num_branches} branches x {cfg.layers_per_branch} layers ({len(new_keys)} new "
+              f"tensors, seed {args.seed}); continue training with run_classify.py --init-from {out} "
+              f"--set num_branches={cfg.num_branches} --set num_layers={cfg.num_layers}")
+    else:
+        cfg, state = read_folder(args.source)
+        to_hf_vit(cfg, state).save_pretrained(str(args.target))
+        print(f"wrote {args.target}")
 
 if __name__ == "__main__":
     sys.exit(main())

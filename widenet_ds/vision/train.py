@@ -25,12 +25,12 @@ from widenet_ds.checkpoint.training import CheckpointManager, TrainingState, rea
 from widenet_ds.runtime.distributed import check_ep_size, init_distributed, seed_everything
 from widenet_ds.runtime.ds_config import DeepSpeedSettings, load_ds_config, validate_ds_config
 from widenet_ds.runtime.engine import build_engine, expert_grad_norm_stage0, plan_optimizer
-from widenet_ds.errors import CheckpointError, ConfigError, DataError
+from widenet_ds.errors import CheckpointError, ConfigError, DataError, raise_config_problems
 from widenet_ds.training.pretrain import find_resume_point, resolve_max_steps
 from widenet_ds.training.pretrain_config import LATEST, OptimizerChoice
-from widenet_ds.training.log import TrainingLog, memory_mib
+from widenet_ds.training.log import TrainingLog, WindowSums, memory_mib
 from widenet_ds.training.branch_schedule import BranchSchedule, add_branch_arguments, plan_branch_schedule
-from widenet_ds.training.preemption import StopRequest
+from widenet_ds.training.preemption import SavePoints, StopRequest
 from widenet_ds.vision.augment import AugmentConfig, BatchAugmenter, normalize
 from widenet_ds.model.config import parse_overrides
 from widenet_ds.vision.config import VisionConfig
@@ -83,29 +83,30 @@ class ClassifyConfig:
         self.deepspeed_config = Path(self.deepspeed_config)
         self.output_dir = Path(self.output_dir)
         self.data_dir = Path(self.data_dir) if self.data_dir is not None else None
+        self.init_from = Path(self.init_from) if self.init_from is not None else None
+        problems = []  # every problem at once, not one per attempt
         if self.dataset not in DATASETS:
-            raise ConfigError(f"--dataset {self.dataset!r} is not one of {list(DATASETS)}.")
+            problems.append(f"--dataset {self.dataset!r} is not one of {list(DATASETS)}.")
         if self.max_steps is not None and self.max_steps <= 0:
-            raise ConfigError(f"--max-steps must be positive, got {self.max_steps}.")
+            problems.append(f"--max-steps must be positive, got {self.max_steps}.")
         if self.epochs is not None and (self.epochs <= 0 or self.max_steps is not None):
-            raise ConfigError("--epochs must be positive and cannot be combined with --max-steps; pass one of them.")
+            problems.append("--epochs must be positive and cannot be combined with --max-steps; pass one of them.")
         for name in ("log_interval", "save_interval", "keep_last", "ep_size"):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}.")
+                problems.append(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}.")
         if self.eval_interval < 0:
-            raise ConfigError(f"--eval-interval must be >= 0 (0: only at the end), got {self.eval_interval}.")
+            problems.append(f"--eval-interval must be >= 0 (0: only at the end), got {self.eval_interval}.")
         if self.optimizer not in get_args(OptimizerChoice):
-            raise ConfigError(f"--optimizer {self.optimizer!r} is not one of {list(get_args(OptimizerChoice))}.")
+            problems.append(f"--optimizer {self.optimizer!r} is not one of {list(get_args(OptimizerChoice))}.")
         if not self.deepspeed_config.is_file():
-            raise ConfigError(f"DeepSpeed config {self.deepspeed_config} does not exist; pass --deepspeed_config "
-                              f"with a JSON file, e.g. ds_configs/vision_cpu_small.json (see ds_configs/README.md).")
+            problems.append(f"DeepSpeed config {self.deepspeed_config} does not exist; pass --deepspeed_config "
+                            f"with a JSON file, e.g. ds_configs/vision_cpu_small.json (see ds_configs/README.md).")
         if self.output_dir.exists() and not self.output_dir.is_dir():
-            raise ConfigError(f"--output-dir {self.output_dir} exists and is not a directory.")
-        if self.init_from is not None:
-            self.init_from = Path(self.init_from)
-            if self.resume is not None:
-                raise ConfigError("--resume continues a run and --init-from starts a new one (finetuning) from a "
-                                  "folder's weights; pass only one of them.")
+            problems.append(f"--output-dir {self.output_dir} exists and is not a directory.")
+        if self.init_from is not None and self.resume is not None:
+            problems.append("--resume continues a run and --init-from starts a new one (finetuning) from a "
+                            "folder's weights; pass only one of them.")
+        raise_config_problems(problems, "the image classification settings")
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -269,51 +270,24 @@ def plan_run(cfg: ClassifyConfig, world_size: int) -> RunPlan:
 
 
 # --- metrics ----------------------------------------------------------------------------------------
-class ClassifyMetrics:
-    """Per-rank sums over a logging window (or an evaluation), reduced over ranks by one all-reduce."""
+class ClassifyMetrics(WindowSums):
+    """Image classification's window sums (accuracy weighted: mixed-up targets count by their weight)."""
 
     SUMS = ("loss", "task_loss", "balance_loss", "correct", "count", "micro_batches")
-
-    def __init__(self, moe_blocks: list[int], num_experts: int) -> None:
-        self.moe_blocks = moe_blocks
-        self.num_experts = num_experts
-        self.reset()
-
-    def reset(self) -> None:
-        self.sums = torch.zeros(len(self.SUMS), dtype=torch.float64)
-        self.expert_counts = torch.zeros(len(self.moe_blocks), self.num_experts, dtype=torch.float64)
-        self.dropped = torch.zeros(len(self.moe_blocks), dtype=torch.float64)
 
     @torch.no_grad()
     def add(self, output, labels: torch.Tensor, weight: torch.Tensor) -> None:
         correct = ((output.logits.argmax(-1) == labels).float() * weight).sum()
-        values = (output.loss, output.task_loss, output.balance_loss, correct, weight.sum(), 1.0)
-        self.sums += torch.tensor([float(v) for v in values], dtype=torch.float64)
-        if output.routing is not None and self.moe_blocks:
-            self.expert_counts += output.routing.expert_counts.detach().double().cpu()
-            self.dropped += output.routing.dropped_fraction.detach().double().cpu()
+        self._add({"loss": output.loss, "task_loss": output.task_loss, "balance_loss": output.balance_loss,
+                   "correct": correct, "count": weight.sum(), "micro_batches": 1}, output.routing)
 
     def reduce(self, prefix: str) -> tuple[dict[str, float], float]:
-        flat = torch.cat([self.sums, self.expert_counts.flatten(), self.dropped])
-        if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
-            device = "cuda" if torch_dist.get_backend() == "nccl" else "cpu"
-            flat = flat.to(device)
-            torch_dist.all_reduce(flat)
-            flat = flat.cpu()
-        sums = dict(zip(self.SUMS, flat[: len(self.SUMS)].tolist()))
+        """Collective. The scalars (named `prefix/...`) and the examples counted over all ranks."""
+        sums, routing = self._reduce(prefix)
         n = max(sums["micro_batches"], 1.0)
         scalars = {f"{prefix}/{name}": sums[name] / n for name in ("loss", "task_loss", "balance_loss")}
         scalars[f"{prefix}/accuracy"] = sums["correct"] / max(sums["count"], 1.0)
-        if prefix == "train":
-            counts = flat[len(self.SUMS): len(self.SUMS) + self.expert_counts.numel()].view_as(self.expert_counts)
-            dropped = flat[len(self.SUMS) + self.expert_counts.numel():] / n
-            for call, block in enumerate(self.moe_blocks):
-                load = counts[call] / counts[call].sum().clamp(min=1.0)
-                for expert in range(self.num_experts):
-                    scalars[f"moe/block_{block:02d}/expert_{expert:02d}_load"] = load[expert].item()
-                scalars[f"moe/block_{block:02d}/dropped_fraction"] = dropped[call].item()
-        self.reset()
-        return scalars, sums["count"]
+        return {**scalars, **routing}, sums["count"]
 
 
 # --- the loop ---------------------------------------------------------------------------------------
@@ -446,7 +420,8 @@ def _train(cfg: ClassifyConfig, plan: RunPlan, engine, train_loader: ImageLoader
     batch_index = plan.schedule.batch_at_step(state.step)
     trainable = model_cfg.num_branches
     window_seconds = 0.0
-    saved_step = state.step if plan.resume_from is not None else None
+    save_points = SavePoints(checkpoints, stop, log, cfg.save_interval, plan.max_steps,
+                             saved_step=state.step if plan.resume_from is not None else None)
     engine.train()
     while state.step < plan.max_steps:
         first_step = state.step
@@ -492,15 +467,6 @@ def _train(cfg: ClassifyConfig, plan: RunPlan, engine, train_loader: ImageLoader
             if cfg.eval_interval and state.step % cfg.eval_interval == 0 and state.step != plan.max_steps:
                 log.record(state.step, evaluate(engine, test_loader, ClassifyMetrics([], 0)))
         batch_index += 1
-        # Checkpoints and stops fall between batches (a prefix batch's steps belong together).
-        stopping = stop.agreed()
-        crossed_save = state.step // cfg.save_interval > first_step // cfg.save_interval
-        if stopping or crossed_save or state.step == plan.max_steps:
-            if saved_step != state.step:
-                tag_dir = checkpoints.save(engine, state, train_loader, meta)
-                saved_step = state.step
-                log.event(state.step, f"checkpoint saved: {tag_dir}")
-        if stopping:
-            log.event(state.step, f"stopped by {stop.signal_name or 'a signal on another rank'}; resume with --resume")
+        if save_points.after_batch(first_step, engine, state, train_loader, meta):
             return False
     return True
