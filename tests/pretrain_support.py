@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from launching import REPO  # noqa: E402
+from launching import REPO
 
 RUN_PRETRAIN = REPO / "pretrain" / "run_pretrain.py"
 CPU_CONFIG = REPO / "ds_configs" / "cpu_small.json"

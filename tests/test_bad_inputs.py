@@ -26,12 +26,11 @@ from typing import Callable
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from launching import REPO, child_env  # noqa: E402
-from pretrain_support import CPU_CONFIG, write_model_config  # noqa: E402
+from launching import REPO, child_env
+from pretrain_support import CPU_CONFIG, write_model_config
 
-from widenet_ds.cli import main as widenet_ds  # noqa: E402
-from widenet_ds.errors import WideNetError  # noqa: E402
+from widenet_ds.cli import main as widenet_ds
+from widenet_ds.errors import WideNetError
 
 pytestmark = pytest.mark.usefixtures("dist")
 

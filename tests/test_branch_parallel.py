@@ -5,17 +5,14 @@ one-process model's; a rank holds no gradient for the other ranks' branches."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parent / "scripts"))
-from launching import REPO, run_deepspeed  # noqa: E402
-from branch_parallel_forward import CASES, build, run  # noqa: E402
+from launching import REPO, run_deepspeed
+from branch_parallel_forward import CASES, build, run
 
 SCRIPT = REPO / "tests" / "scripts" / "branch_parallel_forward.py"
 

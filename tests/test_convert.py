@@ -7,24 +7,21 @@ saving); every conversion must reproduce them.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parent / "scripts"))
-from convert_make_checkpoint import fixed_batch  # noqa: E402
-from launching import REPO, run_deepspeed  # noqa: E402
+from convert_make_checkpoint import fixed_batch
+from launching import REPO, run_deepspeed
 
-from widenet_ds.checkpoint.cli import cli as convert  # noqa: E402
-from widenet_ds.checkpoint.deepspeed import read_deepspeed_checkpoint  # noqa: E402
-from widenet_ds.checkpoint.format import read_folder, save_folder  # noqa: E402
-from widenet_ds.checkpoint.load import load_pretrained  # noqa: E402
-from widenet_ds.errors import CheckpointError  # noqa: E402
-from widenet_ds.model.widenet import WideNetForPreTraining, WideNetForSequenceClassification  # noqa: E402
+from widenet_ds.checkpoint.cli import cli as convert
+from widenet_ds.checkpoint.deepspeed import read_deepspeed_checkpoint
+from widenet_ds.checkpoint.format import read_folder, save_folder
+from widenet_ds.checkpoint.load import load_pretrained
+from widenet_ds.errors import CheckpointError
+from widenet_ds.model.widenet import WideNetForPreTraining, WideNetForSequenceClassification
 
 pytestmark = [pytest.mark.multirank, pytest.mark.usefixtures("dist")]
 SCRIPT = REPO / "tests/scripts/convert_make_checkpoint.py"

@@ -1,8 +1,5 @@
 """Dropless dispatch: DeepSpeed's capacity path when nothing overflows, and no dropped route when skewed."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -11,10 +8,8 @@ from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.moe import MoEFeedForward
 from widenet_ds.model.widenet import WideNetForPreTraining
 
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parent / "scripts"))
-import dropless_expert_parallel  # noqa: E402
-from launching import REPO, run_deepspeed  # noqa: E402
+import dropless_expert_parallel
+from launching import REPO, run_deepspeed
 
 pytestmark = pytest.mark.usefixtures("dist")
 

@@ -4,16 +4,13 @@ every shipped config in ds_configs/ (validated, and read by DeepSpeed's own conf
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from widenet_ds.errors import ConfigError
 from widenet_ds.runtime.ds_config import load_ds_config, validate_ds_config
 
-sys.path.insert(0, str(Path(__file__).parent))
-from launching import REPO  # noqa: E402
+from launching import REPO
 
 # The pretraining configs (the finetuning ones, finetune_*.json, are tested with finetuning).
 SHIPPED = sorted((REPO / "ds_configs").glob("pretrain_*.json")) + [REPO / "ds_configs" / "cpu_small.json"]

@@ -1,20 +1,15 @@
 """Expert parallelism is real: ep_size 2 over 2 launcher ranks equals ep_size 1 in one process."""
 
-import sys
-
 import pytest
 import torch
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
 from launching import REPO, run_deepspeed
 
 pytestmark = [pytest.mark.multirank, pytest.mark.usefixtures("dist")]
 
 
 def test_ep2_over_two_ranks_matches_ep1_in_one_process(tmp_path):
-    import sys
-    sys.path.insert(0, str(REPO / "tests" / "scripts"))
     from expert_parallel_forward import build, fixed_batch
 
     run_deepspeed(REPO / "tests/scripts/expert_parallel_forward.py", [str(tmp_path / "ep2"), "2"], num_ranks=2)

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from launching import REPO, child_env, run_deepspeed  # noqa: E402
+from launching import REPO, child_env, run_deepspeed
 
 CPU_CONFIG = str(REPO / "ds_configs/finetune_cpu_small.json")
 

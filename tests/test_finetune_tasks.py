@@ -5,13 +5,11 @@ with --eval-only."""
 
 import json
 import random
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from launching import REPO, run_deepspeed  # noqa: E402
+from launching import REPO, run_deepspeed
 
 CPU_CONFIG = str(REPO / "ds_configs/finetune_cpu_small.json")
 HEADER = "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t" \

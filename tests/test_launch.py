@@ -23,9 +23,8 @@ from widenet_ds.runtime.launch_env import (
     resolve_launch_env,
 )
 
-sys.path.insert(0, str(Path(__file__).parent))
-from launch_inputs import prepare_tiny_corpus, pretrain_args, tiny_model_config, train_losses  # noqa: E402
-from launching import REPO, free_port  # noqa: E402
+from launch_inputs import prepare_tiny_corpus, pretrain_args, tiny_model_config, train_losses
+from launching import REPO, free_port
 
 BIN = Path(sys.executable).parent
 LAUNCHER_SH = REPO / "launcher.sh"

@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import re  # noqa: E402
+import re
 
-from launching import REPO, child_env, free_port  # noqa: E402
-from pretrain_support import CPU_CONFIG, events, train_losses, write_model_config  # noqa: E402
+from launching import REPO, child_env, free_port
+from pretrain_support import CPU_CONFIG, events, train_losses, write_model_config
 
 pytestmark = pytest.mark.multirank
 LAUNCHER_SH = REPO / "launcher.sh"

@@ -6,8 +6,6 @@ optimizer state bit for bit)."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import deepspeed
 import pytest
@@ -23,8 +21,7 @@ from widenet_ds.training.branch_schedule import BranchSchedule, check_branch_upd
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification, build_model, count_trainable_parameters
 
-sys.path.insert(0, str(Path(__file__).parent))
-from launching import REPO  # noqa: E402
+from launching import REPO
 
 
 # --- parameter counts: a hand count of the authors' modules ---------------------------------------------

@@ -27,9 +27,8 @@ from widenet_ds.vision import export
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification
 
-sys.path.insert(0, str(Path(__file__).parent))
-from launching import REPO, child_env  # noqa: E402
-from pretrain_support import events, train_losses  # noqa: E402
+from launching import REPO, child_env
+from pretrain_support import events, train_losses
 
 VISION_PRESETS = ["paraformer-tiny-3x4", "widenet-paraformer-tiny-3x4"]
 

@@ -6,7 +6,6 @@ before anything is written."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,8 @@ from widenet_ds.training.pretrain_config import parse_args as parse_pretrain_arg
 from widenet_ds.vision.train import parse_args as parse_classify_args
 from widenet_ds.vision.train import run as run_classify
 
-sys.path.insert(0, str(Path(__file__).parent))
-from launching import REPO  # noqa: E402
-from pretrain_support import BOOKS, events, prepare_data, train_losses, write_ds_config, write_model_config  # noqa: E402
+from launching import REPO
+from pretrain_support import BOOKS, events, prepare_data, train_losses, write_ds_config, write_model_config
 
 
 @pytest.fixture(scope="module")

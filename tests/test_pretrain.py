@@ -4,9 +4,6 @@ its DeepSpeed checkpoint or from its portable folder."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -16,8 +13,7 @@ from widenet_ds.errors import CheckpointError, ConfigError, DataError
 from widenet_ds.training.pretrain import run
 from widenet_ds.training.pretrain_config import parse_args
 
-sys.path.insert(0, str(Path(__file__).parent))
-from pretrain_support import BOOKS, CPU_CONFIG, events, prepare_data, train_losses, write_ds_config  # noqa: E402
+from pretrain_support import BOOKS, CPU_CONFIG, events, prepare_data, train_losses, write_ds_config
 
 
 @pytest.fixture(scope="module")

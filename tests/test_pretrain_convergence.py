@@ -4,8 +4,6 @@ tiny WideNet and the tiny ALBERT preset (one CPU rank, batch 16 x 64 tokens)."""
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,8 +11,7 @@ import torch
 from widenet_ds.training.pretrain import run
 from widenet_ds.training.pretrain_config import parse_args
 
-sys.path.insert(0, str(Path(__file__).parent))
-from pretrain_support import CPU_CONFIG, prepare_data, train_losses  # noqa: E402
+from pretrain_support import CPU_CONFIG, prepare_data, train_losses
 
 pytestmark = pytest.mark.slow
 

@@ -10,15 +10,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from launching import REPO, deepspeed_command, run_deepspeed  # noqa: E402
-from pretrain_support import (  # noqa: E402
+from launching import REPO, deepspeed_command, run_deepspeed
+from pretrain_support import (
     BOOKS,
     RUN_PRETRAIN,
     events,

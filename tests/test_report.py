@@ -18,10 +18,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).parent))
-from headless_browser import find_chromium, open_page  # noqa: E402
-from launching import REPO, child_env  # noqa: E402
-from pretrain_support import BOOKS, CPU_CONFIG, prepare_data  # noqa: E402
+from headless_browser import find_chromium, open_page
+from launching import REPO, child_env
+from pretrain_support import BOOKS, CPU_CONFIG, prepare_data
 
 FINETUNE_CONFIG = REPO / "ds_configs" / "finetune_cpu_small.json"
 PRETRAIN_STEPS, FINETUNE_STEPS = 6, 4

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from launch_inputs import DS_CONFIG, REPO, prepare_tiny_corpus, tiny_model_config  # noqa: E402
-from launching import run_deepspeed  # noqa: E402
-from slurm_cluster import missing_tools, slurm_cluster  # noqa: E402
+from launch_inputs import DS_CONFIG, REPO, prepare_tiny_corpus, tiny_model_config
+from launching import run_deepspeed
+from slurm_cluster import missing_tools, slurm_cluster
 
 if missing_tools():
     pytest.skip(f"Slurm/munge not installed (missing {', '.join(missing_tools())}); run scripts/install_slurm.sh "

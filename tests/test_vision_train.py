@@ -16,9 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).parent))
-from launching import REPO, child_env, deepspeed_command, run_deepspeed  # noqa: E402
-from pretrain_support import events, train_losses  # noqa: E402
+from launching import REPO, child_env, deepspeed_command, run_deepspeed
+from pretrain_support import events, train_losses
 
 RUN_CLASSIFY = REPO / "vision" / "run_classify.py"
 EP_FORWARD = REPO / "tests" / "scripts" / "vision_expert_parallel_forward.py"
