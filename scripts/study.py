@@ -237,8 +237,11 @@ def _baseline(results: dict, split: str, metric: str, scale100: float) -> float 
 # --- tables and plots ---------------------------------------------------------------------------------
 def tables(study: dict) -> str:
     tasks = [t for t in [*GLUE_TASKS, "SQuAD1.1"] if any(f["task"] == t for f in study["finetune"])]
-    lines = [f"Scale {study['scale']}: {json.dumps(study['sizes'])}; {study['seconds'] / 60:.1f} min wall time "
-             f"on {study['threads']} thread(s).", ""]
+    # A continued study skips finished stages: its own wall time is not the study's.
+    pretraining = sum(p["seconds"] for p in study["pretrain"] if p["run_dir"].endswith(f"-{p['budget']}"))
+    lines = [f"Scale {study['scale']}: {json.dumps(study['sizes'])}; pretraining stages {pretraining / 60:.1f} min "
+             f"(their own times), this invocation {study['seconds'] / 60:.1f} min, on {study['threads']} thread(s).",
+             ""]
     for budget in ("steps", "flops"):
         rows = [p for p in study["pretrain"] if p["budget"] == budget]
         title = "equal steps" if budget == "steps" else "equal training FLOPs (WideNet's budget)"
@@ -290,7 +293,9 @@ def plots(study: dict, folder: Path, names: list[str]) -> list[str]:
                         label=name)
         ax_glue.set_xticks([t + 0.4 - width / 2 for t in range(len(tasks))])
         ax_glue.set_xticklabels([_task_header(t, study) for t in tasks], fontsize="small")
-        ax_glue.set_title(f"finetuning, median of {SEEDS} seeds (x100; SQuAD F1)")
+        unscored = [n for n in names if not any(f["variant"] == n and f["budget"] == budget for f in study["finetune"])]
+        ax_glue.set_title(f"finetuning, median of {SEEDS} seeds (x100; SQuAD F1)"
+                          + (f"\nnot finetuned at this budget: {', '.join(unscored)}" if unscored else ""))
         ax_glue.axhline(0, color="black", linewidth=0.5)
         ax_glue.legend(fontsize="x-small", ncol=2)
         fig.suptitle("equal pretraining steps" if budget == "steps" else "equal pretraining FLOPs")
