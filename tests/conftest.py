@@ -40,9 +40,15 @@ def no_stale_build_locks():
     from launching import clear_stale_build_locks
     for lock in clear_stale_build_locks():
         print(f"removed a stale JIT-build lock: {lock}")
-    # DeepSpeed's CPU shm all-reduce keeps ~60 MB per rank in /dev/shm, named by port; a SIGKILLed rank
-    # never unlinks its buffer, so left-overs of earlier sessions would fill /dev/shm (RAM). A buffer still
-    # mapped by a live process belongs to a run of another session (or checkout) and is left alone.
+    _remove_orphaned_shm_buffers()
+    yield
+    _remove_orphaned_shm_buffers()  # this session's killed ranks' (several GB after a full run)
+
+
+def _remove_orphaned_shm_buffers() -> None:
+    """DeepSpeed's CPU shm all-reduce keeps ~60 MB per rank in /dev/shm (RAM), named by port; a SIGKILLed
+    rank never unlinks its buffer. A buffer still mapped by a live process belongs to a run of another
+    session (or checkout) and is left alone."""
     in_use = _mapped_files()
     for buffer in Path("/dev/shm").glob("deepspeed_allreduce_buffer_*"):
         if str(buffer) not in in_use:
