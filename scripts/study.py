@@ -16,6 +16,8 @@
 
 Everything runs in this one process on 1 rank (a gloo group of 1): no launcher start-up per run. A stage
 already done (its results on disk) is skipped, so an interrupted study continues where it stopped.
+`--pretrain-seeds N` pretrains each model N times (seeds 1234, 1235, ...) for the spread of the held-out
+MLM loss; only the first seed is finetuned.
 `--scale` multiplies the step counts and example caps (1.0 is the full study, see docs/reproduction.md).
 """
 
@@ -54,7 +56,8 @@ PRETRAIN_DS = REPO / "ds_configs" / "cpu_small.json"
 FINETUNE_DS = REPO / "ds_configs" / "finetune_cpu_small.json"
 SEQ_LENGTH = 64  # pretraining and finetuning (SQuAD windows too): the small scale is bound by CPU time
 VOCAB_SIZE = 8000
-SEEDS = 3
+SEEDS = 3  # finetuning seeds
+FIRST_SEED = 1234  # the pretraining seed of every model (the trainer's default); --pretrain-seeds adds more
 
 
 @dataclass(frozen=True)
@@ -147,11 +150,12 @@ def prepare(shared: Path, out: Path, workers: int) -> Path:
     return data
 
 
-def pretrain(variant: Variant, steps: int, budget: str, data: Path, out: Path) -> dict:
-    run_dir = out / "pretrain" / f"{variant.name}-{budget}"
+def pretrain(variant: Variant, steps: int, budget: str, data: Path, out: Path, seed: int = FIRST_SEED) -> dict:
+    # The first seed's folder has no suffix (and is the one finetuned); further seeds only pretrain.
+    run_dir = out / "pretrain" / (f"{variant.name}-{budget}" + ("" if seed == FIRST_SEED else f"-seed{seed}"))
     done = run_dir / "study_done.json"
     if done.is_file():
-        return json.loads(done.read_text())
+        return {"seed": FIRST_SEED, **json.loads(done.read_text())}  # studies before --pretrain-seeds
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((data / "manifest.json").read_text())
     cfg = model_config(variant, manifest["vocab_size"])
@@ -163,11 +167,11 @@ def pretrain(variant: Variant, steps: int, budget: str, data: Path, out: Path) -
             "--model-config", str(run_dir / "study_model.json"), "--deepspeed_config", str(ds), "--data", str(data),
             "--output-dir", str(run_dir), "--max-steps", str(steps), "--log-interval", str(max(1, steps // 40)),
             "--eval-interval", str(_eval_interval(steps)), "--eval-batches", "8", "--save-interval", str(steps),
-            "--keep-last", "1", "--no-tensorboard", "--no-progress-bar", "--resume"])) == 0
+            "--keep-last", "1", "--seed", str(seed), "--no-tensorboard", "--no-progress-bar", "--resume"])) == 0
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     valid = [r for r in records if "valid/mlm_loss" in r][-1]
     train = [r for r in records if "train/mlm_loss" in r][-1]
-    summary = {"variant": variant.name, "budget": budget, "steps": steps, "params": parameter_count(cfg),
+    summary = {"variant": variant.name, "budget": budget, "seed": seed, "steps": steps, "params": parameter_count(cfg),
                "train_flops_per_token": training_flops_per_token(cfg), "seconds": time.perf_counter() - start,
                "train_mlm_loss": train["train/mlm_loss"], "valid_mlm_loss": valid["valid/mlm_loss"],
                "valid_mlm_accuracy": valid["valid/mlm_accuracy"], "valid_sop_accuracy": valid["valid/sop_accuracy"],
@@ -239,6 +243,7 @@ def tables(study: dict) -> str:
     tasks = [t for t in [*GLUE_TASKS, "SQuAD1.1"] if any(f["task"] == t for f in study["finetune"])]
     # A continued study skips finished stages: its own wall time is not the study's.
     pretraining = sum(p["seconds"] for p in study["pretrain"] if p["run_dir"].endswith(f"-{p['budget']}"))
+    pretraining += sum(p["seconds"] for p in study.get("pretrain_seeds") or [])
     lines = [f"Scale {study['scale']}: {json.dumps(study['sizes'])}; pretraining stages {pretraining / 60:.1f} min "
              f"(their own times), this invocation {study['seconds'] / 60:.1f} min, on {study['threads']} thread(s).",
              ""]
@@ -265,7 +270,26 @@ def tables(study: dict) -> str:
         lines.append("| *trivial baseline* | " + " | ".join(
             "–" if baselines.get(t) is None else f"{baselines[t]:.1f}" for t in tasks) + " | |")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + seed_table(study))
+
+
+def seed_table(study: dict) -> list[str]:
+    """Held-out MLM loss over pretraining seeds, for the runs pretrained with more than one."""
+    extra = study.get("pretrain_seeds") or []
+    keys = sorted({(p["variant"], p["budget"]) for p in extra}, key=lambda k: (k[1], k[0]))
+    if not keys:
+        return []
+    lines = ["### Pretraining seeds: held-out MLM loss", "",
+             "| model | budget | seeds | MLM loss per seed | mean | sd |", "|---|---|---:|---|---:|---:|"]
+    for variant, budget in keys:
+        first = next(p for p in study["pretrain"] if p["variant"] == variant and p["budget"] == budget)
+        runs = [first, *sorted((p for p in extra if (p["variant"], p["budget"]) == (variant, budget)),
+                               key=lambda p: p["seed"])]
+        losses = [p["valid_mlm_loss"] for p in runs]
+        lines.append(f"| {variant} | {budget} | {', '.join(str(p['seed']) for p in runs)} | "
+                     f"{', '.join(f'{x:.3f}' for x in losses)} | {statistics.mean(losses):.3f} | "
+                     f"{statistics.stdev(losses):.3f} |")
+    return [*lines, ""]
 
 
 def _task_header(task: str, study: dict) -> str:
@@ -316,12 +340,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", choices=[v.name for v in VARIANTS],
                         help="a subset of the models (default: all six)")
     parser.add_argument("--tasks", nargs="+", choices=[*GLUE_TASKS, "SQuAD1.1"], help="a subset of the tasks")
+    parser.add_argument("--pretrain-seeds", type=int, default=1,
+                        help="pretrain each model with this many seeds (the first one is finetuned; the others "
+                             "give the spread of the held-out MLM loss). Further seeds found on disk from an "
+                             "earlier invocation are reported too")
     parser.add_argument("--finetune-budgets", nargs="+", choices=("steps", "flops"), default=["steps", "flops"],
                         help="finetune the models pretrained at these budgets (default both; the others are "
                              "compared on held-out MLM loss only)")
     args = parser.parse_args(argv)
     if args.scale <= 0:
         parser.error("--scale must be positive")
+    if args.pretrain_seeds < 1:
+        parser.error("--pretrain-seeds must be at least 1")
     for needed in ("corpus/wikitext-2", "corpus/books", "glue/SST-2", "squad/dev-v1.1.json"):
         if not (args.shared_data / needed).exists():
             parser.error(f"{args.shared_data / needed} not found: pass --shared-data (or set WIDENET_SHARED_DATA) "
@@ -349,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         flops_steps = round(sizes["pretrain_steps"] * reference / training_flops_per_token(model_config(variant, vocab)))
         if flops_steps != sizes["pretrain_steps"]:
             runs.append((variant, flops_steps, "flops"))
-    study = {"scale": args.scale, "sizes": sizes, "threads": args.threads, "pretrain": [], "finetune": []}
+    study = {"scale": args.scale, "sizes": sizes, "threads": args.threads, "pretrain": [], "finetune": [],
+             "pretrain_seeds": []}
     for variant, steps, budget in runs:
         summary = pretrain(variant, steps, budget, data, out)
         study["pretrain"].append(summary)
@@ -361,6 +392,13 @@ def main(argv: list[str] | None = None) -> int:
             study["finetune"].append(result)
             log(f"  {task}: {result['metric']} median {result['median']:.1f} (seeds "
                 f"{', '.join(f'{s:.1f}' for s in result['seeds'])})", out)
+    for variant, steps, budget in runs:  # the spread over pretraining seeds
+        for seed in range(FIRST_SEED + 1, FIRST_SEED + args.pretrain_seeds):
+            summary = pretrain(variant, steps, budget, data, out, seed)
+            log(f"pretrained {variant.name} ({budget}, {steps} steps, seed {seed}): held-out MLM loss "
+                f"{summary['valid_mlm_loss']:.3f} in {summary['seconds']:.0f} s", out)
+        for done in sorted((out / "pretrain").glob(f"{variant.name}-{budget}-seed*/study_done.json")):
+            study["pretrain_seeds"].append(json.loads(done.read_text()))
     # Models whose FLOPs equal WideNet's (no equal-FLOPs rerun) stand in both tables with the same run.
     for variant in variants:
         if not any(p["variant"] == variant.name and p["budget"] == "flops" for p in study["pretrain"]):

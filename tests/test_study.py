@@ -1,5 +1,6 @@
 """scripts/study.py end to end at a tiny scale, on the real corpus and GLUE / SQuAD files: its tables and
-plots hold the numbers its runs wrote, and a re-run continues instead of redoing finished stages."""
+plots hold the numbers its runs wrote, a re-run continues instead of redoing finished stages, and further
+pretraining seeds give the spread of the held-out loss."""
 
 from __future__ import annotations
 
@@ -25,12 +26,12 @@ def load_study_script():
     return module
 
 
-def run_study(module, out, shared_data) -> None:
+def run_study(module, out, shared_data, *extra: str) -> None:
     threads = torch.get_num_threads()
     try:  # the script sets the process's torch threads: give them back to the other tests
         assert module.main(["--output", str(out), "--scale", "0.01", "--threads", str(threads),
                             "--variants", "widenet", "albert", "--tasks", "SST-2", "SQuAD1.1",
-                            "--finetune-budgets", "steps", "--shared-data", str(shared_data)]) == 0
+                            "--finetune-budgets", "steps", "--shared-data", str(shared_data), *extra]) == 0
     finally:
         torch.set_num_threads(threads)
 
@@ -106,3 +107,19 @@ def test_a_rerun_continues_instead_of_redoing_finished_stages(study, shared_data
     assert {p: p.stat().st_mtime_ns for p in written} == written
     again = json.loads((out / "study.json").read_text())
     assert again["pretrain"] == result["pretrain"] and again["finetune"] == result["finetune"]
+
+
+def test_more_pretraining_seeds_give_the_spread_of_the_loss(study, shared_data):
+    module, out, result = study
+    run_study(module, out, shared_data, "--variants", "albert", "--pretrain-seeds", "2")
+    first = {p["budget"]: p for p in result["pretrain"] if p["variant"] == "albert"}
+    seeds = {p["budget"]: p for p in json.loads((out / "study.json").read_text())["pretrain_seeds"]}
+    assert set(seeds) == {"steps", "flops"} and all(p["seed"] == 1235 for p in seeds.values())
+    tables = (out / "tables.md").read_text()
+    for budget, run in seeds.items():
+        assert Path(run["run_dir"]).name == f"albert-{budget}-seed1235"
+        assert run["valid_mlm_loss"] == last_record(Path(run["run_dir"]), "valid/mlm_loss")
+        losses = [first[budget]["valid_mlm_loss"], run["valid_mlm_loss"]]
+        assert losses[0] != losses[1]  # another seed: other initial weights and data order
+        assert (f"| albert | {budget} | 1234, 1235 | {losses[0]:.3f}, {losses[1]:.3f} | "
+                f"{statistics.mean(losses):.3f} | {statistics.stdev(losses):.3f} |") in tables
