@@ -427,8 +427,7 @@ def cli(argv: list[str]) -> int:
                              "(numbers, true/false) or a plain string; repeatable")
     parser.add_argument("--output", required=True, help="the JSON file to write")
     args = parser.parse_args(argv)
-    overrides = parse_overrides(args.set)
-    cfg = ModelConfig.load(args.base).replace(**overrides)
+    cfg = ModelConfig.load(args.base, **parse_overrides(args.set))
     cfg.to_json(args.output)
     print(f"wrote {args.output}")
     return 0

@@ -26,13 +26,13 @@ from widenet_ds.runtime.distributed import check_ep_size, init_distributed, seed
 from widenet_ds.runtime.ds_config import DeepSpeedSettings, load_ds_config, validate_ds_config
 from widenet_ds.runtime.engine import build_engine, expert_grad_norm_stage0, plan_optimizer
 from widenet_ds.errors import CheckpointError, ConfigError, DataError, raise_config_problems
+from widenet_ds.model.config import parse_overrides
 from widenet_ds.training.pretrain import find_resume_point, resolve_max_steps
 from widenet_ds.training.pretrain_config import LATEST, OptimizerChoice
 from widenet_ds.training.log import TrainingLog, WindowSums, memory_mib
 from widenet_ds.training.branch_schedule import BranchSchedule, add_branch_arguments, plan_branch_schedule
 from widenet_ds.training.preemption import SavePoints, StopRequest
 from widenet_ds.vision.augment import AugmentConfig, BatchAugmenter, normalize
-from widenet_ds.model.config import parse_overrides
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.datasets import DATASETS, ImageSource, load_dataset
 from widenet_ds.vision.export import build_global_state_shapes, read_folder
