@@ -1,0 +1,193 @@
+"""The run folder: every file a training run writes, named once here, with its reader and writer.
+
+    <output>/
+        run_config.json     the run: its task and settings (a --resume must find them unchanged)
+        model_config.json   the model's config (text `ModelConfig` or image `VisionConfig`)
+        metrics.jsonl       one JSON record per logged step ({"step", "time", scalars}) or event ({"event"})
+        tensorboard/        the same scalars for TensorBoard
+        checkpoints/        DeepSpeed tags with their markers (widenet_ds/checkpoint/training.py)
+        results.json        what the run scored, written once, when it has finished
+        tokenizer.json, vocab.txt   text runs: the tokenizer of the run's data
+        seed<N>/            finetuning: one run folder per seed (metrics, checkpoints, predictions,
+                            results.json of that seed)
+
+Imports neither torch nor DeepSpeed: `widenet-ds report` reads run folders on machines that only have
+the folders. Writers are atomic (a crash never leaves half a file); readers of a folder another process
+is still writing (`read_metrics(..., live=True)`) leave a partial last line for the next read.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from widenet_ds.atomic import atomic_write_json, atomic_write_text
+from widenet_ds.errors import WideNetError
+
+RUN_CONFIG_FILE = "run_config.json"
+MODEL_CONFIG_FILE = "model_config.json"
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+CHECKPOINTS_DIR = "checkpoints"
+RESULTS_FILE = "results.json"
+SEED_DIR = re.compile(r"^seed(\d+)$")
+TASKS = ("pretrain", "glue", "squad", "classify")
+
+
+class RunFolderError(WideNetError, ValueError):
+    """A run-folder file that exists but cannot be read as what it should be."""
+
+
+@dataclass
+class Metrics:
+    """The records of a metrics.jsonl: scalars per step, events, and what could not be read."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)  # {"step", "time", scalars...}
+    events: list[dict[str, Any]] = field(default_factory=list)   # {"event", "time", maybe "step"}
+    live_tail: bool = False  # the last line is still being written (no newline yet)
+    bad_lines: list[int] = field(default_factory=list)  # 1-based numbers of lines that are not records
+
+    def series(self, key: str) -> dict[int, float]:
+        """step -> value of every record holding `key` (a later record of a step wins)."""
+        return {r["step"]: r[key] for r in self.records if isinstance(r.get(key), (int, float))}
+
+
+def read_metrics(path: str | Path, *, live: bool = False) -> Metrics:
+    """A metrics.jsonl. `live`: the file may be growing (another process writes it), so a partial last line
+    is left for the next read and unreadable lines are listed instead of raising; otherwise every line must
+    be a record."""
+    path = Path(path)
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    out = Metrics()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if isinstance(record, dict) and "event" in record:
+            out.events.append(record)
+        elif isinstance(record, dict) and isinstance(record.get("step"), int):
+            out.records.append(record)
+        elif live and number == len(lines) and not text.endswith("\n"):
+            out.live_tail = True
+        elif live:
+            out.bad_lines.append(number)
+        else:
+            raise RunFolderError(f"{path}, line {number}: not a metrics record ({line[:80]!r}); the file was edited "
+                                 f"or damaged: restore it, or remove the line.")
+    return out
+
+
+def keep_records_up_to(path: Path, step: int) -> None:
+    """Drop the records and events of steps after `step` (a resumed run writes them again); run events
+    without a step stay."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step]
+    atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    """A JSON file of a run folder; an unreadable one is one error naming the file."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunFolderError(f"{path} does not exist ({what}).") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RunFolderError(f"{path} ({what}) cannot be read: {err}; the file is damaged: restore it or start "
+                             f"a new run in another folder.") from None
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """Paths of one run folder (or of one finetuning seed's folder)."""
+
+    path: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+
+    @property
+    def run_config(self) -> Path:
+        return self.path / RUN_CONFIG_FILE
+
+    @property
+    def model_config(self) -> Path:
+        return self.path / MODEL_CONFIG_FILE
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / METRICS_FILE
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / TENSORBOARD_DIR
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS_DIR
+
+    @property
+    def results(self) -> Path:
+        return self.path / RESULTS_FILE
+
+    def seed(self, seed: int) -> RunFolder:
+        return RunFolder(self.path / f"seed{seed}")
+
+    def seeds(self) -> list[tuple[int, RunFolder]]:
+        """The finetuning seeds' folders, by seed."""
+        if not self.path.is_dir():
+            return []
+        found = [(int(m.group(1)), RunFolder(p)) for p in self.path.iterdir() if p.is_dir()
+                 and (m := SEED_DIR.match(p.name))]
+        return sorted(found, key=lambda item: item[0])
+
+    # -- readers and writers -------------------------------------------------------------------------
+    def read_metrics(self, *, live: bool = False) -> Metrics:
+        return read_metrics(self.metrics, live=live)
+
+    def read_run_config(self) -> dict[str, Any]:
+        return read_json(self.run_config, "the run's settings")
+
+    def write_run_config(self, record: dict[str, Any]) -> None:
+        atomic_write_json(self.run_config, record, sort_keys=True)
+
+    def read_results(self) -> dict[str, Any]:
+        return read_json(self.results, "the run's results")
+
+    def write_results(self, results: dict[str, Any]) -> None:
+        atomic_write_json(self.results, results)
+
+    def task(self) -> str | None:
+        """What trained here: the task recorded in run_config.json; for folders of older versions, what
+        their files say (seed folders: finetuning; a results.json naming a dataset: images; metrics only:
+        pretraining); None when the folder holds no run."""
+        if self.run_config.is_file():
+            try:
+                task = self.read_run_config().get("task")
+            except (RunFolderError, AttributeError):
+                task = None
+            if isinstance(task, str) and task in TASKS:
+                return task
+            if isinstance(task, dict):  # finetuning's run_config.json before one task name per run
+                return "squad" if "version" in task else "glue"
+        if self.seeds():
+            return "glue"
+        if self.results.is_file():
+            try:
+                results = self.read_results()
+            except RunFolderError:
+                results = {}
+            if isinstance(results, dict) and "dataset" in results:
+                return "classify"
+        if self.metrics.is_file():
+            return "pretrain"
+        return None
