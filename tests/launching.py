@@ -46,18 +46,35 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def deepspeed_command(script: str | Path, args: list[str], num_ranks: int = 2) -> list[str]:
+def _launcher() -> str:
     clear_stale_build_locks()
-    launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent)) or "deepspeed"
-    return [launcher, "--num_gpus", str(num_ranks), "--master_port", str(free_port()), str(script), *args]
+    return shutil.which("deepspeed", path=str(Path(sys.executable).parent)) or "deepspeed"
 
 
-def run_deepspeed(script: str | Path, args: list[str], num_ranks: int = 2, timeout: int = 300,
-                  env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    full_env = child_env(**(env or {}))
-    proc = subprocess.run(deepspeed_command(script, args, num_ranks), cwd=REPO, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+def deepspeed_command(script: str | Path, args: list[str], num_ranks: int = 2) -> list[str]:
+    return [_launcher(), "--num_gpus", str(num_ranks), "--master_port", str(free_port()), str(script), *args]
+
+
+def train_command(task: str, args: list[str], num_ranks: int = 2) -> list[str]:
+    """A trainer under the deepspeed launcher: `deepspeed --module widenet_ds.train TASK ARGS`."""
+    return [_launcher(), "--num_gpus", str(num_ranks), "--master_port", str(free_port()), "--module",
+            "widenet_ds.train", task, *args]
+
+
+def _run(command: list[str], timeout: int, env: dict[str, str] | None, check: bool) -> subprocess.CompletedProcess:
+    proc = subprocess.run(command, cwd=REPO, env=child_env(**(env or {})), capture_output=True, text=True,
+                          timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"deepspeed launcher failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
                              f"{proc.stderr[-4000:]}")
     return proc
+
+
+def run_deepspeed(script: str | Path, args: list[str], num_ranks: int = 2, timeout: int = 300,
+                  env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    return _run(deepspeed_command(script, args, num_ranks), timeout, env, check)
+
+
+def run_train(task: str, args: list[str], num_ranks: int = 2, timeout: int = 300, env: dict[str, str] | None = None,
+              check: bool = True) -> subprocess.CompletedProcess:
+    return _run(train_command(task, args, num_ranks), timeout, env, check)

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from launching import REPO
 
-RUN_PRETRAIN = REPO / "pretrain" / "run_pretrain.py"
 CPU_CONFIG = REPO / "ds_configs" / "cpu_small.json"
 BOOKS = ("corpus/books/pg11.txt", "corpus/books/pg84.txt")
 
@@ -42,12 +41,20 @@ def write_model_config(path: Path, preset: str = "widenet-tiny-e4", vocab_size: 
 
 def train_losses(output_dir: Path, key: str = "train/loss") -> dict[int, float]:
     """step -> value of the records holding `key` in metrics.jsonl."""
-    from widenet_ds.training.log import read_metrics
+    from widenet_ds.run_folder import read_metrics
 
-    return {r["step"]: r[key] for r in read_metrics(Path(output_dir) / "metrics.jsonl") if key in r}
+    return read_metrics(Path(output_dir) / "metrics.jsonl").series(key)
 
 
 def events(output_dir: Path) -> list[str]:
-    from widenet_ds.training.log import read_metrics
+    from widenet_ds.run_folder import read_metrics
 
-    return [r["event"] for r in read_metrics(Path(output_dir) / "metrics.jsonl") if "event" in r]
+    return [r["event"] for r in read_metrics(Path(output_dir) / "metrics.jsonl").events]
+
+
+def train_in_process(task: str, argv: list[str]):
+    """A trainer in this process (1 rank, the `dist` fixture's group): its results, None when stopped."""
+    from widenet_ds.training.run import run_task
+    from widenet_ds.training.run_config import parse
+
+    return run_task(parse(task, argv))

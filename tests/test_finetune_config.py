@@ -11,34 +11,36 @@ import torch
 from launching import REPO
 
 from widenet_ds.errors import ConfigError
-from widenet_ds.model.widenet import WideNetForSequenceClassification
 from widenet_ds.runtime.ds_config import load_ds_config, validate_ds_config
 from widenet_ds.tasks.recipes import recipe_for
-from widenet_ds.training.finetune import EpochBatches, _median, plan_finetune, recipe_mismatch, resolve_max_steps
-from widenet_ds.training.finetune_config import RUN_CONFIG_FILE, FinetuneConfig
-from widenet_ds.training.finetune_tasks import GlueOptions, GlueTaskRun, SquadOptions
-from widenet_ds.training.finetune_weights import build_model, load_tokenizer_for, model_overrides
+from widenet_ds.training.epoch_batches import EpochBatches
+from widenet_ds.training.finetune_weights import finetune_model_config, load_tokenizer_for, model_overrides
+from widenet_ds.training.finetuning import FinetuneRun, median_over_seeds, recipe_mismatch, requested_steps
+from widenet_ds.training.plan import check_resume_changes, resolve_max_steps, resume_changes
 from widenet_ds.training.predict import Batching
-from widenet_ds.training.pretrain_config import PretrainConfig
+from widenet_ds.training.run import run_task
+from widenet_ds.training.run_config import GlueConfig, PretrainConfig, SquadConfig
 
 CPU_CONFIG = REPO / "ds_configs/finetune_cpu_small.json"
 SST2_CONFIG = REPO / "ds_configs/finetune_sst2.json"
 
 
-def _cfg(tmp_path, task=None, **fields) -> FinetuneConfig:
-    return FinetuneConfig(**{"task": task or GlueOptions("sst2"), "data": "hf", "deepspeed_config": CPU_CONFIG,
-                             "output_dir": tmp_path / "out", "preset": "widenet-tiny-e4", **fields})
+def _cfg(tmp_path, cls=GlueConfig, **fields):
+    task = {"glue_task": "sst2"} if cls is GlueConfig else {}
+    return cls(**{**task, "data": "hf", "deepspeed_config": CPU_CONFIG, "output_dir": tmp_path / "out",
+                  "model_config": "widenet-tiny-e4", **fields})
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"init_from": "x"}, "exactly one of --init-from"),
-    ({"preset": None}, "exactly one of --init-from"),
+    ({"init_from": "x"}, "--init-from x does not exist"),
+    ({"model_config": None}, "no model: pass --model-config"),
     ({"seeds": 0}, "--seeds must be positive"),
     ({"max_steps": -3}, "--max-steps must be positive"),
     ({"save_interval": 0}, "--save-interval must be positive"),
     ({"ep_size": 0}, "--ep-size must be positive"),
     ({"eval_interval": -1}, "--eval-interval must be >= 0"),
-    ({"eval_only": True}, "--eval-only scores pretrained weights"),
+    ({"eval_only": True}, "--eval-only scores trained weights"),
+    ({"resume": "somewhere"}, "a finetuning run continues from its own output folder"),
     ({"deepspeed_config": "nowhere.json"}, "DeepSpeed config nowhere.json does not exist"),
 ])
 def test_bad_flags_are_refused_with_the_fix(tmp_path, fields, message):
@@ -48,19 +50,18 @@ def test_bad_flags_are_refused_with_the_fix(tmp_path, fields, message):
 
 def test_every_problem_is_reported_in_one_error(tmp_path):
     with pytest.raises(ConfigError) as caught:
-        _cfg(tmp_path, task=GlueOptions("sst5"), seeds=0, log_interval=0, eval_interval=-2,
-             data=str(tmp_path / "nowhere"))
+        _cfg(tmp_path, glue_task="sst5", seeds=0, log_interval=0, eval_interval=-2, data=str(tmp_path / "nowhere"))
     text = str(caught.value)
-    assert text.startswith("5 problems with the finetuning settings:")
+    assert text.startswith("5 problems with the glue settings:")
     for part in ("--seeds must be positive", "--log-interval must be positive", "--eval-interval must be >= 0",
                  "--data", "nowhere does not exist", "--task: unknown GLUE task 'sst5'"):
         assert part in text, part
     # the pretraining settings are collected the same way
     with pytest.raises(ConfigError) as caught:
-        PretrainConfig(model_config="widenet-tiny-e4", deepspeed_config=tmp_path / "none.json", data_dir=tmp_path,
+        PretrainConfig(model_config="widenet-tiny-e4", deepspeed_config=tmp_path / "none.json", data=tmp_path,
                        output_dir=tmp_path / "o", log_interval=0, keep_last=0, resume="latest", init_from=tmp_path)
     text = str(caught.value)
-    assert text.startswith("4 problems with the pretraining settings:")
+    assert text.startswith("4 problems with the pretrain settings:")
     assert "--log-interval must be positive" in text and "--keep-last must be positive" in text
     assert "pass only one of them" in text and "none.json does not exist" in text
 
@@ -69,7 +70,7 @@ def test_missing_data_and_init_paths_are_named(tmp_path):
     with pytest.raises(ConfigError, match="--data .*nowhere does not exist"):
         _cfg(tmp_path, data=str(tmp_path / "nowhere"))
     with pytest.raises(ConfigError, match="--init-from .*gone does not exist"):
-        _cfg(tmp_path, preset=None, init_from=str(tmp_path / "gone"))
+        _cfg(tmp_path, model_config=None, init_from=str(tmp_path / "gone"))
     assert _cfg(tmp_path).data_path is None
 
 
@@ -84,16 +85,16 @@ def test_a_used_output_dir_is_refused_unless_resumed(tmp_path):
     (out / "results.json").write_text('{"median": {}}')
     (out / "seed1" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
     before = _checksums(out)
-    with pytest.raises(ConfigError, match=r"already holds a finetuning run \(results.json, seed1\); pass --resume "
+    with pytest.raises(ConfigError, match=r"already holds a run \(results.json, seed1/\); pass --resume "
                                           r"to continue it, or choose another --output-dir"):
         _cfg(tmp_path)
     assert _checksums(out) == before
-    assert _cfg(tmp_path, resume=True).resume
+    assert _cfg(tmp_path, resume="latest").resume
     # a folder with other files, or an empty one, takes a new run
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     _cfg(tmp_path, output_dir=tmp_path / "other")
-    with pytest.raises(ConfigError, match="exists and is not a directory"):
+    with pytest.raises(ConfigError, match="notes.txt is a file; choose a folder path"):
         _cfg(tmp_path, output_dir=tmp_path / "other" / "notes.txt")
 
 
@@ -101,83 +102,97 @@ def test_task_options_are_checked_before_anything_is_loaded(shared_data, tmp_pat
     sst2 = str(shared_data / "glue/SST-2")  # train.tsv and dev.tsv, no test.tsv
     _cfg(tmp_path, data=sst2)
     with pytest.raises(ConfigError, match=r"--predict-test: no test.tsv in .*SST-2.*drop --predict-test"):
-        _cfg(tmp_path, task=GlueOptions("sst2", predict_test=True), data=sst2)
+        _cfg(tmp_path, predict_test=True, data=sst2)
     with pytest.raises(ConfigError, match=r"--data: no dev.tsv in"):
         (tmp_path / "half").mkdir()
         (tmp_path / "half" / "train.tsv").write_text("sentence\tlabel\n")
         _cfg(tmp_path, data=str(tmp_path / "half"))
     with pytest.raises(ConfigError, match="AX has no labelled split"):
-        _cfg(tmp_path, task=GlueOptions("ax"))
+        _cfg(tmp_path, glue_task="ax")
     squad = shared_data / "squad"
-    _cfg(tmp_path, task=SquadOptions("1.1", train_file=str(squad / "dev-v1.1.json")), data=str(squad))
+    _cfg(tmp_path, SquadConfig, version="1.1", train_file=str(squad / "dev-v1.1.json"), data=str(squad))
     with pytest.raises(ConfigError) as caught:
-        _cfg(tmp_path, task=SquadOptions("1.1", doc_stride=-1), data=str(squad))
+        _cfg(tmp_path, SquadConfig, version="1.1", doc_stride=-1, data=str(squad))
     assert "--doc-stride must be >= 0" in str(caught.value)
     assert "--train-file: " in str(caught.value) and "train-v1.1.json does not exist" in str(caught.value)
 
 
-def test_recipe_and_deepspeed_json_may_not_silently_disagree(tmp_path):
-    cfg = _cfg(tmp_path)
+def _run(cfg) -> FinetuneRun:
+    return FinetuneRun(cfg, world=2, rank=0)
+
+
+def test_recipe_and_deepspeed_json_may_not_silently_disagree(shared_data, tmp_path):
+    vocab = str(shared_data / "vocab/bert-base-uncased-vocab.txt")
     with pytest.raises(ConfigError) as caught:
-        plan_finetune(cfg, GlueTaskRun(cfg), world=2)
+        _run(_cfg(tmp_path, tokenizer=vocab))
     text = str(caught.value)
     assert "disagrees with the SST-2 recipe (widenet-table7)" in text and "--allow-recipe-mismatch" in text
     assert "batch size 128 in the recipe, 32 in the DeepSpeed JSON" in text
     assert "learning rate 4e-05 in the recipe, 0.001 in the DeepSpeed JSON" in text
     assert "schedule steps 5234 in the recipe, 200" in text
-    plan = plan_finetune(_cfg(tmp_path, allow_recipe_mismatch=True), GlueTaskRun(cfg), world=2)
-    assert len(plan.mismatch) == 4 and plan.max_steps == 200
+    run = _run(_cfg(tmp_path, tokenizer=vocab, allow_recipe_mismatch=True))
+    assert len(run.mismatch) == 4 and run.max_steps == 200
     # the shipped Table-7 JSONs are the recipes
-    paper = _cfg(tmp_path, deepspeed_config=SST2_CONFIG)
-    assert plan_finetune(paper, GlueTaskRun(paper), world=8).mismatch == []
+    assert FinetuneRun(_cfg(tmp_path, tokenizer=vocab, deepspeed_config=SST2_CONFIG), world=8, rank=0).mismatch == []
     for task, name in (("mnli", "mnli"), ("SQuAD1.1", "squad11"), ("SQuAD2.0", "squad20")):
         settings = validate_ds_config(load_ds_config(REPO / f"ds_configs/finetune_{name}.json"), world_size=1,
                                       has_moe=True, cuda_available=True)
         assert recipe_mismatch(recipe_for(task), settings) == [], task
     # another task's JSON is caught (RTE is batch 32, lr 3e-5, 800 steps)
-    rte = _cfg(tmp_path, task=GlueOptions("rte"), deepspeed_config=SST2_CONFIG)
     with pytest.raises(ConfigError, match="disagrees with the RTE recipe"):
-        plan_finetune(rte, GlueTaskRun(rte), world=8)
+        FinetuneRun(_cfg(tmp_path, glue_task="rte", tokenizer=vocab, deepspeed_config=SST2_CONFIG), world=8, rank=0)
 
 
 def test_resume_refuses_changed_settings(tmp_path):
     cfg = _cfg(tmp_path, allow_recipe_mismatch=True, max_steps=50)
-    plan = plan_finetune(cfg, GlueTaskRun(cfg), world=2)
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / RUN_CONFIG_FILE).write_text(json.dumps(plan.record))
-    same = _cfg(tmp_path, allow_recipe_mismatch=True, max_steps=50, resume=True, seeds=3, log_interval=1)
-    assert plan_finetune(same, GlueTaskRun(same), world=2).complete is None
+    settings = validate_ds_config(load_ds_config(CPU_CONFIG), world_size=2, has_moe=True, cuda_available=False)
+    cfg.folder.write_run_config({**cfg.record(), "deepspeed_settings": settings.config})
+    same = _cfg(tmp_path, allow_recipe_mismatch=True, max_steps=60, resume="latest", seeds=3, log_interval=1)
+    assert resume_changes(same, same.folder, settings, None) == []
     ds = json.loads(CPU_CONFIG.read_text())
     ds["optimizer"]["params"]["lr"] = ds["scheduler"]["params"]["warmup_max_lr"] = 0.002
     (tmp_path / "ds.json").write_text(json.dumps(ds))
-    changed = _cfg(tmp_path, allow_recipe_mismatch=True, max_steps=60, resume=True,
-                   deepspeed_config=tmp_path / "ds.json")
+    changed = _cfg(tmp_path, allow_recipe_mismatch=True, resume="latest", deepspeed_config=tmp_path / "ds.json",
+                   seed=7)
+    changed_settings = validate_ds_config(ds, world_size=2, has_moe=True, cuda_available=False)
+    changes = resume_changes(changed, changed.folder, changed_settings, None)
     with pytest.raises(ConfigError) as caught:
-        plan_finetune(changed, GlueTaskRun(changed), world=2)
+        check_resume_changes(changed, changed.output_dir, changes)
     text = str(caught.value)
-    assert "--resume: the run in" in text and "max_steps: 50 (the run in the folder) vs 60 (now)" in text
-    assert "deepspeed_settings.optimizer.params.lr: 0.001 (the run in the folder) vs 0.002 (now)" in text
+    assert "--resume of the run in" in text and "seed: 1234 (the run in the folder) vs 7 (now)" in text
+    assert "optimizer.params.lr: 0.001 -> 0.002" in text and "--accept-changed-settings" in text
+    accepted = _cfg(tmp_path, allow_recipe_mismatch=True, resume="latest", deepspeed_config=tmp_path / "ds.json",
+                    seed=7, accept_changed_settings=True)
+    check_resume_changes(accepted, accepted.output_dir, changes)
 
 
-def test_recipe_settings_reach_the_model_config_and_flags_win(tmp_path, dist):
+def test_recipe_settings_reach_the_model_config_and_set_wins(tmp_path):
     squad = recipe_for("SQuAD1.1")  # Table 7: C 2.0, lambda 0, dropout 0.1
-    model, report = build_model(_cfg(tmp_path), WideNetForSequenceClassification, squad, 30522, num_labels=2)
-    assert (model.cfg.moe.capacity_factor, model.cfg.moe.balance_loss_weight, model.cfg.hidden_dropout,
-            model.cfg.attention_dropout) == (2.0, 0.0, 0.1, 0.1)
-    assert "random initialisation" in report
-    flags = _cfg(tmp_path, capacity_factor=1.5, balance_loss_weight=0.02, dropout=0.0, ep_size=2)
-    assert model_overrides(flags, squad) == {
+    model = finetune_model_config(_cfg(tmp_path), squad, 30522, None)
+    assert (model.moe.capacity_factor, model.moe.balance_loss_weight, model.hidden_dropout,
+            model.attention_dropout, model.vocab_size) == (2.0, 0.0, 0.1, 0.1, 30522)
+    changed = _cfg(tmp_path, overrides=["moe.capacity_factor=1.5", "moe.balance_loss_weight=0.02",
+                                        "hidden_dropout=0.0", "attention_dropout=0.0"])
+    assert model_overrides(changed, squad) == {
         "hidden_dropout": 0.0, "attention_dropout": 0.0, "classifier_dropout": 0.1,
         "moe": {"capacity_factor": 1.5, "balance_loss_weight": 0.02}}
 
 
 def test_steps_default_to_the_schedule_and_never_run_past_it(tmp_path):
     recipe = recipe_for("sst2")
-    assert resolve_max_steps(_cfg(tmp_path), 200, recipe) == 200
-    assert resolve_max_steps(_cfg(tmp_path), None, recipe) == recipe.steps == 5234
-    assert resolve_max_steps(_cfg(tmp_path, max_steps=150), 200, recipe) == 150
+    with_schedule = validate_ds_config(load_ds_config(CPU_CONFIG), world_size=2, has_moe=True, cuda_available=False)
+    without = validate_ds_config({**load_ds_config(CPU_CONFIG), "scheduler": None}, world_size=2, has_moe=True,
+                                 cuda_available=False)
+
+    def steps(settings, **fields):
+        return resolve_max_steps(requested_steps(_cfg(tmp_path, **fields), settings, recipe), settings.total_num_steps)
+
+    assert steps(with_schedule) == 200
+    assert steps(without) == recipe.steps == 5234
+    assert steps(with_schedule, max_steps=150) == 150
+    assert steps(with_schedule, eval_only=True, init_from=str(tmp_path), model_config=None) == 0
     with pytest.raises(ConfigError, match="runs past the schedule's total_num_steps 200"):
-        resolve_max_steps(_cfg(tmp_path, max_steps=250), 200, recipe)
+        steps(with_schedule, max_steps=250)
 
 
 def test_tokenizer_comes_from_the_init_folder_or_must_be_given(shared_data, tmp_path, dist):
@@ -192,10 +207,10 @@ def test_tokenizer_comes_from_the_init_folder_or_must_be_given(shared_data, tmp_
     with_vocab = save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", state), tmp_path / "a",
                              tokenizer_files=(vocab,))
     without = save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", state), tmp_path / "b")
-    tokenizer = load_tokenizer_for(_cfg(tmp_path, preset=None, init_from=str(with_vocab)))
+    tokenizer = load_tokenizer_for(_cfg(tmp_path, model_config=None, init_from=str(with_vocab)))
     assert tokenizer.get_vocab_size() == 30522 and tokenizer.token_to_id("[CLS]") == 101
     with pytest.raises(ConfigError, match="pass --tokenizer"):
-        load_tokenizer_for(_cfg(tmp_path, preset=None, init_from=str(without)))
+        load_tokenizer_for(_cfg(tmp_path, model_config=None, init_from=str(without)))
 
 
 def test_expert_parallel_batches_have_one_shape_on_every_rank():
@@ -209,7 +224,7 @@ def test_expert_parallel_batches_have_one_shape_on_every_rank():
 
 def test_the_median_is_taken_per_metric_over_seeds():
     runs = [{"metrics": {"dev": {"acc": a, "f1": f}}} for a, f in ((0.7, 0.1), (0.9, 0.3), (0.8, 0.2))]
-    assert _median(runs) == {"dev": {"acc": 0.8, "f1": 0.2}}
+    assert median_over_seeds(runs) == {"dev": {"acc": 0.8, "f1": 0.2}}
 
 
 class _Rows(torch.utils.data.Dataset):
@@ -250,22 +265,20 @@ def test_data_order_is_the_sampler_order_and_resumes_at_epoch_and_position():
 def test_resume_keeps_finished_seeds_and_leaves_a_complete_run_alone(shared_data, tmp_path, dist, capsys):
     """In this process (1 rank): a finished run resumed is reported complete and left as it is; resumed with
     one more seed, only that seed is trained and the first one's result is kept."""
-    from widenet_ds.training.finetune import run
-
-    def cfg(**fields) -> FinetuneConfig:
+    def cfg(**fields) -> GlueConfig:
         return _cfg(tmp_path, data=str(shared_data / "glue/SST-2"),
                     tokenizer=str(shared_data / "vocab/bert-base-uncased-vocab.txt"), max_steps=2,
                     max_train_examples=64, max_eval_examples=32, max_seq_length=32, allow_recipe_mismatch=True,
                     tensorboard=False, progress_bar=False, **fields)
 
-    first = run(c := cfg(), GlueTaskRun(c))
+    first = run_task(cfg())
     out = tmp_path / "out"
-    seed1 = (out / "seed1" / "metrics.jsonl").read_bytes()
-    assert json.loads((out / "results.json").read_text()) == first and not (out / "seed1" / "checkpoints").exists()
+    seed1 = (out / "seed1234" / "metrics.jsonl").read_bytes()
+    assert json.loads((out / "results.json").read_text()) == first and not (out / "seed1234" / "checkpoints").exists()
     capsys.readouterr()
-    assert run(c := cfg(resume=True), GlueTaskRun(c)) == first
+    assert run_task(cfg(resume="latest")) == first
     assert "is complete; results in" in capsys.readouterr().out
-    more = run(c := cfg(resume=True, seeds=2), GlueTaskRun(c))
-    assert more["per_seed"][0] == first["per_seed"][0] and more["per_seed"][1]["seed"] == 2
-    assert (out / "seed1" / "metrics.jsonl").read_bytes() == seed1
+    more = run_task(cfg(resume="latest", seeds=2))
+    assert more["per_seed"][0] == first["per_seed"][0] and more["per_seed"][1]["seed"] == 1235
+    assert (out / "seed1234" / "metrics.jsonl").read_bytes() == seed1
     assert json.loads((out / "results.json").read_text())["seeds"] == 2

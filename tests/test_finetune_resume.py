@@ -1,4 +1,4 @@
-"""finetune/run_glue.py under the real `deepspeed` launcher, 2 CPU ranks, expert parallelism 2, two seeds on
+"""GLUE finetuning (python -m widenet_ds.train glue) under the real `deepspeed` launcher, 2 CPU ranks, expert parallelism 2, two seeds on
 an SST-2 slice: a run killed with SIGKILL after a checkpoint of its second seed and continued with --resume
 logs the same per-step losses and evaluations, writes the same dev predictions and the same results.json as
 an uninterrupted run, and leaves the finished first seed untouched."""
@@ -14,18 +14,17 @@ import time
 from pathlib import Path
 
 import pytest
-from launching import REPO, child_env, deepspeed_command, run_deepspeed
+from launching import REPO, child_env, run_train, train_command
 
-from widenet_ds.training.log import read_metrics
+from widenet_ds.run_folder import read_metrics
 
 pytestmark = pytest.mark.multirank
 
-RUN_GLUE = REPO / "finetune" / "run_glue.py"
 STEPS = 8
 
 
 def run_args(shared_data: Path, output_dir: Path, *extra: str) -> list[str]:
-    return ["--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--preset", "widenet-tiny-e4",
+    return ["--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--model-config", "widenet-tiny-e4",
             "--tokenizer", str(shared_data / "vocab/bert-base-uncased-vocab.txt"),
             "--deepspeed_config", str(REPO / "ds_configs/finetune_cpu_small.json"), "--allow-recipe-mismatch",
             "--output-dir", str(output_dir), "--max-steps", str(STEPS), "--seeds", "2", "--seed", "11",
@@ -36,24 +35,24 @@ def run_args(shared_data: Path, output_dir: Path, *extra: str) -> list[str]:
 
 def records(seed_dir: Path) -> dict[tuple[int, str], float]:
     """(step, name) -> value of every number logged for the seed (losses, lr, evaluations)."""
-    return {(r["step"], name): value for r in read_metrics(seed_dir / "metrics.jsonl") if "event" not in r
+    return {(r["step"], name): value for r in read_metrics(seed_dir / "metrics.jsonl").records
             for name, value in r.items() if name not in ("step", "time") and not name.startswith("perf/")}
 
 
 def events(seed_dir: Path) -> list[str]:
-    return [r["event"] for r in read_metrics(seed_dir / "metrics.jsonl") if "event" in r]
+    return [r["event"] for r in read_metrics(seed_dir / "metrics.jsonl").events]
 
 
 @pytest.fixture(scope="module")
 def reference(shared_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("finetune_resume") / "reference"
-    run_deepspeed(RUN_GLUE, run_args(shared_data, out), timeout=600)
+    run_train("glue", run_args(shared_data, out), timeout=600)
     return out
 
 
 def test_sigkill_after_a_checkpoint_then_resume_gives_identical_losses_and_metrics(shared_data, reference, tmp_path):
     out = tmp_path / "killed"
-    proc = subprocess.Popen(deepspeed_command(RUN_GLUE, run_args(shared_data, out)), cwd=REPO, env=child_env(),
+    proc = subprocess.Popen(train_command("glue", run_args(shared_data, out)), cwd=REPO, env=child_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, text=True)
     latest = out / "seed12" / "checkpoints" / "latest"  # the second seed's first checkpoint
     deadline = time.monotonic() + 480
@@ -68,12 +67,12 @@ def test_sigkill_after_a_checkpoint_then_resume_gives_identical_losses_and_metri
     os.killpg(proc.pid, signal.SIGKILL)  # launcher and both ranks: nothing more is saved
     proc.wait(timeout=60)
     killed_at = latest.read_text()
-    assert not (out / "seed12" / "result.json").exists() and not (out / "results.json").exists(), \
+    assert not (out / "seed12" / "results.json").exists() and not (out / "results.json").exists(), \
         "the second seed finished before it could be killed; the test proved nothing"
     first_seed = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (out / "seed11").iterdir()}
-    assert "result.json" in first_seed and not (out / "seed11" / "checkpoints").exists()
+    assert "results.json" in first_seed and not (out / "seed11" / "checkpoints").exists()
 
-    resumed = run_deepspeed(RUN_GLUE, run_args(shared_data, out, "--resume"), timeout=600)
+    resumed = run_train("glue", run_args(shared_data, out, "--resume"), timeout=600)
     assert f"resumed from {out / 'seed12' / 'checkpoints' / killed_at}" in events(out / "seed12")
     assert f"[seed 12 step {killed_at[4:]}] resumed from" in resumed.stdout
     assert "[seed 11 step" not in resumed.stdout  # the finished seed is not trained again

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launching import REPO, run_deepspeed
+from launching import REPO, run_train
 
 CPU_CONFIG = str(REPO / "ds_configs/finetune_cpu_small.json")
 HEADER = "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t" \
@@ -61,7 +61,7 @@ def test_mnli_two_eval_splits_test_files_and_load_report(exported_folder, tmp_pa
     _write_mnli(data, {"train.tsv": 96, "dev_matched.tsv": 45, "dev_mismatched.tsv": 37,
                        "test_matched.tsv": 21, "test_mismatched.tsv": 19})
     out = tmp_path / "out"
-    proc = run_deepspeed(REPO / "finetune/run_glue.py", [
+    proc = run_train("glue", [
         "--task", "MNLI", "--data", str(data), "--init-from", str(exported_folder), "--ep-size", "2",
         "--deepspeed_config", CPU_CONFIG, "--output-dir", str(out), "--max-steps", "3", "--max-seq-length", "32",
         "--predict-test", "--log-interval", "1", "--save-model", "--allow-recipe-mismatch"], timeout=600)
@@ -79,7 +79,7 @@ def test_mnli_two_eval_splits_test_files_and_load_report(exported_folder, tmp_pa
     # routing settings of the MNLI recipe (Table 7: C 1.2, lambda 0.01, dropout 0) reached the model config
     assert results["recipe"]["model_overrides"]["moe"] == {"capacity_factor": 1.2, "balance_loss_weight": 0.01}
     assert results["ep_size"] == 2 and len(results["recipe_mismatch"]) == 4
-    seed = out / "seed1"
+    seed = out / "seed1234"
     for name, count in (("MNLI.dev_matched.tsv", 45), ("MNLI.dev_mismatched.tsv", 37), ("MNLI-m.tsv", 21),
                         ("MNLI-mm.tsv", 19)):
         rows = (seed / name).read_text().splitlines()
@@ -97,7 +97,7 @@ def test_mnli_two_eval_splits_test_files_and_load_report(exported_folder, tmp_pa
 
     # the saved model (experts gathered from both expert-parallel ranks) scores the same with --eval-only
     rescored = tmp_path / "rescored"
-    proc = run_deepspeed(REPO / "finetune/run_glue.py", [
+    proc = run_train("glue", [
         "--task", "MNLI", "--data", str(data), "--init-from", str(seed / "model"), "--eval-only",
         "--deepspeed_config", CPU_CONFIG, "--output-dir", str(rescored), "--max-seq-length", "32"], timeout=600)
     assert f"from {seed / 'model'} (WideNetForSequenceClassification)" in proc.stdout
@@ -105,4 +105,4 @@ def test_mnli_two_eval_splits_test_files_and_load_report(exported_folder, tmp_pa
     again = json.loads((rescored / "results.json").read_text())
     assert again["steps"] == 0 and again["median"] == results["median"]
     for name in ("MNLI.dev_matched.tsv", "MNLI.dev_mismatched.tsv"):
-        assert (rescored / "seed1" / name).read_text() == (seed / name).read_text(), name
+        assert (rescored / "seed1234" / name).read_text() == (seed / name).read_text(), name

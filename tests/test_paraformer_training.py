@@ -12,13 +12,10 @@ import pytest
 
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.errors import ConfigError
-from widenet_ds.training.pretrain import run as run_pretrain
-from widenet_ds.training.pretrain_config import parse_args as parse_pretrain_args
-from widenet_ds.vision.train import parse_args as parse_classify_args
-from widenet_ds.vision.train import run as run_classify
 
 from launching import REPO
-from pretrain_support import BOOKS, events, prepare_data, train_losses, write_ds_config, write_model_config
+from pretrain_support import (BOOKS, events, prepare_data, train_in_process, train_losses, write_ds_config,
+                              write_model_config)
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +34,14 @@ def pretrain_args(data: Path, tmp_path: Path, out: str, *extra: str) -> list[str
 
 def test_prefix_pretraining_follows_the_phases_and_resumes_exactly(data, tmp_path, dist):
     schedule = ["--branch-schedule", "prefix", "--prefix-cycle-batches", "2"]
-    assert run_pretrain(parse_pretrain_args(pretrain_args(data, tmp_path, "full", *schedule, "--max-steps", "12"))) == 0
+    assert train_in_process("pretrain", (pretrain_args(data, tmp_path, "full", *schedule, "--max-steps", "12"))) is not None
     # 2 batches of prefixes (1, 2), then 2 joint batches, repeated
     active = train_losses(tmp_path / "full", "branches/active")
     assert [active[s] for s in range(1, 13)] == [1, 2, 1, 2, 2, 2, 1, 2, 1, 2, 2, 2]
     # stopped after 5 steps (a batch boundary), then resumed
-    assert run_pretrain(parse_pretrain_args(pretrain_args(data, tmp_path, "part", *schedule, "--max-steps", "5"))) == 0
-    assert run_pretrain(parse_pretrain_args(pretrain_args(data, tmp_path, "part", *schedule, "--max-steps", "12",
-                                                          "--resume"))) == 0
+    assert train_in_process("pretrain", (pretrain_args(data, tmp_path, "part", *schedule, "--max-steps", "5"))) is not None
+    assert train_in_process("pretrain", (pretrain_args(data, tmp_path, "part", *schedule, "--max-steps", "12",
+                                                          "--resume"))) is not None
     full, part = train_losses(tmp_path / "full"), train_losses(tmp_path / "part")
     assert sorted(part) == list(range(1, 13))
     assert part == full  # exact: same batches, same prefixes, same optimizer state and RNG after the resume
@@ -54,7 +51,7 @@ def test_prefix_pretraining_follows_the_phases_and_resumes_exactly(data, tmp_pat
 def test_a_run_length_inside_a_prefix_batch_is_rounded_up(data, tmp_path, dist):
     argv = pretrain_args(data, tmp_path, "run", "--branch-schedule", "prefix", "--prefix-cycle-batches", "2",
                          "--max-steps", "3")
-    assert run_pretrain(parse_pretrain_args(argv)) == 0
+    assert train_in_process("pretrain", (argv)) is not None
     assert max(train_losses(tmp_path / "run")) == 4  # the second batch's two prefix steps belong together
     assert any("the run ends at step 4" in e for e in events(tmp_path / "run"))
 
@@ -62,7 +59,7 @@ def test_a_run_length_inside_a_prefix_batch_is_rounded_up(data, tmp_path, dist):
 def test_staged_pretraining_adds_the_second_branch_and_reports_mlm_loss_per_branch_count(data, tmp_path, dist):
     argv = pretrain_args(data, tmp_path, "run", "--branch-schedule", "staged", "--stage-steps", "3", "--max-steps", "5",
                          "--eval-interval", "5", "--eval-batches", "2")
-    assert run_pretrain(parse_pretrain_args(argv)) == 0
+    assert train_in_process("pretrain", (argv)) is not None
     active = train_losses(tmp_path / "run", "branches/active")
     assert [active[s] for s in range(1, 6)] == [1, 1, 1, 2, 2]
     # the compression curve on the held-out split: the first k branches, no retraining
@@ -75,15 +72,15 @@ def test_pretraining_continues_from_an_expanded_folder(data, tmp_path, dist):
     # 2 branches pretrained, exported, expanded to 3. The first step of the new phase runs at the warm-up's
     # lr 0, so its held-out MLM loss with the first 2 branches is the old run's last one.
     short_eval = ["--eval-batches", "2"]
-    assert run_pretrain(parse_pretrain_args(pretrain_args(data, tmp_path, "two", "--max-steps", "4",
-                                                          "--eval-interval", "4", *short_eval))) == 0
+    assert train_in_process("pretrain", (pretrain_args(data, tmp_path, "two", "--max-steps", "4",
+                                                          "--eval-interval", "4", *short_eval))) is not None
     assert widenet_ds(["convert", "to-folder", str(tmp_path / "two"), str(tmp_path / "two-folder")]) == 0
     three = tmp_path / "three-folder"
     assert widenet_ds(["branches", "expand", str(tmp_path / "two-folder"), str(three), "--branches", "3"]) == 0
     argv = pretrain_args(data, tmp_path, "three", "--init-from", str(three), "--max-steps", "1",
                          "--eval-interval", "1", *short_eval)
     argv[argv.index("--model-config") + 1] = str(three)  # the folder's own (expanded) model config
-    assert run_pretrain(parse_pretrain_args(argv)) == 0
+    assert train_in_process("pretrain", (argv)) is not None
     old = train_losses(tmp_path / "two", "valid/mlm_loss")[4]
     assert train_losses(tmp_path / "three", "valid_branches_2/mlm_loss")[1] == pytest.approx(old, abs=1e-5)
     assert any(e.startswith("loaded ") and str(three) in e for e in events(tmp_path / "three"))
@@ -95,7 +92,7 @@ def test_zero1_with_a_prefix_schedule_is_refused_before_anything_is_written(data
     argv[argv.index("--deepspeed_config") + 1] = str(write_ds_config(tmp_path / "ds1.json",
                                                                      zero_optimization={"stage": 1}))
     with pytest.raises(ConfigError, match="zero_optimization.stage is 1: set it to 0"):
-        run_pretrain(parse_pretrain_args(argv))
+        train_in_process("pretrain", (argv))
     assert not (tmp_path / "run").exists()
 
 
@@ -112,11 +109,11 @@ def classify_args(tmp_path: Path, out: str, *extra: str) -> list[str]:
 
 
 def test_prefix_image_classification_resumes_exactly_and_reports_accuracy_per_branch_count(tmp_path, dist):
-    assert run_classify(parse_classify_args(classify_args(tmp_path, "full", "--max-steps", "12"))) == 0
+    assert train_in_process("classify", (classify_args(tmp_path, "full", "--max-steps", "12"))) is not None
     active = train_losses(tmp_path / "full", "branches/active")
     assert [active[s] for s in range(1, 13)] == [1, 2, 3, 3, 1, 2, 3, 3, 1, 2, 3, 3]
-    assert run_classify(parse_classify_args(classify_args(tmp_path, "part", "--max-steps", "4"))) == 0
-    assert run_classify(parse_classify_args(classify_args(tmp_path, "part", "--max-steps", "12", "--resume"))) == 0
+    assert train_in_process("classify", (classify_args(tmp_path, "part", "--max-steps", "4"))) is not None
+    assert train_in_process("classify", (classify_args(tmp_path, "part", "--max-steps", "12", "--resume"))) is not None
     assert train_losses(tmp_path / "part") == train_losses(tmp_path / "full")
     results = json.loads((tmp_path / "full" / "results.json").read_text())
     by_branches = results["accuracy_by_branches"]

@@ -10,10 +10,11 @@ import torch
 from widenet_ds.checkpoint.format import read_folder
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.errors import CheckpointError, ConfigError, DataError
-from widenet_ds.training.pretrain import run
-from widenet_ds.training.pretrain_config import parse_args
+from pretrain_support import BOOKS, CPU_CONFIG, events, prepare_data, train_in_process, train_losses, write_ds_config
 
-from pretrain_support import BOOKS, CPU_CONFIG, events, prepare_data, train_losses, write_ds_config
+
+def run(argv):
+    return train_in_process("pretrain", argv)
 
 
 @pytest.fixture(scope="module")
@@ -36,14 +37,14 @@ def args(data, output_dir, *extra, model="albert-tiny", ds=CPU_CONFIG, data_dir=
 def albert_run(data, dist):
     """A finished 2-step albert-tiny run: a real output folder with a real checkpoint."""
     out = data["root"] / "albert"
-    assert run(parse_args(args(data, out))) == 0
+    assert run((args(data, out))) is not None
     return out
 
 
 def assert_fails_before_training(argv, error, pattern, output_dir):
     before = sorted(p.relative_to(output_dir) for p in output_dir.rglob("*")) if output_dir.exists() else None
     with pytest.raises(error, match=pattern):
-        run(parse_args(argv))
+        run((argv))
     after = sorted(p.relative_to(output_dir) for p in output_dir.rglob("*")) if output_dir.exists() else None
     assert after == before, "a failed start must not write anything"
 
@@ -74,16 +75,23 @@ def test_missing_data_manifest(data, tmp_path, dist):
                                  r"has no manifest.json.*prepare-data", tmp_path / "out")
 
 
-def test_output_dir_holding_another_models_checkpoints(data, albert_run, dist):
-    for extra in ((), ("--resume",)):
-        assert_fails_before_training(args(data, albert_run, *extra, model="widenet-tiny-e4"), CheckpointError,
-                                     r"of another model config; differing fields:(.|\n)*ffn: 'dense' \(checkpoint\) "
-                                     r"vs 'moe' \(this run\)", albert_run)
+def test_resume_in_an_output_dir_holding_another_models_checkpoints(data, albert_run, dist):
+    assert_fails_before_training(args(data, albert_run, "--resume", model="widenet-tiny-e4"), CheckpointError,
+                                 r"of another model config; differing fields:(.|\n)*ffn: 'dense' \(checkpoint\) "
+                                 r"vs 'moe' \(this run\)", albert_run)
 
 
-def test_same_model_in_a_used_output_dir_needs_resume(data, albert_run, dist):
-    assert_fails_before_training(args(data, albert_run), CheckpointError,
-                                 r"already holds checkpoints of this model \(up to step2\); pass --resume", albert_run)
+def test_a_used_output_dir_needs_resume(data, albert_run, dist):
+    for model in ("albert-tiny", "widenet-tiny-e4"):
+        assert_fails_before_training(args(data, albert_run, model=model), ConfigError,
+                                     r"already holds a run \(run_config.json, results.json, checkpoints/\); pass "
+                                     r"--resume", albert_run)
+
+
+def test_resume_with_changed_settings_needs_accept(data, albert_run, dist):
+    assert_fails_before_training(args(data, albert_run, "--resume", "--seed", "7", "--max-steps", "3"), ConfigError,
+                                 r"settings that change it:\n  seed: 1234 \(the run in the folder\) vs 7 \(now\)",
+                                 albert_run)
 
 
 def test_resume_from_a_checkpoint_of_another_model_config(data, albert_run, tmp_path, dist):
@@ -95,7 +103,7 @@ def test_resume_from_a_checkpoint_of_another_model_config(data, albert_run, tmp_
 
 def test_resume_latest_in_an_empty_output_dir_starts_from_step_zero(data, tmp_path, dist):
     # What a requeued Slurm job does on its first start: --resume with nothing saved yet.
-    assert run(parse_args(args(data, tmp_path / "out", "--resume", "--max-steps", "1"))) == 0
+    assert run((args(data, tmp_path / "out", "--resume", "--max-steps", "1"))) is not None
     assert sorted(train_losses(tmp_path / "out")) == [1]
 
 
@@ -103,12 +111,13 @@ def test_phase2_starts_from_phase1_weights_with_new_sequence_length(data, albert
     out = tmp_path / "phase2"
     phase1 = albert_run / "checkpoints"
     # One step: WarmupDecayLR's first step runs at warmup_min_lr = 0, so the weights stay phase 1's.
-    assert run(parse_args(args(data, out, "--init-from", str(phase1), "--max-steps", "1",
-                               data_dir=data["seq128"]))) == 0
-    from widenet_ds.checkpoint.training import read_meta
+    assert run((args(data, out, "--init-from", str(phase1), "--max-steps", "1",
+                               data_dir=data["seq128"]))) is not None
+    from widenet_ds.checkpoint.training import read_checkpoint_meta
 
-    meta = read_meta(out / "checkpoints" / "step1")
-    assert meta["data_manifest"]["seq_length"] == 128 and meta["step"] == 1
+    meta = read_checkpoint_meta(out / "checkpoints" / "step1")
+    assert meta.run["data_manifest"]["seq_length"] == 128 and meta.step == 1
+    assert (meta.task, meta.architecture) == ("pretrain", "WideNetForPreTraining")
     old = torch.load(phase1 / "step2" / "mp_rank_00_model_states.pt", weights_only=True)["module"]
     new = torch.load(out / "checkpoints" / "step1" / "mp_rank_00_model_states.pt", weights_only=True)["module"]
     assert old.keys() == new.keys()
@@ -122,8 +131,8 @@ def test_init_from_a_checkpoint_folder_starts_from_its_weights(data, albert_run,
     folder = tmp_path / "folder"
     assert widenet_ds(["convert", "to-folder", str(albert_run), str(folder)]) == 0
     out = tmp_path / "from-folder"
-    assert run(parse_args(args(data, out, "--init-from", str(folder), "--max-steps", "1", model=str(folder),
-                               data_dir=data["seq128"]))) == 0
+    assert run((args(data, out, "--init-from", str(folder), "--max-steps", "1", model=str(folder),
+                               data_dir=data["seq128"]))) is not None
     assert any(e.startswith(f"loaded {len(read_folder(folder).state)} tensors from {folder}") for e in events(out))
     # One step at WarmupDecayLR's warm-up lr 0: the weights stay the folder's, which are phase 1's.
     old = torch.load(albert_run / "checkpoints" / "step2" / "mp_rank_00_model_states.pt", weights_only=True)["module"]

@@ -150,6 +150,14 @@ class RunFolder:
                  and (m := SEED_DIR.match(p.name))]
         return sorted(found, key=lambda item: item[0])
 
+    def holds(self) -> list[str]:
+        """The files of a run found here (empty: no run has written this folder)."""
+        found = [name for name in (RUN_CONFIG_FILE, RESULTS_FILE) if (self.path / name).is_file()]
+        if self.checkpoints.is_dir() and any(self.checkpoints.iterdir()):
+            found.append(f"{CHECKPOINTS_DIR}/")
+        found += [f"{p.path.name}/" for _, p in self.seeds()]
+        return found
+
     # -- readers and writers -------------------------------------------------------------------------
     def read_metrics(self, *, live: bool = False) -> Metrics:
         return read_metrics(self.metrics, live=live)

@@ -5,6 +5,8 @@
     widenet-ds launch classify --num-ranks 2 -- --model-config widenet-vit-tiny ...
 
 TASK: pretrain (MLM + SOP), glue, squad (finetuning), classify (images). `TASK --help` lists its options.
+A user error is printed once (not once per rank) and exits 2; a run stopped by SIGTERM/SIGUSR1 has saved
+its checkpoint and exits 0 (Slurm requeues it; --resume continues).
 """
 
 from __future__ import annotations
@@ -13,45 +15,55 @@ import sys
 
 from widenet_ds.runtime.quiet import quiet_third_party
 
-TASKS = {
-    "pretrain": "MLM + sentence-order pretraining (WideNet, ALBERT, BERT)",
-    "glue": "finetuning on a GLUE task (seeds, median)",
-    "squad": "finetuning on SQuAD v1.1 / v2.0",
-    "classify": "image classification (ViT-WideNet, ViT, ViT-MoE, ParaFormer)",
-}
+quiet_third_party()  # before DeepSpeed is imported
+
+from widenet_ds.errors import WideNetError  # noqa: E402
+from widenet_ds.training.console import mark_same_on_every_rank, report_error  # noqa: E402
+from widenet_ds.training.run import run_task  # noqa: E402
+from widenet_ds.training.run_config import CONFIGS, DESCRIPTIONS, parse  # noqa: E402
+
+PROG = "python -m widenet_ds.train"
 
 
 def usage() -> str:
-    return "\n".join(["usage: python -m widenet_ds.train TASK [options]", "", "tasks:"]
-                     + [f"  {name:<10} {help_}" for name, help_ in TASKS.items()]
-                     + ["", "`python -m widenet_ds.train TASK --help` lists the options of one task."])
+    return "\n".join([f"usage: {PROG} TASK [options]", "", "tasks:"]
+                     + [f"  {name:<10} {DESCRIPTIONS[name]}" for name in CONFIGS]
+                     + ["", f"`{PROG} TASK --help` lists the options of one task (docs/flags.md: all of them)."])
+
+
+def without_local_rank(argv: list[str]) -> list[str]:
+    """The arguments without the `--local_rank=N` the deepspeed launcher puts first (the rank comes from the
+    environment)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--local_rank", "--local-rank"):
+            skip = True
+        elif not arg.startswith(("--local_rank=", "--local-rank=")):
+            out.append(arg)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = without_local_rank(list(sys.argv[1:] if argv is None else argv))
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0
     task, rest = argv[0], argv[1:]
-    if task not in TASKS:
-        print(f"python -m widenet_ds.train: unknown task {task!r}.\n\n{usage()}", file=sys.stderr)
+    if task not in CONFIGS:
+        print(f"{PROG}: unknown task {task!r}.\n\n{usage()}", file=sys.stderr)
         return 2
-    quiet_third_party()  # before DeepSpeed is imported
-    # Until the one trainer lands: the task's existing entry.
-    if task == "pretrain":
-        from pretrain.run_pretrain import main as entry
-        return entry(rest)
-    if task == "classify":
-        from vision.run_classify import main as entry
-        return entry(rest)
-    from widenet_ds.training.finetune import main as finetune_main
-    if task == "glue":
-        from finetune.run_glue import parser
-        from widenet_ds.training.finetune_tasks import GlueTaskRun as run_class
-    else:
-        from finetune.run_squad import parser
-        from widenet_ds.training.finetune_tasks import SquadTaskRun as run_class
-    return finetune_main(parser(), run_class, rest)
+    try:
+        try:
+            cfg = parse(task, rest)
+        except WideNetError as err:  # every rank parses the same command line
+            raise mark_same_on_every_rank(err)
+        run_task(cfg)
+    except WideNetError as err:
+        report_error(f"{PROG} {task}", err)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

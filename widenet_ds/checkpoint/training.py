@@ -15,12 +15,13 @@ Old tags are deleted only after the new one is complete.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,48 @@ def config_sha256(model_config: dict[str, Any]) -> str:
 
 def _rank_file(tag_dir: Path, rank: int) -> Path:
     return tag_dir / f"rank_{rank:05d}_state.pt"
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """The completion marker of a checkpoint tag (`widenet_checkpoint.json`), written last by rank 0 and read
+    once per tag. `run` holds what the task adds (pretraining's data manifest, the image dataset, a finetuning
+    seed); on disk its entries sit beside the others, as in markers of earlier versions."""
+
+    step: int
+    samples: int
+    world_size: int
+    ep_size: int
+    model_config: dict[str, Any]
+    deepspeed_config: dict[str, Any]
+    architecture: str | None = None  # None: a text model's checkpoint of a version that did not record it
+    task: str | None = None          # the training task ("pretrain", "glue", "squad", "classify")
+    branch_schedule: str = "joint"
+    optimizer_states: bool = True    # False: model states only (`widenet-ds convert reshard`)
+    run: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        fields_ = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "run"}
+        return {**self.run, **fields_, "format_version": FORMAT_VERSION,
+                "model_config_sha256": config_sha256(self.model_config)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], where: Path) -> "CheckpointMeta":
+        known = {f.name for f in dataclasses.fields(cls)} - {"run"}
+        try:
+            values = {name: data[name] for name in known if name in data}
+            values.setdefault("ep_size", trained_ep_size(data))
+            values.setdefault("deepspeed_config", {})
+            run = {k: v for k, v in data.items() if k not in known and k not in ("format_version", "model_config_sha256")}
+            return cls(**values, run=run)
+        except TypeError as err:
+            raise CheckpointError(f"{where / META_FILE} lacks an entry a checkpoint marker has ({err}); the marker is "
+                                  f"damaged: resume from another checkpoint of {where.parent}.") from None
+
+
+def read_checkpoint_meta(tag_dir: Path) -> CheckpointMeta:
+    """The marker of a complete widenet-ds checkpoint, typed (refuses a partial or foreign one)."""
+    return CheckpointMeta.from_json(read_meta(tag_dir), Path(tag_dir))
 
 
 # --- finding and checking checkpoints ---------------------------------------------------------------
@@ -135,10 +178,10 @@ def trained_ep_size(meta: dict[str, Any]) -> int:
     return split_run_settings(meta.get("model_config") or {})[1].get("ep_size", 1)  # written before 0.2
 
 
-def check_resumable(tag_dir: Path, meta: dict[str, Any]) -> None:
+def check_resumable(tag_dir: Path, meta: CheckpointMeta) -> None:
     """An exact resume needs the optimizer, schedule, loader and RNG states; a resharded checkpoint
     (`widenet-ds convert reshard`) records that it has model states only."""
-    if meta.get("optimizer_states") is False or not any(Path(tag_dir).glob("rank_*_state.pt")):
+    if not meta.optimizer_states or not any(Path(tag_dir).glob("rank_*_state.pt")):
         raise CheckpointError(f"checkpoint {tag_dir} holds model states only (no optimizer state, LR schedule, "
                               f"data-loader or RNG state: it was written by `widenet-ds convert reshard` or copied "
                               f"partially), so --resume cannot continue it exactly. Start a new run from its weights "
@@ -157,8 +200,9 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: s
     return lines
 
 
-def check_same_model(meta: dict[str, Any], model_config: dict[str, Any], where: Path) -> None:
-    saved, _ = split_run_settings(meta["model_config"])
+def check_same_model(saved_config: dict[str, Any], model_config: dict[str, Any], where: Path) -> None:
+    """Refuse a checkpoint of another model config than this run's, naming the differing fields."""
+    saved, _ = split_run_settings(saved_config)
     try:  # a text model's config, written by an older version: fields added since take their defaults
         saved = ModelConfig.from_dict(saved).to_dict()
     except ConfigError:
@@ -207,8 +251,8 @@ class CheckpointManager:
         self.rank = rank
         self.world_size = world_size
 
-    def save(self, engine, state: TrainingState, loader, meta: dict[str, Any]) -> Path:
-        """Collective (all ranks). `meta` (model config, data manifest, ...) goes to the JSON marker."""
+    def save(self, engine, state: TrainingState, loader, meta: CheckpointMeta) -> Path:
+        """Collective (all ranks). `meta` (its step and samples set here) is the tag's marker, written last."""
         tag = tag_for(state.step)
         tag_dir = self.checkpoint_dir / tag
         tag_dir.mkdir(parents=True, exist_ok=True)
@@ -217,11 +261,8 @@ class CheckpointManager:
         # Ends with a barrier: every rank's files are written when it returns.
         engine.save_checkpoint(str(self.checkpoint_dir), tag=tag, save_latest=False)
         if self.rank == 0:
-            atomic_write_json(tag_dir / META_FILE, {
-                "format_version": FORMAT_VERSION, "step": state.step, "samples": state.samples,
-                "world_size": self.world_size, "model_config_sha256": config_sha256(meta["model_config"]),
-                **meta,
-            }, sort_keys=True)
+            marker = dataclasses.replace(meta, step=state.step, samples=state.samples, world_size=self.world_size)
+            atomic_write_json(tag_dir / META_FILE, marker.to_json(), sort_keys=True)
             atomic_write_text(self.checkpoint_dir / LATEST_FILE, tag)
             self._prune(current_step=state.step)
         if torch_dist.is_initialized():
@@ -242,11 +283,10 @@ class CheckpointManager:
             if tag_dir not in keep:
                 shutil.rmtree(tag_dir)
 
-    def load(self, engine, tag_dir: Path, loader) -> TrainingState:
+    def load(self, engine, tag_dir: Path, meta: CheckpointMeta, loader) -> TrainingState:
         """Collective. Restores engine (weights, optimizer, schedule), loader and RNG of this rank."""
-        meta = read_meta(tag_dir)
-        if meta["world_size"] != self.world_size:
-            raise CheckpointError(f"checkpoint {tag_dir} was written by {meta['world_size']} ranks, this run has "
+        if meta.world_size != self.world_size:
+            raise CheckpointError(f"checkpoint {tag_dir} was written by {meta.world_size} ranks, this run has "
                                   f"{self.world_size}; an exact resume needs the same number of ranks (the data "
                                   f"order and ZeRO partitions depend on it).")
         load_path, _ = engine.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
@@ -255,10 +295,10 @@ class CheckpointManager:
         rank_state = torch.load(_rank_file(tag_dir, self.rank), weights_only=True)
         loader.load_state_dict(rank_state["loader"])
         set_rng_state(rank_state["rng"])
-        if engine.global_steps != meta["step"]:
+        if engine.global_steps != meta.step:
             raise CheckpointError(f"checkpoint {tag_dir}: DeepSpeed restored global step {engine.global_steps}, "
-                                  f"our marker says {meta['step']}; the checkpoint folder is inconsistent.")
-        return TrainingState(step=meta["step"], samples=meta["samples"])
+                                  f"our marker says {meta.step}; the checkpoint folder is inconsistent.")
+        return TrainingState(step=meta.step, samples=meta.samples)
 
 
 def load_weights_only(engine, tag_dir: Path) -> None:

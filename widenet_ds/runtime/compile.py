@@ -28,7 +28,7 @@ def compile_for_training(model: nn.Module, mode: CompileMode, backend: str = "in
     if mode == "model":
         model.compile(backend=backend)
         return
-    encoder = model.widenet.encoder
+    encoder = model.encoder  # text and image models alike
     distinct = {id(m): m for m in [*encoder.attention, *encoder.ffn]}
     for module in distinct.values():
         module.compile(backend=backend)

@@ -63,12 +63,14 @@ def plan_optimizer(settings: DeepSpeedSettings, choice: str, cuda_available: boo
     return OptimizerPlan("deepspeed", "Lamb: DeepSpeed's fused CUDA kernel (ZeRO stage 0: per-tensor trust ratio)")
 
 
-def build_engine(model: nn.Module, settings: DeepSpeedSettings, optimizer_choice: str = "auto"):
-    """Wrap `model` in a DeepSpeed engine as the validated JSON says; returns (engine, plan)."""
+def build_engine(model: nn.Module, settings: DeepSpeedSettings, optimizer_choice: str = "auto",
+                 config: dict | None = None):
+    """Wrap `model` in a DeepSpeed engine as the validated JSON says; returns (engine, plan). `config`: the
+    JSON as DeepSpeed is to see it, when the parallel layout adjusts it (default: the validated one)."""
     import deepspeed
 
     plan = plan_optimizer(settings, optimizer_choice, torch.cuda.is_available())
-    config = copy.deepcopy(settings.config)  # DeepSpeed keeps and may edit the dict it is given
+    config = copy.deepcopy(settings.config if config is None else config)  # DeepSpeed keeps and may edit it
     config.pop("_comment", None)
     optimizer_params = dict(config["optimizer"].get("params", {}))
     groups = build_param_groups(model, weight_decay=optimizer_params.get("weight_decay", 0.0))

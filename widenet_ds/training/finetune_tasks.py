@@ -1,22 +1,20 @@
 """The finetuning tasks as small entries over the one loop in `finetune.py`: data, head, metric, files.
 
-`TaskRun` names what the loop uses of a task; `GlueTaskRun` and `SquadTaskRun` implement it, each with
-its own options (`GlueOptions`, `SquadOptions`: the flags only that task has), checked with the shared
-settings before anything is loaded. Tasks print nothing: what they have to say comes back as lines that
-the loop logs.
+`TaskRun` names what finetuning uses of a task; `GlueTaskRun` and `SquadTaskRun` implement it, each with
+its own settings (`GlueConfig`, `SquadConfig` in run_config.py: the flags only that task has). Tasks print
+nothing: what they have to say comes back as lines that the run logs.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch.distributed as torch_dist
 
-from widenet_ds.errors import ConfigError, DataError
+from widenet_ds.errors import DataError
 from widenet_ds.model.widenet import WideNetForQuestionAnswering, WideNetForSequenceClassification
 from widenet_ds.tasks.features import glue_features
 from widenet_ds.tasks.glue import GLUE_TASKS, get_glue_task, glue_split_path, load_glue_split, write_glue_predictions
@@ -26,24 +24,23 @@ from widenet_ds.tasks.squad import load_squad, squad_json_from_examples
 from widenet_ds.tasks.squad_features import SquadFeatureConfig, build_squad_features
 from widenet_ds.tasks.squad_metrics import evaluate_v1, evaluate_v2
 from widenet_ds.tasks.squad_postprocess import decode_squad, tune_null_threshold, write_squad_outputs
-from widenet_ds.training.finetune_config import FinetuneConfig
-from widenet_ds.training.finetune_weights import build_model
+from widenet_ds.training.run_config import FinetuneConfig, GlueConfig, SquadConfig
 from widenet_ds.training.predict import Batching, Prepared, predict
 
 
 class TaskRun(Protocol):
-    """What the finetuning loop uses of a task; built once per run from the validated `FinetuneConfig`."""
+    """What finetuning uses of a task; built once per run from the validated `GlueConfig` / `SquadConfig`."""
 
-    Options: ClassVar[type]  # the task's own settings (a dataclass with `problems(data_path)`)
     name: str  # e.g. "SST-2", "SQuAD1.1": names the recipe and the output files
     primary_metric: str
+    model_class: type  # the task model (its head)
 
     def __init__(self, cfg: FinetuneConfig) -> None: ...
 
     def recipe(self) -> FinetuneRecipe: ...
 
-    def model(self, recipe: FinetuneRecipe, vocab_size: int) -> tuple[Any, str]:
-        """The task model and a one-line report of where its weights came from."""
+    def model_kwargs(self) -> dict[str, Any]:
+        """The task model's own constructor arguments (the number of labels)."""
 
     def prepare(self, tokenizer, max_len: int) -> Prepared:
         """Training and evaluation features (read once per run, shared by the seeds)."""
@@ -68,55 +65,22 @@ def _glue_predictions(task, engine, features, batching: Batching) -> np.ndarray:
     return logits[:, 0] if task.is_regression else logits.argmax(axis=1)
 
 
-@dataclass
-class GlueOptions:
-    task: str  # a GLUE name in any spelling
-    predict_test: bool = False
-
-    def problems(self, data_path: Path | None) -> list[str]:
-        try:
-            task = get_glue_task(self.task)
-        except ConfigError as err:
-            return [f"--task: {err}"]
-        if not task.eval_splits:
-            return [f"--task {task.name} has no labelled split to finetune on; its test set is predicted by the "
-                    f"MNLI model (--task mnli --predict-test)."]
-        if data_path is None:
-            return []
-        problems = []
-        for split in ("train", *task.eval_splits):
-            try:
-                glue_split_path(task, split, data_path)
-            except DataError as err:
-                problems.append(f"--data: {err}")
-        if self.predict_test:
-            for split in task.test_splits:
-                try:
-                    glue_split_path(task, split, data_path)
-                except DataError:
-                    problems.append(f"--predict-test: no {task.files[split]} in {data_path} (nor in "
-                                    f"{data_path / task.name}); add the test file there, or drop --predict-test.")
-        return problems
-
-
 class GlueTaskRun:
     """A GLUE task: sequence classification (regression for STS-B), dev metrics, submission files."""
 
-    Options = GlueOptions
+    model_class = WideNetForSequenceClassification
 
-    def __init__(self, cfg: FinetuneConfig) -> None:
+    def __init__(self, cfg: GlueConfig) -> None:
         self.cfg = cfg
-        self.options: GlueOptions = cfg.task  # type: ignore[assignment]
-        self.task = get_glue_task(self.options.task)
+        self.task = get_glue_task(cfg.glue_task)
         self.name = self.task.name
         self.primary_metric = self.task.primary_metric
 
     def recipe(self) -> FinetuneRecipe:
         return recipe_for(self.name)
 
-    def model(self, recipe: FinetuneRecipe, vocab_size: int):
-        return build_model(self.cfg, WideNetForSequenceClassification, recipe, vocab_size,
-                           num_labels=self.task.num_labels)
+    def model_kwargs(self) -> dict[str, Any]:
+        return {"num_labels": self.task.num_labels}
 
     def prepare(self, tokenizer, max_len: int) -> Prepared:
         cfg = self.cfg
@@ -144,7 +108,7 @@ class GlueTaskRun:
     def predict_test(self, engine, tokenizer, max_len: int, batching: Batching, out_dir: Path) -> list[str]:
         """With --predict-test: test-set files in the GLUE submission format (MNLI: MNLI-m.tsv, MNLI-mm.tsv,
         and AX.tsv when the diagnostic set is found next to the MNLI folder)."""
-        if not self.options.predict_test:
+        if not self.cfg.predict_test:
             return []
         data_path = self.cfg.data_path
         jobs = [(self.task, split, data_path) for split in self.task.test_splits]
@@ -178,61 +142,30 @@ class GlueTaskRun:
                 for split, f in data.evals.items()}
 
 
-@dataclass
-class SquadOptions:
-    version: str  # "1.1" or "2.0"
-    train_file: str | None = None  # default: --data/train-v<version>.json (or --data itself, a file)
-    dev_file: str | None = None
-    doc_stride: int | None = None  # default: 128, at most max length / 4
-
-    def problems(self, data_path: Path | None) -> list[str]:
-        problems = []
-        if self.version not in ("1.1", "2.0"):
-            problems.append(f"--version must be 1.1 or 2.0, got {self.version!r}.")
-        if self.doc_stride is not None and self.doc_stride < 0:
-            problems.append(f"--doc-stride must be >= 0, got {self.doc_stride}.")
-        for flag, split in (("--train-file", "train"), ("--dev-file", "dev")):
-            path = self.file(split, data_path)
-            if path is not None and not path.is_file():
-                problems.append(f"{flag}: {path} does not exist; pass the SQuAD JSON with {flag}, or a --data "
-                                f"folder holding train-v{self.version}.json and dev-v{self.version}.json.")
-        return problems
-
-    def file(self, split: str, data_path: Path | None) -> Path | None:
-        """The JSON of `split`: its flag, else in (or being) --data; None: HF datasets."""
-        given = self.train_file if split == "train" else self.dev_file
-        if given is not None:
-            return Path(given)
-        if data_path is None:
-            return None
-        return data_path if data_path.is_file() else data_path / f"{split}-v{self.version}.json"
-
-
 class SquadTaskRun:
     """SQuAD v1.1 / v2.0: span start/end head, n-best decoding, null threshold tuned on dev (v2.0)."""
 
-    Options = SquadOptions
     primary_metric = "f1"
+    model_class = WideNetForQuestionAnswering
 
-    def __init__(self, cfg: FinetuneConfig) -> None:
+    def __init__(self, cfg: SquadConfig) -> None:
         self.cfg = cfg
-        self.options: SquadOptions = cfg.task  # type: ignore[assignment]
-        self.version = self.options.version
+        self.version = cfg.version
         self.name = f"SQuAD{self.version}"
 
     def recipe(self) -> FinetuneRecipe:
         return recipe_for(self.name)
 
-    def model(self, recipe: FinetuneRecipe, vocab_size: int):
-        return build_model(self.cfg, WideNetForQuestionAnswering, recipe, vocab_size)
+    def model_kwargs(self) -> dict[str, Any]:
+        return {}
 
     def prepare(self, tokenizer, max_len: int) -> Prepared:
         cfg = self.cfg
         # Without flags: BERT's 128-token stride and 64-token questions, shrunk for short max lengths.
-        stride = self.options.doc_stride if self.options.doc_stride is not None else min(128, max_len // 4)
+        stride = cfg.doc_stride if cfg.doc_stride is not None else min(128, max_len // 4)
         feature_cfg = SquadFeatureConfig(max_seq_length=max_len, doc_stride=stride,
                                          max_query_length=min(64, max_len // 4))
-        train_file, dev_file = self.options.file("train", cfg.data_path), self.options.file("dev", cfg.data_path)
+        train_file, dev_file = cfg.file("train"), cfg.file("dev")
         train_examples = load_squad(self.version, "train", train_file).examples
         dev_examples = load_squad(self.version, "dev", dev_file).examples
         if cfg.max_train_examples:

@@ -1,6 +1,6 @@
-"""Where finetuning weights come from and go: the tokenizer that belongs to them, the task model built from
---init-from (pretrained weights + load report) or --preset (random) with the recipe's routing and dropout
-settings, and the finetuned model written back as a checkpoint folder."""
+"""Where finetuning weights come from and go: the tokenizer that belongs to them, the model config of
+--init-from (pretrained weights) or --model-config (random initialisation) with the recipe's routing and
+dropout settings, and the finetuned model written back as a checkpoint folder."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import Any
 import torch.distributed as torch_dist
 
 from widenet_ds.checkpoint.format import PortableCheckpoint, global_key_map, is_expert_key, save_folder
-from widenet_ds.checkpoint.load import find_tokenizer_files, load_into, read_checkpoint
+from widenet_ds.checkpoint.load import find_tokenizer_files
 from widenet_ds.data.tokenizer import load_tokenizer
 from widenet_ds.errors import ConfigError, WideNetError
-from widenet_ds.model.config import ModelConfig
-from widenet_ds.runtime.distributed import check_ep_size
-from widenet_ds.training.finetune_config import FinetuneConfig
+from widenet_ds.model.config import ModelConfig, parse_overrides
+from widenet_ds.training.model_source import resolve_model_config
+from widenet_ds.training.run_config import FinetuneConfig
 
 
 def load_tokenizer_for(cfg: FinetuneConfig):
@@ -35,36 +35,27 @@ def load_tokenizer_for(cfg: FinetuneConfig):
 
 
 def model_overrides(cfg: FinetuneConfig, recipe) -> dict[str, Any]:
-    """The recipe's routing and dropout settings (flags win), applied to the model config before building."""
-    dropout = cfg.dropout if cfg.dropout is not None else recipe.dropout
-    return {"hidden_dropout": dropout, "attention_dropout": dropout,
-            "classifier_dropout": recipe.classifier_dropout,
-            "moe": {"capacity_factor": cfg.capacity_factor if cfg.capacity_factor is not None
-                    else recipe.capacity_factor,
-                    "balance_loss_weight": (cfg.balance_loss_weight if cfg.balance_loss_weight is not None
-                                            else recipe.balance_weight)}}
+    """The recipe's dropout and routing settings, with the run's `--set` changes on top."""
+    overrides: dict[str, Any] = {"hidden_dropout": recipe.dropout, "attention_dropout": recipe.dropout,
+                                 "classifier_dropout": recipe.classifier_dropout,
+                                 "moe": {"capacity_factor": recipe.capacity_factor,
+                                         "balance_loss_weight": recipe.balance_weight}}
+    changes = parse_overrides(cfg.overrides)
+    overrides["moe"].update(changes.pop("moe", {}))
+    return {**overrides, **changes}
 
 
-def build_model(cfg: FinetuneConfig, cls, recipe, vocab_size: int, **model_kwargs):
-    """The task model from --init-from (weights + load report) or --preset (random), with the recipe's overrides
-    and the run's expert-parallel size (checked here, the one place it reaches the model)."""
+def finetune_model_config(cfg: FinetuneConfig, recipe, vocab_size: int,
+                          checkpoint: PortableCheckpoint | None) -> ModelConfig:
+    """The model of --init-from (`checkpoint`) or --model-config (random initialisation; a preset takes the
+    tokenizer's vocabulary size), with the recipe's settings and the run's --set changes."""
     overrides = model_overrides(cfg, recipe)
-    world = torch_dist.get_world_size() if torch_dist.is_initialized() else 1
-    if cfg.init_from is not None:
-        checkpoint = read_checkpoint(Path(cfg.init_from))
-        model_cfg = checkpoint.config.replace(**overrides)
-        check_ep_size(cfg.ep_size, world, model_cfg.moe.num_experts if model_cfg.is_moe else None)
-        if cls.__name__ == checkpoint.architecture == "WideNetForSequenceClassification":
-            model_kwargs.setdefault("num_labels", checkpoint.num_labels)
-        model = cls(model_cfg, ep_size=cfg.ep_size, **model_kwargs)
-        return model, load_into(model, checkpoint, str(cfg.init_from)).summary()
-    model_cfg = ModelConfig.from_preset(cfg.preset, vocab_size=vocab_size).replace(**overrides)
-    check_ep_size(cfg.ep_size, world, model_cfg.moe.num_experts if model_cfg.is_moe else None)
-    model = cls(model_cfg, ep_size=cfg.ep_size, **model_kwargs)
-    return model, f"random initialisation from preset {cfg.preset} (no weights loaded)"
+    if checkpoint is not None:
+        return checkpoint.config.replace(**overrides)
+    return resolve_model_config(ModelConfig, cfg.model_config, None, [], {"vocab_size": vocab_size}).replace(**overrides)
 
 
-def save_finetuned(model, target: Path, tokenizer, provenance: dict[str, Any]) -> Path:
+def save_finetuned(model, target: Path, tokenizer, provenance: dict[str, Any], ep_size: int) -> Path:
     """The finetuned model as a checkpoint folder (experts under their global index, gathered from every
     rank when expert-parallel), written by rank 0; collective."""
     to_global = global_key_map(model)
@@ -78,7 +69,7 @@ def save_finetuned(model, target: Path, tokenizer, provenance: dict[str, Any]) -
         tokenizer_dir.mkdir(parents=True, exist_ok=True)
         tokenizer.save(str(tokenizer_dir / "tokenizer.json"))
         checkpoint = PortableCheckpoint(model.cfg, type(model).__name__, state, getattr(model, "num_labels", None),
-                                        {**provenance, "trained_with_ep_size": getattr(model, "ep_size", 1)})
+                                        {**provenance, "trained_with_ep_size": ep_size})
         save_folder(checkpoint, target, tokenizer_files=(tokenizer_dir / "tokenizer.json",), overwrite=True)
         (tokenizer_dir / "tokenizer.json").unlink()
         tokenizer_dir.rmdir()

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import signal
-from typing import Any
-
 import torch
 import torch.distributed as torch_dist
 
@@ -54,13 +52,17 @@ class SavePoints:
         self.saved_step = saved_step  # the step already on disk (a resumed run's), None for a fresh run
         self.stopping = False
 
+    def crosses(self, since: int, step: int) -> bool:
+        """Whether a batch from step `since` to `step` ends at a checkpoint due by the interval or the run's end
+        (known before the batch runs; a signal's stop is not)."""
+        return step // self.save_interval > since // self.save_interval or step == self.max_steps
+
     def due(self, step: int, since: int) -> bool:
         """Collective (`StopRequest.agreed`): whether `step`, reached from step `since`, is to be saved."""
         self.stopping = self.stop.agreed()
-        crossed = step // self.save_interval > since // self.save_interval
-        return self.stopping or crossed or step == self.max_steps
+        return self.stopping or self.crosses(since, step)
 
-    def save(self, engine, state, loader, meta: dict[str, Any]) -> bool:
+    def save(self, engine, state, loader, meta) -> bool:
         """Write `state.step`'s checkpoint (unless on disk already); True when the loop is to stop now."""
         if self.saved_step != state.step:
             tag_dir = self.checkpoints.save(engine, state, loader, meta)
@@ -71,6 +73,6 @@ class SavePoints:
                                        f"resume with --resume")
         return self.stopping
 
-    def after_batch(self, since: int, engine, state, loader, meta: dict[str, Any]) -> bool:
+    def after_batch(self, since: int, engine, state, loader, meta) -> bool:
         """`due` then `save`: True when the loop is to stop now."""
         return self.save(engine, state, loader, meta) if self.due(state.step, since) else False

@@ -1,0 +1,206 @@
+"""Image classification as a task of the one trainer: the image data and its augmentation, the ViT-WideNet
+classifier, accuracy, the test-split evaluation and (for a ParaFormer layout) the test accuracy of each
+prefix of branches, ParaFormer's compression curve."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+
+from widenet_ds.checkpoint.format import global_key_map
+from widenet_ds.checkpoint.training import CheckpointMeta
+from widenet_ds.errors import CheckpointError, DataError
+from widenet_ds.training.console import say
+from widenet_ds.training.log import TrainingLog
+from widenet_ds.training.metrics import ClassifyMetrics
+from widenet_ds.training.model_source import resolve_model_config
+from widenet_ds.training.run_config import ClassifyConfig
+from widenet_ds.training.trainer import Task
+from widenet_ds.vision.augment import BatchAugmenter, normalize
+from widenet_ds.vision.config import VisionConfig
+from widenet_ds.vision.datasets import ImageSource, load_dataset
+from widenet_ds.vision.export import build_global_state_shapes, read_folder
+from widenet_ds.vision.loader import ImageLoader, default_workers
+from widenet_ds.vision.model import ViTWideNetForImageClassification, count_trainable_parameters
+
+HEAD_PREFIXES = ("classifier.", "pre_logits.")
+
+
+def init_weights_for(model: VisionConfig, folder) -> dict[str, torch.Tensor]:
+    """The folder's weights that fit `model`: a head of another shape (new classes, no pre-logits) is left
+    to its fresh initialisation, as the authors' finetuning drops it; any other mismatch is an error."""
+    saved, state = read_folder(folder)
+    branched = max(saved.num_branches, model.num_branches) > 1
+    if branched and (saved.num_branches, saved.layers_per_branch) != (model.num_branches, model.layers_per_branch):
+        # The common mix-up after `branches expand` / `compress`: the preset's layout instead of the folder's.
+        raise CheckpointError(f"--init-from {folder} holds {saved.num_branches} branch(es) x {saved.layers_per_branch} "
+                              f"layers, this model {model.num_branches} x {model.layers_per_branch}; pass --set "
+                              f"num_branches={saved.num_branches} --set num_layers={saved.num_layers}.")
+    expected = build_global_state_shapes(model)
+    kept, wrong = {}, []
+    for key, shape in expected.items():
+        if key in state and tuple(state[key].shape) == shape:
+            kept[key] = state[key]
+        elif not key.startswith(HEAD_PREFIXES):
+            wrong.append(f"{key}: {tuple(state[key].shape) if key in state else 'absent'} in the folder, {shape} here")
+    if wrong:
+        raise CheckpointError(f"--init-from {folder} does not fit this model's body:\n  " + "\n  ".join(wrong[:8])
+                              + "\nUse the folder's config with only num_classes / pre_logits / head changed (the "
+                                "same image_size and patch_size: the positions must match).")
+    return kept
+
+
+def check_data_fits_model(splits: dict[str, ImageSource], model: VisionConfig, dataset: str) -> None:
+    for source in splits.values():
+        if source.num_classes > model.num_classes:
+            raise DataError(f"{source.name} has {source.num_classes} classes, the model's head has "
+                            f"{model.num_classes}; set --set num_classes={source.num_classes}.")
+        if source.channels is not None and source.channels != model.num_channels:
+            raise DataError(f"{source.name} has {source.channels}-channel images, the model expects "
+                            f"{model.num_channels}; set --set num_channels={source.channels} (a {dataset} preset: "
+                            f"widenet-vit-tiny / vit-tiny take 1 channel).")
+
+
+def _limit(source: ImageSource, count: int | None) -> ImageSource:
+    if count is None or count >= len(source):
+        return source
+    return ImageSource(f"{source.name} (first {count})", source.labels[:count], source.num_classes, source.channels,
+                       source.load, source.class_names)
+
+
+def _input_dtype(engine) -> torch.dtype:
+    return next(engine.module.parameters()).dtype
+
+
+class ClassifyTask(Task):
+    name = "classify"
+    cfg: ClassifyConfig
+
+    # -- before anything is built --------------------------------------------------------------------
+    def model_config(self) -> VisionConfig:
+        cfg = self.cfg
+        model = resolve_model_config(VisionConfig, cfg.model_config, cfg.init_from, cfg.overrides)
+        self.splits = load_dataset(cfg.dataset, cfg.data)
+        if "test" not in self.splits:
+            raise DataError(f"{cfg.dataset} at {cfg.data} has no test/val split to evaluate on; add it "
+                            f"(ImageFolder: val/<class>/...).")
+        check_data_fits_model(self.splits, model, cfg.dataset)
+        self.init_state = init_weights_for(model, cfg.init_from) if cfg.init_from is not None else None
+        return model
+
+    def batches_per_epoch(self, train_batch_size: int) -> int:
+        return max(1, len(self.splits["train"]) // train_batch_size)
+
+    def requested_steps(self, ds) -> int | None:
+        if self.cfg.epochs is None:
+            return self.cfg.max_steps
+        return max(1, int(self.cfg.epochs * self.batches_per_epoch(ds.batch.train_batch_size)))
+
+    def check_resume(self, meta: CheckpointMeta, source) -> None:
+        saved = meta.run.get("dataset")
+        if saved != self.cfg.dataset:
+            raise CheckpointError(f"checkpoint {source} was trained on {saved}; resume with --dataset {saved}.")
+
+    def prepare(self) -> None:
+        cfg, plan = self.cfg, self.plan
+        model, parallel = plan.model_config, plan.parallel
+        micro = plan.ds.batch.micro_batch_size
+        rank, world = parallel.data_parallel_rank, parallel.data_parallel_size
+        self.workers = cfg.workers if cfg.workers is not None else default_workers(parallel.world_size)
+        self.loader = ImageLoader(self.splits["train"], model.image_size, model.num_channels, micro, rank, world,
+                                  cfg.seed, train=True, workers=self.workers)
+        self.test_loader = ImageLoader(_limit(self.splits["test"], cfg.max_eval_examples), model.image_size,
+                                       model.num_channels, micro, rank, world, cfg.seed, train=False,
+                                       workers=self.workers)
+        self.augmenter = BatchAugmenter(cfg.augment, model.image_size, model.num_classes)
+
+    # -- building ------------------------------------------------------------------------------------
+    def build_model(self) -> tuple[ViTWideNetForImageClassification, list[str]]:
+        model = ViTWideNetForImageClassification(self.plan.model_config, self.cfg.ep_size)
+        if self.init_state is None:
+            return model, []
+        mapping = global_key_map(model)
+        model.load_state_dict({k: self.init_state[g] for k, g in mapping.items() if g in self.init_state}, strict=False)
+        fresh = sorted({k.split(".")[0] for k, g in mapping.items() if g not in self.init_state})
+        return model, [f"weights from {self.cfg.init_from}" + (f"; new {', '.join(fresh)}" if fresh else "")]
+
+    def train_loader(self) -> ImageLoader:
+        return self.loader
+
+    def start(self, engine, log: TrainingLog, state) -> None:
+        cfg = self.cfg
+        log.event(state.step, f"model {cfg.model_config or cfg.init_from}: {count_trainable_parameters(engine.module):,} "
+                              f"trainable parameters (ep_size {cfg.ep_size}: this rank's share); train "
+                              f"{len(self.splits['train'])} / test {len(self.test_loader.dataset)} images of "
+                              f"{cfg.dataset}; {self.workers} loader workers per rank")
+
+    def meta(self) -> dict[str, Any]:
+        return {"dataset": self.cfg.dataset}
+
+    # -- the step --------------------------------------------------------------------------------------
+    def micro_batch(self, batches, engine) -> dict[str, torch.Tensor]:
+        batch = next(batches)
+        labels = batch["labels"].to(engine.device)
+        pixels, targets = self.augmenter(batch["pixels"].to(engine.device), labels)
+        return {"pixels": pixels.to(_input_dtype(engine)), "targets": targets, "labels": labels}
+
+    def forward(self, engine, batch: dict[str, torch.Tensor], branches: int | None):
+        return engine(batch["pixels"], batch["targets"], label_smoothing=self.cfg.label_smoothing, branches=branches)
+
+    def metrics(self) -> ClassifyMetrics:
+        model = self.plan.model_config
+        return ClassifyMetrics(model.routing_blocks, model.moe.num_experts if model.is_moe else 0,
+                               self.plan.parallel.branch_parallel)
+
+    def train_scalars(self) -> dict[str, float]:
+        return {"data/epoch": self.loader.epoch + self.loader.batch / self.loader.batches_per_epoch()}
+
+    def train_line(self, s: dict[str, float]) -> str:
+        return (f"loss {s['train/loss']:.4f} | task {s['train/task_loss']:.4f} acc {s['train/accuracy']:.3f} | lr "
+                f"{s['optim/lr']:.3g} | {s['perf/samples_per_second']:.1f} samples/s")
+
+    # -- evaluation ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def test(self, engine, branches: list[int | None]) -> list[dict[str, float]]:
+        """Loss and accuracy on the test split (padding rows weigh 0), for each entry of `branches` (None: all
+        of them; k: the first k), in one pass over the data."""
+        engine.eval()
+        dtype = _input_dtype(engine)
+        metrics = [ClassifyMetrics([], 0, self.plan.parallel.branch_parallel) for _ in branches]
+        for batch in self.test_loader:
+            pixels = normalize(batch["pixels"].to(engine.device)).to(dtype)
+            batch = {"labels": batch["labels"].to(engine.device), "weight": batch["weight"].to(engine.device)}
+            for k, sums in zip(branches, metrics):
+                sums.add(engine(pixels, batch["labels"], sample_weight=batch["weight"], branches=k), batch)
+        engine.train()
+        return [sums.reduce("test")[0] for sums in metrics]
+
+    def evaluate(self, engine, step: int, log: TrainingLog) -> dict[str, float]:
+        scalars = self.test(engine, [None])[0]
+        log.record(step, scalars)
+        log.console(step, f"test: loss {scalars['test/task_loss']:.4f} | accuracy {scalars['test/accuracy']:.4f}")
+        return scalars
+
+    def finish(self, engine, state, log: TrainingLog) -> dict[str, Any]:
+        cfg, model = self.cfg, self.plan.model_config
+        say(f"evaluating on {len(self.test_loader.dataset)} test images")
+        test = self.evaluate(engine, state.step, log)
+        results: dict[str, Any] = {
+            "step": state.step, "dataset": cfg.dataset, "model_config": cfg.model_config or str(cfg.init_from),
+            "ep_size": cfg.ep_size, "world_size": self.plan.parallel.world_size,
+            "parameters": count_trainable_parameters(engine.module) if cfg.ep_size == 1 else None, **test}
+        if model.num_branches > 1:
+            # ParaFormer's compression curve: the test accuracy of the first k branches, no retraining.
+            say(f"evaluating the first k of {model.num_branches} branches, k = 1..{model.num_branches}")
+            by_branches = self.test(engine, list(range(1, model.num_branches + 1)))
+            results["branch_schedule"] = self.plan.schedule.kind
+            results["accuracy_by_branches"] = {str(k): s["test/accuracy"] for k, s in enumerate(by_branches, start=1)}
+            for k, accuracy in results["accuracy_by_branches"].items():
+                log.console(state.step, f"test accuracy with the first {k} of {model.num_branches} branches: "
+                                        f"{accuracy:.4f}")
+        if torch_dist.get_rank() == 0:
+            cfg.folder.write_results(results)
+        log.event(state.step, f"test accuracy {test['test/accuracy']:.4f} (loss {test['test/task_loss']:.4f})")
+        return results

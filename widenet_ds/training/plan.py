@@ -1,0 +1,122 @@
+"""Everything a run checks before its first tensor: the model, the parallel layout, the DeepSpeed JSON, the
+optimizer, the branch schedule, the step count and the checkpoint to continue from. Each problem is one
+clear error here, the same on every rank, before any rank builds anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from widenet_ds.checkpoint.training import (CheckpointMeta, check_resumable, check_same_model, latest_checkpoint,
+                                           read_checkpoint_meta, resolve_tag_dir)
+from widenet_ds.errors import CheckpointError, ConfigError
+from widenet_ds.run_folder import RunFolder
+from widenet_ds.runtime.ds_config import DeepSpeedSettings, load_ds_config, trajectory_changes, validate_ds_config
+from widenet_ds.runtime.engine import OptimizerPlan, plan_optimizer
+from widenet_ds.runtime.parallel import ParallelPlan
+from widenet_ds.training.branch_schedule import BranchSchedule, plan_branch_schedule
+from widenet_ds.training.run_config import LATEST, RunConfig, setting_changes
+
+
+@dataclass
+class RunPlan:
+    model_config: Any  # ModelConfig or VisionConfig
+    parallel: ParallelPlan
+    ds: DeepSpeedSettings
+    optimizer: OptimizerPlan
+    schedule: BranchSchedule
+    max_steps: int
+    resume_from: Path | None = None
+    resume_meta: CheckpointMeta | None = None
+    changes: tuple[str, ...] = ()  # settings changed since the checkpoint, accepted with --accept-changed-settings
+
+
+def resolve_max_steps(requested: int | None, schedule_steps: int | None) -> int:
+    """The run's length: what was asked for, else the DeepSpeed schedule's; never past the schedule's end."""
+    if requested is None:
+        if schedule_steps is None:
+            raise ConfigError("no step count: pass --max-steps, or use a scheduler with total_num_steps "
+                              "(WarmupDecayLR) in the DeepSpeed config.")
+        return schedule_steps
+    if schedule_steps is not None and requested > schedule_steps:
+        raise ConfigError(f"--max-steps {requested} runs past the schedule's total_num_steps {schedule_steps}, where "
+                          f"the learning rate has decayed to its minimum; raise total_num_steps in the DeepSpeed "
+                          f"config or lower --max-steps.")
+    return requested
+
+
+def plan_layout(cfg: RunConfig, model_config, world_size: int, rank: int) -> tuple[ParallelPlan, DeepSpeedSettings,
+                                                                                   OptimizerPlan]:
+    """The parallel layout, the DeepSpeed JSON checked against it, and the optimizer that will run."""
+    parallel = ParallelPlan.plan(world_size, rank, cfg.ep_size, cfg.branch_parallel, model_config)
+    cuda = torch.cuda.is_available()
+    ds = validate_ds_config(load_ds_config(cfg.deepspeed_config), world_size=parallel.data_parallel_size,
+                            has_moe=model_config.is_moe, cuda_available=cuda)
+    parallel.check_deepspeed(ds)
+    return parallel, ds, plan_optimizer(ds, cfg.optimizer, cuda)
+
+
+def find_resume_point(cfg: RunConfig, folder: RunFolder, model_config: dict[str, Any],
+                      ep_size: int) -> tuple[Path, CheckpointMeta] | None:
+    """The checkpoint to continue from (None: a fresh start), checked to continue this run exactly."""
+    existing = latest_checkpoint(folder.checkpoints) if folder.checkpoints.is_dir() else None
+    if cfg.resume is None:
+        if existing is not None:  # (the settings refuse a used folder; this catches a checkpoints/ alone)
+            raise CheckpointError(f"{folder.path} already holds checkpoints (up to {existing.name}); pass --resume to "
+                                  f"continue that run, or choose a new --output-dir.")
+        return None
+    source = existing if cfg.resume == LATEST else resolve_tag_dir(Path(cfg.resume))
+    if source is None:
+        return None  # nothing saved yet: a requeued job starts from step 0
+    meta = read_checkpoint_meta(source)
+    check_resumable(source, meta)
+    check_same_model(meta.model_config, model_config, source)
+    if meta.ep_size != ep_size:
+        # DeepSpeed lays out a checkpoint's expert and optimizer files per expert-parallel rank.
+        raise CheckpointError(f"checkpoint {source} was saved with --ep-size {meta.ep_size}, this run has --ep-size "
+                              f"{ep_size}; resume with --ep-size {meta.ep_size}, or reshard the checkpoint (`widenet-ds "
+                              f"convert reshard --ep-size {ep_size}`) and start from it with --init-from.")
+    return source, meta
+
+
+def resume_changes(cfg: RunConfig, folder: RunFolder, ds: DeepSpeedSettings, meta: CheckpointMeta | None) -> list[str]:
+    """What differs from the run being continued: its settings (run_config.json) and what its DeepSpeed JSON
+    does to the trajectory (batch, optimizer, schedule, clipping, precision)."""
+    saved = folder.read_run_config() if folder.run_config.is_file() else None
+    changes = setting_changes(saved, cfg.record()) if saved is not None else []
+    saved_ds = saved.get("deepspeed_settings") if saved is not None else (meta.deepspeed_config if meta else None)
+    if saved_ds:
+        changes += trajectory_changes(saved_ds, ds.config)
+    return changes
+
+
+def check_resume_changes(cfg: RunConfig, where: Path, changes: list[str]) -> None:
+    if changes and not cfg.accept_changed_settings:
+        raise ConfigError(f"--resume of the run in {where} with settings that change it:\n  " + "\n  ".join(changes)
+                          + "\nThe resumed run would no longer be the same run. Resume with the run's settings (its "
+                            "run_config.json holds them), or pass --accept-changed-settings to continue with these "
+                            "changes (they are logged).")
+
+
+def plan_run(cfg: RunConfig, task, folder: RunFolder, world_size: int, rank: int) -> RunPlan:
+    """The checks every task shares, for `task` writing `folder` (a finetuning seed's folder for each seed):
+    the task's model (its data read and checked), then the layout, schedule, length and resume point."""
+    model_config = task.model_config()
+    parallel, ds, optimizer = plan_layout(cfg, model_config, world_size, rank)
+    schedule = plan_branch_schedule(cfg.branch_schedule, model_config.num_branches,
+                                    task.batches_per_epoch(ds.batch.train_batch_size), ds, cfg.prefix_cycle_batches,
+                                    cfg.stage_steps)
+    max_steps = schedule.end_step(resolve_max_steps(task.requested_steps(ds), ds.total_num_steps))
+    found = find_resume_point(cfg, folder, model_config.to_dict(), cfg.ep_size)
+    if found is None:
+        return RunPlan(model_config, parallel, ds, optimizer, schedule, max_steps)
+    source, meta = found
+    if meta.branch_schedule != schedule.kind:
+        raise CheckpointError(f"checkpoint {source} was trained with --branch-schedule {meta.branch_schedule}; resume "
+                              f"with the same schedule.")
+    task.check_resume(meta, source)
+    return RunPlan(model_config, parallel, ds, optimizer, schedule, max_steps, source, meta)

@@ -1,0 +1,170 @@
+"""MLM + sentence-order pretraining as a task of the one trainer: the prepared data's splits, the
+pretraining model, its metrics and its held-out evaluation (and, for a ParaFormer layout, the held-out loss
+of each prefix of branches: the compression curve)."""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+
+from widenet_ds.checkpoint.format import is_folder, read_folder
+from widenet_ds.checkpoint.load import load_into
+from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
+from widenet_ds.checkpoint.training import CheckpointMeta, check_same_model
+from widenet_ds.data.loader import PretrainingDataLoader
+from widenet_ds.data.shards import read_manifest
+from widenet_ds.data.tokenizer import TOKENIZER_FILE, TOKENIZER_FILES, load_tokenizer
+from widenet_ds.errors import DataError
+from widenet_ds.model.config import ModelConfig
+from widenet_ds.model.widenet import WideNetForPreTraining
+from widenet_ds.training.log import TrainingLog
+from widenet_ds.training.metrics import PretrainMetrics
+from widenet_ds.training.model_source import resolve_model_config, stored_model_config
+from widenet_ds.training.run_config import PretrainConfig
+from widenet_ds.training.trainer import Task
+
+MANIFEST_KEYS = ("seq_length", "vocab_size", "tokenizer_sha256")  # what a resumed run's data must match
+
+
+def _to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
+    return {name: tensor.to(device) for name, tensor in batch.items()}
+
+
+class PretrainTask(Task):
+    name = "pretrain"
+    cfg: PretrainConfig
+
+    # -- before anything is built --------------------------------------------------------------------
+    def model_config(self) -> ModelConfig:
+        """A preset takes the data's vocabulary size; a JSON config or a checkpoint's must already match it."""
+        cfg = self.cfg
+        self.manifest = read_manifest(cfg.data)
+        model = resolve_model_config(ModelConfig, cfg.model_config, cfg.init_from, cfg.overrides,
+                                     {"vocab_size": self.manifest["vocab_size"]})
+        if model.vocab_size != self.manifest["vocab_size"]:
+            raise DataError(f"model config {cfg.model_config} has vocab_size {model.vocab_size}, the data in {cfg.data} "
+                            f"was tokenized with {self.manifest['vocab_size']} tokens; use data prepared with this "
+                            f"model's tokenizer or --set vocab_size={self.manifest['vocab_size']}.")
+        if self.manifest["seq_length"] > model.max_position_embeddings:
+            raise DataError(f"the data in {cfg.data} has sequences of {self.manifest['seq_length']} tokens, more than the "
+                            f"model's max_position_embeddings {model.max_position_embeddings}; prepare the data with "
+                            f"--seq-length {model.max_position_embeddings} or raise max_position_embeddings.")
+        if cfg.init_from is not None:
+            # A new phase may change the expert placement (--ep-size), not the weights' shapes or meaning...
+            check_same_model(stored_model_config(ModelConfig, cfg.init_from, "--init-from").to_dict(), model.to_dict(),
+                             cfg.init_from)
+            # ... nor what each embedding row stands for: the data's tokenizer must be the checkpoint's.
+            check_checkpoint_tokenizer(load_tokenizer(cfg.data), f"the tokenizer of --data {cfg.data}", cfg.init_from,
+                                       model.vocab_size, tokenizer_file=cfg.data / TOKENIZER_FILE)
+        return model
+
+    def batches_per_epoch(self, train_batch_size: int) -> int:
+        return max(1, self.manifest["splits"]["train"]["examples"] // train_batch_size)
+
+    def requested_steps(self, ds) -> int | None:
+        return self.cfg.max_steps
+
+    def check_resume(self, meta: CheckpointMeta, source) -> None:
+        saved = meta.run.get("data_manifest") or {}
+        if saved.get("tokenizer_sha256") != self.manifest["tokenizer_sha256"]:
+            raise DataError(f"checkpoint {source} was trained on data of another tokenizer than {self.cfg.data}; "
+                            f"resume with the same data (a new phase on new data: use --init-from).")
+
+    def prepare(self) -> None:
+        """This rank's loaders (the ranks of a branch group read the same examples)."""
+        cfg, parallel = self.cfg, self.plan.parallel
+        micro = self.plan.ds.batch.micro_batch_size
+        rank, world = parallel.data_parallel_rank, parallel.data_parallel_size
+        self.loader = PretrainingDataLoader(cfg.data, micro, rank, world, cfg.seed, split="train")
+        self.valid_loader = None
+        has_valid = "valid" in self.manifest["splits"]
+        if cfg.eval_interval and not has_valid:
+            raise DataError(f"{cfg.data} has no 'valid' split for --eval-interval; prepare the data with "
+                            f"--valid-fraction > 0, or pass --eval-interval 0.")
+        if has_valid:
+            self.valid_loader = PretrainingDataLoader(cfg.data, micro, rank, world, cfg.seed, split="valid")
+            self.valid_start = self.valid_loader.state_dict()  # every evaluation reads the same batches
+
+    # -- building ------------------------------------------------------------------------------------
+    def build_model(self) -> tuple[WideNetForPreTraining, list[str]]:
+        model = WideNetForPreTraining(self.plan.model_config, ep_size=self.cfg.ep_size)
+        init_from = self.cfg.init_from
+        if init_from is None or not is_folder(init_from):
+            return model, []  # a DeepSpeed checkpoint loads into the engine (the trainer does it)
+        # Into the module before DeepSpeed copies its parameters (ZeRO partitions, fp32 master weights).
+        report = load_into(model, read_folder(init_from), str(init_from))
+        return model, [f"weights from {init_from} (new optimizer and schedule)", *report.summary().splitlines()]
+
+    def train_loader(self) -> PretrainingDataLoader:
+        return self.loader
+
+    def start(self, engine, log: TrainingLog, state) -> None:
+        if torch_dist.get_rank() == 0:  # the run folder carries its tokenizer: finetuning and convert find it
+            for name in TOKENIZER_FILES:
+                if (self.cfg.data / name).is_file():
+                    shutil.copy2(self.cfg.data / name, self.cfg.output_dir / name)
+        if self.valid_loader is None:
+            log.event(state.step, f"{self.cfg.data} has no 'valid' split: no held-out evaluation")
+
+    def meta(self) -> dict[str, Any]:
+        return {"data_manifest": {key: self.manifest[key] for key in MANIFEST_KEYS}}
+
+    # -- the step --------------------------------------------------------------------------------------
+    def micro_batch(self, batches, engine) -> dict[str, torch.Tensor]:
+        return _to_device(next(batches), engine.device)
+
+    def forward(self, engine, batch: dict[str, torch.Tensor], branches: int | None):
+        return engine(**batch, branches=branches) if branches else engine(**batch)
+
+    def metrics(self) -> PretrainMetrics:
+        model = self.plan.model_config
+        return PretrainMetrics(model.routing_blocks, model.moe.num_experts if model.is_moe else 0,
+                               self.plan.parallel.branch_parallel)
+
+    def train_line(self, s: dict[str, float]) -> str:
+        return (f"loss {s['train/loss']:.4f} | mlm {s['train/mlm_loss']:.4f} acc {s['train/mlm_accuracy']:.3f} | sop "
+                f"{s['train/sop_loss']:.4f} acc {s['train/sop_accuracy']:.3f} | lr {s['optim/lr']:.3g} | "
+                f"{s['perf/samples_per_second']:.1f} samples/s")
+
+    # -- evaluation ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def validate(self, engine, branches: int | None = None, prefix: str = "valid") -> dict[str, float]:
+        """MLM/SOP on the held-out split: the same `eval_batches` micro-batches every time (the loader is
+        rewound). `branches`: the first k branches only (ParaFormer's compression curve)."""
+        engine.eval()
+        self.valid_loader.load_state_dict(self.valid_start)
+        metrics = self.metrics()
+        for _, batch in zip(range(self.cfg.eval_batches), self.valid_loader):
+            batch = _to_device(batch, engine.device)
+            metrics.add(self.forward(engine, batch, branches), batch)
+        engine.train()
+        return metrics.reduce(prefix)[0]
+
+    def evaluate(self, engine, step: int, log: TrainingLog) -> dict[str, float] | None:
+        if self.valid_loader is None:
+            return None
+        s = self.validate(engine)
+        log.record(step, s)
+        log.console(step, f"validation: loss {s['valid/loss']:.4f} | mlm {s['valid/mlm_loss']:.4f} acc "
+                          f"{s['valid/mlm_accuracy']:.3f} | sop {s['valid/sop_loss']:.4f} acc {s['valid/sop_accuracy']:.3f}")
+        return s
+
+    def finish(self, engine, state, log: TrainingLog) -> dict[str, Any]:
+        results: dict[str, Any] = {"step": state.step}
+        final = self.evaluate(engine, state.step, log)
+        if final is not None:
+            results.update(final)
+            branches = self.plan.model_config.num_branches
+            for k in range(1, branches + 1) if branches > 1 else ():
+                # ParaFormer's compression curve: the held-out loss of the first k branches, no retraining.
+                scalars = self.validate(engine, branches=k, prefix=f"valid_branches_{k}")
+                log.record(state.step, scalars)
+                log.console(state.step, f"held-out with the first {k} of {branches} branches: mlm loss "
+                                        f"{scalars[f'valid_branches_{k}/mlm_loss']:.4f}")
+                results.update(scalars)
+        if torch_dist.get_rank() == 0:
+            self.cfg.folder.write_results(results)
+        return results

@@ -1,0 +1,53 @@
+"""Running a training task: the stop signals first (a preemption during start-up stops the run at its first
+step, saved), the process group, every check, then the one trainer (finetuning: one trainer per seed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as torch_dist
+
+from widenet_ds.errors import WideNetError
+from widenet_ds.runtime.distributed import init_distributed
+from widenet_ds.training.classification import ClassifyTask
+from widenet_ds.training.console import mark_same_on_every_rank, say
+from widenet_ds.training.finetuning import run_finetune
+from widenet_ds.training.plan import check_resume_changes, plan_run, resume_changes
+from widenet_ds.training.preemption import StopRequest
+from widenet_ds.training.pretraining import PretrainTask
+from widenet_ds.training.run_config import RunConfig
+from widenet_ds.training.trainer import Task, Trainer
+
+SINGLE_RUN_TASKS: dict[str, type[Task]] = {"pretrain": PretrainTask, "classify": ClassifyTask}
+
+
+def run_task(cfg: RunConfig) -> Any:
+    """Train `cfg`'s task; its results (None: stopped by a signal, saved; `--resume` continues)."""
+    stop = StopRequest()
+    stop.install()
+    try:
+        say("starting: initialising the process group")
+        init_distributed()
+        if cfg.TASK in SINGLE_RUN_TASKS:
+            return run_single(cfg, SINGLE_RUN_TASKS[cfg.TASK](cfg), stop)
+        return run_finetune(cfg, stop)
+    finally:
+        stop.uninstall()
+
+
+def run_single(cfg: RunConfig, task: Task, stop: StopRequest) -> Any:
+    rank, world = torch_dist.get_rank(), torch_dist.get_world_size()
+    say(f"{world} rank(s); checking the data, model config and DeepSpeed JSON")
+    try:  # every rank reads the same inputs: these errors are the same on all of them (printed once)
+        plan = plan_run(cfg, task, cfg.folder, world, rank)
+        if plan.resume_from is not None:
+            plan.changes = tuple(resume_changes(cfg, cfg.folder, plan.ds, plan.resume_meta))
+            check_resume_changes(cfg, cfg.output_dir, list(plan.changes))
+        task.plan = plan
+        task.prepare()
+    except WideNetError as err:
+        raise mark_same_on_every_rank(err)
+    model = plan.model_config
+    say(f"building the model ({model.num_layers} blocks, hidden {model.hidden_size})")
+    finished, result = Trainer(cfg, task, plan, cfg.folder, stop).run()
+    return result if finished else None

@@ -1,0 +1,421 @@
+"""Run configurations: one base for what every training task shares, one extension per task, and the one
+place the trainers' command lines are built (`build_parser`).
+
+Batch sizes, learning rate, schedule, precision and ZeRO live ONLY in the DeepSpeed JSON; the model in
+its model config (a preset, a JSON or a checkpoint folder), changed field by field with `--set KEY=VALUE`;
+pretraining's sequence length and vocabulary come from the prepared data. A flag has one meaning in every
+task (docs/flags.md lists them). Every problem of a configuration is reported at once, before any data is
+read or model built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from widenet_ds.errors import ConfigError, DataError, raise_config_problems
+from widenet_ds.run_folder import RunFolder
+from widenet_ds.runtime.compile import CompileMode
+from widenet_ds.tasks.glue import get_glue_task, glue_split_path
+from widenet_ds.training.branch_schedule import ScheduleKind
+from widenet_ds.training.flags import add_flags, flag, int_list, values
+from widenet_ds.vision.augment import AugmentConfig
+from widenet_ds.vision.datasets import DATASETS
+from widenet_ds.writable import check_output_folder
+
+OptimizerChoice = Literal["auto", "deepspeed-fused", "torch-lamb"]
+LATEST = "latest"
+HF_DATA = "hf"
+# Settings a resumed run may change: they decide what is logged, saved or evaluated, not what is trained
+# (the DeepSpeed JSON's path may change; its contents are compared by what they do to the trajectory).
+RESUMABLE_SETTINGS = frozenset({
+    "output_dir", "resume", "accept_changed_settings", "deepspeed_config", "max_steps", "seeds", "log_interval",
+    "eval_interval", "save_interval", "keep_last", "eval_batches", "max_eval_examples", "tensorboard",
+    "progress_bar", "compile", "compile_backend", "workers", "predict_test", "save_model"})
+_BRANCHES = "ParaFormer branch layouts (num_branches > 1; docs/paraformer.md)"
+_MONITORING = "logging"
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """What every training task shares. `max_steps` counts optimizer steps (default: the task's own rule,
+    else the schedule's `total_num_steps`); `resume` is None, "latest" or a checkpoint; `init_from` starts
+    from another run's weights with a fresh optimizer and schedule."""
+
+    TASK: ClassVar[str]
+
+    deepspeed_config: Path = field(metadata=flag(
+        "DeepSpeed JSON: batch sizes, optimizer, learning-rate schedule, precision, ZeRO (ds_configs/README.md)",
+        names=("--deepspeed-config", "--deepspeed_config")))
+    output_dir: Path = field(metadata=flag(
+        "the run folder: run_config.json, metrics.jsonl, tensorboard/, checkpoints/, results.json; it must not "
+        "hold another run unless --resume"))
+    model_config: str | None = field(default=None, metadata=flag(
+        "the model: a preset name, a model-config JSON or a checkpoint folder (its config); default with "
+        "--init-from: the checkpoint's model"))
+    overrides: list[str] = field(default_factory=list, metadata=flag(
+        "change a model field, e.g. --set moe.num_experts=8 --set hidden_dropout=0.1 (VALUE as JSON, else a "
+        "string); repeatable", names=("--set",), append=True, metavar="KEY=VALUE"))
+    init_from: Path | None = field(default=None, metadata=flag(
+        "start from the weights of a checkpoint (a portable folder, or a DeepSpeed tag folder, checkpoints folder "
+        "or run folder), with a new optimizer and schedule", metavar="CHECKPOINT"))
+    resume: str | None = field(default=None, metadata=flag(
+        "continue a stopped run exactly: bare, from the latest checkpoint in --output-dir (a fresh start when there "
+        "is none yet, so a requeued job simply continues); or from the given checkpoint", const=LATEST,
+        metavar="CHECKPOINT"))
+    accept_changed_settings: bool = field(default=False, metadata=flag(
+        "--resume although settings that change the training differ from the run's (the DeepSpeed JSON's batch, "
+        "optimizer, schedule, precision; the seed, data, model overrides, ...); the changes are logged"))
+    max_steps: int | None = field(default=None, metadata=flag(
+        "optimizer steps to run (default: the task's, else the schedule's total_num_steps)"))
+    seed: int = field(default=1234, metadata=flag(
+        "initial weights and data order; each rank's dropout and routing-noise stream derives from it"))
+    log_interval: int = field(default=10, metadata=flag(
+        "steps between metric records (TensorBoard + metrics.jsonl); checkpoints close a record too",
+        group=_MONITORING))
+    eval_interval: int = field(default=1000, metadata=flag(
+        "steps between evaluations during training (0: none); a finished run is always evaluated at its end",
+        group=_MONITORING))
+    save_interval: int = field(default=1000, metadata=flag(
+        "steps between checkpoints (one is always written at the end and when stopped by a signal)"))
+    keep_last: int = field(default=3, metadata=flag("complete checkpoints to keep; older ones are deleted"))
+    ep_size: int = field(default=1, metadata=flag(
+        "expert parallelism: each group of EP_SIZE ranks holds all experts, num_experts / EP_SIZE per rank"))
+    branch_parallel: int = field(default=1, metadata=flag(
+        "branch parallelism of a ParaFormer layout: each group of N ranks runs one copy of the batch, each rank its "
+        "share of the branches (1: off)", metavar="N", group=_BRANCHES))
+    activation_checkpointing: bool = field(default=False, metadata=flag(
+        "recompute each block in backward: less memory, more compute"))
+    compile: CompileMode = field(default="none", metadata=flag(
+        "torch.compile the model in place: 'model' (the default of a bare --compile), 'blocks' (the encoder's "
+        "distinct attention and MoE/FFN modules only: a faster build) or 'none'", const="model"))
+    compile_backend: str = field(default="inductor", metadata=flag(
+        "torch.compile backend (inductor; aot_eager traces without generating kernels)"))
+    optimizer: OptimizerChoice = field(default="auto", metadata=flag(
+        "for a JSON asking for Lamb: DeepSpeed's fused CUDA kernel or our PyTorch LAMB (per-tensor trust ratio, "
+        "also under ZeRO); auto picks (docs/optimizer.md)"))
+    branch_schedule: ScheduleKind = field(default="joint", metadata=flag(
+        "joint: all branches every step; prefix: the authors' code (per batch one step on each nested prefix of "
+        "branches, alternating with joint phases); staged: branch i+1 joins at step S_i", group=_BRANCHES))
+    prefix_cycle_batches: int | None = field(default=None, metadata=flag(
+        "prefix: batches in each phase (default: one epoch, as the authors' code)", metavar="B", group=_BRANCHES))
+    stage_steps: list[int] = field(default_factory=list, metadata=flag(
+        "staged: one step count S (branch i+1 joins at i*S) or one step per joining branch", parse=int_list,
+        metavar="S[,S2,...]", group=_BRANCHES))
+    tensorboard: bool = field(default=True, metadata=flag("write metrics.jsonl only", group=_MONITORING))
+    progress_bar: bool = field(default=True, metadata=flag("no progress bar on a terminal", group=_MONITORING))
+
+    def __post_init__(self) -> None:
+        self.deepspeed_config, self.output_dir = Path(self.deepspeed_config), Path(self.output_dir)
+        if self.init_from is not None:
+            self.init_from = Path(self.init_from)
+        raise_config_problems(self.problems(), f"the {self.TASK} settings")
+
+    # -- checks ---------------------------------------------------------------------------------------
+    def problems(self) -> list[str]:
+        """Every setting that cannot work, each with its fix (a task adds its own)."""
+        problems = []
+        for name in ("max_steps", "log_interval", "save_interval", "keep_last", "ep_size", "branch_parallel",
+                     *self.POSITIVE):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                problems.append(f"--{name.replace('_', '-')} must be positive, got {value}.")
+        if self.eval_interval < 0:
+            problems.append(f"--eval-interval must be >= 0 (0: only at the end), got {self.eval_interval}.")
+        if self.resume is not None and self.init_from is not None:
+            problems.append("--resume continues a run and --init-from starts a new one from another run's weights; "
+                            "pass only one of them.")
+        if self.init_from is not None and not self.init_from.exists():
+            problems.append(f"--init-from {self.init_from} does not exist; pass a checkpoint folder (`widenet-ds convert "
+                            f"to-folder`), a DeepSpeed checkpoint or a run folder.")
+        if self.model_config is None and self.init_from is None:
+            problems.append("no model: pass --model-config (a preset, a model-config JSON or a checkpoint folder) or "
+                            "--init-from (a checkpoint, whose model is then trained).")
+        if not self.deepspeed_config.is_file():
+            problems.append(f"DeepSpeed config {self.deepspeed_config} does not exist; pass --deepspeed-config with a "
+                            f"JSON file, e.g. ds_configs/{self.EXAMPLE_DS_CONFIG} (see ds_configs/README.md).")
+        return problems + self._output_dir_problems()
+
+    POSITIVE: ClassVar[tuple[str, ...]] = ()  # the task's own settings that must be positive when given
+    EXAMPLE_DS_CONFIG: ClassVar[str] = "cpu_small.json"
+
+    def _output_dir_problems(self) -> list[str]:
+        """A folder holding an earlier run is never written into unless that run is to be continued."""
+        try:
+            check_output_folder(self.output_dir, "--output-dir", subfolders=("checkpoints", "tensorboard"))
+        except ConfigError as err:
+            return [str(err)]
+        held = self.folder.holds()
+        if held and self.resume is None:
+            return [f"--output-dir {self.output_dir} already holds a run ({', '.join(held)}); pass --resume to "
+                    f"continue it, or choose another --output-dir (nothing was changed there)."]
+        return []
+
+    # -- derived -------------------------------------------------------------------------------------
+    @property
+    def folder(self) -> RunFolder:
+        return RunFolder(self.output_dir)
+
+    def record(self) -> dict[str, Any]:
+        """The settings as JSON values (run_config.json), with the task's name."""
+        record = {"task": self.TASK}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            record[f.name] = str(value) if isinstance(value, Path) else value
+        return json.loads(json.dumps(record))  # as read back from the file (tuples as lists)
+
+
+def setting_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """`name: saved vs current` for every setting a resumed run may not change."""
+    names = sorted((set(saved) | set(current)) - RESUMABLE_SETTINGS - {"deepspeed_settings"})
+    return [f"{name}: {saved.get(name, '<absent>')!r} (the run in the folder) vs {current.get(name, '<absent>')!r} "
+            f"(now)" for name in names if saved.get(name, "<absent>") != current.get(name, "<absent>")]
+
+
+# --- pretraining --------------------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class PretrainConfig(RunConfig):
+    """MLM + sentence-order pretraining on a prepared data folder (`widenet-ds prepare-data`)."""
+
+    TASK: ClassVar[str] = "pretrain"
+    POSITIVE: ClassVar[tuple[str, ...]] = ("eval_batches",)
+
+    data: Path = field(metadata=flag("prepared data folder (`widenet-ds prepare-data`): its train split, and its "
+                                     "valid split for evaluations"))
+    eval_batches: int = field(default=20, metadata=flag("micro-batches per rank in each evaluation",
+                                                        group=_MONITORING))
+
+    def __post_init__(self) -> None:
+        self.data = Path(self.data)
+        super().__post_init__()
+
+
+# --- finetuning ---------------------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class FinetuneConfig(RunConfig):
+    """Finetuning runs seeds SEED..SEED+SEEDS-1, each trained from the same weights for max_steps, evaluated,
+    and summarised (median) in results.json; each seed is a run folder `seed<N>/` of the output folder.
+    The task recipe (tasks/recipes.py) gives dropout, capacity factor, balance weight and the max length;
+    `--set` changes any of them."""
+
+    POSITIVE: ClassVar[tuple[str, ...]] = ("seeds", "max_train_examples", "max_eval_examples", "max_seq_length")
+    EXAMPLE_DS_CONFIG: ClassVar[str] = "finetune_cpu_small.json"
+
+    data: str = field(metadata=flag("the task's data in its original format (a folder or file), or `hf` for HF "
+                                    "datasets"))
+    tokenizer: str | None = field(default=None, metadata=flag(
+        "tokenizer.json / vocab.txt / prepared data folder (default: the one saved with --init-from)"))
+    seeds: int = field(default=1, metadata=flag("runs with seeds SEED..SEED+N-1; the median is reported", metavar="N"))
+    max_seq_length: int | None = field(default=None, metadata=flag(
+        "default: the recipe's, capped by the model's positions"))
+    max_train_examples: int | None = field(default=None, metadata=flag("train on the first N examples only",
+                                                                       metavar="N"))
+    max_eval_examples: int | None = field(default=None, metadata=flag("evaluate on the first N examples only",
+                                                                      metavar="N", group=_MONITORING))
+    allow_recipe_mismatch: bool = field(default=False, metadata=flag(
+        "train with a DeepSpeed JSON whose batch size, learning rate or schedule differ from the task recipe "
+        "(recorded in results.json)"))
+    eval_only: bool = field(default=False, metadata=flag(
+        "score --init-from (e.g. a model written by --save-model) without training"))
+    save_model: bool = field(default=False, metadata=flag(
+        "write each seed's finetuned model as a checkpoint folder seed<N>/model (with the tokenizer)"))
+
+    def problems(self) -> list[str]:
+        problems = super().problems()
+        if self.model_config is not None and self.init_from is not None:
+            problems.append("--model-config is the model of a random initialisation; with --init-from the model is "
+                            "the checkpoint's (change its fields with --set): pass only one of them.")
+        if self.eval_only and self.init_from is None:
+            problems.append("--eval-only scores trained weights: pass --init-from with a finetuned checkpoint.")
+        if self.eval_only and (self.seeds != 1 or self.resume):
+            problems.append("--eval-only scores one set of weights once; drop --seeds and --resume.")
+        if self.resume not in (None, LATEST):
+            problems.append(f"--resume {self.resume}: a finetuning run continues from its own output folder (each seed "
+                            f"from its latest checkpoint); pass --resume without a value.")
+        if self.data != HF_DATA and not Path(self.data).exists():
+            problems.append(f"--data {self.data} does not exist; pass the folder (or file) in the original format, "
+                            f"or `--data hf` to download through HF datasets.")
+        return problems
+
+    @property
+    def data_path(self) -> Path | None:
+        return None if self.data == HF_DATA else Path(self.data)
+
+    @property
+    def seed_values(self) -> list[int]:
+        return list(range(self.seed, self.seed + self.seeds))
+
+    @property
+    def weights_source(self) -> str:
+        return str(self.init_from) if self.init_from is not None else f"preset:{self.model_config}"
+
+
+@dataclass(kw_only=True)
+class GlueConfig(FinetuneConfig):
+    TASK: ClassVar[str] = "glue"
+
+    glue_task: str = field(metadata=flag("GLUE task name in any spelling (cola sst2 mrpc stsb qqp mnli qnli rte wnli)",
+                                         names=("--task",)))
+    predict_test: bool = field(default=False, metadata=flag(
+        "also write test-set predictions in the GLUE submission format (e.g. SST-2.tsv, MNLI-m.tsv)"))
+
+    def problems(self) -> list[str]:
+        problems = super().problems()
+        try:
+            task = get_glue_task(self.glue_task)
+        except ConfigError as err:
+            return problems + [f"--task: {err}"]
+        if not task.eval_splits:
+            return problems + [f"--task {task.name} has no labelled split to finetune on; its test set is predicted "
+                               f"by the MNLI model (--task mnli --predict-test)."]
+        if self.data_path is None or not self.data_path.exists():
+            return problems
+        for split in ("train", *task.eval_splits):
+            try:
+                glue_split_path(task, split, self.data_path)
+            except DataError as err:
+                problems.append(f"--data: {err}")
+        if self.predict_test:
+            for split in task.test_splits:
+                try:
+                    glue_split_path(task, split, self.data_path)
+                except DataError:
+                    problems.append(f"--predict-test: no {task.files[split]} in {self.data_path} (nor in "
+                                    f"{self.data_path / task.name}); add the test file there, or drop --predict-test.")
+        return problems
+
+
+@dataclass(kw_only=True)
+class SquadConfig(FinetuneConfig):
+    TASK: ClassVar[str] = "squad"
+
+    version: Literal["1.1", "2.0"] = field(metadata=flag("SQuAD version"))
+    train_file: str | None = field(default=None, metadata=flag(
+        "SQuAD JSON to train on (default: --data/train-v<version>.json, or --data itself when it is a file)"))
+    dev_file: str | None = field(default=None, metadata=flag(
+        "SQuAD JSON to evaluate on (default: --data/dev-v<version>.json, or --data itself when it is a file)"))
+    doc_stride: int | None = field(default=None, metadata=flag(
+        "tokens shared by consecutive windows (default: 128, at most a quarter of the max length)"))
+
+    def problems(self) -> list[str]:
+        problems = super().problems()
+        if self.doc_stride is not None and self.doc_stride < 0:
+            problems.append(f"--doc-stride must be >= 0, got {self.doc_stride}.")
+        for option, split in (("--train-file", "train"), ("--dev-file", "dev")):
+            path = self.file(split)
+            if path is not None and not path.is_file():
+                problems.append(f"{option}: {path} does not exist; pass the SQuAD JSON with {option}, or a --data folder "
+                                f"holding train-v{self.version}.json and dev-v{self.version}.json.")
+        return problems
+
+    def file(self, split: str) -> Path | None:
+        """The JSON of `split`: its flag, else in (or being) --data; None: HF datasets."""
+        given = self.train_file if split == "train" else self.dev_file
+        if given is not None:
+            return Path(given)
+        if self.data_path is None:
+            return None
+        return self.data_path if self.data_path.is_file() else self.data_path / f"{split}-v{self.version}.json"
+
+
+# --- image classification -----------------------------------------------------------------------------
+_AUGMENT = ("augmentation (the authors' ImageNet recipe: --randaugment 2,15 --inception-crop --flip --mixup-alpha 0.5 "
+            "--label-smoothing 0.1)")
+
+
+def _ops_magnitude(text: str) -> tuple[int, int]:
+    ops, _, magnitude = text.partition(",")
+    try:
+        return int(ops), int(magnitude or 15)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected two integers OPS,MAGNITUDE, e.g. 2,15") from None
+
+
+@dataclass(kw_only=True)
+class ClassifyConfig(RunConfig):
+    """Image classification (ViT-WideNet, ViT, ViT-MoE, ParaFormer); `max_steps` defaults to `epochs` passes
+    over the train split, else the schedule's total_num_steps."""
+
+    TASK: ClassVar[str] = "classify"
+    POSITIVE: ClassVar[tuple[str, ...]] = ("max_eval_examples",)
+    EXAMPLE_DS_CONFIG: ClassVar[str] = "vision_cpu_small.json"
+
+    dataset: Literal[DATASETS] = field(default="fashion-mnist", metadata=flag(  # type: ignore[valid-type]
+        "fashion-mnist (Debian's dataset-fashion-mnist), digits (sklearn, 8x8), cifar10/cifar100 (torchvision "
+        "layout), imagenet-folder (ImageFolder), hf (datasets)"))
+    data: Path | None = field(default=None, metadata=flag(
+        "the dataset's folder (fashion-mnist default: /usr/share/datasets/fashion-mnist)"))
+    epochs: float | None = field(default=None, metadata=flag("passes over the train split instead of --max-steps"))
+    max_eval_examples: int | None = field(default=None, metadata=flag("evaluate on the first N test images only",
+                                                                      metavar="N", group=_MONITORING))
+    workers: int | None = field(default=None, metadata=flag(
+        "data-loader workers per rank (default: the rank's share of the cores, at most 8; 0: in the rank's "
+        "process)"))
+    randaugment: tuple[int, int] = field(default=(0, 15), metadata=flag(
+        "kornia RandAugment (0 ops: off)", parse=_ops_magnitude, metavar="OPS,MAGNITUDE", group=_AUGMENT))
+    inception_crop: bool = field(default=False, metadata=flag("random resized crop, area 5%%..100%%", group=_AUGMENT))
+    crop_min_area: float = field(default=0.05, metadata=flag("smallest crop area", group=_AUGMENT))
+    flip: bool = field(default=False, metadata=flag("random horizontal flip", group=_AUGMENT))
+    mixup_alpha: float = field(default=0.0, metadata=flag("mixup's Beta(alpha, alpha) (0: off)", group=_AUGMENT))
+    cutmix_alpha: float = field(default=0.0, metadata=flag("CutMix's Beta(alpha, alpha) (0: off)", group=_AUGMENT))
+    label_smoothing: float = field(default=0.0, metadata=flag("label smoothing of the loss", group=_AUGMENT))
+
+    def __post_init__(self) -> None:
+        self.data = Path(self.data) if self.data is not None else None
+        self.randaugment = tuple(self.randaugment)
+        super().__post_init__()
+
+    def problems(self) -> list[str]:
+        problems = super().problems()
+        if self.dataset not in DATASETS:
+            problems.append(f"--dataset {self.dataset!r} is not one of {list(DATASETS)}.")
+        if self.epochs is not None and (self.epochs <= 0 or self.max_steps is not None):
+            problems.append("--epochs must be positive and cannot be combined with --max-steps; pass one of them.")
+        if self.workers is not None and self.workers < 0:
+            problems.append(f"--workers must be >= 0 (0: load in the rank's own process), got {self.workers}.")
+        try:
+            self.augment
+        except ConfigError as err:
+            problems.append(str(err))
+        return problems
+
+    @property
+    def augment(self) -> AugmentConfig:
+        return AugmentConfig(randaugment_ops=self.randaugment[0], randaugment_magnitude=self.randaugment[1],
+                             inception_crop=self.inception_crop, crop_min_area=self.crop_min_area, flip=self.flip,
+                             mixup_alpha=self.mixup_alpha, cutmix_alpha=self.cutmix_alpha,
+                             label_smoothing=self.label_smoothing)
+
+
+# --- the command line -----------------------------------------------------------------------------------
+CONFIGS: dict[str, type[RunConfig]] = {cls.TASK: cls for cls in (PretrainConfig, GlueConfig, SquadConfig,
+                                                                   ClassifyConfig)}
+DESCRIPTIONS = {
+    "pretrain": "WideNet / ALBERT / BERT MLM + sentence-order pretraining on a prepared data folder.",
+    "glue": "Finetuning on a GLUE task (seeds, median of each metric).",
+    "squad": "Finetuning on SQuAD v1.1 / v2.0 (predictions.json, null_odds.json for v2.0).",
+    "classify": "ViT-WideNet / ViT / ViT-MoE / ParaFormer image classification (docs/vision.md).",
+}
+
+
+def build_parser(task: str) -> argparse.ArgumentParser:
+    """The command line of a task: the trainers' one ArgumentParser construction site."""
+    if task not in CONFIGS:
+        raise ConfigError(f"unknown task {task!r}; pick one of {', '.join(CONFIGS)}.")
+    parser = argparse.ArgumentParser(
+        prog=f"python -m widenet_ds.train {task}",
+        description=f"{DESCRIPTIONS[task]} Start it with `widenet-ds launch {task}`, the `deepspeed` launcher "
+                    f"(--module widenet_ds.train {task}), srun or mpiexec. Batch sizes, learning rate, schedule, "
+                    f"precision and ZeRO stage come from the DeepSpeed JSON only; flags: docs/flags.md.")
+    add_flags(parser, CONFIGS[task])
+    return parser
+
+
+def parse(task: str, argv: list[str] | None = None) -> RunConfig:
+    """The validated run configuration of `task` from its command line."""
+    cls = CONFIGS[task]
+    return cls(**values(build_parser(task).parse_args(argv), cls))
