@@ -1,18 +1,17 @@
-"""Issue 16, must-show 2: a table of bad inputs across every entrypoint and file format.
+"""A table of bad inputs across every entry and file format.
 
 Each row is one bad input. It must fail with ONE clear error (exit status 2, or the entrypoint's
 error) whose message names the problem (the row's pattern), before any training step, and leave every
 file of a real earlier run untouched: the earlier run's data folder, pretraining run (with
 checkpoints), exported folder and resharded checkpoint are hashed once and compared after every row.
 
-Most rows call the entrypoints' main(argv) in this process (widenet-ds, pretrain/run_pretrain.py,
-finetune/run_glue.py and run_squad.py); launcher.sh rows run as subprocesses.
+Most rows call the entries' main(argv) in this process (widenet-ds, and `python -m widenet_ds.train` for
+pretraining, GLUE and SQuAD finetuning and image classification); launcher.sh rows run as subprocesses.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -31,20 +30,11 @@ from pretrain_support import CPU_CONFIG, write_model_config
 
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.errors import WideNetError
+from widenet_ds.run_folder import read_metrics
+from widenet_ds.train import main as train
 
 pytestmark = pytest.mark.usefixtures("dist")
-
-
-def load_script(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-RUN_PRETRAIN = load_script(REPO / "pretrain/run_pretrain.py")
-RUN_GLUE = load_script(REPO / "finetune/run_glue.py")
-RUN_SQUAD = load_script(REPO / "finetune/run_squad.py")
+VISION_CONFIG = REPO / "ds_configs" / "vision_cpu_small.json"
 
 
 def digest(folder: Path) -> dict[str, str]:
@@ -65,9 +55,9 @@ def earlier(tmp_path_factory, shared_data, dist):
                        "--workers", "1", "--no-progress"]) == 0
     vocab = json.loads((data / "manifest.json").read_text())["vocab_size"]
     model = write_model_config(root / "model.json", vocab_size=vocab)
-    assert RUN_PRETRAIN.main(["--model-config", str(model), "--deepspeed_config", str(CPU_CONFIG), "--data",
-                              str(data), "--output-dir", str(run), "--max-steps", "2", "--eval-interval", "0",
-                              "--no-progress-bar", "--no-tensorboard"]) == 0
+    assert train(["pretrain", "--model-config", str(model), "--deepspeed_config", str(CPU_CONFIG), "--data",
+                  str(data), "--output-dir", str(run), "--max-steps", "2", "--eval-interval", "0",
+                  "--no-progress-bar", "--no-tensorboard"]) == 0
     assert widenet_ds(["convert", "to-folder", str(run), str(root / "export")]) == 0
     assert widenet_ds(["convert", "reshard", str(run), str(root / "resharded"), "--ep-size", "1",
                        "--world-size", "1"]) == 0
@@ -159,16 +149,23 @@ def pretrain(env, tmp: Path, *extra: str, ds: Path | None = None, data: Path | N
             "--eval-interval", "0", "--no-progress-bar", "--no-tensorboard", *extra]
 
 
-def glue(env, tmp: Path, *extra: str, ds: Path | None = None, data: Path | None = None, task: str = "sst2") -> list[str]:
-    return ["--task", task, "--data", str(data or env["shared"] / "glue/SST-2"), "--preset", "widenet-tiny-e4",
+def glue(env, tmp: Path, *extra: str, ds: Path | None = None, data: Path | None = None, task: str = "sst2",
+         model: tuple[str, str] = ("--model-config", "widenet-tiny-e4")) -> list[str]:
+    return ["--task", task, "--data", str(data or env["shared"] / "glue/SST-2"), *model,
             "--tokenizer", str(env["data"]), "--deepspeed_config", str(ds or REPO / "ds_configs/finetune_cpu_small.json"),
             "--output-dir", str(tmp / "ft"), "--max-steps", "1", *extra]
+
+
+def classify(env, tmp: Path, *extra: str, out: Path | None = None) -> list[str]:
+    return ["--model-config", "widenet-vit-digits", "--dataset", "digits", "--deepspeed-config", str(VISION_CONFIG),
+            "--output-dir", str(out or tmp / "out"), "--max-steps", "2", "--workers", "0", "--no-progress-bar",
+            "--no-tensorboard", *extra]
 
 
 @dataclass(frozen=True)
 class Case:
     id: str
-    entry: str                                   # widenet-ds | pretrain | glue | squad | launcher
+    entry: str                                   # widenet-ds | pretrain | glue | squad | classify | launcher
     argv: Callable[[dict, Path], list[str]]      # (earlier run, this row's folder) -> arguments
     pattern: str                                 # what the message must say (regex, case-insensitive)
 
@@ -330,7 +327,7 @@ CASES = [
     C("pretrain-fp16-on-cpu", "pretrain", lambda e, t: pretrain(e, t, ds=ds_config(t, fp16={"enabled": True})),
       r"fp16 needs a CUDA device"),
     C("pretrain-output-is-a-file", "pretrain", lambda e, t: pretrain(e, t, out=write(t / "f", "x")),
-      r"exists and is not a directory"),
+      r"f is a file; choose a folder path for --output-dir"),
     C("pretrain-output-under-a-file", "pretrain", lambda e, t: pretrain(e, t, out=write(t / "f", "x") / "out"),
       r"cannot be created: .*f is a file"),
     C("pretrain-checkpoints-is-a-file", "pretrain", lambda e, t: pretrain(e, t, out=write(t / "o" / "checkpoints", "x").parent),
@@ -338,7 +335,9 @@ CASES = [
     C("pretrain-output-unwritable", "pretrain", lambda e, t: pretrain(e, t, out=Path("/proc/widenet-out")),
       r"/proc/widenet-out is not writable"),
     C("pretrain-into-earlier-run", "pretrain", lambda e, t: pretrain(e, t, out=e["run"]),
-      r"already holds checkpoints.*--resume"),
+      r"already holds a run \(run_config\.json, results\.json, checkpoints/\); pass --resume"),
+    C("pretrain-resume-with-another-seed", "pretrain", lambda e, t: pretrain(e, t, "--resume", "--seed", "9",
+      out=run_copy(e, t, lambda r: None)), r"seed: 1234 \(the run in the folder\) vs 9 \(now\).*--accept-changed"),
     C("pretrain-resume-other-model", "pretrain", lambda e, t: pretrain(e, t, "--resume", str(e["run"]),
       model=model_config(e, t, hidden_dropout=0.3)), r"another model config.*hidden_dropout"),
     C("pretrain-damaged-shard", "pretrain", lambda e, t: pretrain(e, t, data=data_copy(e, t, flip_token)),
@@ -361,7 +360,7 @@ CASES = [
       e, t, "--init-from", str(e["export"]), model=model_config(e, t, layer_norm_eps=1e-5)),
       r"export is of another model config.*layer_norm_eps: 1e-12 \(checkpoint\) vs 1e-05 \(this run\)"),
     C("pretrain-model-config-plain-folder", "pretrain", lambda e, t: pretrain(e, t, model=e["data"]),
-      r"--model-config .*data is a directory but not a checkpoint folder"),
+      r"--model-config .*data is a directory but not a checkpoint"),
     C("pretrain-missing-ds-config", "pretrain", lambda e, t: pretrain(e, t, ds=t / "none.json"), r"none\.json does not exist"),
     # ---- ParaFormer branch layouts, schedules, compression ----
     C("model-config-branches-not-dividing", "widenet-ds", lambda e, t: ["model-config", str(e["model"]), "--set",
@@ -382,6 +381,44 @@ CASES = [
     C("glue-negative-clipping", "glue", lambda e, t: glue(e, t, ds=ds_config(t, gradient_clipping=-2)),
       r"gradient_clipping -2 must be"),
     C("squad-version-choice", "squad", lambda e, t: ["--version", "3.0", "--data", str(t)], r"invalid choice: '3\.0'"),
+    C("glue-resume-names-a-checkpoint", "glue", lambda e, t: glue(e, t, "--resume", str(e["run"])),
+      r"continues from its own output folder.*--resume without a value"),
+    C("glue-eval-only-of-a-pretraining-checkpoint", "glue", lambda e, t: glue(e, t, "--eval-only", model=(
+      "--init-from", str(e["export"]))), r"--eval-only scores trained weights.*"
+      r"WideNetForPreTraining, not a WideNetForSequenceClassification"),
+    # ---- image classification ----
+    C("classify-unknown-dataset", "classify", lambda e, t: classify(e, t, "--dataset", "mnist"),
+      r"invalid choice: 'mnist'"),
+    C("classify-classes-exceed-the-head", "classify", lambda e, t: classify(e, t, "--set", "num_classes=5"),
+      r"has 10 classes, the model's head has 5; set --set num_classes=10"),
+    C("classify-channels", "classify", lambda e, t: classify(e, t, "--model-config", "vit-b16"),
+      r"1-channel images, the model expects 3; set --set num_channels=1"),
+    C("classify-epochs-and-max-steps", "classify", lambda e, t: classify(e, t, "--epochs", "1"),
+      r"--epochs .* cannot be combined with --max-steps"),
+    C("classify-cifar-without-data", "classify", lambda e, t: classify(e, t, "--dataset", "cifar10",
+      "--set", "num_classes=10"), r"--dataset cifar10 needs --data"),
+    C("classify-init-from-a-text-folder", "classify", lambda e, t: classify(e, t, "--init-from", str(e["export"])),
+      r"WideNetForPreTraining"),
+    C("classify-resume-a-text-checkpoint", "classify", lambda e, t: classify(e, t, "--resume", str(e["run"])),
+      r"another model config"),
+    C("classify-randaugment-not-two-numbers", "classify", lambda e, t: classify(e, t, "--randaugment", "2,x"),
+      r"expected two integers OPS,MAGNITUDE"),
+    C("classify-randaugment-magnitude", "classify", lambda e, t: classify(e, t, "--randaugment", "2,40"),
+      r"magnitude in 0\.\.30"),
+    C("classify-negative-workers", "classify", lambda e, t: classify(e, t, "--workers", "-1"),
+      r"--workers must be >= 0"),
+    C("classify-ep-size-not-dividing-the-ranks", "classify", lambda e, t: classify(e, t, "--ep-size", "2"),
+      r"--ep-size 2 does not divide the 1 rank"),
+    C("classify-unknown-model-field", "classify", lambda e, t: classify(e, t, "--set", "hiden_size=32"),
+      r"unknown key 'hiden_size'.*hidden_size"),
+    C("classify-patch-not-tiling-the-image", "classify", lambda e, t: classify(e, t, "--set", "patch_size=3"),
+      r"image_size = 8 is not divisible by patch_size = 3"),
+    C("classify-into-earlier-run", "classify", lambda e, t: classify(e, t, out=e["run"]),
+      r"already holds a run.*pass --resume"),
+    C("classify-branch-parallel-without-branches", "classify", lambda e, t: classify(e, t, "--branch-parallel", "2"),
+      r"--branch-parallel 2: the model has one branch.*does not divide the 1 rank"),
+    C("classify-ds-json-broken", "classify", lambda e, t: classify(e, t, "--deepspeed-config",
+      str(write(t / "ds.json", '{"a": 1,'))), r"ds\.json is not valid JSON"),
     # ---- launcher.sh (subprocesses) ----
     C("launcher-zero-ranks", "launcher", lambda e, t: ["pretrain", "--num-gpus", "0", "--", "--x"],
       r"--num-gpus '0' must be a whole number >= 1"),
@@ -400,16 +437,7 @@ def run_entry(entry: str, argv: list[str], capsys) -> tuple[int, str]:
                               env=child_env(WIDENET_VENV=str(venv)))
         return proc.returncode, proc.stdout + proc.stderr
     try:
-        if entry == "widenet-ds":
-            code = widenet_ds(argv)
-        elif entry == "pretrain":
-            code = RUN_PRETRAIN.main(argv)
-        else:
-            from widenet_ds.training.finetune import main as finetune_main
-            from widenet_ds.training.finetune_tasks import GlueTaskRun, SquadTaskRun
-
-            script = RUN_GLUE if entry == "glue" else RUN_SQUAD
-            code = finetune_main(script.parser(), GlueTaskRun if entry == "glue" else SquadTaskRun, argv)
+        code = widenet_ds(argv) if entry == "widenet-ds" else train([entry, *argv])
     except SystemExit as exit_:  # argparse: usage + one error line
         code = exit_.code
     except WideNetError as err:  # an entrypoint that lets its user errors out (caught by its caller)
@@ -419,9 +447,9 @@ def run_entry(entry: str, argv: list[str], capsys) -> tuple[int, str]:
     return code, captured.out + captured.err
 
 
-def test_the_table_covers_every_entrypoint_with_60_distinct_cases():
+def test_the_table_covers_every_entry_with_60_distinct_cases():
     assert len({case.id for case in CASES}) == len(CASES) >= 60
-    assert {case.entry for case in CASES} == {"widenet-ds", "pretrain", "glue", "squad", "launcher"}
+    assert {case.entry for case in CASES} == {"widenet-ds", "pretrain", "glue", "squad", "classify", "launcher"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
@@ -463,13 +491,11 @@ def test_exported_folders_are_readable_by_group_and_others(earlier):
 
 
 def test_resume_with_changed_settings_runs_when_accepted_and_logs_the_change(earlier, tmp_path):
-    """Item 6: with --accept-changed-settings the resumed run continues and its log names each change."""
-    from widenet_ds.training.log import read_metrics
-
+    """With --accept-changed-settings the resumed run continues and its log names each change."""
     run = run_copy(earlier, tmp_path, lambda r: None)
     ds = ds_config(tmp_path, **{"optimizer.params.lr": 0.01, "scheduler.params.warmup_max_lr": 0.01})
     argv = pretrain(earlier, tmp_path, "--resume", "--max-steps", "3", "--accept-changed-settings", ds=ds, out=run)
-    assert RUN_PRETRAIN.main(argv) == 0
-    events = [r["event"] for r in read_metrics(run / "metrics.jsonl") if "event" in r]
+    assert train(["pretrain", *argv]) == 0
+    events = [r["event"] for r in read_metrics(run / "metrics.jsonl").events]
     assert any("changed since the checkpoint" in e and "optimizer.params.lr: 0.02 -> 0.01" in e for e in events), events
     assert (run / "checkpoints" / "latest").read_text() == "step3"

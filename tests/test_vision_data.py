@@ -20,7 +20,7 @@ from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.datasets import (DEBIAN_FASHION_MNIST, cifar, digits, fashion_mnist, hf_dataset, image_folder,
                                         load_dataset, read_idx)
 from widenet_ds.vision.loader import ImageLoader
-from widenet_ds.vision.train import check_data_fits_model
+from widenet_ds.training.classification import check_data_fits_model
 
 RNG = np.random.default_rng(0)
 
@@ -290,7 +290,7 @@ def test_bad_image_size_not_divisible_by_patch():
 
 
 def test_bad_dataset_without_data_dir_and_too_small_for_a_batch(tmp_path):
-    expect(DataError, "needs --data-dir", load_dataset, "cifar10", None)
+    expect(DataError, "needs --data", load_dataset, "cifar10", None)
     source = fashion_mnist(make_fashion_mnist(tmp_path / "fm", n_train=10))["train"]
     expect(DataError, "fewer than one global batch", lambda: ImageLoader(source, 28, 1, 8, 0, 2, 0, train=True))
 

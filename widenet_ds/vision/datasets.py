@@ -33,7 +33,7 @@ from widenet_ds.errors import DataError
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_FIX = ("install Debian's dataset-fashion-mnist (`apt-get install dataset-fashion-mnist`, which "
-                     "`./launcher.sh test` and `vision-demo` do as root) or pass --data-dir with the four IDX files "
+                     "`./launcher.sh test` and `vision-demo` do as root) or pass --data with the four IDX files "
                      "(train/t10k-images-idx3-ubyte[.gz], train/t10k-labels-idx1-ubyte[.gz])")
 DATASETS = ("fashion-mnist", "digits", "cifar10", "cifar100", "imagenet-folder", "hf")
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png", ".bmp", ".webp")
@@ -69,7 +69,7 @@ def _array_source(name: str, images: np.ndarray, labels: np.ndarray, num_classes
 def check_labels(source: ImageSource) -> None:
     labels = source.labels
     if len(labels) == 0:
-        raise DataError(f"{source.name} holds no examples; point --data-dir at the full dataset.")
+        raise DataError(f"{source.name} holds no examples; point --data at the full dataset.")
     if labels.min() < 0 or labels.max() >= source.num_classes:
         raise DataError(f"{source.name}: labels range over {labels.min()}..{labels.max()}, outside 0..{source.num_classes - 1}"
                         f" ({source.num_classes} classes); the label file is corrupt or from another dataset.")
@@ -185,7 +185,7 @@ def cifar(root: Path, num_classes: int) -> dict[str, ImageSource]:
     root = Path(root)
     archive_name = folder_name.replace("-batches-py", "-python") + ".tar.gz" if num_classes == 10 \
         else "cifar-100-python.tar.gz"
-    fix = (f"put torchvision's {folder_name}/ folder (or {archive_name}) under --data-dir; CIFAR-{num_classes} is "
+    fix = (f"put torchvision's {folder_name}/ folder (or {archive_name}) under --data; CIFAR-{num_classes} is "
            f"not bundled (no Debian or PyPI package ships it)")
     files: dict[str, bytes] = {}
     archive = root if root.is_file() else root / archive_name
@@ -342,7 +342,7 @@ def load_dataset(name: str, data_dir: Path | None) -> dict[str, ImageSource]:
         splits = digits()
     elif name in ("cifar10", "cifar100") or name in ("imagenet-folder", "hf"):
         if data_dir is None:
-            raise DataError(f"--dataset {name} needs --data-dir (the dataset is not bundled).")
+            raise DataError(f"--dataset {name} needs --data (the dataset's folder; it is not bundled).")
         if name in ("cifar10", "cifar100"):
             splits = cifar(data_dir, 10 if name == "cifar10" else 100)
         elif name == "imagenet-folder":
