@@ -38,6 +38,10 @@ RESUMABLE_SETTINGS = frozenset({
     "progress_bar", "compile", "compile_backend", "workers", "predict_test", "save_model"})
 _BRANCHES = "ParaFormer branch layouts (num_branches > 1; docs/paraformer.md)"
 _MONITORING = "logging"
+_DATA = ("the training data: pretraining, a prepared folder (`widenet-ds prepare-data`; its valid split is the "
+         "evaluation's); finetuning, the task's files in their original format (a folder or file) or `hf` for HF "
+         "datasets; images, the --dataset's folder (fashion-mnist default: /usr/share/datasets/fashion-mnist)")
+_EVAL_SUBSET = "evaluate on the first N examples of the evaluation split only"
 
 
 @dataclass(kw_only=True)
@@ -184,8 +188,7 @@ class PretrainConfig(RunConfig):
     TASK: ClassVar[str] = "pretrain"
     POSITIVE: ClassVar[tuple[str, ...]] = ("eval_batches",)
 
-    data: Path = field(metadata=flag("prepared data folder (`widenet-ds prepare-data`): its train split, and its "
-                                     "valid split for evaluations"))
+    data: Path = field(metadata=flag(_DATA))
     eval_batches: int = field(default=20, metadata=flag("micro-batches per rank in each evaluation",
                                                         group=_MONITORING))
 
@@ -205,8 +208,7 @@ class FinetuneConfig(RunConfig):
     POSITIVE: ClassVar[tuple[str, ...]] = ("seeds", "max_train_examples", "max_eval_examples", "max_seq_length")
     EXAMPLE_DS_CONFIG: ClassVar[str] = "finetune_cpu_small.json"
 
-    data: str = field(metadata=flag("the task's data in its original format (a folder or file), or `hf` for HF "
-                                    "datasets"))
+    data: str = field(metadata=flag(_DATA))
     tokenizer: str | None = field(default=None, metadata=flag(
         "tokenizer.json / vocab.txt / prepared data folder (default: the one saved with --init-from)"))
     seeds: int = field(default=1, metadata=flag("runs with seeds SEED..SEED+N-1; the median is reported", metavar="N"))
@@ -214,8 +216,8 @@ class FinetuneConfig(RunConfig):
         "default: the recipe's, capped by the model's positions"))
     max_train_examples: int | None = field(default=None, metadata=flag("train on the first N examples only",
                                                                        metavar="N"))
-    max_eval_examples: int | None = field(default=None, metadata=flag("evaluate on the first N examples only",
-                                                                      metavar="N", group=_MONITORING))
+    max_eval_examples: int | None = field(default=None, metadata=flag(_EVAL_SUBSET, metavar="N",
+                                                                      group=_MONITORING))
     allow_recipe_mismatch: bool = field(default=False, metadata=flag(
         "train with a DeepSpeed JSON whose batch size, learning rate or schedule differ from the task recipe "
         "(recorded in results.json)"))
@@ -347,11 +349,10 @@ class ClassifyConfig(RunConfig):
     dataset: Literal[DATASETS] = field(default="fashion-mnist", metadata=flag(  # type: ignore[valid-type]
         "fashion-mnist (Debian's dataset-fashion-mnist), digits (sklearn, 8x8), cifar10/cifar100 (torchvision "
         "layout), imagenet-folder (ImageFolder), hf (datasets)"))
-    data: Path | None = field(default=None, metadata=flag(
-        "the dataset's folder (fashion-mnist default: /usr/share/datasets/fashion-mnist)"))
+    data: Path | None = field(default=None, metadata=flag(_DATA))
     epochs: float | None = field(default=None, metadata=flag("passes over the train split instead of --max-steps"))
-    max_eval_examples: int | None = field(default=None, metadata=flag("evaluate on the first N test images only",
-                                                                      metavar="N", group=_MONITORING))
+    max_eval_examples: int | None = field(default=None, metadata=flag(_EVAL_SUBSET, metavar="N",
+                                                                      group=_MONITORING))
     workers: int | None = field(default=None, metadata=flag(
         "data-loader workers per rank (default: the rank's share of the cores, at most 8; 0: in the rank's "
         "process)"))
@@ -419,3 +420,39 @@ def parse(task: str, argv: list[str] | None = None) -> RunConfig:
     """The validated run configuration of `task` from its command line."""
     cls = CONFIGS[task]
     return cls(**values(build_parser(task).parse_args(argv), cls))
+
+
+def _shown_default(action: argparse.Action) -> str:
+    if action.required:
+        return "required"
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        return "switch"
+    if action.default is None or action.default == []:
+        shown = "-"
+    elif isinstance(action.default, tuple):
+        shown = f"`{','.join(map(str, action.default))}`"
+    else:
+        shown = f"`{action.default}`"
+    return shown + (f" (bare: `{action.const}`)" if action.nargs == "?" else "")
+
+
+def flags_table() -> str:
+    """docs/flags.md's table: every trainer flag, the tasks that take it, its default and its one meaning."""
+    rows: dict[str, dict] = {}
+    for task in CONFIGS:
+        for action in build_parser(task)._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            name = ", ".join(f"`{o}`" for o in action.option_strings)
+            row = rows.setdefault(name, {"tasks": [], "defaults": {}, "meaning": set()})
+            row["tasks"].append(task)
+            row["defaults"][task] = _shown_default(action)
+            row["meaning"].add(" ".join((action.help or "").split()).replace("%%", "%").replace("|", "/"))
+    lines = ["| flag | tasks | default | meaning |", "| --- | --- | --- | --- |"]
+    for name, row in rows.items():
+        defaults = set(row["defaults"].values())
+        default = defaults.pop() if len(defaults) == 1 else "; ".join(f"{t}: {d}" for t, d in row["defaults"].items())
+        tasks = "all" if len(row["tasks"]) == len(CONFIGS) else ", ".join(row["tasks"])
+        assert len(row["meaning"]) == 1, f"{name} has several meanings: {row['meaning']}"
+        lines.append(f"| {name} | {tasks} | {default} | {row['meaning'].pop()} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,84 @@
+"""The run configurations: one ArgumentParser construction site for every trainer, flags generated from the
+dataclass fields with one meaning per name, and docs/flags.md generated from them."""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+from widenet_ds.errors import ConfigError
+from widenet_ds.training.run_config import (CONFIGS, RESUMABLE_SETTINGS, ClassifyConfig, PretrainConfig, flags_table,
+                                            parse, setting_changes)
+
+REPO = Path(__file__).resolve().parents[1]
+FLAGS_DOC = REPO / "docs" / "flags.md"
+
+
+def _common(tmp_path) -> list[str]:
+    return ["--deepspeed-config", str(REPO / "ds_configs/cpu_small.json"), "--output-dir", str(tmp_path / "out")]
+
+
+def test_one_argument_parser_construction_site_for_the_trainers():
+    sites = []
+    for path in (REPO / "widenet_ds" / "training").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == \
+                    "ArgumentParser":
+                sites.append(f"{path.name}:{node.lineno}")
+    assert len(sites) == 1 and sites[0].startswith("run_config.py:"), sites
+
+
+def test_every_flag_has_one_meaning_and_the_doc_table_is_current():
+    table = flags_table()  # asserts one help text per flag name across the tasks
+    if os.environ.get("WIDENET_UPDATE_DOCS") == "1":
+        text = FLAGS_DOC.read_text()
+        FLAGS_DOC.write_text(text[: text.index("| flag |")] + table)
+    assert FLAGS_DOC.read_text().endswith(table), "docs/flags.md is stale: WIDENET_UPDATE_DOCS=1 pytest " + __file__
+    for name in ("--resume", "--eval-interval", "--seed", "--keep-last", "--compile", "--optimizer", "--set",
+                 "--branch-parallel", "--data", "--model-config", "--init-from"):
+        row = next(line for line in table.splitlines() if f"`{name}`" in line.split("|")[1])
+        assert row.split("|")[2].strip() == "all", row  # every trainer takes it
+
+
+def test_the_shared_flags_parse_alike_in_every_task(tmp_path):
+    extra = {"pretrain": ["--data", str(tmp_path)], "glue": ["--data", "hf", "--task", "sst2"],
+             "squad": ["--data", "hf", "--version", "1.1"], "classify": ["--dataset", "digits"]}
+    for task in CONFIGS:
+        cfg = parse(task, [*_common(tmp_path), "--model-config", "widenet-tiny-e4", "--set", "moe.top_k=1",
+                           "--set", "hidden_dropout=0.1", "--resume", "--compile", "--stage-steps", "3,5",
+                           "--no-tensorboard", *extra[task]])
+        assert (cfg.resume, cfg.compile, cfg.stage_steps, cfg.tensorboard) == ("latest", "model", [3, 5], False), task
+        assert cfg.overrides == ["moe.top_k=1", "hidden_dropout=0.1"] and cfg.seed == 1234 and cfg.keep_last == 3
+        assert cfg.eval_interval == 1000 and cfg.TASK == task
+        record = cfg.record()
+        assert record["task"] == task and record["output_dir"] == str(tmp_path / "out")
+
+
+def test_every_problem_of_a_configuration_is_reported_at_once(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        ClassifyConfig(deepspeed_config=tmp_path / "none.json", output_dir=tmp_path / "o", log_interval=0,
+                       epochs=-1, workers=-2, randaugment=(2, 99), branch_parallel=0)
+    text = str(caught.value)
+    assert text.startswith("7 problems with the classify settings:"), text
+    for part in ("--log-interval must be positive", "--branch-parallel must be positive", "no model: pass",
+                 "none.json does not exist", "--epochs must be positive", "--workers must be >= 0",
+                 "a magnitude in 0..30"):
+        assert part in text, part
+
+
+def test_a_resumed_run_may_change_what_is_logged_but_not_what_is_trained(tmp_path):
+    base = PretrainConfig(model_config="albert-tiny", deepspeed_config=REPO / "ds_configs/cpu_small.json",
+                          data=tmp_path, output_dir=tmp_path / "o")
+    logged = PretrainConfig(model_config="albert-tiny", deepspeed_config=REPO / "ds_configs/cpu_small.json",
+                            data=tmp_path, output_dir=tmp_path / "o", log_interval=1, max_steps=50, resume="latest",
+                            tensorboard=False)
+    assert setting_changes(base.record(), logged.record()) == []
+    trained = PretrainConfig(model_config="albert-tiny", deepspeed_config=REPO / "ds_configs/cpu_small.json",
+                             data=tmp_path, output_dir=tmp_path / "o", overrides=["hidden_dropout=0.2"], seed=3)
+    assert setting_changes(base.record(), trained.record()) == [
+        "overrides: [] (the run in the folder) vs ['hidden_dropout=0.2'] (now)",
+        "seed: 1234 (the run in the folder) vs 3 (now)"]
+    assert {"log_interval", "keep_last", "max_steps", "tensorboard"} <= RESUMABLE_SETTINGS

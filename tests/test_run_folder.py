@@ -1,0 +1,54 @@
+"""The run folder: one reader of metrics.jsonl (live folders included), the files of a run named once, and
+what kind of run a folder holds, for folders of this version and of older ones."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from widenet_ds.run_folder import RunFolder, RunFolderError, keep_records_up_to, read_metrics
+
+
+def test_records_events_and_a_partial_last_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "train/loss": 2.5}\n{"time": 1.0, "event": "data read"}\n'
+                    '{"step": 1, "event": "saved"}\n{"step": 2, "train/loss": 2.25}\n{"step": 3, "tra')
+    live = read_metrics(path, live=True)
+    assert live.series("train/loss") == {1: 2.5, 2: 2.25} and live.live_tail and not live.bad_lines
+    assert [e["event"] for e in live.events] == ["data read", "saved"]
+    with pytest.raises(RunFolderError, match=r"metrics.jsonl, line 5: not a metrics record"):
+        read_metrics(path)  # a finished run's file must be whole
+    path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    assert read_metrics(path, live=True).bad_lines == [2]
+
+
+def test_a_resumed_run_keeps_the_records_up_to_its_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"time": 0, "event": "run"}\n{"step": 1}\n{"step": 2}\n{"step": 3, "event": "x"}\n')
+    keep_records_up_to(path, 2)
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [
+        {"time": 0, "event": "run"}, {"step": 1}, {"step": 2}]
+
+
+def test_what_a_folder_holds_and_which_task_wrote_it(tmp_path):
+    folder = RunFolder(tmp_path / "run")
+    assert folder.holds() == [] and folder.task() is None
+    folder.write_run_config({"task": "classify", "seed": 1})
+    folder.write_results({"step": 3})
+    assert folder.holds() == ["run_config.json", "results.json"] and folder.task() == "classify"
+    # older folders, without a task in run_config.json
+    old = RunFolder(tmp_path / "old")
+    (old.path / "seed3").mkdir(parents=True)
+    assert old.task() == "glue" and old.holds() == ["seed3/"] and [s for s, _ in old.seeds()] == [3]
+    images = RunFolder(tmp_path / "images")
+    images.write_results({"dataset": "digits", "test/accuracy": 0.9})
+    assert images.task() == "classify"
+    text = RunFolder(tmp_path / "text")
+    text.path.mkdir()
+    text.metrics.write_text('{"step": 1}\n')
+    (text.checkpoints / "step1").mkdir(parents=True)
+    assert text.task() == "pretrain" and text.holds() == ["checkpoints/"]
+    text.run_config.write_text("{broken")
+    with pytest.raises(RunFolderError, match=r"run_config.json \(the run's settings\) cannot be read"):
+        text.read_run_config()
