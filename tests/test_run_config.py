@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from widenet_ds.errors import ConfigError
-from widenet_ds.training.run_config import (CONFIGS, RESUMABLE_SETTINGS, ClassifyConfig, PretrainConfig, flags_table,
-                                            parse, setting_changes)
+from widenet_ds.training.command_line import CONFIGS, flags_table, parse
+from widenet_ds.training.run_config import RESUMABLE_SETTINGS, ClassifyConfig, PretrainConfig, setting_changes
 
 REPO = Path(__file__).resolve().parents[1]
 FLAGS_DOC = REPO / "docs" / "flags.md"
@@ -28,7 +28,7 @@ def test_one_argument_parser_construction_site_for_the_trainers():
             if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == \
                     "ArgumentParser":
                 sites.append(f"{path.name}:{node.lineno}")
-    assert len(sites) == 1 and sites[0].startswith("run_config.py:"), sites
+    assert len(sites) == 1 and sites[0].startswith("command_line.py:"), sites
 
 
 def test_every_flag_has_one_meaning_and_the_doc_table_is_current():

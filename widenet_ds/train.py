@@ -20,7 +20,7 @@ quiet_third_party()  # before DeepSpeed is imported
 from widenet_ds.errors import WideNetError  # noqa: E402
 from widenet_ds.training.console import mark_same_on_every_rank, report_error  # noqa: E402
 from widenet_ds.training.run import run_task  # noqa: E402
-from widenet_ds.training.run_config import CONFIGS, DESCRIPTIONS, parse  # noqa: E402
+from widenet_ds.training.command_line import CONFIGS, DESCRIPTIONS, parse  # noqa: E402
 
 PROG = "python -m widenet_ds.train"
 

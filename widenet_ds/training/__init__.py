@@ -1,1 +1,3 @@
-"""Training: pretraining and finetuning loops and what they share (run-config flags, logging, preemption)."""
+"""Training: the one trainer (plan -> build -> resume -> steps -> save or stop) and its tasks (pretraining,
+finetuning as seeds x trainer, image classification), their run configurations and command lines, metrics,
+logging and preemption."""

@@ -15,7 +15,6 @@ function of the step count (`batch_at_step`), and a run's length is rounded up t
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from typing import Literal
 
@@ -145,23 +144,3 @@ def plan_branch_schedule(kind: str, num_branches: int, batches_per_epoch: int, d
     if schedule.kind != "joint":
         check_branch_updates_isolated(ds, schedule.kind)
     return schedule
-
-
-def add_branch_arguments(parser: argparse.ArgumentParser) -> None:
-    """--branch-schedule, --prefix-cycle-batches, --stage-steps (pretraining and image classification)."""
-    group = parser.add_argument_group("ParaFormer branch layouts (num_branches > 1; see docs/paraformer.md)")
-    group.add_argument("--branch-schedule", choices=SCHEDULES, default="joint",
-                       help="joint: all branches every step; prefix: the authors' code (per batch one step on each "
-                            "nested prefix of branches, alternating with joint phases); staged: branch i+1 joins at "
-                            "step S_i")
-    group.add_argument("--prefix-cycle-batches", type=int, default=None, metavar="B",
-                       help="prefix: batches in each phase (default: one epoch, as the authors' code)")
-    group.add_argument("--stage-steps", type=_int_list, default=[], metavar="S[,S2,...]",
-                       help="staged: one step count S (branch i+1 joins at i*S) or one step per joining branch")
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 200,400") from None

@@ -1,5 +1,5 @@
-"""Run configurations: one base for what every training task shares, one extension per task, and the one
-place the trainers' command lines are built (`build_parser`).
+"""Run configurations: one base for what every training task shares, one extension per task; their flags are
+generated from the fields (widenet_ds/training/command_line.py).
 
 Batch sizes, learning rate, schedule, precision and ZeRO live ONLY in the DeepSpeed JSON; the model in
 its model config (a preset, a JSON or a checkpoint folder), changed field by field with `--set KEY=VALUE`;
@@ -22,7 +22,7 @@ from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.compile import CompileMode
 from widenet_ds.tasks.glue import get_glue_task, glue_split_path
 from widenet_ds.training.branch_schedule import ScheduleKind
-from widenet_ds.training.flags import add_flags, flag, int_list, values
+from widenet_ds.training.flags import flag, int_list
 from widenet_ds.vision.augment import AugmentConfig
 from widenet_ds.vision.datasets import DATASETS
 from widenet_ds.writable import check_output_folder
@@ -390,69 +390,3 @@ class ClassifyConfig(RunConfig):
                              inception_crop=self.inception_crop, crop_min_area=self.crop_min_area, flip=self.flip,
                              mixup_alpha=self.mixup_alpha, cutmix_alpha=self.cutmix_alpha,
                              label_smoothing=self.label_smoothing)
-
-
-# --- the command line -----------------------------------------------------------------------------------
-CONFIGS: dict[str, type[RunConfig]] = {cls.TASK: cls for cls in (PretrainConfig, GlueConfig, SquadConfig,
-                                                                   ClassifyConfig)}
-DESCRIPTIONS = {
-    "pretrain": "WideNet / ALBERT / BERT MLM + sentence-order pretraining on a prepared data folder.",
-    "glue": "Finetuning on a GLUE task (seeds, median of each metric).",
-    "squad": "Finetuning on SQuAD v1.1 / v2.0 (predictions.json, null_odds.json for v2.0).",
-    "classify": "ViT-WideNet / ViT / ViT-MoE / ParaFormer image classification (docs/vision.md).",
-}
-
-
-def build_parser(task: str) -> argparse.ArgumentParser:
-    """The command line of a task: the trainers' one ArgumentParser construction site."""
-    if task not in CONFIGS:
-        raise ConfigError(f"unknown task {task!r}; pick one of {', '.join(CONFIGS)}.")
-    parser = argparse.ArgumentParser(
-        prog=f"python -m widenet_ds.train {task}",
-        description=f"{DESCRIPTIONS[task]} Start it with `widenet-ds launch {task}`, the `deepspeed` launcher "
-                    f"(--module widenet_ds.train {task}), srun or mpiexec. Batch sizes, learning rate, schedule, "
-                    f"precision and ZeRO stage come from the DeepSpeed JSON only; flags: docs/flags.md.")
-    add_flags(parser, CONFIGS[task])
-    return parser
-
-
-def parse(task: str, argv: list[str] | None = None) -> RunConfig:
-    """The validated run configuration of `task` from its command line."""
-    cls = CONFIGS[task]
-    return cls(**values(build_parser(task).parse_args(argv), cls))
-
-
-def _shown_default(action: argparse.Action) -> str:
-    if action.required:
-        return "required"
-    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
-        return "switch"
-    if action.default is None or action.default == []:
-        shown = "-"
-    elif isinstance(action.default, tuple):
-        shown = f"`{','.join(map(str, action.default))}`"
-    else:
-        shown = f"`{action.default}`"
-    return shown + (f" (bare: `{action.const}`)" if action.nargs == "?" else "")
-
-
-def flags_table() -> str:
-    """docs/flags.md's table: every trainer flag, the tasks that take it, its default and its one meaning."""
-    rows: dict[str, dict] = {}
-    for task in CONFIGS:
-        for action in build_parser(task)._actions:
-            if not action.option_strings or action.dest == "help":
-                continue
-            name = ", ".join(f"`{o}`" for o in action.option_strings)
-            row = rows.setdefault(name, {"tasks": [], "defaults": {}, "meaning": set()})
-            row["tasks"].append(task)
-            row["defaults"][task] = _shown_default(action)
-            row["meaning"].add(" ".join((action.help or "").split()).replace("%%", "%").replace("|", "/"))
-    lines = ["| flag | tasks | default | meaning |", "| --- | --- | --- | --- |"]
-    for name, row in rows.items():
-        defaults = set(row["defaults"].values())
-        default = defaults.pop() if len(defaults) == 1 else "; ".join(f"{t}: {d}" for t, d in row["defaults"].items())
-        tasks = "all" if len(row["tasks"]) == len(CONFIGS) else ", ".join(row["tasks"])
-        assert len(row["meaning"]) == 1, f"{name} has several meanings: {row['meaning']}"
-        lines.append(f"| {name} | {tasks} | {default} | {row['meaning'].pop()} |")
-    return "\n".join(lines) + "\n"
