@@ -89,7 +89,7 @@ def test_raw_checkpoint_of_another_ep_size_starts_a_classifier_and_reports_what_
     run = checkpoints[2]
     model, report = load_pretrained(WideNetForSequenceClassification, run / "checkpoints", num_labels=3,
                                     model_overrides={"hidden_dropout": 0.1, "moe": {"capacity_factor": 2.0}})
-    assert model.ep_size == 1 and model.cfg.hidden_dropout == 0.1 and model.cfg.moe.capacity_factor == 2.0
+    assert report.ep_size == 1 and model.cfg.hidden_dropout == 0.1 and model.cfg.moe.capacity_factor == 2.0
     assert report.new == ["classifier.bias", "classifier.weight"]
     assert report.unused == sorted(["mlm_head.bias", "mlm_head.dense.weight", "mlm_head.dense.bias",
                                     "mlm_head.norm.weight", "mlm_head.norm.bias", "sop_head.weight", "sop_head.bias"])

@@ -97,12 +97,11 @@ def load_into(model: nn.Module, checkpoint: PortableCheckpoint, source: str) -> 
             loaded[local] = tensor
     missing, unexpected = model.load_state_dict(loaded, strict=False)
     assert sorted(missing) == new and not unexpected, (missing, unexpected)
-    experts = sorted({i for m in model.modules() if isinstance(m, MoEFeedForward) for i in m.global_expert_indices()})
-    cfg = getattr(model, "cfg", None)
-    is_moe = cfg is not None and cfg.is_moe
+    moe_layers = [m for m in model.modules() if isinstance(m, MoEFeedForward)]
+    experts = sorted({i for m in moe_layers for i in m.global_expert_indices()})
     return LoadReport(source, checkpoint.architecture, len(loaded), new, unused, experts,
                       checkpoint.provenance.get("trained_with_ep_size") if checkpoint.config.is_moe else None,
-                      getattr(model, "ep_size", 1) if is_moe else None, dict(checkpoint.provenance))
+                      moe_layers[0].ep_size if moe_layers else None, dict(checkpoint.provenance))
 
 
 def load_pretrained(cls: type[nn.Module], source, *, ep_size: int = 1, model_overrides: dict[str, Any] | None = None,

@@ -346,12 +346,12 @@ class WideNetPreTrainedModel(nn.Module):
     """Shared plumbing of the task models: init, expert groups, the body's balance-loss bookkeeping.
 
     `ep_size` (expert parallelism: each rank holds num_experts / ep_size experts) is how the model is laid
-    out over ranks, not what it computes: the trainer passes its run setting here."""
+    out over ranks, not what it computes: the run's parallel plan passes it to DeepSpeed's MoE, which sizes
+    its local experts when it is built; the model does not keep it."""
 
     def __init__(self, cfg: ModelConfig, ep_size: int = 1) -> None:
         super().__init__()
         self.cfg = cfg
-        self.ep_size = ep_size
         self.widenet = WideNetModel(cfg, ep_size)
 
     def set_activation_checkpointing(self, enabled: bool) -> None:

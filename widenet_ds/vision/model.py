@@ -56,7 +56,6 @@ class ViTWideNetForImageClassification(nn.Module):
     def __init__(self, cfg: VisionConfig, ep_size: int = 1, activation_checkpointing: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
-        self.ep_size = ep_size
         encoder_cfg = cfg.encoder_config()
         self.embeddings = PatchEmbedding(cfg)
         self.encoder = WideNetEncoder(encoder_cfg, ep_size, ffn=self._feed_forwards(cfg, encoder_cfg, ep_size))
