@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 
 from widenet_ds.checkpoint.load import load_pretrained
 from widenet_ds.model.widenet import WideNetForPreTraining
+from widenet_ds.vision import export
 
 ASSETS = Path(__file__).parent / "assets"
 
@@ -24,3 +25,13 @@ def test_folder_of_the_old_layout_gives_identical_logits(dist):
                     attention_mask=expected["attention_mask"])
     assert torch.equal(out.mlm_logits, expected["mlm_logits"])
     assert torch.equal(out.sop_logits, expected["sop_logits"])
+
+
+IMAGE_ASSET = ASSETS / "legacy_image_folder"
+
+
+def test_image_folder_of_the_old_layout_gives_identical_logits(dist):
+    expected = load_file(ASSETS / "legacy_image_expected_logits.safetensors")
+    model = export.load_folder(IMAGE_ASSET).eval()
+    with torch.no_grad():  # to float rounding: the CPU kernels' order of summation may differ between machines
+        torch.testing.assert_close(model(expected["pixels"]).logits, expected["logits"], atol=1e-6, rtol=0)
