@@ -30,7 +30,8 @@ import torch.distributed as torch_dist
 
 from widenet_ds.atomic import atomic_write_json, atomic_write_text
 from widenet_ds.errors import CheckpointError, ConfigError
-from widenet_ds.model.config import ModelConfig, split_run_settings
+from widenet_ds.checkpoint.format import TEXT_DEFAULT, architecture
+from widenet_ds.model.config import split_run_settings
 
 META_FILE = "widenet_checkpoint.json"
 LATEST_FILE = "latest"
@@ -159,10 +160,11 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: s
 
 def check_same_model(meta: dict[str, Any], model_config: dict[str, Any], where: Path) -> None:
     saved, _ = split_run_settings(meta["model_config"])
-    try:  # a text model's config, written by an older version: fields added since take their defaults
-        saved = ModelConfig.from_dict(saved).to_dict()
+    config_type = architecture(meta.get("architecture", TEXT_DEFAULT), str(Path(where) / META_FILE)).config
+    try:  # written by an older version: fields added since take their defaults
+        saved = config_type.from_dict(saved).to_dict()
     except ConfigError:
-        pass  # another config type (vision), compared as stored
+        pass  # no longer a valid config: compared as stored, the differences name what changed
     diffs = config_differences(saved, model_config)
     if diffs:
         raise CheckpointError(f"checkpoint {where} is of another model config; differing fields:\n  "

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as torch_dist
 
 from widenet_ds.checkpoint.format import global_key_map
+from widenet_ds.checkpoint.load import match_weights, read_checkpoint
 from widenet_ds.checkpoint.training import CheckpointManager, TrainingState, read_meta
 from widenet_ds.runtime.distributed import check_ep_size, init_distributed, seed_everything
 from widenet_ds.runtime.ds_config import DeepSpeedSettings, load_ds_config, validate_ds_config
@@ -35,7 +36,6 @@ from widenet_ds.training.preemption import SavePoints, StopRequest
 from widenet_ds.vision.augment import AugmentConfig, BatchAugmenter, normalize
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.datasets import DATASETS, ImageSource, load_dataset
-from widenet_ds.vision.export import build_global_state_shapes, read_folder
 from widenet_ds.vision.loader import ImageLoader, default_workers
 from widenet_ds.vision.model import ViTWideNetForImageClassification, count_trainable_parameters
 
@@ -147,8 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--optimizer", choices=get_args(OptimizerChoice), default="auto")
     parser.add_argument("--resume", nargs="?", const=LATEST, default=None, metavar="CHECKPOINT")
     parser.add_argument("--init-from", type=Path, default=None, metavar="FOLDER",
-                        help="finetune from a portable vision folder (python -m widenet_ds.vision.export to-folder): "
-                             "every weight but a head of another shape (classifier, pre-logits) is loaded")
+                        help="finetune from an image checkpoint folder (widenet-ds convert to-folder) or training "
+                             "checkpoint: every weight but a head of another shape (classifier, pre-logits) is loaded")
     aug = parser.add_argument_group("augmentation (the authors' ImageNet recipe: --randaugment 2,15 --inception-crop "
                                     "--flip --mixup-alpha 0.5 --label-smoothing 0.1)")
     aug.add_argument("--randaugment", default="0,15", metavar="OPS,MAGNITUDE", help="kornia RandAugment (0 ops: off)")
@@ -194,32 +194,12 @@ class RunPlan:
     init_state: dict[str, torch.Tensor] | None = None  # global keys; the head left out when it does not fit
 
 
-HEAD_PREFIXES = ("classifier.", "pre_logits.")
-
-
 def init_weights_for(model: VisionConfig, folder: Path) -> dict[str, torch.Tensor]:
-    """The folder's weights that fit `model`: a head of another shape (new classes, no pre-logits) is left
-    to its fresh initialisation, as the authors' finetuning drops it; any other mismatch is an error."""
-    saved, state = read_folder(folder)
-    branched = max(saved.num_branches, model.num_branches) > 1
-    if branched and (saved.num_branches, saved.layers_per_branch) != (model.num_branches, model.layers_per_branch):
-        # The common mix-up after `export expand` / `compress`: the preset's layout instead of the folder's.
-        raise CheckpointError(f"--init-from {folder} holds {saved.num_branches} branch(es) x {saved.layers_per_branch} "
-                              f"layers, this model {model.num_branches} x {model.layers_per_branch}; pass --set "
-                              f"num_branches={saved.num_branches} --set num_layers={saved.num_layers}.")
-    expected = build_global_state_shapes(model)
-    kept, wrong = {}, []
-    for key, shape in expected.items():
-        fits = key in state and tuple(state[key].shape) == shape
-        if fits:
-            kept[key] = state[key]
-        elif not key.startswith(HEAD_PREFIXES):
-            wrong.append(f"{key}: {tuple(state[key].shape) if key in state else 'absent'} in the folder, {shape} here")
-    if wrong:
-        raise CheckpointError(f"--init-from {folder} does not fit this model's body:\n  " + "\n  ".join(wrong[:8])
-                              + "\nUse the folder's config with only num_classes / pre_logits / head changed (the "
-                                "same image_size and patch_size: the positions must match).")
-    return kept
+    """The checkpoint's weights that fit `model` (global keys): a head of another shape (new classes, no
+    pre-logits) is left to its fresh initialisation, as the authors' finetuning drops it; any other mismatch
+    is an error (the shared loader's rule, widenet_ds/checkpoint/load.py)."""
+    return match_weights(read_checkpoint(folder), "ViTWideNetForImageClassification", model,
+                         f"--init-from {folder}").load
 
 
 def check_data_fits_model(splits: dict[str, ImageSource], model: VisionConfig, dataset: str) -> None:
