@@ -13,7 +13,7 @@ from widenet_ds.runtime.quiet import quiet_third_party
 # the data pipeline's imports and vice versa.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "model-config": ("widenet_ds.model.config:cli", "write a model-config JSON from a preset plus overrides"),
-    "params": ("widenet_ds.model.counts:cli", "parameter counts of every preset (or one config)"),
+    "params": ("widenet_ds.params:cli", "parameter counts of the presets, text and image"),
     "train-tokenizer": ("widenet_ds.data.tokenizer:cli", "train a WordPiece vocabulary over text sources"),
     "prepare-data": ("widenet_ds.data.prepare:cli", "build sharded MLM+SOP pretraining examples"),
     "verify-data": ("widenet_ds.data.verify:cli", "check every shard of a prepared data folder against its checksums"),

@@ -192,3 +192,6 @@ VISION_PRESETS = {
     "paraformer-tiny-4x3": _preset(_PARAFORMER_TINY, _layout(4, 3), router=False),
     "widenet-paraformer-tiny-3x4": _preset(_PARAFORMER_TINY, _layout(3, 4), _SHARED_MOE),
 }
+# The paper's ImageNet models (Tables 1 and 3), as `BASE_PRESETS` are its text ones.
+PAPER_PRESETS = ("widenet-vit-b16", "widenet-vit-l16", "widenet-vit-h16", "vit-b16", "vit-l16", "vit-moe-b16",
+                 "widenet-vit-b16-no-moe", "widenet-vit-b16-shared-ln")
