@@ -38,7 +38,7 @@ from widenet_ds.checkpoint.format import PortableCheckpoint, architecture, infer
 from widenet_ds.checkpoint.training import (
     META_FILE,
     MODEL_STATES,
-    config_differences,
+    check_explicit_config,
     read_meta,
     resolve_tag_dir,
     trained_ep_size,
@@ -61,15 +61,7 @@ def _model_config(tag_dir: Path, meta: dict | None, states: dict, explicit: Path
             except ConfigError as err:
                 raise CheckpointError(f"{tag_dir}: the model config in {where}: {err}") from None
             if explicit is not None:
-                # An explicit config may only repeat what the checkpoint records: a different activation or
-                # LayerNorm epsilon keeps every shape, so nothing else would notice the weights are misread.
-                given = config_type.from_json(explicit)
-                diffs = [d for d in config_differences(recorded.to_dict(), given.to_dict())
-                         if not d.startswith("moe.ep_size:")]
-                if diffs:
-                    raise CheckpointError(f"--model-config {explicit} differs from the model config {tag_dir} records "
-                                          f"in {where}:\n  " + "\n  ".join(diffs) + "\nThe recorded config is the "
-                                          "one the weights were trained with; drop --model-config.")
+                check_explicit_config(recorded, explicit, f"{tag_dir}/{where}")
             return recorded
     if explicit is not None:
         return config_type.from_json(explicit)

@@ -32,7 +32,7 @@ from widenet_ds.checkpoint.format import (
     is_folder,
     read_folder,
 )
-from widenet_ds.checkpoint.training import config_differences, read_meta, resolve_tag_dir
+from widenet_ds.checkpoint.training import check_explicit_config, config_differences, read_meta, resolve_tag_dir
 from widenet_ds.data.tokenizer import tokenizer_files_in
 from widenet_ds.errors import CheckpointError
 from widenet_ds.model.config import EncoderConfig
@@ -46,13 +46,7 @@ def read_checkpoint(source: Path, *, tag: str | None = None, model_config: Path 
             raise CheckpointError(f"{source} is a checkpoint folder, which has no tags; drop the tag {tag!r}.")
         checkpoint = read_folder(source)
         if model_config is not None:
-            given = type(checkpoint.config).from_json(model_config)
-            diffs = [d for d in config_differences(checkpoint.config.to_dict(), given.to_dict())
-                     if not d.startswith("moe.ep_size:")]
-            if diffs:
-                raise CheckpointError(f"--model-config {model_config} differs from the model config recorded in "
-                                      f"{source}/config.json:\n  " + "\n  ".join(diffs) + "\nThe recorded config is "
-                                      "the one the weights were trained with; drop --model-config.")
+            check_explicit_config(checkpoint.config, model_config, f"{source}/config.json")
         return checkpoint
     return read_deepspeed_checkpoint(source, tag=tag, model_config=model_config)
 

@@ -31,7 +31,7 @@ import torch.distributed as torch_dist
 from widenet_ds.atomic import atomic_write_json, atomic_write_text
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.checkpoint.format import TEXT_DEFAULT, architecture
-from widenet_ds.model.config import split_run_settings
+from widenet_ds.model.config import EncoderConfig, split_run_settings
 
 META_FILE = "widenet_checkpoint.json"
 LATEST_FILE = "latest"
@@ -156,6 +156,17 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: s
         elif a != b:
             lines.append(f"{prefix}{key}: {a!r} (checkpoint) vs {b!r} (this run)")
     return lines
+
+
+def check_explicit_config(recorded: EncoderConfig, explicit: Path, where: str) -> None:
+    """An explicit --model-config may only repeat the config a checkpoint records (`where`): a different
+    activation or LayerNorm epsilon keeps every shape, so nothing else would notice the weights are misread."""
+    given = type(recorded).from_json(explicit)
+    diffs = [d for d in config_differences(recorded.to_dict(), given.to_dict()) if not d.startswith("moe.ep_size:")]
+    if diffs:
+        raise CheckpointError(f"--model-config {explicit} differs from the model config recorded in {where}:\n  "
+                              + "\n  ".join(diffs) + "\nThe recorded config is the one the weights were trained "
+                              "with; drop --model-config.")
 
 
 def check_same_model(meta: dict[str, Any], model_config: dict[str, Any], where: Path) -> None:
