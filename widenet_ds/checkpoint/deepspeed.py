@@ -95,12 +95,15 @@ def read_deepspeed_checkpoint(source: Path, *, tag: str | None = None,
     states = load_torch_file(tag_dir / MODEL_STATES)
     if not isinstance(states, dict) or not isinstance(states.get("module"), dict):
         raise CheckpointError(f"{tag_dir / MODEL_STATES} holds no 'module' state dict; not a DeepSpeed checkpoint.")
-    # The marker names the architecture (image runs, and text runs since 0.3); older text markers do not, and
-    # the heads of the weights (the experts are in files of their own) tell which task model it is.
+    # The marker names the architecture (image runs; text runs from now on); older text markers do not, and the
+    # heads of the weights (the experts are in files of their own) tell which task model it is.
+    shapes = {key: tuple(tensor.shape) for key, tensor in states["module"].items()}
     name, num_labels = ((meta or {}).get("architecture"), (meta or {}).get("num_labels"))
     if name is None:
-        name, num_labels = infer_architecture({k: tuple(t.shape) for k, t in states["module"].items()})
+        name, num_labels = infer_architecture(shapes)
     arch = architecture(name, str(tag_dir / META_FILE))
+    if arch.takes_num_labels and num_labels is None:
+        num_labels = infer_architecture(shapes)[1]
     cfg = _model_config(tag_dir, meta, states, model_config, arch.config)
 
     state: dict[str, Tensor] = {}

@@ -52,8 +52,9 @@ WEIGHTS_FILE = "model.safetensors"
 README_FILE = "README.md"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _EXPERTS = ".moe.deepspeed_moe.experts.deepspeed_experts."
-# The architecture of a training checkpoint whose marker does not name it: text runs wrote none before 0.3
-# (readers that need the exact task model read it off the heads, `infer_architecture`).
+# The architecture of a training checkpoint whose marker does not name it: text runs wrote none before the
+# image model joined the checkpoint stack (readers that need the exact task model read it off the heads,
+# `infer_architecture`).
 TEXT_DEFAULT = "WideNetForPreTraining"
 
 
