@@ -1,4 +1,5 @@
-"""Typed, validated model configuration and the named presets.
+"""Typed, validated model configuration: the encoder's (`EncoderConfig`), which the text `ModelConfig` here and
+the image `VisionConfig` (widenet_ds/vision/config.py) extend, the MoE's, and the text presets.
 
 Every field is checked at construction; errors name the field and the fix. Configs round-trip through
 JSON (`to_json` / `from_json`), and unknown keys are refused rather than silently ignored.
