@@ -59,7 +59,8 @@ def test_a_task_head_differs_but_the_encoder_must_match(folder):
     model, report = load_pretrained(WideNetForQuestionAnswering, folder)
     assert report.new == ["qa_outputs.bias", "qa_outputs.weight"]
     assert "sop_head.weight" in report.unused
-    with pytest.raises(CheckpointError, match=r"fc_in.weight has shape \(512, 128\), the model expects \(256, 128\)"):
+    with pytest.raises(CheckpointError, match=r"(?s)fc_in.weight: \(512, 128\) in the checkpoint, \(256, 128\) in the "
+                                              r"model.*intermediate_size: 512 \(checkpoint\) vs 256"):
         load_pretrained(WideNetForPreTraining, folder, model_overrides={"intermediate_size": 256})
 
 

@@ -9,11 +9,13 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "widenet_ds"
 
 # Each package may import only from packages of a lower layer (and from itself).
+# `vision` is a domain package beside `model` (its config, model, datasets, loader, augmentation), which the
+# checkpoint stack registers; only its trainer, `vision.train`, sits with the training loops.
 LAYERS = [
     {"widenet_ds", "widenet_ds.errors", "widenet_ds.atomic", "widenet_ds.writable", "widenet_ds.run_folder"},
-    {"widenet_ds.data", "widenet_ds.tasks", "widenet_ds.model", "widenet_ds.runtime"},
-    {"widenet_ds.checkpoint"},
-    {"widenet_ds.training", "widenet_ds.vision", "widenet_ds.report"},
+    {"widenet_ds.data", "widenet_ds.tasks", "widenet_ds.model", "widenet_ds.runtime", "widenet_ds.vision"},
+    {"widenet_ds.checkpoint", "widenet_ds.params"},
+    {"widenet_ds.training", "widenet_ds.vision.train", "widenet_ds.report"},
     {"widenet_ds.cli", "widenet_ds.train"},
 ]
 

@@ -1,7 +1,8 @@
-"""ParaFormer compression and expansion through the real folder files: a folder compressed to k branches gives
-the full model's forward(branches=k) logits for every k (vision, WideNet x ParaFormer, text post-LN dense and
-pre-LN WideNet); an expanded folder keeps the old model's outputs at the old branch count and changes them
-with the new branches; a real digits run continues from an expanded folder (loss near the old run's last,
+"""ParaFormer compression and expansion through the real folder files and `widenet-ds branches`: a folder
+compressed to k branches gives the full model's forward(branches=k) logits for every k (images, WideNet x
+ParaFormer, text post-LN dense and pre-LN WideNet); an expanded folder keeps the old model's outputs at the old
+branch count and changes them with the new branches; a real digits run, converted with `widenet-ds convert
+to-folder`, compresses to its k-prefix and continues from an expanded folder (loss near the old run's last,
 accuracy per branch count for the new count); bad branch counts and unbranched models are clear errors."""
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ import pytest
 import torch
 
 from widenet_ds.checkpoint.branches import compress, expand, expanded_config
-from widenet_ds.checkpoint.format import PortableCheckpoint, read_folder as read_text_folder, save_folder
+from widenet_ds.checkpoint.format import PortableCheckpoint, read_folder, save_folder
 from widenet_ds.checkpoint.load import load_pretrained
 from widenet_ds.cli import main as widenet_ds_main
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining, WideNetForSequenceClassification
 from widenet_ds.report import branches as branch_report
-from widenet_ds.vision import export
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification
 
@@ -47,7 +47,13 @@ def vision_folder(preset: str, path: Path) -> tuple[ViTWideNetForImageClassifica
     torch.manual_seed(0)
     cfg = VisionConfig.from_preset(preset)
     model = perturbed(ViTWideNetForImageClassification(cfg))
-    return model, export.save_folder(cfg, model.state_dict(), path)
+    return model, save_folder(PortableCheckpoint(cfg, "ViTWideNetForImageClassification", model.state_dict()), path)
+
+
+def load_image_folder(path: Path) -> ViTWideNetForImageClassification:
+    model, report = load_pretrained(ViTWideNetForImageClassification, path)
+    assert not report.new and not report.unused
+    return model.eval()
 
 
 @pytest.mark.parametrize("preset", VISION_PRESETS)
@@ -56,8 +62,8 @@ def test_vision_k_branch_folder_gives_the_full_models_k_prefix_logits(dist, tmp_
     pixels = torch.randn(4, 1, 28, 28)
     prefixes = []
     for k in range(1, model.cfg.num_branches + 1):
-        assert export.main(["compress", str(full), str(tmp_path / f"k{k}"), "--branches", str(k)]) == 0
-        small = export.load_folder(tmp_path / f"k{k}").eval()
+        assert widenet_ds_main(["branches", "compress", str(full), str(tmp_path / f"k{k}"), "--branches", str(k)]) == 0
+        small = load_image_folder(tmp_path / f"k{k}")
         assert (small.cfg.num_branches, small.cfg.num_layers) == (k, k * model.cfg.layers_per_branch)
         with torch.no_grad():
             want, got = model(pixels, branches=k).logits, small(pixels).logits
@@ -72,8 +78,9 @@ def test_vision_k_branch_folder_gives_the_full_models_k_prefix_logits(dist, tmp_
 def test_vision_expansion_keeps_the_old_outputs_and_adds_fresh_branches(dist, tmp_path, preset):
     model, full = vision_folder(preset, tmp_path / "full")
     old_n = model.cfg.num_branches
-    assert export.main(["expand", str(full), str(tmp_path / "wide"), "--branches", str(old_n + 2), "--seed", "3"]) == 0
-    wide = export.load_folder(tmp_path / "wide").eval()
+    assert widenet_ds_main(["branches", "expand", str(full), str(tmp_path / "wide"), "--branches", str(old_n + 2),
+                            "--seed", "3"]) == 0
+    wide = load_image_folder(tmp_path / "wide")
     assert (wide.cfg.num_branches, wide.cfg.layers_per_branch) == (old_n + 2, model.cfg.layers_per_branch)
     pixels = torch.randn(4, 1, 28, 28)
     with torch.no_grad():
@@ -81,13 +88,14 @@ def test_vision_expansion_keeps_the_old_outputs_and_adds_fresh_branches(dist, tm
         assert torch.equal(wide(pixels, branches=old_n).logits, old)
         assert not torch.allclose(wide(pixels).logits, old, atol=1e-3)
     first_new_block = old_n * model.cfg.layers_per_branch
-    _, state = export.read_folder(tmp_path / "wide")
+    state = read_folder(tmp_path / "wide").state
     if "widenet" in preset:  # a new branch owns only LayerNorms (attention and MoE are shared): fresh ones
         assert torch.equal(state[f"encoder.attention_norm.{first_new_block}.weight"], torch.ones(64))
     else:  # a seeded fresh initialisation: the same seed gives the same weights, another seed others
-        export.main(["expand", str(full), str(tmp_path / "again"), "--branches", str(old_n + 2), "--seed", "3"])
-        export.main(["expand", str(full), str(tmp_path / "other"), "--branches", str(old_n + 2), "--seed", "4"])
-        (_, again), (_, other) = (export.read_folder(tmp_path / n) for n in ("again", "other"))
+        for name, seed in (("again", "3"), ("other", "4")):
+            widenet_ds_main(["branches", "expand", str(full), str(tmp_path / name), "--branches", str(old_n + 2),
+                             "--seed", seed])
+        again, other = (read_folder(tmp_path / name).state for name in ("again", "other"))
         key = f"encoder.attention.{first_new_block}.query.weight"
         assert torch.equal(state[key], again[key]) and not torch.equal(state[key], other[key])
     provenance = json.loads((tmp_path / "wide" / "config.json").read_text())["provenance"]
@@ -172,10 +180,17 @@ def run_classify(tmp_path: Path, out: Path, steps: int, *extra: str) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
-def test_training_continues_from_an_expanded_folder(tmp_path):
+def test_training_continues_from_an_expanded_folder(dist, tmp_path):
     run_classify(tmp_path, tmp_path / "old", 40, "--log-interval", "5")
-    assert export.main(["to-folder", str(tmp_path / "old"), str(tmp_path / "two")]) == 0
-    assert export.main(["expand", str(tmp_path / "two"), str(tmp_path / "three"), "--branches", "3"]) == 0
+    assert widenet_ds_main(["convert", "to-folder", str(tmp_path / "old"), str(tmp_path / "two")]) == 0
+    # the trained run's first branch alone: the full model's 1-prefix
+    assert widenet_ds_main(["branches", "compress", str(tmp_path / "two"), str(tmp_path / "one"), "--branches", "1"]) == 0
+    trained, first = load_image_folder(tmp_path / "two"), load_image_folder(tmp_path / "one")
+    pixels = torch.rand(8, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    with torch.no_grad():
+        assert torch.equal(first(pixels).logits, trained(pixels, branches=1).logits)
+        assert not torch.allclose(first(pixels).logits, trained(pixels).logits, atol=1e-3)
+    assert widenet_ds_main(["branches", "expand", str(tmp_path / "two"), str(tmp_path / "three"), "--branches", "3"]) == 0
     # the preset's layout instead of the folder's: refused, naming the fix
     proc = subprocess.run([sys.executable, str(REPO / "vision" / "run_classify.py"), *DIGITS_MODEL, "--dataset",
                            "digits", "--deepspeed_config", str(REPO / "ds_configs" / "paraformer_cpu_small.json"),
@@ -226,12 +241,14 @@ def test_bad_branch_counts_and_unbranched_models_are_clear_errors(dist, tmp_path
         expand(cfg.to_dict(), {**state, "classifier.extra": torch.zeros(1)}, 4, fresh)
     # through the commands: exit code 2, the message, and no output folder (not even a partial one)
     _, full = vision_folder("paraformer-tiny-3x4", tmp_path / "full")
-    assert export.main(["compress", str(full), str(tmp_path / "out"), "--branches", "5"]) == 2
+    assert widenet_ds_main(["branches", "compress", str(full), str(tmp_path / "out"), "--branches", "5"]) == 2
     assert "in 1..3" in capsys.readouterr().err
     _, text = text_folder("bert-post-ln", tmp_path / "text")
     assert widenet_ds_main(["branches", "expand", str(text), str(tmp_path / "out"), "--branches", "2"]) == 2
     assert "of at least 3" in capsys.readouterr().err
-    assert widenet_ds_main(["branches", "compress", str(full), str(tmp_path / "out"), "--branches", "1"]) == 2
-    assert "a vision folder: use `python -m widenet_ds.vision.export`" in capsys.readouterr().err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["full", "text"]
-    assert read_text_folder(text).config.num_branches == 2  # the source is untouched
+    _, sequential = vision_folder("paraformer-tiny-1x12", tmp_path / "sequential")
+    assert widenet_ds_main(["branches", "compress", str(sequential), str(tmp_path / "out"), "--branches", "1"]) == 2
+    assert "no branches (num_branches = 1)" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full", "sequential", "text"]
+    assert read_folder(text).config.num_branches == 2  # the sources are untouched
+    assert read_folder(full).config.num_branches == 3

@@ -13,13 +13,14 @@ from widenet_ds.runtime.quiet import quiet_third_party
 # the data pipeline's imports and vice versa.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "model-config": ("widenet_ds.model.config:cli", "write a model-config JSON from a preset plus overrides"),
-    "params": ("widenet_ds.model.counts:cli", "parameter counts of every preset (or one config)"),
+    "params": ("widenet_ds.params:cli", "parameter counts of the presets, text and image"),
     "train-tokenizer": ("widenet_ds.data.tokenizer:cli", "train a WordPiece vocabulary over text sources"),
     "prepare-data": ("widenet_ds.data.prepare:cli", "build sharded MLM+SOP pretraining examples"),
     "verify-data": ("widenet_ds.data.verify:cli", "check every shard of a prepared data folder against its checksums"),
     "squad-eval": ("widenet_ds.tasks.squad_metrics:cli", "official SQuAD v1.1/v2.0 scores of a predictions file"),
     "glue-eval": ("widenet_ds.tasks.glue_metrics:cli", "GLUE metrics of a predictions file"),
-    "convert": ("widenet_ds.checkpoint.cli:cli", "convert checkpoints: to-folder, reshard, to-albert, from-albert"),
+    "convert": ("widenet_ds.checkpoint.cli:cli", "convert checkpoints: to-folder, reshard, to-albert, from-albert, "
+                                                 "to-hf-vit"),
     "branches": ("widenet_ds.checkpoint.branches_cli:cli", "ParaFormer branches of a checkpoint folder: compress to "
                                                             "the first K, expand to M"),
     "report": ("widenet_ds.report.cli:cli", "HTML page with plots of pretraining/finetuning run folders"),

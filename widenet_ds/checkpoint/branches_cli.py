@@ -1,14 +1,13 @@
-"""`widenet-ds branches`: compress a text checkpoint folder to its first K branches, or expand it to M.
+"""`widenet-ds branches`: compress a checkpoint folder to its first K branches, or expand it to M.
 
     widenet-ds branches compress runs/pf/model runs/pf/model-k2 --branches 2
     widenet-ds branches expand runs/pf/model runs/pf/model-m4 --branches 4 --seed 0
 
-Both read a portable folder (`widenet-ds convert to-folder`) and write a complete one, atomically, with the
-source's dtype and tokenizer files. A compressed folder computes what the source computes with
-`forward(branches=K)`; an expanded one computes the source's outputs with `forward(branches=N)` (N the old
-count), and its new branches are a fresh initialisation (seeded). Both load wherever a folder loads
-(`load_pretrained`, finetuning's --init-from, which builds the model from the folder's config). Vision folders:
-`python -m widenet_ds.vision.export compress` / `expand`.
+Both read a portable folder (`widenet-ds convert to-folder`) of any architecture, text or image, and write a
+complete one, atomically, with the source's dtype and tokenizer files. A compressed folder computes what the
+source computes with `forward(branches=K)`; an expanded one computes the source's outputs with
+`forward(branches=N)` (N the old count), and its new branches are a fresh initialisation (seeded). Both load
+wherever a folder loads (`load_pretrained`, the trainers' --init-from).
 """
 
 from __future__ import annotations
@@ -20,65 +19,64 @@ import torch
 from torch import Tensor
 
 from widenet_ds.checkpoint.branches import check_keep, compress, expand, expanded_config, layout_of
-from widenet_ds.checkpoint.format import (CONFIG_FILE, PortableCheckpoint, _model_kwargs, architectures, read_folder,
-                                          read_folder_config, save_folder)
+from widenet_ds.checkpoint.format import (CONFIG_FILE, PortableCheckpoint, architecture, read_folder,
+                                          read_folder_config, save_folder, stored_model_config)
 from widenet_ds.data.tokenizer import tokenizer_files_in
 from widenet_ds.errors import CheckpointError
-from widenet_ds.model.config import ModelConfig
+from widenet_ds.model.config import EncoderConfig
 from widenet_ds.writable import check_output_folder
 
 
 def _stored_config(folder: Path) -> dict:
     """The folder's config.json as written (read_folder checks it fully, with the weights)."""
-    path = Path(folder) / CONFIG_FILE
     stored = read_folder_config(folder)
-    if not isinstance(stored, dict) or not isinstance(stored.get("model"), dict):
-        vision = isinstance(stored, dict) and "vision_model" in stored
-        hint = " (a vision folder: use `python -m widenet_ds.vision.export`)" if vision else ""
-        raise CheckpointError(f"{path} has no 'model' entry{hint}; it is not a text checkpoint folder.")
+    if not isinstance(stored, dict):
+        raise CheckpointError(f"{Path(folder) / CONFIG_FILE} is not a JSON object; it is not a checkpoint folder.")
     return stored
 
 
-def fresh_state(architecture: str, cfg: ModelConfig, num_labels: int | None, seed: int) -> dict[str, Tensor]:
+def fresh_state(architecture_name: str, cfg: EncoderConfig, num_labels: int | None, seed: int) -> dict[str, Tensor]:
     """The global state dict (ep_size 1: experts by global index) of a newly initialised model, seeded
     without touching the caller's random streams."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = architectures()[architecture](cfg, **_model_kwargs(architecture, num_labels))
+        model = architecture(architecture_name).build(cfg, num_labels)
     return model.state_dict()
+
+
+def _write(source: Path, target: Path, stored: dict, checkpoint: PortableCheckpoint, overwrite: bool) -> Path:
+    return save_folder(checkpoint, target, dtype=stored.get("dtype", "fp32"), tokenizer_files=tokenizer_files_in(source),
+                       overwrite=overwrite)
 
 
 def compress_folder(source: Path, target: Path, k: int, overwrite: bool = False) -> tuple[Path, PortableCheckpoint]:
     stored = _stored_config(source)
-    check_keep(stored["model"], k)  # before reading the weights
+    check_keep(stored_model_config(stored, Path(source) / CONFIG_FILE), k)  # before reading the weights
     checkpoint = read_folder(source)
     old = layout_of(checkpoint.config.to_dict())
     config, state = compress(checkpoint.config.to_dict(), checkpoint.state, k)
     provenance = {**checkpoint.provenance, "compressed_from": str(Path(source).resolve()),
                   "branches": f"the first {k} of {old.num_branches} branches"}
-    out = PortableCheckpoint(ModelConfig.from_dict(config), checkpoint.architecture, state, checkpoint.num_labels,
-                             provenance)
-    save_folder(out, target, dtype=stored.get("dtype", "fp32"), tokenizer_files=tokenizer_files_in(source),
-                overwrite=overwrite)
-    return Path(target), out
+    out = PortableCheckpoint(type(checkpoint.config).from_dict(config), checkpoint.architecture, state,
+                             checkpoint.num_labels, provenance)
+    return _write(source, target, stored, out, overwrite), out
 
 
 def expand_folder(source: Path, target: Path, m: int, seed: int = 0,
                   overwrite: bool = False) -> tuple[Path, PortableCheckpoint, list[str]]:
     stored = _stored_config(source)
-    expanded_config(stored["model"], m)  # checks m before reading the weights
+    expanded_config(stored_model_config(stored, Path(source) / CONFIG_FILE), m)  # checks m before the weights
     checkpoint = read_folder(source)
+    config_type = type(checkpoint.config)
     old = layout_of(checkpoint.config.to_dict())
-    new_cfg = ModelConfig.from_dict(expanded_config(checkpoint.config.to_dict(), m))
+    new_cfg = config_type.from_dict(expanded_config(checkpoint.config.to_dict(), m))
     fresh = fresh_state(checkpoint.architecture, new_cfg, checkpoint.num_labels, seed)
     expansion = expand(checkpoint.config.to_dict(), checkpoint.state, m, fresh)
     provenance = {**checkpoint.provenance, "expanded_from": str(Path(source).resolve()),
                   "branches": f"{old.num_branches} trained + {m - old.num_branches} new (seed {seed})"}
-    out = PortableCheckpoint(ModelConfig.from_dict(expansion.config), checkpoint.architecture, expansion.state,
+    out = PortableCheckpoint(config_type.from_dict(expansion.config), checkpoint.architecture, expansion.state,
                              checkpoint.num_labels, provenance)
-    save_folder(out, target, dtype=stored.get("dtype", "fp32"), tokenizer_files=tokenizer_files_in(source),
-                overwrite=overwrite)
-    return Path(target), out, expansion.new_keys
+    return _write(source, target, stored, out, overwrite), out, expansion.new_keys
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,7 +107,8 @@ def cli(argv: list[str]) -> int:
               f"{checkpoint.config.layers_per_branch} layers ({checkpoint.provenance['branches']})")
     else:
         out, checkpoint, new_keys = expand_folder(args.source, args.output, args.branches, args.seed, args.overwrite)
-        print(f"wrote {out}: {checkpoint.architecture}, {checkpoint.config.num_branches} branches x "
-              f"{checkpoint.config.layers_per_branch} layers ({checkpoint.provenance['branches']}; "
-              f"{len(new_keys)} new tensors)")
+        cfg = checkpoint.config
+        print(f"wrote {out}: {checkpoint.architecture}, {cfg.num_branches} branches x {cfg.layers_per_branch} layers "
+              f"({checkpoint.provenance['branches']}; {len(new_keys)} new tensors); train on with --init-from {out} "
+              f"and this layout (--set num_branches={cfg.num_branches} --set num_layers={cfg.num_layers})")
     return 0

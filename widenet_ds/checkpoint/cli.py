@@ -1,4 +1,6 @@
-"""`widenet-ds convert`: to-folder, reshard, to-albert, from-albert (docs/checkpoints.md)."""
+"""`widenet-ds convert`: to-folder, reshard, to-albert, from-albert, to-hf-vit (docs/checkpoints.md).
+
+Text and image checkpoints alike, except the HF mappings: ALBERT's for text models, ViT's for image ones."""
 
 from __future__ import annotations
 
@@ -6,7 +8,8 @@ import argparse
 from pathlib import Path
 
 from widenet_ds.checkpoint.albert import from_albert, to_albert
-from widenet_ds.checkpoint.format import save_folder
+from widenet_ds.checkpoint.format import architecture, save_folder
+from widenet_ds.checkpoint.hf_vit import to_hf_vit
 from widenet_ds.checkpoint.load import find_tokenizer_files, read_checkpoint
 from widenet_ds.data.tokenizer import TOKENIZER_FILES, tokenizer_files_in
 from widenet_ds.checkpoint.reshard import reshard
@@ -112,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                              help="expert noise std relative to each weight's std (default 0.01)")
     from_albert.add_argument("--seed", type=int, default=0, help="seed of the expert noise and the new router")
     from_albert.add_argument("--overwrite", action="store_true", help="replace an existing output")
+
+    to_hf_vit_parser = commands.add_parser("to-hf-vit", help="dense unshared image model (CLS head, no pre-logits) -> "
+                                                             "HF ViTForImageClassification folder")
+    _add_source(to_hf_vit_parser, tokenizer=False)
     return parser
 
 
@@ -120,19 +127,30 @@ def cli(argv: list[str]) -> int:
     _check_output(args)
     if args.command == "to-folder":
         checkpoint = read_checkpoint(Path(args.source), tag=args.tag, model_config=args.model_config)
-        tokenizers, tokenizer_sha = _checked_tokenizers(args, checkpoint.config.vocab_size)
-        if tokenizer_sha:
-            checkpoint.provenance["tokenizer_sha256"] = tokenizer_sha
+        if architecture(checkpoint.architecture).tokenized:
+            tokenizers, tokenizer_sha = _checked_tokenizers(args, checkpoint.config.vocab_size)
+            if tokenizer_sha:
+                checkpoint.provenance["tokenizer_sha256"] = tokenizer_sha
+            described = f"tokenizer: {', '.join(p.name for p in tokenizers) or 'none found (pass --tokenizer)'}"
+        elif args.tokenizer:
+            raise CheckpointError(f"{args.source} holds a {checkpoint.architecture}, an image model: it has no "
+                                  f"tokenizer; drop --tokenizer.")
+        else:
+            tokenizers, described = (), f"{checkpoint.config.num_classes} classes"
         out = save_folder(checkpoint, Path(args.output), dtype=args.dtype, tokenizer_files=tokenizers,
                           overwrite=args.overwrite)
         print(f"wrote {out}: {checkpoint.architecture}, step {checkpoint.provenance.get('step')}, {args.dtype}, "
-              f"tokenizer: {', '.join(p.name for p in tokenizers) or 'none found (pass --tokenizer)'}")
+              f"{described}")
     elif args.command == "reshard":
         out = reshard(Path(args.source), Path(args.output), ep_size=args.ep_size, world_size=args.world_size,
                       tag=args.tag, model_config=args.model_config, overwrite=args.overwrite)
         print(f"wrote {out} for ep_size {args.ep_size} on {args.world_size} rank(s): model states only, no optimizer "
               f"states; load with engine.load_checkpoint(..., load_optimizer_states=False, load_module_only=True) "
-              f"or `pretrain --init-from {out}`")
+              f"or a trainer's --init-from {out}")
+    elif args.command == "to-hf-vit":
+        out = to_hf_vit(Path(args.source), Path(args.output), tag=args.tag, model_config=args.model_config,
+                        overwrite=args.overwrite)
+        print(f"wrote {out}: transformers.ViTForImageClassification.from_pretrained({str(out)!r}) loads it")
     elif args.command == "to-albert":
         out = to_albert(Path(args.source), Path(args.output), tag=args.tag, model_config=args.model_config,
                         tokenizer_files=_checked_tokenizers(args, None)[0], overwrite=args.overwrite)

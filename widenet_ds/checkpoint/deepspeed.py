@@ -9,8 +9,9 @@ What DeepSpeed writes for our models (one tag folder, e.g. `<output>/checkpoints
                                                   first expert-data-parallel replica of each expert)
     zero_pp_rank_<r>_mp_rank_00_optim_states.pt   ZeRO 1/2: rank r's optimizer partition
     expp_rank_<e>_mp_rank_00_optim_states.pt      ZeRO 0: the optimizer state of expert-parallel rank e
-    widenet_checkpoint.json, rank_*_state.pt      ours (widenet_ds.checkpoint.training): complete marker, model
-                                                  config, step; per-rank loader/RNG state
+    widenet_checkpoint.json, rank_*_state.pt      ours (widenet_ds.checkpoint.training): complete marker
+                                                  (architecture, model config, step, ep_size, ...); per-rank
+                                                  loader/RNG state
 
 DeepSpeed's `zero_to_fp32` and universal checkpoints do not know the expert files (DeepSpeed #4497,
 #5716). The weights need neither: in the model-states files the non-expert weights are complete
@@ -33,17 +34,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from widenet_ds.checkpoint.format import PortableCheckpoint, infer_architecture, is_expert_key
+from widenet_ds.checkpoint.format import PortableCheckpoint, architecture, infer_architecture, is_expert_key
 from widenet_ds.checkpoint.training import (
     META_FILE,
     MODEL_STATES,
-    config_differences,
+    check_explicit_config,
     read_meta,
     resolve_tag_dir,
     trained_ep_size,
 )
-from widenet_ds.errors import CheckpointError
-from widenet_ds.model.config import ModelConfig
+from widenet_ds.errors import CheckpointError, ConfigError
+from widenet_ds.model.config import EncoderConfig
 
 
 
@@ -51,23 +52,19 @@ def expert_file(tag_dir: Path, layer: int, expert: int) -> Path:
     return Path(tag_dir) / f"layer_{layer}_expert_{expert}_mp_rank_00_model_states.pt"
 
 
-def _model_config(tag_dir: Path, meta: dict | None, states: dict, explicit: Path | None) -> ModelConfig:
+def _model_config(tag_dir: Path, meta: dict | None, states: dict, explicit: Path | None,
+                  config_type: type[EncoderConfig]) -> EncoderConfig:
     for where, holder in ((META_FILE, meta or {}), (f"{MODEL_STATES} client state", states)):
         if isinstance(holder.get("model_config"), dict):
-            recorded = ModelConfig.from_stored(holder["model_config"])[0]
+            try:
+                recorded = config_type.from_stored(holder["model_config"])[0]
+            except ConfigError as err:
+                raise CheckpointError(f"{tag_dir}: the model config in {where}: {err}") from None
             if explicit is not None:
-                # An explicit config may only repeat what the checkpoint records: a different activation or
-                # LayerNorm epsilon keeps every shape, so nothing else would notice the weights are misread.
-                given = ModelConfig.from_json(explicit)
-                diffs = [d for d in config_differences(recorded.to_dict(), given.to_dict())
-                         if not d.startswith("moe.ep_size:")]
-                if diffs:
-                    raise CheckpointError(f"--model-config {explicit} differs from the model config {tag_dir} records "
-                                          f"in {where}:\n  " + "\n  ".join(diffs) + "\nThe recorded config is the "
-                                          "one the weights were trained with; drop --model-config.")
+                check_explicit_config(recorded, explicit, f"{tag_dir}/{where}")
             return recorded
     if explicit is not None:
-        return ModelConfig.from_json(explicit)
+        return config_type.from_json(explicit)
     raise CheckpointError(f"{tag_dir} does not record its model config (no {META_FILE} and no 'model_config' in the "
                           f"client state); pass --model-config with the JSON the run was trained with.")
 
@@ -98,7 +95,16 @@ def read_deepspeed_checkpoint(source: Path, *, tag: str | None = None,
     states = load_torch_file(tag_dir / MODEL_STATES)
     if not isinstance(states, dict) or not isinstance(states.get("module"), dict):
         raise CheckpointError(f"{tag_dir / MODEL_STATES} holds no 'module' state dict; not a DeepSpeed checkpoint.")
-    cfg = _model_config(tag_dir, meta, states, model_config)
+    # The marker names the architecture (image runs; text runs from now on); older text markers do not, and the
+    # heads of the weights (the experts are in files of their own) tell which task model it is.
+    shapes = {key: tuple(tensor.shape) for key, tensor in states["module"].items()}
+    name, num_labels = ((meta or {}).get("architecture"), (meta or {}).get("num_labels"))
+    if name is None:
+        name, num_labels = infer_architecture(shapes)
+    arch = architecture(name, str(tag_dir / META_FILE))
+    if arch.takes_num_labels and num_labels is None:
+        num_labels = infer_architecture(shapes)[1]
+    cfg = _model_config(tag_dir, meta, states, model_config, arch.config)
 
     state: dict[str, Tensor] = {}
     for key, tensor in states["module"].items():
@@ -111,8 +117,7 @@ def read_deepspeed_checkpoint(source: Path, *, tag: str | None = None,
         if saved_experts is not None and saved_experts != [cfg.moe.num_experts] * len(saved_experts):
             raise CheckpointError(f"{tag_dir} was saved with num_experts {saved_experts}, the model config says "
                                   f"{cfg.moe.num_experts}; use the config the run was trained with.")
-        layers = 1 if cfg.share_ffn else cfg.num_layers
-        for layer in range(layers):
+        for layer in range(cfg.num_moe_layers):
             for expert in range(cfg.moe.num_experts):
                 for key, tensor in load_torch_file(expert_file(tag_dir, layer, expert)).items():
                     if f".deepspeed_experts.{expert}." not in key or key in state:
@@ -120,9 +125,6 @@ def read_deepspeed_checkpoint(source: Path, *, tag: str | None = None,
                                               f"{expert}'s weights; the checkpoint's files are mixed up.")
                     state[key] = tensor
     state = {k: t.float() if t.is_floating_point() else t for k, t in state.items()}
-    architecture, num_labels = ((meta or {}).get("architecture"), (meta or {}).get("num_labels"))
-    if architecture is None:
-        architecture, num_labels = infer_architecture({k: tuple(t.shape) for k, t in state.items()})
     step = (meta or {}).get("step", states.get("global_steps"))
     provenance = {
         "source": str(tag_dir.resolve()), "tag": tag_dir.name, "step": step,
@@ -134,7 +136,9 @@ def read_deepspeed_checkpoint(source: Path, *, tag: str | None = None,
                          f"not read)"),
         "deepspeed_version": states.get("ds_version"),
     }
-    checkpoint = PortableCheckpoint(cfg, architecture, state, num_labels, provenance)
+    if meta and "dataset" in meta:  # image runs
+        provenance["dataset"] = meta["dataset"]
+    checkpoint = PortableCheckpoint(cfg, arch.name, state, num_labels, provenance)
     checkpoint.check(f"DeepSpeed checkpoint {tag_dir}")
     return checkpoint
 

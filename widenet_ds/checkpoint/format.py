@@ -1,20 +1,25 @@
-"""The portable checkpoint folder: what `widenet-ds convert to-folder` writes and `from_pretrained` reads.
+"""The portable checkpoint folder: what `widenet-ds convert to-folder` writes and `load_pretrained` reads.
 
-    <folder>/config.json        {"format_version": 1, "architecture": ..., "model": ModelConfig.to_dict(),
+    <folder>/config.json        {"format_version": 1, "architecture": ..., "model": config.to_dict(),
                                  "num_labels": ..., "dtype": ..., "provenance": {...}}
     <folder>/model.safetensors  our state-dict keys; experts under their GLOBAL index
-    <folder>/tokenizer.json, vocab.txt   when known
+    <folder>/tokenizer.json, vocab.txt   when known (text models)
     <folder>/README.md          where it came from (source checkpoint, step)
 
+One layout for every architecture (`architectures()`): the text models with a `ModelConfig`, the image
+classifier with a `VisionConfig` under "model" (image folders written before the image model joined this
+format hold it under "vision_model"; they are still read).
+
 Experts are stored by global index (the keys a model built with `ep_size=1` has), e.g.
-`widenet.encoder.ffn.0.moe.deepspeed_moe.experts.deepspeed_experts.<global>.fc_in.weight`, the names
-DeepSpeed's per-expert files also use. `config.json` records, as provenance, the ep_size it was trained
+`widenet.encoder.ffn.0.moe.deepspeed_moe.experts.deepspeed_experts.<global>.fc_in.weight` (images:
+`encoder.ffn.0...`), the names DeepSpeed's per-expert files also use. `config.json` records, as provenance, the ep_size it was trained
 with (`trained_with_ep_size`); any ep_size
 loads it: each rank takes the experts `MoEFeedForward.global_expert_indices()` says it holds.
 
 Every load checks key sets and shapes against the config: an unknown, missing or mis-shaped key is an
 error naming it. Pretraining heads (MLM, SOP) that a task model does not have are reported as unused,
-task heads the folder does not have as newly initialised; the encoder must always match exactly.
+task heads the folder does not have (or holds in another shape) as newly initialised; the body must always
+match exactly.
 """
 
 from __future__ import annotations
@@ -31,13 +36,15 @@ from torch import Tensor, nn
 
 from widenet_ds.atomic import atomic_folder, set_default_permissions
 from widenet_ds.errors import CheckpointError, ConfigError
-from widenet_ds.model.config import ModelConfig
+from widenet_ds.model.config import EncoderConfig, ModelConfig
 from widenet_ds.model.moe import MoEFeedForward
 from widenet_ds.model.widenet import (
     WideNetForPreTraining,
     WideNetForQuestionAnswering,
     WideNetForSequenceClassification,
 )
+from widenet_ds.vision.config import VisionConfig
+from widenet_ds.vision.model import ViTWideNetForImageClassification
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
@@ -45,38 +52,83 @@ WEIGHTS_FILE = "model.safetensors"
 README_FILE = "README.md"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _EXPERTS = ".moe.deepspeed_moe.experts.deepspeed_experts."
-_BODY = "widenet."
+# The architecture of a training checkpoint whose marker does not name it: text runs wrote none before the
+# image model joined the checkpoint stack (readers that need the exact task model read it off the heads,
+# `infer_architecture`).
+TEXT_DEFAULT = "WideNetForPreTraining"
 
 
 # --- architectures ----------------------------------------------------------------------------------
-def architectures() -> dict[str, type[nn.Module]]:
-    return {cls.__name__: cls for cls in (WideNetForPreTraining, WideNetForSequenceClassification,
-                                          WideNetForQuestionAnswering)}
+@dataclass(frozen=True)
+class Architecture:
+    """A model class a checkpoint can hold, with the config it is built from.
+
+    body: the key prefixes of the weights every model of its family shares (the encoder and its embeddings);
+    the rest are heads, which may differ between a checkpoint and the model it initialises."""
+
+    model: type[nn.Module]
+    config: type[EncoderConfig]
+    body: tuple[str, ...]
+    takes_num_labels: bool = False  # the model's constructor takes num_labels (not in its config)
+
+    @property
+    def name(self) -> str:
+        return self.model.__name__
+
+    @property
+    def tokenized(self) -> bool:
+        """A text model: its folders carry the tokenizer its embeddings belong to."""
+        return self.config is ModelConfig
+
+    def build(self, cfg: EncoderConfig, num_labels: int | None = None, ep_size: int = 1) -> nn.Module:
+        return self.model(cfg, ep_size=ep_size, **({"num_labels": num_labels} if self.takes_num_labels else {}))
+
+    def is_body(self, key: str) -> bool:
+        return key.startswith(self.body)
 
 
-def _model_kwargs(architecture: str, num_labels: int | None) -> dict[str, Any]:
-    return {"num_labels": num_labels} if architecture == "WideNetForSequenceClassification" else {}
+_TEXT_BODY = ("widenet.",)
+_ARCHITECTURES = (Architecture(WideNetForPreTraining, ModelConfig, _TEXT_BODY),
+                  Architecture(WideNetForSequenceClassification, ModelConfig, _TEXT_BODY, takes_num_labels=True),
+                  Architecture(WideNetForQuestionAnswering, ModelConfig, _TEXT_BODY),
+                  # the HF ViT mapping is checkpoint/hf_vit.py, beside HF ALBERT's (checkpoint/albert.py)
+                  Architecture(ViTWideNetForImageClassification, VisionConfig, ("embeddings.", "encoder.")))
+
+
+def architectures() -> dict[str, Architecture]:
+    return {arch.name: arch for arch in _ARCHITECTURES}
+
+
+def architecture(name: str, where: str = "the checkpoint") -> Architecture:
+    known = architectures()
+    if name not in known:
+        raise CheckpointError(f"{where} names architecture {name!r}, which widenet-ds does not know; known: "
+                              f"{', '.join(known)} (a checkpoint of another program, or of a newer widenet-ds).")
+    return known[name]
 
 
 def infer_architecture(shapes: dict[str, tuple[int, ...]]) -> tuple[str, int | None]:
-    """(architecture, num_labels) from the head keys of a state dict."""
+    """(architecture, num_labels) from the keys of a state dict (checkpoints whose marker does not name it)."""
+    if "embeddings.position" in shapes:  # the image classifier's body has no "widenet." prefix
+        return "ViTWideNetForImageClassification", None
     if "mlm_head.bias" in shapes:
         return "WideNetForPreTraining", None
     if "classifier.weight" in shapes:
         return "WideNetForSequenceClassification", shapes["classifier.weight"][0]
     if "qa_outputs.weight" in shapes:
         return "WideNetForQuestionAnswering", None
-    raise CheckpointError("the weights hold none of the known heads (mlm_head, classifier, qa_outputs); they are not "
-                          "a widenet-ds model's.")
+    raise CheckpointError("the weights hold none of the known heads (mlm_head, classifier, qa_outputs) nor an "
+                          "image model's patch embedding; they are not a widenet-ds model's.")
 
 
-def expected_shapes(architecture: str, cfg: ModelConfig, num_labels: int | None = None) -> dict[str, tuple[int, ...]]:
+def expected_shapes(architecture_name: str, cfg: EncoderConfig,
+                    num_labels: int | None = None) -> dict[str, tuple[int, ...]]:
     """Every key (experts by global index) and its shape, from a model built on the meta device."""
-    classes = architectures()
-    if architecture not in classes:
-        raise CheckpointError(f"unknown architecture {architecture!r}; known: {', '.join(classes)}.")
+    arch = architecture(architecture_name)
+    if not isinstance(cfg, arch.config):
+        raise CheckpointError(f"{arch.name} is built from a {arch.config.__name__}, not a {type(cfg).__name__}.")
     with torch.device("meta"):  # ep_size 1: every expert, by global index
-        model = classes[architecture](cfg, **_model_kwargs(architecture, num_labels))
+        model = arch.build(cfg, num_labels)
     return {key: tuple(t.shape) for key, t in model.state_dict().items()}
 
 
@@ -125,7 +177,7 @@ def is_expert_key(key: str) -> bool:
 class PortableCheckpoint:
     """Full weights (experts by global index), the config they belong to, and where they came from."""
 
-    config: ModelConfig
+    config: EncoderConfig  # the architecture's config type (ModelConfig, VisionConfig)
     architecture: str
     state: dict[str, Tensor]
     num_labels: int | None = None
@@ -201,14 +253,17 @@ def _readme(checkpoint: PortableCheckpoint, dtype: str, tokenizer_names: list[st
     experts = (f"{cfg.moe.num_experts} experts (stored by global index"
                + (f"; trained with ep_size {trained}" if trained else "") + ")"
                if cfg.is_moe else "dense FFN")
+    image = (f", {cfg.image_size} px images in patches of {cfg.patch_size}, {cfg.num_classes} classes"
+             if isinstance(cfg, VisionConfig) else "")
     lines = [f"# {checkpoint.architecture} (widenet-ds checkpoint folder, format {FORMAT_VERSION})", "",
              f"- written: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
-             f"- model: hidden {cfg.hidden_size}, {cfg.num_layers} blocks, {experts}",
-             f"- weights: {WEIGHTS_FILE} ({dtype})",
-             f"- tokenizer: {', '.join(tokenizer_names) if tokenizer_names else 'not included'}"]
+             f"- model: hidden {cfg.hidden_size}, {cfg.num_layers} blocks, {experts}{image}",
+             f"- weights: {WEIGHTS_FILE} ({dtype})"]
+    if architecture(checkpoint.architecture).tokenized:
+        lines.append(f"- tokenizer: {', '.join(tokenizer_names) if tokenizer_names else 'not included'}")
     lines += [f"- {key}: {value}" for key, value in sorted(checkpoint.provenance.items())]
-    lines += ["", "Load with `widenet_ds.checkpoint.load.load_pretrained(WideNetForPreTraining, folder)` (or a task model's, whose head is then "
-                  "newly initialised); see docs/checkpoints.md.", ""]
+    lines += ["", f"Load with `widenet_ds.checkpoint.load.load_pretrained({checkpoint.architecture}, folder)` (or "
+                  f"with a model whose head differs, which is then newly initialised); see docs/checkpoints.md.", ""]
     return "\n".join(lines)
 
 
@@ -228,6 +283,15 @@ def read_folder_config(folder: Path) -> Any:
         raise CheckpointError(f"{config_path} is not valid JSON: {err}.") from None
 
 
+def stored_model_config(config: dict[str, Any], where: Path) -> dict[str, Any]:
+    """The model config a folder's config.json holds: under "model", or "vision_model" in image folders
+    written before the image model joined this format."""
+    stored = config.get("model", config.get("vision_model"))
+    if not isinstance(stored, dict):
+        raise CheckpointError(f"{where} has no 'model' entry; the folder is damaged, convert it again.")
+    return stored
+
+
 def read_folder(folder: Path) -> PortableCheckpoint:
     folder = Path(folder)
     config_path = folder / CONFIG_FILE
@@ -236,11 +300,11 @@ def read_folder(folder: Path) -> PortableCheckpoint:
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{config_path} has format_version {version!r}; this widenet-ds reads version "
                               f"{FORMAT_VERSION} (a folder of another program, or of a newer widenet-ds).")
-    for key in ("architecture", "model"):
-        if key not in config:
-            raise CheckpointError(f"{config_path} has no {key!r} entry; the folder is damaged, convert it again.")
+    if "architecture" not in config:
+        raise CheckpointError(f"{config_path} has no 'architecture' entry; the folder is damaged, convert it again.")
+    arch = architecture(config["architecture"], str(config_path))
     try:
-        model_config, run_settings = ModelConfig.from_stored(config["model"])
+        model_config, run_settings = arch.config.from_stored(stored_model_config(config, config_path))
     except ConfigError as err:
         raise CheckpointError(f"{config_path}: {err}") from None
     weights_path = folder / WEIGHTS_FILE

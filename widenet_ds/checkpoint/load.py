@@ -1,8 +1,16 @@
-"""Loading weights into a model: from a portable folder or any DeepSpeed checkpoint, any ep_size.
+"""Loading weights into a model: from a portable folder or any DeepSpeed checkpoint, any ep_size, text or image.
 
 `load_pretrained(cls, source)` is the one answer to "how do I load a checkpoint?": it reads the source
 (`read_checkpoint`: a folder, a DeepSpeed tag folder, a checkpoints folder or a run's output folder),
-builds `cls` with the saved config and copies the weights, each rank taking its own experts.
+builds `cls` with the saved config and copies the weights, each rank taking its own experts. A model built
+from a config of its own (a trainer's `--init-from` with other classes) takes them with
+`load_into(model, read_checkpoint(source), source)`; `match_weights` makes the same checks before any model
+exists, so that a trainer can refuse a misfit before it builds anything.
+
+The rule, for every architecture: the body (the encoder and its embeddings) must match key for key and shape
+for shape, and in its branch layout; a head the checkpoint lacks or holds in another shape (another
+num_classes or num_labels, pre-logits on or off, another task's head) is newly initialised, and a checkpoint
+head the model has no place for is unused; the report lists both.
 """
 
 from __future__ import annotations
@@ -11,21 +19,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from widenet_ds.checkpoint.deepspeed import read_deepspeed_checkpoint
 from widenet_ds.checkpoint.format import (
-    _BODY,
+    Architecture,
     PortableCheckpoint,
+    architecture,
+    expected_shapes,
     global_key_map,
     is_expert_key,
     is_folder,
     read_folder,
 )
-from widenet_ds.checkpoint.training import config_differences, read_meta, resolve_tag_dir
+from widenet_ds.checkpoint.training import check_explicit_config, config_differences, read_meta, resolve_tag_dir
 from widenet_ds.data.tokenizer import tokenizer_files_in
 from widenet_ds.errors import CheckpointError
-from widenet_ds.model.config import ModelConfig
+from widenet_ds.model.config import EncoderConfig
 from widenet_ds.model.moe import MoEFeedForward
 
 
@@ -36,14 +46,70 @@ def read_checkpoint(source: Path, *, tag: str | None = None, model_config: Path 
             raise CheckpointError(f"{source} is a checkpoint folder, which has no tags; drop the tag {tag!r}.")
         checkpoint = read_folder(source)
         if model_config is not None:
-            diffs = [d for d in config_differences(checkpoint.config.to_dict(), ModelConfig.from_json(model_config)
-                                                   .to_dict()) if not d.startswith("moe.ep_size:")]
-            if diffs:
-                raise CheckpointError(f"--model-config {model_config} differs from the model config recorded in "
-                                      f"{source}/config.json:\n  " + "\n  ".join(diffs) + "\nThe recorded config is "
-                                      "the one the weights were trained with; drop --model-config.")
+            check_explicit_config(checkpoint.config, model_config, f"{source}/config.json")
         return checkpoint
     return read_deepspeed_checkpoint(source, tag=tag, model_config=model_config)
+
+
+def _same_family(checkpoint: PortableCheckpoint, arch: Architecture, source: str) -> None:
+    saved = architecture(checkpoint.architecture)
+    if saved.config is not arch.config:
+        def reads(a: Architecture) -> str:
+            return "text" if a.tokenized else "images"
+        raise CheckpointError(f"{source} holds a {saved.name}, which reads {reads(saved)}; it cannot initialise a "
+                              f"{arch.name}, which reads {reads(arch)} (their bodies differ). Start from a "
+                              f"checkpoint of a {arch.config.__name__} model.")
+
+
+@dataclass
+class WeightMatch:
+    """Which of a checkpoint's weights a model takes; keys are global (experts by global index)."""
+
+    load: dict[str, Tensor]  # the checkpoint's tensors that fit the model
+    new: list[str]           # the model's head keys the checkpoint lacks or holds in another shape
+    unused: list[str]        # the checkpoint's head keys the model has no place for
+
+
+def match_weights(checkpoint: PortableCheckpoint, architecture_name: str, cfg: EncoderConfig, source: str, *,
+                  num_labels: int | None = None, shapes: dict[str, tuple[int, ...]] | None = None) -> WeightMatch:
+    """The checkpoint's weights for a model of `architecture_name` built from `cfg`; a body that does not fit
+    is an error naming the keys and the fix.
+
+    shapes: the model's keys (global) and shapes; default those of `cfg` with every expert (a model with
+    ep_size > 1 passes its own: the experts of the other ranks are then not its keys, and not unused)."""
+    arch = architecture(architecture_name, "the model")
+    _same_family(checkpoint, arch, source)
+    saved = checkpoint.config
+    branched = max(saved.num_branches, cfg.num_branches) > 1
+    if branched and (saved.num_branches, saved.layers_per_branch) != (cfg.num_branches, cfg.layers_per_branch):
+        # The same keys can hold another layout (12 blocks as 3 x 4 or 4 x 3): compare the layouts themselves.
+        raise CheckpointError(f"{source} holds {saved.num_branches} branch(es) x {saved.layers_per_branch} layers, "
+                              f"the model {cfg.num_branches} x {cfg.layers_per_branch}; build the model with the "
+                              f"checkpoint's layout: --set num_branches={saved.num_branches} "
+                              f"--set num_layers={saved.num_layers}.")
+    if shapes is None:
+        shapes = expected_shapes(arch.name, cfg, num_labels)
+    load, new, misfits = {}, [], []
+    for key, shape in shapes.items():
+        tensor = checkpoint.state.get(key)
+        if tensor is not None and tuple(tensor.shape) == shape:
+            load[key] = tensor
+        elif arch.is_body(key):
+            misfits.append(f"{key}: {tuple(tensor.shape) if tensor is not None else 'absent'} in the checkpoint, "
+                           f"{shape} in the model")
+        else:
+            new.append(key)
+    unused = sorted(key for key in checkpoint.state if key not in shapes and not is_expert_key(key))
+    misfits += [f"{key}: in the checkpoint, not in the model" for key in unused if arch.is_body(key)]
+    if misfits:
+        diffs = config_differences(saved.to_dict(), cfg.to_dict())
+        raise CheckpointError(f"{source}: the weights do not fit the body of {arch.name}:\n  "
+                              + "\n  ".join(misfits[:8]) + (f"\n  ... {len(misfits) - 8} more" if len(misfits) > 8
+                                                          else "")
+                              + "\nBuild the model with the checkpoint's config; only the head may differ "
+                                "(num_classes, pre_logits, num_labels)"
+                              + (": the configs differ in\n  " + "\n  ".join(diffs[:8]) if diffs else "") + ".")
+    return WeightMatch(load, sorted(new), unused)
 
 
 @dataclass
@@ -75,31 +141,18 @@ class LoadReport:
 
 
 def load_into(model: nn.Module, checkpoint: PortableCheckpoint, source: str) -> LoadReport:
-    """Copy a checkpoint's weights into `model` (any ep_size); heads may differ, the encoder may not."""
+    """Copy a checkpoint's weights into `model` (any ep_size): the body must fit (`match_weights`), a head of
+    another shape or absent keeps the model's own initialisation."""
     to_global = global_key_map(model)
     own = model.state_dict()
-    same_head = type(model).__name__ == checkpoint.architecture
-    wanted = {key for key in to_global.values()}
-    new = sorted(local for local, key in to_global.items() if key not in checkpoint.state)
-    unused = sorted(key for key in checkpoint.state if key not in wanted and not is_expert_key(key))
-    body_problems = [k for k in new + unused if k.startswith(_BODY)]
-    if body_problems or (same_head and (new or unused)):
-        raise CheckpointError(f"{source}: weights do not fit {type(model).__name__} -- missing "
-                              f"{[k for k in new][:6]}, unknown {unused[:6]}; the model config differs from the "
-                              f"checkpoint's (load with the checkpoint's config).")
-    loaded = {}
-    for local, key in to_global.items():
-        if key in checkpoint.state:
-            tensor = checkpoint.state[key]
-            if tuple(tensor.shape) != tuple(own[local].shape):
-                raise CheckpointError(f"{source}: {key} has shape {tuple(tensor.shape)}, the model expects "
-                                      f"{tuple(own[local].shape)}; the model config differs from the checkpoint's.")
-            loaded[local] = tensor
+    shapes = {to_global[local]: tuple(tensor.shape) for local, tensor in own.items()}
+    match = match_weights(checkpoint, type(model).__name__, model.cfg, source, shapes=shapes)
+    loaded = {local: match.load[key] for local, key in to_global.items() if key in match.load}
     missing, unexpected = model.load_state_dict(loaded, strict=False)
-    assert sorted(missing) == new and not unexpected, (missing, unexpected)
+    assert sorted(missing) == match.new and not unexpected, (missing, unexpected)  # heads: local key = global key
     moe_layers = [m for m in model.modules() if isinstance(m, MoEFeedForward)]
     experts = sorted({i for m in moe_layers for i in m.global_expert_indices()})
-    return LoadReport(source, checkpoint.architecture, len(loaded), new, unused, experts,
+    return LoadReport(source, checkpoint.architecture, len(loaded), match.new, match.unused, experts,
                       checkpoint.provenance.get("trained_with_ep_size") if checkpoint.config.is_moe else None,
                       moe_layers[0].ep_size if moe_layers else None, dict(checkpoint.provenance))
 
@@ -109,18 +162,22 @@ def load_pretrained(cls: type[nn.Module], source, *, ep_size: int = 1, model_ove
                     **model_kwargs: Any) -> tuple[nn.Module, LoadReport]:
     """`load_pretrained(cls, source)` -> (model, report): build `cls` with the saved config, load the weights.
 
+    cls: any architecture of checkpoint/format.py (text: WideNetForPreTraining, ...ForSequenceClassification,
+      ...ForQuestionAnswering; images: ViTWideNetForImageClassification) of the checkpoint's family.
     source: a checkpoint folder, or a DeepSpeed checkpoint of any ep_size and world size (a tag folder, a
       checkpoints folder or a run's output folder; `tag` picks one, default the latest complete one).
-    model_overrides: config fields that keep the shapes (dropouts, `moe.capacity_factor`, ...), `moe` as a
-      dict (`ModelConfig.replace`).
+    model_overrides: config fields to change (`replace`; `moe` as a dict): ones that keep the shapes (dropouts,
+      `moe.capacity_factor`, ...), or the head's (`num_classes`, `pre_logits`: that head is newly initialised).
     ep_size: this run's expert parallelism (default 1: every expert in this process).
     model_config: a model-config JSON for DeepSpeed checkpoints that do not record theirs.
-    model_kwargs: the task model's own arguments (`num_labels` for sequence classification).
+    model_kwargs: the model's own arguments (`num_labels` for sequence classification).
     Log `report.summary()`: what was loaded, newly initialised and left unused.
     """
     checkpoint = read_checkpoint(Path(source), tag=tag, model_config=model_config)
+    arch = architecture(cls.__name__, "the model")
+    _same_family(checkpoint, arch, str(source))
     cfg = checkpoint.config.replace(**dict(model_overrides or {}))
-    if cls.__name__ == checkpoint.architecture == "WideNetForSequenceClassification":
+    if arch.takes_num_labels and arch.name == checkpoint.architecture:
         model_kwargs.setdefault("num_labels", checkpoint.num_labels)
     model = cls(cfg, ep_size=ep_size, **model_kwargs)
     return model, load_into(model, checkpoint, str(source))

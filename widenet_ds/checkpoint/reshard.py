@@ -10,7 +10,8 @@ optimizer. Load it with
     engine.load_checkpoint(dir, tag, load_optimizer_states=False, load_lr_scheduler_states=False,
                            load_module_only=True)
 
-which is what `pretrain --init-from` does (widenet_ds.checkpoint.training.load_weights_only).
+which is what `pretrain --init-from` does (widenet_ds.checkpoint.training.load_weights_only). Text and image
+checkpoints alike (the marker's architecture and every other entry are carried over).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def reshard(source: Path, target: Path, *, ep_size: int, world_size: int, tag: s
         out.mkdir()
         torch.save(states, out / MODEL_STATES)
         if cfg.is_moe:
-            for layer in range(1 if cfg.share_ffn else cfg.num_layers):
+            for layer in range(cfg.num_moe_layers):
                 for expert in range(cfg.moe.num_experts):
                     shutil.copyfile(expert_file(tag_dir, layer, expert), expert_file(out, layer, expert))
         (out / META_FILE).write_text(json.dumps(new_meta, indent=2, sort_keys=True) + "\n")

@@ -31,7 +31,8 @@ import torch.distributed as torch_dist
 
 from widenet_ds.atomic import atomic_write_json, atomic_write_text
 from widenet_ds.errors import CheckpointError, ConfigError
-from widenet_ds.model.config import ModelConfig, split_run_settings
+from widenet_ds.checkpoint.format import TEXT_DEFAULT, architecture
+from widenet_ds.model.config import EncoderConfig, split_run_settings
 
 META_FILE = "widenet_checkpoint.json"
 LATEST_FILE = "latest"
@@ -200,13 +201,26 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: s
     return lines
 
 
-def check_same_model(saved_config: dict[str, Any], model_config: dict[str, Any], where: Path) -> None:
+def check_explicit_config(recorded: EncoderConfig, explicit: Path, where: str) -> None:
+    """An explicit --model-config may only repeat the config a checkpoint records (`where`): a different
+    activation or LayerNorm epsilon keeps every shape, so nothing else would notice the weights are misread."""
+    given = type(recorded).from_json(explicit)
+    diffs = [d for d in config_differences(recorded.to_dict(), given.to_dict()) if not d.startswith("moe.ep_size:")]
+    if diffs:
+        raise CheckpointError(f"--model-config {explicit} differs from the model config recorded in {where}:\n  "
+                              + "\n  ".join(diffs) + "\nThe recorded config is the one the weights were trained "
+                              "with; drop --model-config.")
+
+
+def check_same_model(saved_config: dict[str, Any], model_config: dict[str, Any], where: Path,
+                     architecture_name: str | None = None) -> None:
     """Refuse a checkpoint of another model config than this run's, naming the differing fields."""
     saved, _ = split_run_settings(saved_config)
-    try:  # a text model's config, written by an older version: fields added since take their defaults
-        saved = ModelConfig.from_dict(saved).to_dict()
+    config_type = architecture(architecture_name or TEXT_DEFAULT, str(Path(where) / META_FILE)).config
+    try:  # written by an older version: fields added since take their defaults
+        saved = config_type.from_dict(saved).to_dict()
     except ConfigError:
-        pass  # another config type (vision), compared as stored
+        pass  # no longer a valid config: compared as stored, the differences name what changed
     diffs = config_differences(saved, model_config)
     if diffs:
         raise CheckpointError(f"checkpoint {where} is of another model config; differing fields:\n  "

@@ -1,4 +1,5 @@
-"""Typed, validated model configuration and the named presets.
+"""Typed, validated model configuration: the encoder's (`EncoderConfig`), which the text `ModelConfig` here and
+the image `VisionConfig` (widenet_ds/vision/config.py) extend, the MoE's, and the text presets.
 
 Every field is checked at construction; errors name the field and the fix. Configs round-trip through
 JSON (`to_json` / `from_json`), and unknown keys are refused rather than silently ignored.
@@ -52,7 +53,7 @@ def check_fraction(obj: Any, *names: str) -> None:
 
 # Run settings that configs written before widenet-ds 0.2 kept in the model config. They are not part of
 # the model: the expert-parallel size is `--ep-size` and activation checkpointing `--activation-checkpointing`
-# of a run. Stored configs (checkpoints, folders) that carry them still load (`ModelConfig.from_stored`).
+# of a run. Stored configs (checkpoints, folders) that carry them still load (`EncoderConfig.from_stored`).
 RUN_SETTINGS = {"activation_checkpointing": "--activation-checkpointing", "ep_size": "--ep-size"}
 
 
@@ -63,8 +64,9 @@ def dataclass_from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     for key in data:
         if key in RUN_SETTINGS and key not in names:
+            flag = RUN_SETTINGS[key] + ("" if isinstance(data[key], bool) else f" {data[key]}")
             raise ConfigError(f"{where}: {key!r} is a run setting, not part of the model config; remove it and "
-                              f"pass {RUN_SETTINGS[key]} to the pretraining or finetuning run.")
+                              f"pass {flag} to the training run.")
         if key not in names:
             hint = difflib.get_close_matches(key, names, n=1)
             fix = f" Did you mean {hint[0]!r}?" if hint else f" Known keys: {sorted(names)}."
@@ -118,51 +120,6 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         else:
             overrides[key] = value
     return overrides
-
-
-class ConfigFile:
-    """Presets and JSON files, shared by the text (`ModelConfig`) and vision (`VisionConfig`) configs: a
-    subclass is a dataclass with a `moe` field that names its presets and what it is called in errors."""
-
-    NAME: ClassVar[str]         # "model config": how errors name a config file
-    PRESET_NAME: ClassVar[str]  # "preset": how errors name a preset
-
-    @classmethod
-    def presets(cls) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Self:
-        data = dict(data)
-        data.pop("format_version", None)
-        return dataclass_from_dict(cls, data, cls.__name__)
-
-    def replace(self, **changes: Any) -> Self:
-        """A copy with fields changed; `moe` as a dict of MoE fields to change."""
-        data = self.to_dict()
-        data["moe"] = {**data["moe"], **(changes.pop("moe", None) or {})}
-        return type(self).from_dict({**data, **changes})
-
-    def to_json(self, path: str | os.PathLike) -> None:
-        atomic_write_json(path, {"format_version": FORMAT_VERSION, **self.to_dict()}, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, path: str | os.PathLike) -> Self:
-        return cls.from_dict(read_config_json(path, cls.NAME, cls.presets()))
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> Self:
-        return cls.from_dict(preset_data(name, cls.presets(), cls.PRESET_NAME, overrides))
-
-    @classmethod
-    def load(cls, name_or_path: str, **overrides: Any) -> Self:
-        """A preset name or a JSON file, plus field overrides (`moe` as a dict)."""
-        if name_or_path in cls.presets():
-            return cls.from_preset(name_or_path, **overrides)
-        return cls.from_json(name_or_path).replace(**overrides)
 
 
 def split_run_settings(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -234,99 +191,87 @@ class MoEConfig:
 
 
 @dataclass
-class ModelConfig(ConfigFile):
-    """A WideNet / ALBERT / BERT-with-factorized-embeddings encoder and its heads.
+class EncoderConfig:
+    """The WideNet encoder both model families are built on: its dimensions, dropouts, LayerNorm epsilon, init
+    range, activation, sharing flags, FFN kind, ParaFormer branches, residual form, q/k/v biases and the MoE,
+    with their checks. `ModelConfig` (text) and `VisionConfig` (images) extend it with their embeddings and heads.
 
-    Sharing flags express the paper's Table 3 ablations without code forks:
-    `share_attention`, `share_ffn` (one MoE or FFN for all blocks), `share_layernorm` (ALBERT) and
-    `ffn = "dense"` (a plain FFN, not a one-expert MoE). `routing_groups` G splits the blocks into G
-    groups that reuse the routing computed at each group's first block (G = num_layers routes every block).
+    Inheritance, not composition: a stored config is one flat JSON object (written since 0.1, and hashed into
+    every checkpoint marker), and every caller reads `cfg.hidden_size`; a subclass keeps both as they are, and
+    its fields, defaults and checks sit beside the shared ones. A subclass may give a shared field another
+    default (images: dropout 0.1, eps 1e-6, tanh-GELU, as the authors' ViT) by declaring it again.
+
+    Sharing flags express the paper's Table 3 ablations without code forks: `share_attention`, `share_ffn`
+    (one MoE or FFN for all blocks), `share_layernorm` (ALBERT) and `ffn = "dense"` (a plain FFN, not a
+    one-expert MoE).
 
     ParaFormer's layout: `num_branches` N > 1 arranges the num_layers blocks as N parallel branches of
     num_layers / N blocks (branch b holds blocks b*L..b*L+L-1), all reading the embedded input; their output
     sequences are summed (see widenet_ds/model/branches.py). `residual = "normed"` is its sub-layer form
     LN(x) + f(LN(x)) (pre-LN only); "standard" is x + f(LN(x)) (pre-LN) or LN(x + f(x)) (post-LN).
     `qkv_bias = false` drops the query/key/value biases (ParaFormer's and lucidrains' ViT).
+
+    A subclass says where the LayerNorms sit: `norm_position`, a field of text configs and a constant ("pre")
+    of image configs; and may let blocks share one routing decision (`blocks_per_routing_group`).
     """
 
-    NAME: ClassVar[str] = "model config"
-    PRESET_NAME: ClassVar[str] = "preset"
+    NAME: ClassVar[str]         # "model config": how errors name a config file of the subclass
+    PRESET_NAME: ClassVar[str]  # "preset": how errors name one of its presets
 
-    vocab_size: int = 30000
-    embedding_size: int = 128
     hidden_size: int = 768
     num_layers: int = 12
     num_heads: int = 12
     intermediate_size: int = 3072
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
-    classifier_dropout: float = 0.1
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     activation: Activation = "gelu"
-    norm_position: NormPosition = "post"
     share_attention: bool = True
     share_ffn: bool = True
     share_layernorm: bool = False
     ffn: FFNKind = "moe"
-    routing_groups: int | None = None
     num_branches: int = 1
     residual: Residual = "standard"
     qkv_bias: bool = True
     moe: MoEConfig = field(default_factory=MoEConfig)
 
     def __post_init__(self) -> None:
+        name = type(self).__name__
         if isinstance(self.moe, dict):
-            self.moe = dataclass_from_dict(MoEConfig, self.moe, "ModelConfig.moe")
-        check_positive(self, "vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads",
-                        "intermediate_size", "max_position_embeddings", "type_vocab_size", "layer_norm_eps",
+            self.moe = dataclass_from_dict(MoEConfig, self.moe, f"{name}.moe")
+        check_positive(self, "hidden_size", "num_layers", "num_heads", "intermediate_size", "layer_norm_eps",
                         "initializer_range")
-        check_fraction(self, "hidden_dropout", "attention_dropout", "classifier_dropout")
-        for name, literal in (("activation", Activation), ("norm_position", NormPosition), ("ffn", FFNKind),
-                              ("residual", Residual)):
-            check_choice(self, name, literal)
+        check_fraction(self, "hidden_dropout", "attention_dropout")
+        for field_name, literal in (("activation", Activation), ("ffn", FFNKind), ("residual", Residual)):
+            check_choice(self, field_name, literal)
         if self.hidden_size % self.num_heads:
             raise ConfigError(
-                f"ModelConfig.hidden_size = {self.hidden_size} is not divisible by num_heads = {self.num_heads}; "
+                f"{name}.hidden_size = {self.hidden_size} is not divisible by num_heads = {self.num_heads}; "
                 f"choose num_heads dividing hidden_size (e.g. {self.hidden_size // 64 or 1} heads of 64).")
-        if self.routing_groups is None:
-            self.routing_groups = self.num_layers
-        if self.ffn == "moe":
-            if not 1 <= self.routing_groups <= self.num_layers or self.num_layers % self.routing_groups:
-                raise ConfigError(
-                    f"ModelConfig.routing_groups = {self.routing_groups} must divide num_layers = "
-                    f"{self.num_layers}; use a divisor (num_layers routes at every block).")
-            if self.routing_groups != self.num_layers and not self.share_ffn:
-                raise ConfigError(
-                    "ModelConfig.routing_groups < num_layers reuses one router's decisions across blocks, "
-                    "which needs share_ffn = true; set share_ffn = true or routing_groups = num_layers.")
         if self.share_layernorm and not (self.share_attention and self.share_ffn):
             raise ConfigError(
-                "ModelConfig.share_layernorm = true with unshared attention/FFN has no counterpart in the paper "
-                "or ALBERT; share attention and FFN too, or set share_layernorm = false.")
+                f"{name}.share_layernorm = true with unshared attention/FFN has no counterpart in the paper or "
+                f"ALBERT; share attention and FFN too, or set share_layernorm = false.")
         if self.residual == "normed" and self.norm_position != "pre":
-            raise ConfigError("ModelConfig.residual = 'normed' (ParaFormer's LN(x) + f(LN(x))) is a pre-LN form; set "
-                              "norm_position = 'pre' or residual = 'standard'.")
+            raise ConfigError(f"{name}.residual = 'normed' (ParaFormer's LN(x) + f(LN(x))) is a pre-LN form; set "
+                              f"norm_position = 'pre' or residual = 'standard'.")
         self._check_branches()
 
     def _check_branches(self) -> None:
+        name = type(self).__name__
         check_positive(self, "num_branches")
         if self.num_branches == 1:
             return
         if self.num_layers % self.num_branches:
-            raise ConfigError(f"ModelConfig.num_branches = {self.num_branches} must divide num_layers = "
+            raise ConfigError(f"{name}.num_branches = {self.num_branches} must divide num_layers = "
                               f"{self.num_layers} (branches of equal depth); e.g. 12 layers as 3 x 4 or 4 x 3.")
         if self.share_layernorm:
-            raise ConfigError("ModelConfig.num_branches > 1 with share_layernorm = true: every branch would compute "
-                              "the same function; keep LayerNorms per block (share_layernorm = false).")
+            raise ConfigError(f"{name}.num_branches > 1 with share_layernorm = true: every branch would compute "
+                              f"the same function; keep LayerNorms per block (share_layernorm = false).")
         if self.is_moe and not self.share_ffn:
-            raise ConfigError("ModelConfig.num_branches > 1 supports one shared MoE (WideNet) or dense FFNs; an MoE "
-                              "per block is not supported: set share_ffn = true or ffn = 'dense'.")
-        if self.is_moe and self.routing_groups != self.num_layers:
-            raise ConfigError("ModelConfig.routing_groups cannot be combined with num_branches > 1 (each depth routes "
-                              "once over all branches); leave routing_groups unset.")
+            raise ConfigError(f"{name}.num_branches > 1 supports one shared MoE (WideNet) or dense FFNs; an MoE "
+                              f"per block is not supported: set share_ffn = true or ffn = 'dense'.")
 
     # -- derived -------------------------------------------------------------------------------------
     @property
@@ -342,37 +287,138 @@ class ModelConfig(ConfigFile):
         return self.num_layers // self.num_branches
 
     @property
-    def num_routing_calls(self) -> int:
-        """Routing calls per forward: one per block, fewer with routing groups; with branches one per depth
-        (over the tokens of all active branches)."""
+    def experts_width(self) -> int:
+        """The experts' hidden width."""
+        return self.intermediate_size
+
+    @property
+    def blocks_per_routing_group(self) -> int:
+        """Consecutive blocks that reuse the routing of the group's first block (1: every MoE block routes)."""
+        return 1
+
+    @property
+    def moe_block_indices(self) -> list[int]:
+        """Blocks whose FFN is an MoE."""
+        return list(range(self.num_layers)) if self.is_moe else []
+
+    @property
+    def num_moe_layers(self) -> int:
+        """MoE modules the model holds: one when shared, else one per MoE block (DeepSpeed files the experts
+        of its L-th as layer_<L>_expert_<g>)."""
         if not self.is_moe:
             return 0
-        return self.layers_per_branch if self.num_branches > 1 else self.routing_groups
+        return 1 if self.share_ffn else len(self.moe_block_indices)
 
     @property
     def routing_blocks(self) -> list[int]:
-        """Block index of each routing call: the first block of every routing group (with branches: the
-        depth in the branch)."""
+        """Block index of each routing call of a forward: every MoE block, or the first of each routing group;
+        with branches the depth in the branch (one call per depth over the tokens of all active branches)."""
         if not self.is_moe:
             return []
         if self.num_branches > 1:
             return list(range(self.layers_per_branch))
-        per_group = self.num_layers // self.routing_groups
-        return [group * per_group for group in range(self.routing_groups)]
+        return [i for i in self.moe_block_indices if i % self.blocks_per_routing_group == 0]
 
-    # -- (de)serialisation ---------------------------------------------------------------------------
-    @classmethod
-    def presets(cls) -> dict[str, Any]:
-        return PRESETS
+    @property
+    def num_routing_calls(self) -> int:
+        return len(self.routing_blocks)
 
     @classmethod
-    def from_stored(cls, data: dict[str, Any]) -> tuple["ModelConfig", dict[str, Any]]:
+    def from_stored(cls, data: dict[str, Any]) -> tuple[Self, dict[str, Any]]:
         """A config read back from a checkpoint or folder -> (config, run settings it recorded).
 
         Configs written before widenet-ds 0.2 hold `moe.ep_size` and `activation_checkpointing`; they are
         returned as run settings (provenance), not refused."""
         model, settings = split_run_settings(data)
         return cls.from_dict(model), settings
+
+    # -- presets and JSON files -----------------------------------------------------------------------
+    @classmethod
+    def presets(cls) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        data = dict(data)
+        data.pop("format_version", None)
+        return dataclass_from_dict(cls, data, cls.__name__)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with fields changed; `moe` as a dict of MoE fields to change."""
+        data = self.to_dict()
+        data["moe"] = {**data["moe"], **(changes.pop("moe", None) or {})}
+        return type(self).from_dict({**data, **changes})
+
+    def to_json(self, path: str | os.PathLike) -> None:
+        atomic_write_json(path, {"format_version": FORMAT_VERSION, **self.to_dict()}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> Self:
+        return cls.from_dict(read_config_json(path, cls.NAME, cls.presets()))
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> Self:
+        return cls.from_dict(preset_data(name, cls.presets(), cls.PRESET_NAME, overrides))
+
+    @classmethod
+    def load(cls, name_or_path: str, **overrides: Any) -> Self:
+        """A preset name or a JSON file, plus field overrides (`moe` as a dict)."""
+        if name_or_path in cls.presets():
+            return cls.from_preset(name_or_path, **overrides)
+        return cls.from_json(name_or_path).replace(**overrides)
+
+
+@dataclass
+class ModelConfig(EncoderConfig):
+    """A WideNet / ALBERT / BERT-with-factorized-embeddings text model: the encoder (EncoderConfig), ALBERT's
+    factorized embeddings and the heads' dropout.
+
+    `norm_position`: "post" (BERT, ALBERT) or "pre" (the paper's eq. 6-8, with a final LayerNorm).
+    `routing_groups` G splits the blocks into G groups that reuse the routing computed at each group's first
+    block (G = num_layers routes every block).
+    """
+
+    NAME: ClassVar[str] = "model config"
+    PRESET_NAME: ClassVar[str] = "preset"
+
+    vocab_size: int = 30000
+    embedding_size: int = 128
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    classifier_dropout: float = 0.1
+    norm_position: NormPosition = "post"
+    routing_groups: int | None = None
+
+    def __post_init__(self) -> None:
+        check_positive(self, "vocab_size", "embedding_size", "max_position_embeddings", "type_vocab_size")
+        check_fraction(self, "classifier_dropout")
+        check_choice(self, "norm_position", NormPosition)
+        if self.routing_groups is None:
+            self.routing_groups = self.num_layers
+        super().__post_init__()
+        if self.is_moe:
+            if not 1 <= self.routing_groups <= self.num_layers or self.num_layers % self.routing_groups:
+                raise ConfigError(
+                    f"ModelConfig.routing_groups = {self.routing_groups} must divide num_layers = "
+                    f"{self.num_layers}; use a divisor (num_layers routes at every block).")
+            if self.routing_groups != self.num_layers and not self.share_ffn:
+                raise ConfigError(
+                    "ModelConfig.routing_groups < num_layers reuses one router's decisions across blocks, "
+                    "which needs share_ffn = true; set share_ffn = true or routing_groups = num_layers.")
+            if self.routing_groups != self.num_layers and self.num_branches > 1:
+                raise ConfigError("ModelConfig.routing_groups cannot be combined with num_branches > 1 (each depth "
+                                  "routes once over all branches); leave routing_groups unset.")
+
+    @property
+    def blocks_per_routing_group(self) -> int:
+        return self.num_layers // self.routing_groups if self.is_moe else 1
+
+    @classmethod
+    def presets(cls) -> dict[str, Any]:
+        return PRESETS
 
 
 # --- presets ----------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""Parameter and FLOP counts of the models: parameters counted from instantiated models, by part;
-model FLOPs per token counted from the config, for MFU and speed targets.
+"""Parameter and FLOP counts of the models: parameters counted from instantiated models (text and image), by
+part; model FLOPs per token of the text model counted from the config, for MFU and speed targets. The counts
+of every preset: `widenet-ds params` (widenet_ds/params.py).
 
 FLOP conventions (the usual MFU ones, e.g. PaLM's appendix B, Megatron's):
 * a GEMM [m, k] x [k, n] costs 2 m n k; element-wise work (softmax, LayerNorm, GELU, residuals) and
@@ -17,34 +18,31 @@ FLOP conventions (the usual MFU ones, e.g. PaLM's appendix B, Megatron's):
 
 from __future__ import annotations
 
-import argparse
-import json
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 
-from widenet_ds.model.config import BASE_PRESETS, PRESETS, ModelConfig
+from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.routing import expert_capacity
-from widenet_ds.model.widenet import WideNetForPreTraining
 
 PARTS = ("embeddings", "attention", "experts", "router", "ffn", "norms", "heads")
 
 
 def _part(name: str) -> str:
-    if name.startswith("widenet.embeddings."):
+    name = name.removeprefix("widenet.")  # the text models' body; the image model's has no prefix
+    if name.startswith("embeddings."):  # text: tables and their LayerNorm; images: patches, positions, CLS
         return "norms" if ".norm." in name else "embeddings"
-    if name.startswith("widenet.encoder."):
+    if name.startswith("encoder."):
         if ".gate." in name:
             return "router"
         if ".deepspeed_experts." in name:
             return "experts"
-        if name.startswith("widenet.encoder.attention."):
+        if name.startswith("encoder.attention."):
             return "attention"
-        if name.startswith("widenet.encoder.ffn."):
+        if name.startswith("encoder.ffn."):
             return "ffn"
         return "norms"
-    return "heads"  # pooler, MLM, SOP
+    return "heads"  # text: pooler, MLM, SOP; images: pre-logits, classifier
 
 
 def count_parameters(model: nn.Module) -> dict[str, int]:
@@ -55,30 +53,6 @@ def count_parameters(model: nn.Module) -> dict[str, int]:
             counts[_part(name)] += param.numel()
     counts["total"] = sum(counts.values())
     return counts
-
-
-def preset_counts(name: str) -> dict[str, int]:
-    with torch.device("meta"):  # shapes only: the base presets need no memory or init time
-        model = WideNetForPreTraining(ModelConfig.from_preset(name))
-    return count_parameters(model)
-
-
-def cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="widenet-ds params", description=__doc__)
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--preset", action="append", choices=list(PRESETS),
-                        help="limit to these presets (default: the five base presets)")
-    parser.add_argument("--all", action="store_true", help="every preset, the small CPU ones included")
-    args = parser.parse_args(argv)
-    names = args.preset or (list(PRESETS) if args.all else list(BASE_PRESETS))
-    result = {name: preset_counts(name) for name in names}
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return 0
-    print(f"{'preset':<22}" + "".join(f"{p:>12}" for p in (*PARTS, "total")))
-    for name, counts in result.items():
-        print(f"{name:<22}" + "".join(f"{counts[p]:>12,}" for p in (*PARTS, "total")))
-    return 0
 
 
 # --- FLOPs ---------------------------------------------------------------------------------------------

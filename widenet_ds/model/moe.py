@@ -36,7 +36,7 @@ from deepspeed.moe.sharded_moe import (
 from deepspeed.utils import groups
 from torch import Tensor, nn
 
-from widenet_ds.model.config import ModelConfig, MoEConfig
+from widenet_ds.model.config import EncoderConfig, MoEConfig
 from widenet_ds.model.dropless import dropless_experts
 from widenet_ds.model.grouped_experts import ExpertWeights, batched_expert_ffn
 from widenet_ds.model.routing import Routing, multiplicative_jitter, route_tokens
@@ -111,10 +111,10 @@ def _expert_parallel_rank(ep_size: int) -> int:
 class MoEFeedForward(nn.Module):
     """Router + experts on DeepSpeed's `MoE` container; one call per block that uses it."""
 
-    def __init__(self, cfg: ModelConfig, ep_size: int = 1) -> None:
+    def __init__(self, cfg: EncoderConfig, ep_size: int = 1) -> None:
         super().__init__()
         moe_cfg = cfg.moe
-        expert = FeedForward(cfg.hidden_size, cfg.intermediate_size, cfg.activation)
+        expert = FeedForward(cfg.hidden_size, cfg.experts_width, cfg.activation)
         self.moe = MoE(cfg.hidden_size, expert, num_experts=moe_cfg.num_experts, ep_size=ep_size,
                        k=moe_cfg.top_k, capacity_factor=moe_cfg.capacity_factor,
                        eval_capacity_factor=moe_cfg.eval_capacity_factor, min_capacity=moe_cfg.min_capacity,

@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from widenet_ds.errors import ConfigError
 from widenet_ds.model.branches import BranchParallel, active_branches, branch_blocks, depth_step
-from widenet_ds.model.config import ModelConfig
+from widenet_ds.model.config import EncoderConfig, ModelConfig
 from widenet_ds.model.moe import FeedForward, MoEFeedForward
 from widenet_ds.model.routing import Routing
 
@@ -87,7 +87,7 @@ class FactorizedEmbeddings(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
         self.num_heads = cfg.num_heads
         self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.qkv_bias)
@@ -126,7 +126,7 @@ class WideNetEncoder(nn.Module):
     LayerNorm (widenet_ds/model/branches.py); `forward(..., branches=k)` runs the first k only.
     """
 
-    def __init__(self, cfg: ModelConfig, ep_size: int = 1, ffn: nn.ModuleList | None = None) -> None:
+    def __init__(self, cfg: EncoderConfig, ep_size: int = 1, ffn: nn.ModuleList | None = None) -> None:
         """`ffn`: the FFN of each block (length 1 when shared), to mix dense and MoE blocks (ViT-MoE);
         default: built from cfg."""
         super().__init__()
@@ -155,7 +155,7 @@ class WideNetEncoder(nn.Module):
         self.ffn_norm = copies(layer_norm, cfg.share_layernorm)
         self.final_norm = layer_norm() if cfg.norm_position == "pre" else None
         self.ffn_dropout = nn.Dropout(cfg.hidden_dropout)
-        self.blocks_per_routing_group = blocks // cfg.routing_groups if cfg.is_moe else 1
+        self.blocks_per_routing_group = cfg.blocks_per_routing_group
         # Set by the caller to run this rank's share of the branches (widenet_ds/model/branches.py).
         self.branch_parallel: BranchParallel | None = None
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from widenet_ds.checkpoint.format import global_key_map
+from widenet_ds.checkpoint.load import load_into, match_weights, read_checkpoint
 from widenet_ds.checkpoint.training import CheckpointMeta
 from widenet_ds.errors import CheckpointError, DataError
 from widenet_ds.training.console import say
@@ -21,36 +21,8 @@ from widenet_ds.training.trainer import Task
 from widenet_ds.vision.augment import BatchAugmenter, normalize
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.datasets import ImageSource, load_dataset
-from widenet_ds.vision.export import build_global_state_shapes, read_folder
 from widenet_ds.vision.loader import ImageLoader, default_workers
 from widenet_ds.vision.model import ViTWideNetForImageClassification, count_trainable_parameters
-
-HEAD_PREFIXES = ("classifier.", "pre_logits.")
-
-
-def init_weights_for(model: VisionConfig, folder) -> dict[str, torch.Tensor]:
-    """The folder's weights that fit `model`: a head of another shape (new classes, no pre-logits) is left
-    to its fresh initialisation, as the authors' finetuning drops it; any other mismatch is an error."""
-    saved, state = read_folder(folder)
-    branched = max(saved.num_branches, model.num_branches) > 1
-    if branched and (saved.num_branches, saved.layers_per_branch) != (model.num_branches, model.layers_per_branch):
-        # The common mix-up after `branches expand` / `compress`: the preset's layout instead of the folder's.
-        raise CheckpointError(f"--init-from {folder} holds {saved.num_branches} branch(es) x {saved.layers_per_branch} "
-                              f"layers, this model {model.num_branches} x {model.layers_per_branch}; pass --set "
-                              f"num_branches={saved.num_branches} --set num_layers={saved.num_layers}.")
-    expected = build_global_state_shapes(model)
-    kept, wrong = {}, []
-    for key, shape in expected.items():
-        if key in state and tuple(state[key].shape) == shape:
-            kept[key] = state[key]
-        elif not key.startswith(HEAD_PREFIXES):
-            wrong.append(f"{key}: {tuple(state[key].shape) if key in state else 'absent'} in the folder, {shape} here")
-    if wrong:
-        raise CheckpointError(f"--init-from {folder} does not fit this model's body:\n  " + "\n  ".join(wrong[:8])
-                              + "\nUse the folder's config with only num_classes / pre_logits / head changed (the "
-                                "same image_size and patch_size: the positions must match).")
-    return kept
-
 
 def check_data_fits_model(splits: dict[str, ImageSource], model: VisionConfig, dataset: str) -> None:
     for source in splits.values():
@@ -87,7 +59,10 @@ class ClassifyTask(Task):
             raise DataError(f"{cfg.dataset} at {cfg.data} has no test/val split to evaluate on; add it "
                             f"(ImageFolder: val/<class>/...).")
         check_data_fits_model(self.splits, model, cfg.dataset)
-        self.init_state = init_weights_for(model, cfg.init_from) if cfg.init_from is not None else None
+        self.init = None
+        if cfg.init_from is not None:  # the body must fit; a head of another shape starts fresh
+            self.init = read_checkpoint(cfg.init_from)
+            match_weights(self.init, ViTWideNetForImageClassification.__name__, model, f"--init-from {cfg.init_from}")
         return model
 
     def batches_per_epoch(self, train_batch_size: int) -> int:
@@ -119,12 +94,11 @@ class ClassifyTask(Task):
     # -- building ------------------------------------------------------------------------------------
     def build_model(self) -> tuple[ViTWideNetForImageClassification, list[str]]:
         model = ViTWideNetForImageClassification(self.plan.model_config, self.cfg.ep_size)
-        if self.init_state is None:
+        if self.init is None:
             return model, []
-        mapping = global_key_map(model)
-        model.load_state_dict({k: self.init_state[g] for k, g in mapping.items() if g in self.init_state}, strict=False)
-        fresh = sorted({k.split(".")[0] for k, g in mapping.items() if g not in self.init_state})
-        return model, [f"weights from {self.cfg.init_from}" + (f"; new {', '.join(fresh)}" if fresh else "")]
+        report = load_into(model, self.init, f"--init-from {self.cfg.init_from}")
+        self.init = None  # the weights are in the model now
+        return model, [f"weights from {self.cfg.init_from} (new optimizer and schedule)", *report.summary().splitlines()]
 
     def train_loader(self) -> ImageLoader:
         return self.loader

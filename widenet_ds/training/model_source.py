@@ -6,35 +6,41 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from widenet_ds.checkpoint.format import is_folder, read_folder_config
+from widenet_ds.checkpoint.format import TEXT_DEFAULT, architecture, is_folder, read_folder_config, stored_model_config
 from widenet_ds.checkpoint.training import read_meta, resolve_tag_dir
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.model.config import parse_overrides, split_run_settings
 
 
-def stored_model_config(config_class, source: Path, flag: str):
-    """The model config a checkpoint folder or DeepSpeed checkpoint records."""
+def _is_checkpoint(source: Path) -> bool:
+    return is_folder(source) or (source / "checkpoints").is_dir() or (source / "latest").is_file() \
+        or any(source.glob("*_model_states.pt"))
+
+
+def checkpoint_model_config(config_class, source: Path, flag: str):
+    """The model config a checkpoint folder or DeepSpeed checkpoint records, of this task's config type."""
     source = Path(source)
-    if source.is_dir() and not is_folder(source) and not (source / "checkpoints").is_dir() \
-            and not any(source.glob("*_model_states.pt")) and not (source / "latest").is_file():
+    if source.is_dir() and not _is_checkpoint(source):
         raise ConfigError(f"{flag} {source} is a directory but not a checkpoint (no config.json, no DeepSpeed "
                           f"checkpoint); pass a preset, a model-config JSON, a folder written by `widenet-ds convert "
                           f"to-folder`, or a run folder.")
     if is_folder(source):
         stored = read_folder_config(source)
-        data = stored.get("model", stored.get("vision_model")) if isinstance(stored, dict) else None
-        where = f"{source}/config.json"
+        where = source / "config.json"
+        name, data = stored.get("architecture", TEXT_DEFAULT), stored_model_config(stored, where)
     else:
-        tag_dir = resolve_tag_dir(source)
-        data = read_meta(tag_dir).get("model_config")
-        where = f"{tag_dir}/widenet_checkpoint.json"
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{where} holds no model config; convert the checkpoint again.")
+        where = resolve_tag_dir(source) / "widenet_checkpoint.json"
+        meta = read_meta(where.parent)
+        name, data = meta.get("architecture") or TEXT_DEFAULT, meta.get("model_config")
+    arch = architecture(name, str(where))
+    if arch.config is not config_class:
+        raise CheckpointError(f"{flag} {source} holds a {arch.name}, whose {arch.config.NAME} is not this task's "
+                              f"({config_class.NAME}); pass a checkpoint of the model this task trains.")
     try:
         return config_class.from_dict(split_run_settings(data)[0])
-    except ConfigError as err:
-        raise CheckpointError(f"{where} holds no {config_class.NAME} of this task ({err}); pass a checkpoint of "
-                              f"this kind of model.") from None
+    except (ConfigError, TypeError) as err:
+        raise CheckpointError(f"{where} holds no readable {config_class.NAME} ({err}); convert the checkpoint "
+                              f"again.") from None
 
 
 def resolve_model_config(config_class, model_config: str | None, init_from: Path | None, overrides: list[str],
@@ -43,9 +49,9 @@ def resolve_model_config(config_class, model_config: str | None, init_from: Path
     `init_from`'s; then the `--set` overrides."""
     changes = parse_overrides(overrides)
     if model_config is None:
-        return stored_model_config(config_class, init_from, "--init-from").replace(**changes)
+        return checkpoint_model_config(config_class, init_from, "--init-from").replace(**changes)
     if Path(model_config).is_dir():
-        return stored_model_config(config_class, Path(model_config), "--model-config").replace(**changes)
+        return checkpoint_model_config(config_class, Path(model_config), "--model-config").replace(**changes)
     if model_config in config_class.presets():
         moe = {**(preset_fields or {}).get("moe", {}), **changes.pop("moe", {})}
         return config_class.from_preset(model_config, **{**(preset_fields or {}), **changes, "moe": moe})

@@ -74,7 +74,7 @@ def find_resume_point(cfg: RunConfig, folder: RunFolder, model_config: dict[str,
         return None  # nothing saved yet: a requeued job starts from step 0
     meta = read_checkpoint_meta(source)
     check_resumable(source, meta)
-    check_same_model(meta.model_config, model_config, source)
+    check_same_model(meta.model_config, model_config, source, meta.architecture)
     if meta.ep_size != ep_size:
         # DeepSpeed lays out a checkpoint's expert and optimizer files per expert-parallel rank.
         raise CheckpointError(f"checkpoint {source} was saved with --ep-size {meta.ep_size}, this run has --ep-size "

@@ -22,7 +22,7 @@ from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
 from widenet_ds.training.log import TrainingLog
 from widenet_ds.training.metrics import PretrainMetrics
-from widenet_ds.training.model_source import resolve_model_config, stored_model_config
+from widenet_ds.training.model_source import checkpoint_model_config, resolve_model_config
 from widenet_ds.training.run_config import PretrainConfig
 from widenet_ds.training.trainer import Task
 
@@ -54,7 +54,7 @@ class PretrainTask(Task):
                             f"--seq-length {model.max_position_embeddings} or raise max_position_embeddings.")
         if cfg.init_from is not None:
             # A new phase may change the expert placement (--ep-size), not the weights' shapes or meaning...
-            check_same_model(stored_model_config(ModelConfig, cfg.init_from, "--init-from").to_dict(), model.to_dict(),
+            check_same_model(checkpoint_model_config(ModelConfig, cfg.init_from, "--init-from").to_dict(), model.to_dict(),
                              cfg.init_from)
             # ... nor what each embedding row stands for: the data's tokenizer must be the checkpoint's.
             check_checkpoint_tokenizer(load_tokenizer(cfg.data), f"the tokenizer of --data {cfg.data}", cfg.init_from,

@@ -1,10 +1,9 @@
-"""Vision model configuration (ViT-WideNet, ViT, ViT-MoE) and its named presets.
+"""Vision model configuration (ViT-WideNet, ViT, ViT-MoE, ParaFormer) and its named presets.
 
-A `VisionConfig` holds the image fields (size, patch, channels, classes, head) and the encoder's
-dimensions and sharing flags; `encoder_config()` turns the latter into the `ModelConfig` that the
-shared WideNet encoder (widenet_ds/model.py) is built from -- its text-only fields (vocabulary,
-token types, factorized embeddings) are unused by the vision model. Expert parallelism is a run
-flag (`--ep-size`), not part of the model, so `moe.ep_size` must stay 1 here.
+A `VisionConfig` is the shared encoder's config (`EncoderConfig`: dimensions, dropouts, sharing flags, MoE,
+branches) plus the image fields (size, patch, channels, classes, head) and ViT-MoE's MoE-in-the-last-blocks.
+The encoder is always pre-LN with a final LayerNorm. Expert parallelism is a run flag (`--ep-size`), not
+part of the model.
 
 The presets' dimensions and router forms are the authors' (XueFuzhao/WideNet_Code, see
 docs/vision.md): pre-LN with eps 1e-6, tanh-GELU, dropout 0.1, E = 4, top-2, C = 1.2, Gaussian logit
@@ -14,19 +13,18 @@ balance loss alpha * E^2 * mean(P * f) with both choices counted / k, alpha = 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from widenet_ds.errors import ConfigError
-from widenet_ds.model.config import (Activation, ConfigFile, FFNKind, ModelConfig, MoEConfig, Residual, check_choice,
-                                     check_fraction, check_positive, dataclass_from_dict)
+from widenet_ds.model.config import Activation, EncoderConfig, NormPosition, check_choice, check_positive
 
 Head = Literal["gap", "cls"]
 ClsToken = Literal["zero", "learned"]
 
 
 @dataclass
-class VisionConfig(ConfigFile):
+class VisionConfig(EncoderConfig):
     """A ViT body on the WideNet encoder, with its image classification head.
 
     `ffn = "moe"` with `share_ffn` is WideNet (one MoE for all blocks); with `share_ffn = false`,
@@ -41,50 +39,31 @@ class VisionConfig(ConfigFile):
 
     ParaFormer: `num_branches` N > 1 arranges the num_layers blocks as N parallel branches summed before
     the final LayerNorm, `residual = "normed"` is its LN(x) + f(LN(x)) sub-layer, `qkv_bias = false` its
-    bias-free query/key/value projection (see ModelConfig and docs/paraformer.md).
+    bias-free query/key/value projection (see EncoderConfig and docs/paraformer.md).
     """
 
     NAME: ClassVar[str] = "vision model config"
     PRESET_NAME: ClassVar[str] = "vision preset"
+    norm_position: ClassVar[NormPosition] = "pre"  # the authors' ViT: pre-LN blocks, a final LayerNorm
 
+    # The encoder's defaults for images (the authors' ViT): experts of 4096, dropout 0.1, eps 1e-6, tanh-GELU.
+    intermediate_size: int = 4096
+    hidden_dropout: float = 0.1
+    layer_norm_eps: float = 1e-6
+    activation: Activation = "gelu_new"
     image_size: int = 224
     patch_size: int = 16
     num_channels: int = 3
     num_classes: int = 1001
-    hidden_size: int = 768
-    num_layers: int = 12
-    num_heads: int = 12
-    intermediate_size: int = 4096
     expert_intermediate_size: int | None = None
-    ffn: FFNKind = "moe"
     moe_blocks: int | None = None
-    share_attention: bool = True
-    share_ffn: bool = True
-    share_layernorm: bool = False
-    hidden_dropout: float = 0.1
-    attention_dropout: float = 0.0
-    layer_norm_eps: float = 1e-6
-    initializer_range: float = 0.02
-    activation: Activation = "gelu_new"
     head: Head = "gap"
     pre_logits: bool = True
     cls_token: ClsToken = "zero"
-    num_branches: int = 1
-    residual: Residual = "standard"
-    qkv_bias: bool = True
-    moe: MoEConfig = field(default_factory=MoEConfig)
 
     def __post_init__(self) -> None:
-        if isinstance(self.moe, dict):
-            if "ep_size" in self.moe:
-                raise ConfigError(f"VisionConfig.moe.ep_size = {self.moe['ep_size']}: expert parallelism is a run flag, "
-                                  f"not part of the model; remove moe.ep_size from the config and pass --ep-size "
-                                  f"{self.moe['ep_size']} to the trainer.")
-            self.moe = dataclass_from_dict(MoEConfig, self.moe, "VisionConfig.moe")
-        check_positive(self, "image_size", "patch_size", "num_channels", "num_classes", "hidden_size",
-                        "num_layers", "num_heads", "intermediate_size", "layer_norm_eps", "initializer_range")
-        check_fraction(self, "hidden_dropout", "attention_dropout")
-        for name, literal in (("ffn", FFNKind), ("activation", Activation), ("head", Head), ("cls_token", ClsToken)):
+        check_positive(self, "image_size", "patch_size", "num_channels", "num_classes")
+        for name, literal in (("head", Head), ("cls_token", ClsToken)):
             check_choice(self, name, literal)
         if self.image_size % self.patch_size:
             fits = [p for p in range(self.patch_size, 0, -1) if self.image_size % p == 0][0]
@@ -94,6 +73,7 @@ class VisionConfig(ConfigFile):
                 f"{self.patch_size} (e.g. {self.image_size // self.patch_size * self.patch_size or self.patch_size}).")
         if self.expert_intermediate_size is not None:
             check_positive(self, "expert_intermediate_size")
+        super().__post_init__()
         if self.moe_blocks is not None:
             if self.ffn != "moe" or self.share_ffn:
                 raise ConfigError("VisionConfig.moe_blocks (MoE in the last n blocks only) needs ffn = 'moe' and "
@@ -101,7 +81,6 @@ class VisionConfig(ConfigFile):
             if not 1 <= self.moe_blocks <= self.num_layers:
                 raise ConfigError(f"VisionConfig.moe_blocks = {self.moe_blocks} must be in 1..num_layers "
                                   f"({self.num_layers}).")
-        self.encoder_config()  # the encoder's own checks (heads dividing hidden, sharing combinations)
 
     # -- derived -------------------------------------------------------------------------------------
     @property
@@ -114,44 +93,16 @@ class VisionConfig(ConfigFile):
         return self.num_patches + 1
 
     @property
-    def is_moe(self) -> bool:
-        return self.ffn == "moe"
-
-    @property
     def moe_block_indices(self) -> list[int]:
-        """Blocks whose FFN is an MoE (each routes once per forward)."""
+        """Blocks whose FFN is an MoE: the last `moe_blocks` (ViT-MoE), else every block."""
         if not self.is_moe:
             return []
         first = self.num_layers - (self.moe_blocks or self.num_layers)
         return list(range(first, self.num_layers))
 
     @property
-    def routing_blocks(self) -> list[int]:
-        """What each routing call of a forward belongs to: its block, or with branches its depth (one call
-        per depth over the tokens of all active branches)."""
-        if self.is_moe and self.num_branches > 1:
-            return list(range(self.layers_per_branch))
-        return self.moe_block_indices
-
-    @property
     def experts_width(self) -> int:
         return self.expert_intermediate_size or self.intermediate_size
-
-    def encoder_config(self) -> ModelConfig:
-        """The WideNet encoder's config: pre-LN with a final LayerNorm; text-only fields unused."""
-        return ModelConfig(
-            vocab_size=1, embedding_size=self.hidden_size, hidden_size=self.hidden_size,
-            num_layers=self.num_layers, num_heads=self.num_heads, intermediate_size=self.intermediate_size,
-            max_position_embeddings=self.num_tokens, type_vocab_size=1, hidden_dropout=self.hidden_dropout,
-            attention_dropout=self.attention_dropout, classifier_dropout=0.0, layer_norm_eps=self.layer_norm_eps,
-            initializer_range=self.initializer_range, activation=self.activation, norm_position="pre",
-            share_attention=self.share_attention, share_ffn=self.share_ffn, share_layernorm=self.share_layernorm,
-            ffn=self.ffn, num_branches=self.num_branches, residual=self.residual, qkv_bias=self.qkv_bias,
-            moe=self.moe if self.is_moe else MoEConfig())
-
-    @property
-    def layers_per_branch(self) -> int:
-        return self.num_layers // self.num_branches
 
     @classmethod
     def presets(cls) -> dict[str, Any]:
@@ -241,3 +192,6 @@ VISION_PRESETS = {
     "paraformer-tiny-4x3": _preset(_PARAFORMER_TINY, _layout(4, 3), router=False),
     "widenet-paraformer-tiny-3x4": _preset(_PARAFORMER_TINY, _layout(3, 4), _SHARED_MOE),
 }
+# The paper's ImageNet models (Tables 1 and 3), as `BASE_PRESETS` are its text ones.
+PAPER_PRESETS = ("widenet-vit-b16", "widenet-vit-l16", "widenet-vit-h16", "vit-b16", "vit-l16", "vit-moe-b16",
+                 "widenet-vit-b16-no-moe", "widenet-vit-b16-shared-ln")

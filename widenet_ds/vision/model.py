@@ -1,4 +1,4 @@
-"""ViT-WideNet image classifier: a ViT body on the shared WideNet encoder (widenet_ds/model.py).
+"""ViT-WideNet image classifier: a ViT body on the shared WideNet encoder (widenet_ds/model/widenet.py).
 
 Patches (a strided conv) -> the authors' constant zero CLS token in front -> learned positions ->
 dropout -> the pre-LN WideNet encoder (shared attention, shared MoE, per-block LayerNorms, final
@@ -7,7 +7,6 @@ LayerNorm) -> GAP over all tokens or the CLS token -> optional pre-logits Dense 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -56,22 +55,20 @@ class ViTWideNetForImageClassification(nn.Module):
     def __init__(self, cfg: VisionConfig, ep_size: int = 1, activation_checkpointing: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
-        encoder_cfg = cfg.encoder_config()
         self.embeddings = PatchEmbedding(cfg)
-        self.encoder = WideNetEncoder(encoder_cfg, ep_size, ffn=self._feed_forwards(cfg, encoder_cfg, ep_size))
+        self.encoder = WideNetEncoder(cfg, ep_size, ffn=self._feed_forwards(cfg, ep_size))
         self.encoder.activation_checkpointing = activation_checkpointing
         self.pre_logits = nn.Linear(cfg.hidden_size, cfg.hidden_size) if cfg.pre_logits else None
         self.classifier = nn.Linear(cfg.hidden_size, cfg.num_classes)
         self.reset_parameters()
 
     @staticmethod
-    def _feed_forwards(cfg: VisionConfig, encoder_cfg, ep_size: int) -> nn.ModuleList:
+    def _feed_forwards(cfg: VisionConfig, ep_size: int) -> nn.ModuleList:
         """One module when shared, else one per block: MoE where `moe_block_indices` says, dense elsewhere."""
-        expert_cfg = dataclasses.replace(encoder_cfg, intermediate_size=cfg.experts_width)
         moe_blocks = set(cfg.moe_block_indices)
         blocks = [0] if cfg.share_ffn else range(cfg.num_layers)
         return nn.ModuleList(
-            MoEFeedForward(expert_cfg, ep_size) if i in moe_blocks
+            MoEFeedForward(cfg, ep_size) if i in moe_blocks
             else FeedForward(cfg.hidden_size, cfg.intermediate_size, cfg.activation) for i in blocks)
 
     def moe_layers(self) -> list[MoEFeedForward]:
