@@ -346,8 +346,8 @@ CASES = [
     C("pretrain-vocab-mismatch", "pretrain", lambda e, t: pretrain(e, t, model=model_config(e, t, vocab_size=30522)),
       r"vocab_size 30522.*1000"),
     C("pretrain-zero-steps", "pretrain", lambda e, t: pretrain(e, t, "--max-steps", "0"), r"--max-steps must be positive"),
-    C("pretrain-resume-and-init", "pretrain", lambda e, t: pretrain(e, t, "--resume", "--init-from", str(e["run"])),
-      r"pass only one of them"),
+    C("pretrain-resume-a-checkpoint-and-init", "pretrain", lambda e, t: pretrain(
+      e, t, "--resume", str(e["run"] / "checkpoints/step2"), "--init-from", str(e["run"])), r"pass only one of them"),
     C("pretrain-resume-changed-lr", "pretrain", lambda e, t: pretrain(e, t, "--resume", str(e["run"]), "--max-steps", "3",
       ds=ds_config(t, **{"optimizer.params.lr": 0.01, "scheduler.params.warmup_max_lr": 0.01})),
       r"optimizer\.params\.lr: 0\.02 -> 0\.01.*--accept-changed-settings"),

@@ -59,11 +59,13 @@ def test_every_problem_is_reported_in_one_error(tmp_path):
     # the pretraining settings are collected the same way
     with pytest.raises(ConfigError) as caught:
         PretrainConfig(model_config="widenet-tiny-e4", deepspeed_config=tmp_path / "none.json", data=tmp_path,
-                       output_dir=tmp_path / "o", log_interval=0, keep_last=0, resume="latest", init_from=tmp_path)
+                       output_dir=tmp_path / "o", log_interval=0, keep_last=0, resume=str(tmp_path), init_from=tmp_path)
     text = str(caught.value)
     assert text.startswith("4 problems with the pretrain settings:")
     assert "--log-interval must be positive" in text and "--keep-last must be positive" in text
     assert "pass only one of them" in text and "none.json does not exist" in text
+    # a bare --resume with --init-from: continue the run in --output-dir, or start it from the weights
+    assert _cfg(tmp_path, model_config=None, init_from=str(tmp_path), resume="latest").init_from == tmp_path
 
 
 def test_missing_data_and_init_paths_are_named(tmp_path):

@@ -66,7 +66,8 @@ class RunConfig:
         "string); repeatable", names=("--set",), append=True, metavar="KEY=VALUE"))
     init_from: Path | None = field(default=None, metadata=flag(
         "start from the weights of a checkpoint (a portable folder, or a DeepSpeed tag folder, checkpoints folder "
-        "or run folder), with a new optimizer and schedule", metavar="CHECKPOINT"))
+        "or run folder), with a new optimizer and schedule; with a bare --resume, only when nothing is saved yet",
+        metavar="CHECKPOINT"))
     resume: str | None = field(default=None, metadata=flag(
         "continue a stopped run exactly: bare, from the latest checkpoint in --output-dir (a fresh start when there "
         "is none yet, so a requeued job simply continues); or from the given checkpoint", const=LATEST,
@@ -130,9 +131,10 @@ class RunConfig:
                 problems.append(f"--{name.replace('_', '-')} must be positive, got {value}.")
         if self.eval_interval < 0:
             problems.append(f"--eval-interval must be >= 0 (0: only at the end), got {self.eval_interval}.")
-        if self.resume is not None and self.init_from is not None:
-            problems.append("--resume continues a run and --init-from starts a new one from another run's weights; "
-                            "pass only one of them.")
+        if self.resume not in (None, LATEST) and self.init_from is not None:
+            problems.append(f"--resume {self.resume} continues that checkpoint's run and --init-from starts from other "
+                            f"weights; pass only one of them (a bare --resume with --init-from continues the run in "
+                            f"--output-dir, or starts it from --init-from when nothing is saved yet).")
         if self.init_from is not None and not self.init_from.exists():
             problems.append(f"--init-from {self.init_from} does not exist; pass a checkpoint folder (`widenet-ds convert "
                             f"to-folder`), a DeepSpeed checkpoint or a run folder.")
