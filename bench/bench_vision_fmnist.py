@@ -21,6 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from widenet_ds.run_folder import RunFolder  # noqa: E402
 from widenet_ds.vision.config import VisionConfig  # noqa: E402
 from widenet_ds.vision.model import build_model, count_trainable_parameters  # noqa: E402
 
@@ -57,9 +58,9 @@ def main() -> int:
         start = time.monotonic()
         subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
         wall = time.monotonic() - start
-        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        train = [r for r in records if "train/loss" in r]
-        result = json.loads((out / "results.json").read_text())
+        run = RunFolder(out)
+        train = [r for r in run.read_metrics().records if "train/loss" in r]
+        result = run.read_results()
         params = count_trainable_parameters(build_model(VisionConfig.from_preset(name), device="meta"))
         speed = sum(r["perf/samples_per_second"] for r in train) / len(train)
         rows.append((name, params, result["test/accuracy"], train[-1]["train/task_loss"], wall, speed))

@@ -46,6 +46,7 @@ from widenet_ds.model.config import ModelConfig  # noqa: E402
 from widenet_ds.model.counts import count_parameters  # noqa: E402
 from widenet_ds.model.counts import flops_per_token  # noqa: E402
 from widenet_ds.report.cli import write_report  # noqa: E402
+from widenet_ds.run_folder import RunFolder  # noqa: E402
 from widenet_ds.runtime.distributed import init_distributed  # noqa: E402
 from widenet_ds.training.finetune import main as finetune_main  # noqa: E402
 from widenet_ds.training.finetune_tasks import GlueTaskRun, SquadTaskRun  # noqa: E402
@@ -168,7 +169,7 @@ def pretrain(variant: Variant, steps: int, budget: str, data: Path, out: Path, s
             "--output-dir", str(run_dir), "--max-steps", str(steps), "--log-interval", str(max(1, steps // 40)),
             "--eval-interval", str(_eval_interval(steps)), "--eval-batches", "8", "--save-interval", str(steps),
             "--keep-last", "1", "--seed", str(seed), "--no-tensorboard", "--no-progress-bar", "--resume"])) == 0
-    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    records = RunFolder(run_dir).read_metrics().records
     valid = [r for r in records if "valid/mlm_loss" in r][-1]
     train = [r for r in records if "train/mlm_loss" in r][-1]
     summary = {"variant": variant.name, "budget": budget, "seed": seed, "steps": steps, "params": parameter_count(cfg),
@@ -199,7 +200,7 @@ def squad_split(shared: Path, out: Path) -> tuple[Path, Path]:
 
 def finetune(pre: dict, task: str, shared: Path, data: Path, out: Path, sizes: dict[str, int]) -> dict:
     run_dir = out / "finetune" / f"{pre['variant']}-{pre['budget']}" / task.lower().replace("-", "")
-    if not (run_dir / "results.json").is_file():
+    if not RunFolder(run_dir).results.is_file():
         run_dir.mkdir(parents=True, exist_ok=True)
         steps = sizes["finetune_steps"]
         ds = write_ds_config(FINETUNE_DS, run_dir.parent / f"study_ds_{run_dir.name}.json", steps, batch=32)
@@ -222,7 +223,7 @@ def finetune(pre: dict, task: str, shared: Path, data: Path, out: Path, sizes: d
                     "--max-train-examples", str(sizes["train_examples"]),
                     "--max-eval-examples", str(sizes["eval_examples"]), *common])
         assert code == 0, f"finetuning {task} of {pre['variant']} failed (see {run_dir.parent / 'console.log'})"
-    results = json.loads((run_dir / "results.json").read_text())
+    results = RunFolder(run_dir).read_results()
     split = "dev"
     metric = "f1" if task == "SQuAD1.1" else results["primary_metric"]
     scores = [run["metrics"][split][metric] for run in results["per_seed"]]
