@@ -180,3 +180,21 @@ def test_a_live_image_run_is_an_image_run_with_its_last_evaluation(runs, tmp_pat
         if layout == "new":  # what the run was started with, before results.json says it
             assert "digits, widenet-vit-digits: 4 blocks" in page
         assert "image_accuracy.png" in cells.images
+
+
+def test_a_hand_edited_image_folder_is_reported_not_fatal(runs, tmp_path):
+    """Values of the wrong type in results.json and the model config: shown as missing, never a crash."""
+    edited = RunFolder(tmp_path / "edited")
+    shutil.copytree(runs["pf"], edited.path)
+    edited.write_results({"dataset": "digits", "step": STEPS, "test/accuracy": "high", "parameters": True,
+                          "accuracy_by_branches": {"1": 0.5, "2": "?", "all": 0.9}})
+    (edited.path / OLD_VISION_CONFIG_FILE).write_text(json.dumps({"num_branches": "2", "num_layers": 4, "moe": 1}))
+    out = tmp_path / "report"
+    proc = report(edited.path, "--output", out)
+    assert proc.returncode == 0, proc.stderr
+    cells = parse_page(out / "index.html")
+    assert cells.cells[("edited", "results", "test/accuracy")] == "–"
+    assert cells.cells[("edited", "results", "parameters")] == "–"
+    assert_shows(cells, "edited", "results", "accuracy_by_branches/1", 0.5)
+    assert ("edited", "results", "accuracy_by_branches/2") not in cells.cells  # not a number: left out
+    assert "edited" in (out / "index.html").read_text() and "2 branches x" not in (out / "index.html").read_text()

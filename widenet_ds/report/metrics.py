@@ -142,13 +142,13 @@ class LoggedRun:
         cfg = self.model_config
         if not cfg:
             return "unknown (no model config)"
-        moe = cfg.get("moe") or {}
+        moe = cfg.get("moe") if isinstance(cfg.get("moe"), dict) else {}
         ffn = f"MoE E={moe.get('num_experts')} K={moe.get('top_k')}" if cfg.get("ffn") == "moe" else "dense FFN"
         sharing = [name for name, flag in (("attention", "share_attention"), ("FFN", "share_ffn"),
                                            ("LayerNorm", "share_layernorm")) if cfg.get(flag)]
-        branches = cfg.get("num_branches") or 1
-        layout = (f"{branches} branches x {cfg.get('num_layers', 0) // branches} blocks" if branches > 1
-                  else f"{cfg.get('num_layers')} blocks")
+        branches, layers = cfg.get("num_branches"), cfg.get("num_layers")
+        layout = (f"{branches} branches x {layers // branches} blocks"
+                  if isinstance(branches, int) and branches > 1 and isinstance(layers, int) else f"{layers} blocks")
         patches = f", patch {cfg['patch_size']} of {cfg.get('image_size')} px" if "patch_size" in cfg else ""
         return f"{layout}, H {cfg.get('hidden_size')}{patches}, {ffn}, shared: {', '.join(sharing) or 'nothing'}"
 

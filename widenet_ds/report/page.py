@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from widenet_ds.report.branches import BranchCurve, branch_curves, by_measure, widest
 from widenet_ds.report.metrics import FinetuneRun, ImageRun, LoggedRun, PretrainRun, Problem, Run, is_number
 from widenet_ds.report.plots import Plot
+from widenet_ds.run_folder import RESULTS_FILE
 
 PRETRAIN_COLUMNS = (
     ("train/mlm_loss", "train MLM loss"), ("valid/mlm_loss", "held-out MLM loss"),
@@ -89,13 +90,13 @@ def _runs_table(runs: list[Run]) -> str:
         elif isinstance(run, ImageRun):
             what = f"{run.dataset}, {run.model_name}: {run.model_summary()}"
             step = run.last_step
-            state = ("finished (results.json)" if run.finished else
+            state = (f"finished ({RESULTS_FILE})" if run.finished else
                      "being written (live)" if run.live_tail else "running or stopped")
         else:
             what = f"{run.task}, init {run.results.get('init', '?')}" if run.results else run.task
             step = run.results.get("steps") if run.results else max(
                 (s.records[-1]["step"] for s in run.seeds if s.records), default=None)
-            state = "finished (results.json)" if run.finished else "running or stopped"
+            state = f"finished ({RESULTS_FILE})" if run.finished else "running or stopped"
         rows.append(f"<tr><td>{_e(run.name)}</td><td>{_e(KIND_NAMES[run.kind])}</td><td><code>{_e(run.path)}</code>"
                     f"</td><td>{_e(what)}</td>{_num(step, run.name, 'last', 'step')}<td>{_e(state)}"
                     f"{_notes(run.notes)}</td></tr>")
@@ -131,7 +132,7 @@ def _image_results_table(runs: list[ImageRun]) -> str:
         if run.results is not None:
             r = run.results
             values = {key: r.get(key) for key, _ in IMAGE_RESULTS}
-            row, origin = "results", "results.json"
+            row, origin = "results", RESULTS_FILE
             ranks = f"{r.get('world_size', '?')} rank(s), ep_size {r.get('ep_size', '?')}"
         else:
             last = run.last("test/accuracy")
