@@ -3,8 +3,8 @@ code (PF 1x12), and WideNet x ParaFormer (3x4 over one shared attention and one 
 
     PYTHONPATH=. .venv/bin/python bench/bench_paraformer_fmnist.py --steps 600 --output runs/bench_paraformer
 
-Two budgets, each model trained by vision/run_classify.py on one process (ds_configs/paraformer_cpu_small.json
-with the schedule fitted to the run's length, the same seed and data order):
+Two budgets, each model trained by `python -m widenet_ds.train classify` on one process
+(ds_configs/paraformer_cpu_small.json with the schedule fitted to the run's length, the same seed and data order):
 * equal optimizer steps: every model takes --steps steps (ParaFormer: the authors' prefix schedule, phases of
   --cycle-batches batches; the sequential ViT: plain steps);
 * equal wall-clock: each ParaFormer model gets as many steps as fit into the sequential ViT's training time
@@ -47,7 +47,7 @@ def train(name: str, steps: int, args: argparse.Namespace, tag: str) -> dict:
     ds["scheduler"]["params"].update(total_num_steps=steps, warmup_num_steps=max(1, steps // 10))
     ds_path = args.output / f"ds-{steps}.json"
     ds_path.write_text(json.dumps(ds))
-    cmd = [sys.executable, str(REPO / "vision" / "run_classify.py"), "--model-config", name,
+    cmd = [sys.executable, "-m", "widenet_ds.train", "classify", "--model-config", name,
            "--deepspeed_config", str(ds_path), "--output-dir", str(out.path), "--max-steps", str(steps),
            "--log-interval", "25", "--eval-interval", "0", "--save-interval", str(10 * steps), "--workers", "0",
            "--no-progress-bar", "--no-tensorboard", "--flip", "--seed", str(args.seed)]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import statistics
@@ -48,10 +47,8 @@ from widenet_ds.model.counts import flops_per_token  # noqa: E402
 from widenet_ds.report.cli import write_report  # noqa: E402
 from widenet_ds.run_folder import RunFolder  # noqa: E402
 from widenet_ds.runtime.distributed import init_distributed  # noqa: E402
-from widenet_ds.training.finetune import main as finetune_main  # noqa: E402
-from widenet_ds.training.finetune_tasks import GlueTaskRun, SquadTaskRun  # noqa: E402
-from widenet_ds.training.pretrain import run as pretrain_run  # noqa: E402
-from widenet_ds.training.pretrain_config import parse_args  # noqa: E402
+from widenet_ds.training.command_line import parse  # noqa: E402
+from widenet_ds.training.run import run_task  # noqa: E402
 
 PRETRAIN_DS = REPO / "ds_configs" / "cpu_small.json"
 FINETUNE_DS = REPO / "ds_configs" / "finetune_cpu_small.json"
@@ -121,13 +118,6 @@ def parameter_count(cfg: ModelConfig) -> int:
         return count_parameters(WideNetForPreTraining(cfg))["total"]
 
 
-def _entrypoint(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "finetune" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @contextlib.contextmanager
 def quiet(path: Path):
     """The runs' own console output goes to a log file beside their results."""
@@ -164,11 +154,11 @@ def pretrain(variant: Variant, steps: int, budget: str, data: Path, out: Path, s
     ds = write_ds_config(PRETRAIN_DS, run_dir / "study_ds.json", steps, batch=16)
     start = time.perf_counter()
     with quiet(run_dir / "console.log"):
-        assert pretrain_run(parse_args([
+        assert run_task(parse("pretrain", [
             "--model-config", str(run_dir / "study_model.json"), "--deepspeed_config", str(ds), "--data", str(data),
             "--output-dir", str(run_dir), "--max-steps", str(steps), "--log-interval", str(max(1, steps // 40)),
             "--eval-interval", str(_eval_interval(steps)), "--eval-batches", "8", "--save-interval", str(steps),
-            "--keep-last", "1", "--seed", str(seed), "--no-tensorboard", "--no-progress-bar", "--resume"])) == 0
+            "--keep-last", "1", "--seed", str(seed), "--no-tensorboard", "--no-progress-bar", "--resume"])) is not None
     records = RunFolder(run_dir).read_metrics().records
     valid = [r for r in records if "valid/mlm_loss" in r][-1]
     train = [r for r in records if "train/mlm_loss" in r][-1]
@@ -213,16 +203,17 @@ def finetune(pre: dict, task: str, shared: Path, data: Path, out: Path, sizes: d
         with quiet(run_dir.parent / "console.log"):
             if task == "SQuAD1.1":
                 train, dev = squad_split(shared, out)
-                code = finetune_main(_entrypoint("run_squad").parser(), SquadTaskRun, [
+                results = run_task(parse("squad", [
                     "--version", "1.1", "--data", str(dev), "--train-file", str(train), "--dev-file", str(dev),
                     "--max-train-examples", str(sizes["squad_train"]), "--max-eval-examples",
-                    str(sizes["squad_eval"]), "--doc-stride", "16", *common])
+                    str(sizes["squad_eval"]), "--doc-stride", "16", *common]))
             else:
-                code = finetune_main(_entrypoint("run_glue").parser(), GlueTaskRun, [
+                results = run_task(parse("glue", [
                     "--task", task, "--data", str(shared / "glue" / task),
                     "--max-train-examples", str(sizes["train_examples"]),
-                    "--max-eval-examples", str(sizes["eval_examples"]), *common])
-        assert code == 0, f"finetuning {task} of {pre['variant']} failed (see {run_dir.parent / 'console.log'})"
+                    "--max-eval-examples", str(sizes["eval_examples"]), *common]))
+        assert results is not None, (f"finetuning {task} of {pre['variant']} stopped (see "
+                                     f"{run_dir.parent / 'console.log'})")
     results = RunFolder(run_dir).read_results()
     split = "dev"
     metric = "f1" if task == "SQuAD1.1" else results["primary_metric"]

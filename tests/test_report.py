@@ -7,7 +7,6 @@ partial and live folders are reported instead of crashing."""
 from __future__ import annotations
 
 import html
-import importlib.util
 import json
 import os
 import shutil
@@ -20,7 +19,7 @@ from widenet_ds.run_folder import RunFolder
 
 from headless_browser import find_chromium, open_page
 from launching import REPO
-from pretrain_support import BOOKS, CPU_CONFIG, prepare_data, write_model_config
+from pretrain_support import BOOKS, CPU_CONFIG, prepare_data, train_in_process, write_model_config
 from report_page import assert_shows, parse_page, report
 
 FINETUNE_CONFIG = REPO / "ds_configs" / "finetune_cpu_small.json"
@@ -29,35 +28,23 @@ EXPECTED_PLOTS = {"mlm_loss.png", "sop_loss.png", "lr.png", "tokens_per_second.p
                   "dropped_fraction.png", "expert_load_pretrain.png", "finetune_loss.png"}
 
 
-def _glue_entrypoint():
-    spec = importlib.util.spec_from_file_location("run_glue", REPO / "finetune" / "run_glue.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, shared_data, dist):
     """A real pretraining folder and a real finetuning folder started from it (one process, 1 rank)."""
-    from widenet_ds.training.finetune import main as finetune_main
-    from widenet_ds.training.finetune_tasks import GlueTaskRun
-    from widenet_ds.training.pretrain import run as pretrain
-    from widenet_ds.training.pretrain_config import parse_args
-
     root = tmp_path_factory.mktemp("report")
     data = prepare_data(root / "data", [shared_data / BOOKS[0]])
     pre = root / "pretrain"
-    assert pretrain(parse_args([
+    assert train_in_process("pretrain", [
         "--model-config", "widenet-tiny-e4", "--deepspeed_config", str(CPU_CONFIG), "--data", str(data),
         "--output-dir", str(pre), "--max-steps", str(PRETRAIN_STEPS), "--log-interval", "1",
         "--eval-interval", "3", "--eval-batches", "2", "--save-interval", str(PRETRAIN_STEPS),
-        "--no-progress-bar", "--no-tensorboard"])) == 0
+        "--no-progress-bar", "--no-tensorboard"]) is not None
     ft = root / "sst2"
-    assert finetune_main(_glue_entrypoint().parser(), GlueTaskRun, [
+    assert train_in_process("glue", [
         "--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--init-from", str(pre), "--tokenizer", str(data),
         "--deepspeed_config", str(FINETUNE_CONFIG), "--output-dir", str(ft), "--max-steps", str(FINETUNE_STEPS),
         "--seeds", "2", "--max-train-examples", "128", "--max-eval-examples", "64", "--max-seq-length", "64",
-        "--log-interval", "1", "--allow-recipe-mismatch", "--no-tensorboard", "--no-progress-bar"]) == 0
+        "--log-interval", "1", "--allow-recipe-mismatch", "--no-tensorboard", "--no-progress-bar"]) is not None
     return {"root": root, "pretrain": pre, "finetune": ft}
 
 
@@ -166,7 +153,7 @@ def test_bad_and_partial_folders_are_listed_not_fatal(runs, tmp_path):
     proc = report(runs["pretrain"], *bad, "--output", out)
     assert proc.returncode == 0, proc.stderr
     page = html.unescape((out / "index.html").read_text())
-    for path, why in ((empty, "not a run folder"), (broken, "results.json (the run's results) is not valid JSON"),
+    for path, why in ((empty, "not a run folder"), (broken, "results.json (the run's results) cannot be read"),
                       (no_metrics, "without metrics.jsonl"), (garbled, "no readable record"),
                       (a_file, "is not a folder"), (tmp_path / "missing", "does not exist")):
         assert f"{path}: " in proc.stderr and why in proc.stderr, (path, why, proc.stderr)
@@ -240,15 +227,12 @@ def test_output_below_a_file_and_bad_table_paths_are_one_clear_error(runs, tmp_p
 def text_branches(runs, dist):
     """A real pretraining of WideNet x ParaFormer (2 branches of 2 blocks): its log ends with the held-out MLM
     loss of the first k branches."""
-    from widenet_ds.training.pretrain import run as pretrain
-    from widenet_ds.training.pretrain_config import parse_args
-
     model = write_model_config(runs["root"] / "pf_model.json", "widenet-tiny-e4", norm_position="pre", num_branches=2)
     out = runs["root"] / "pf-text"
-    assert pretrain(parse_args([
+    assert train_in_process("pretrain", [
         "--model-config", str(model), "--deepspeed_config", str(CPU_CONFIG), "--data", str(runs["root"] / "data"),
         "--output-dir", str(out), "--max-steps", "4", "--log-interval", "2", "--eval-interval", "4",
-        "--eval-batches", "2", "--no-progress-bar", "--no-tensorboard"])) == 0
+        "--eval-batches", "2", "--no-progress-bar", "--no-tensorboard"]) is not None
     return out
 
 

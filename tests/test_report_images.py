@@ -1,5 +1,5 @@
 """`widenet-ds report` on real image-classification runs: widenet-vit-digits (MoE, 20 steps) and a ParaFormer
-of 2 branches on digits, each trained by vision/run_classify.py under the real deepspeed launcher (1 rank).
+of 2 branches on digits, each trained by `deepspeed --module widenet_ds.train classify` (1 rank).
 The page shows them as image runs: accuracy and loss curves (train and test), learning rate, expert load
 per block, results.json's test accuracy, dataset and parameters, and the ParaFormer's accuracy of the first
 k branches, number by number against the runs' files, in the HTML and in headless Chromium. A live image
@@ -18,10 +18,9 @@ from PIL import Image
 from widenet_ds.run_folder import OLD_VISION_CONFIG_FILE, RunFolder
 
 from headless_browser import find_chromium, open_page
-from launching import REPO, run_deepspeed
+from launching import REPO, run_train
 from report_page import assert_shows, parse_page, report
 
-RUN_CLASSIFY = REPO / "vision" / "run_classify.py"
 STEPS = 20
 IMAGE_PLOTS = {"image_accuracy.png", "image_task_loss.png", "image_lr.png", "image_samples_per_second.png",
                "image_balance_loss.png", "image_dropped_fraction.png", "expert_load_vit.png",
@@ -44,12 +43,11 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("report_images")
     common = ["--dataset", "digits", "--max-steps", str(STEPS), "--log-interval", "5", "--eval-interval", "10",
               "--workers", "0", "--no-progress-bar", "--no-tensorboard"]
-    run_deepspeed(RUN_CLASSIFY, ["--model-config", "widenet-vit-digits", "--output-dir", str(root / "vit"),
-                                 "--deepspeed_config", str(ds_config("vision_cpu_small.json", root / "ds_vit.json")),
-                                 *common], num_ranks=1)
-    run_deepspeed(RUN_CLASSIFY, [*PARAFORMER, "--output-dir", str(root / "pf"), "--deepspeed_config",
-                                 str(ds_config("paraformer_cpu_small.json", root / "ds_pf.json")), *common],
-                  num_ranks=1)
+    run_train("classify", ["--model-config", "widenet-vit-digits", "--output-dir", str(root / "vit"),
+                           "--deepspeed_config", str(ds_config("vision_cpu_small.json", root / "ds_vit.json")),
+                           *common], num_ranks=1)
+    run_train("classify", [*PARAFORMER, "--output-dir", str(root / "pf"), "--deepspeed_config",
+                           str(ds_config("paraformer_cpu_small.json", root / "ds_pf.json")), *common], num_ranks=1)
     return {"root": root, "vit": root / "vit", "pf": root / "pf"}
 
 
@@ -157,12 +155,11 @@ def test_a_live_image_run_is_an_image_run_with_its_last_evaluation(runs, tmp_pat
     for layout in ("old", "new"):
         live = RunFolder(tmp_path / f"live-{layout}")
         live.path.mkdir()
-        config = runs["vit"] / OLD_VISION_CONFIG_FILE
-        if layout == "old":
-            shutil.copy(config, live.path)
-        else:  # the one trainer's folder: model_config.json and the run's task in run_config.json
-            shutil.copy(config, live.model_config)
-            live.write_run_config({"task": "classify", "dataset": "digits", "model_config": "widenet-vit-digits"})
+        if layout == "old":  # an image run of an older version: the model config was vision_config.json
+            shutil.copy(RunFolder(runs["vit"]).model_config, live.path / OLD_VISION_CONFIG_FILE)
+        else:  # this version's: model_config.json, and the task and settings in run_config.json
+            for file in (RunFolder(runs["vit"]).model_config, RunFolder(runs["vit"]).run_config):
+                shutil.copy(file, live.path)
         live.metrics.write_text("".join(lines[:cut]) + lines[cut][: len(lines[cut]) // 2])
         out = tmp_path / f"report-{layout}"
         proc = report(live.path, "--output", out)
@@ -188,7 +185,7 @@ def test_a_hand_edited_image_folder_is_reported_not_fatal(runs, tmp_path):
     shutil.copytree(runs["pf"], edited.path)
     edited.write_results({"dataset": "digits", "step": STEPS, "test/accuracy": "high", "parameters": True,
                           "accuracy_by_branches": {"1": 0.5, "2": "?", "all": 0.9}})
-    (edited.path / OLD_VISION_CONFIG_FILE).write_text(json.dumps({"num_branches": "2", "num_layers": 4, "moe": 1}))
+    edited.model_config.write_text(json.dumps({"num_branches": "2", "num_layers": 4, "moe": 1}))
     out = tmp_path / "report"
     proc = report(edited.path, "--output", out)
     assert proc.returncode == 0, proc.stderr

@@ -347,8 +347,7 @@ def _load_finetune(folder: RunFolder, name: str) -> FinetuneRun | Problem:
 
 def _is_run(folder: RunFolder) -> bool:
     """The folder holds a run's files (perhaps only some, perhaps unreadable ones)."""
-    return folder.task() is not None or any(p.is_file() for p in (folder.results, folder.run_config)) \
-        or folder.model_config_file() is not None
+    return folder.task() is not None or bool(folder.holds()) or folder.model_config_file() is not None
 
 
 def _load(folder: RunFolder, name: str) -> Run | Problem:
