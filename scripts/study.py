@@ -190,16 +190,18 @@ def squad_split(shared: Path, out: Path) -> tuple[Path, Path]:
 
 def finetune(pre: dict, task: str, shared: Path, data: Path, out: Path, sizes: dict[str, int]) -> dict:
     run_dir = out / "finetune" / f"{pre['variant']}-{pre['budget']}" / task.lower().replace("-", "")
-    if not RunFolder(run_dir).results.is_file():
+    folder = RunFolder(run_dir)
+    if not folder.results.is_file():
+        # A stage stopped part-way continues where it was (finished seeds are kept); else a new run.
+        start = ["--resume"] if folder.holds() else ["--init-from", pre["run_dir"]]
         run_dir.mkdir(parents=True, exist_ok=True)
         steps = sizes["finetune_steps"]
         ds = write_ds_config(FINETUNE_DS, run_dir.parent / f"study_ds_{run_dir.name}.json", steps, batch=32)
-        common = ["--init-from", pre["run_dir"], "--tokenizer", str(data), "--deepspeed_config", str(ds),
+        common = [*start, "--tokenizer", str(data), "--deepspeed_config", str(ds),
                   "--output-dir", str(run_dir), "--max-steps", str(steps), "--seeds", str(SEEDS),
                   "--log-interval", str(max(1, steps // 10)), "--max-seq-length", str(SEQ_LENGTH),
                   # the study's small schedule is not the paper's recipe on purpose
-                  "--allow-recipe-mismatch", "--no-tensorboard", "--no-progress-bar",
-                  "--resume"]  # a stage stopped part-way continues where it was (finished seeds are kept)
+                  "--allow-recipe-mismatch", "--no-tensorboard", "--no-progress-bar"]
         with quiet(run_dir.parent / "console.log"):
             if task == "SQuAD1.1":
                 train, dev = squad_split(shared, out)
@@ -214,7 +216,7 @@ def finetune(pre: dict, task: str, shared: Path, data: Path, out: Path, sizes: d
                     "--max-eval-examples", str(sizes["eval_examples"]), *common]))
         assert results is not None, (f"finetuning {task} of {pre['variant']} stopped (see "
                                      f"{run_dir.parent / 'console.log'})")
-    results = RunFolder(run_dir).read_results()
+    results = folder.read_results()
     split = "dev"
     metric = "f1" if task == "SQuAD1.1" else results["primary_metric"]
     scores = [run["metrics"][split][metric] for run in results["per_seed"]]
