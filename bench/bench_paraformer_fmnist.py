@@ -3,15 +3,15 @@ code (PF 1x12), and WideNet x ParaFormer (3x4 over one shared attention and one 
 
     PYTHONPATH=. .venv/bin/python bench/bench_paraformer_fmnist.py --steps 600 --output runs/bench_paraformer
 
-Two budgets, each model trained by vision/run_classify.py on one process (ds_configs/paraformer_cpu_small.json
-with the schedule fitted to the run's length, the same seed and data order):
+Two budgets, each model trained by `python -m widenet_ds.train classify` on one process
+(ds_configs/paraformer_cpu_small.json with the schedule fitted to the run's length, the same seed and data order):
 * equal optimizer steps: every model takes --steps steps (ParaFormer: the authors' prefix schedule, phases of
   --cycle-batches batches; the sequential ViT: plain steps);
 * equal wall-clock: each ParaFormer model gets as many steps as fit into the sequential ViT's training time
   at its own measured seconds per step (from the first budget's runs).
-Prints and writes (results.json, table.md, fig4_fmnist.png) test accuracy, test accuracy of the first k branches
-(the paper's Fig. 4 compression curve), trainable parameters, training time, steps/s, and the forward latency
-of a 256-image batch (eval mode, median of 20, measured side by side in this process).
+Prints and writes (results.json, table.md, fig4_fmnist.png, branches.md, report/) test accuracy, test accuracy
+of the first k branches (the paper's Fig. 4 compression curve), trainable parameters, training time, steps/s,
+and the forward latency of a 256-image batch (eval mode, median of 20, measured side by side in this process).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -30,8 +31,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from widenet_ds.report.branches import plot, read_run  # noqa: E402
-from widenet_ds.training.log import read_metrics  # noqa: E402
+from widenet_ds.report.branches import ACCURACY  # noqa: E402
+from widenet_ds.report.cli import write_report  # noqa: E402
+from widenet_ds.run_folder import RunFolder  # noqa: E402
 from widenet_ds.vision.config import VisionConfig  # noqa: E402
 from widenet_ds.vision.model import build_model, count_trainable_parameters  # noqa: E402
 
@@ -40,24 +42,24 @@ MODELS = (SEQUENTIAL, "paraformer-tiny-3x4", "paraformer-tiny-4x3", "widenet-par
 
 
 def train(name: str, steps: int, args: argparse.Namespace, tag: str) -> dict:
-    out = args.output / f"{name}-{tag}"
+    out = RunFolder(args.output / f"{name}-{tag}")
     ds = json.loads((REPO / "ds_configs" / "paraformer_cpu_small.json").read_text())
     ds["scheduler"]["params"].update(total_num_steps=steps, warmup_num_steps=max(1, steps // 10))
     ds_path = args.output / f"ds-{steps}.json"
     ds_path.write_text(json.dumps(ds))
-    cmd = [sys.executable, str(REPO / "vision" / "run_classify.py"), "--model-config", name,
-           "--deepspeed_config", str(ds_path), "--output-dir", str(out), "--max-steps", str(steps),
+    cmd = [sys.executable, "-m", "widenet_ds.train", "classify", "--model-config", name,
+           "--deepspeed_config", str(ds_path), "--output-dir", str(out.path), "--max-steps", str(steps),
            "--log-interval", "25", "--eval-interval", "0", "--save-interval", str(10 * steps), "--workers", "0",
            "--no-progress-bar", "--no-tensorboard", "--flip", "--seed", str(args.seed)]
     if VisionConfig.from_preset(name).num_branches > 1:
         cmd += ["--branch-schedule", "prefix", "--prefix-cycle-batches", str(args.cycle_batches)]
     if args.max_eval_examples:
         cmd += ["--max-eval-examples", str(args.max_eval_examples)]
-    if not (out / "results.json").is_file():
+    if not out.results.is_file():
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(args.threads)}
         subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
-    results = json.loads((out / "results.json").read_text())
-    records = [r for r in read_metrics(out / "metrics.jsonl") if "perf/samples_per_second" in r]
+    results = out.read_results()
+    records = [r for r in out.read_metrics().records if "perf/samples_per_second" in r]
     # seconds per step between the first and the last logged step (start-up, data decoding, the first
     # step's allocations and the final evaluation excluded), times the steps taken
     first, last = records[0], records[-1]
@@ -66,7 +68,7 @@ def train(name: str, steps: int, args: argparse.Namespace, tag: str) -> dict:
     return {"model": name, "budget": tag, "steps": results["step"], "test_accuracy": results["test/accuracy"],
             "accuracy_by_branches": results.get("accuracy_by_branches"), "train_seconds": seconds,
             "seconds_per_step": per_step,
-            "last_train_loss": records[-1]["train/task_loss"], "run_dir": str(out)}
+            "last_train_loss": records[-1]["train/task_loss"], "run_dir": str(out.path)}
 
 
 def forward_latency_ms(name: str, threads: int, batch: int = 256, repeats: int = 20) -> float:
@@ -122,9 +124,12 @@ def main() -> int:
     print(f"load average at end: {os.getloadavg()}")
     (args.output / "table.md").write_text(table + "\n")
     (args.output / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
-    # the paper's Fig. 4: accuracy of the first k branches (equal-steps runs; the sequential ViT has one branch)
-    plot([read_run(Path(r["run_dir"])) for r in rows if r["accuracy_by_branches"] and r["budget"] == "equal-steps"],
-         args.output / "fig4_fmnist.png")
+    # The paper's Fig. 4, accuracy of the first k branches (equal-steps runs; the sequential ViT has one
+    # branch): the ParaFormer section of the runs' report, its plot copied under the name the docs use.
+    branched = [Path(r["run_dir"]) for r in rows if r["accuracy_by_branches"] and r["budget"] == "equal-steps"]
+    write_report(branched, args.output / "report", "ParaFormer on Fashion-MNIST (equal steps)",
+                 branches_table=args.output / "branches.md")
+    shutil.copy(args.output / "report" / ACCURACY.plot_file, args.output / "fig4_fmnist.png")
     return 0
 
 

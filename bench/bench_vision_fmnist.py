@@ -3,7 +3,7 @@ dense (w/o MoE) ablation, same steps, same data order, same DeepSpeed config. No
 
     PYTHONPATH=. python bench/bench_vision_fmnist.py --steps 300 --ranks 2 --output runs/bench_vision
 
-Each model trains through vision/run_classify.py under the deepspeed launcher (ep 2 for the MoE model on
+Each model trains through `deepspeed --module widenet_ds.train classify` (ep 2 for the MoE model on
 2 ranks) and is evaluated on the whole test split (or --max-eval-examples); prints a Markdown table of
 trainable parameters, test accuracy, train wall time and images/s.
 """
@@ -21,6 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from widenet_ds.run_folder import RunFolder  # noqa: E402
 from widenet_ds.vision.config import VisionConfig  # noqa: E402
 from widenet_ds.vision.model import build_model, count_trainable_parameters  # noqa: E402
 
@@ -45,7 +46,7 @@ def main() -> int:
         out = args.output / name
         ep = args.ranks if VisionConfig.from_preset(name).is_moe else 1
         cmd = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(args.ranks), "--master_port",
-               str(29700 + MODELS.index(name)), str(REPO / "vision" / "run_classify.py"), "--model-config", name,
+               str(29700 + MODELS.index(name)), "--module", "widenet_ds.train", "classify", "--model-config", name,
                "--deepspeed_config", str(ds_path), "--output-dir", str(out), "--max-steps", str(args.steps),
                "--ep-size", str(ep), "--log-interval", "50", "--eval-interval", "0", "--save-interval",
                str(args.steps), "--workers", "0", "--no-progress-bar", "--flip"]
@@ -57,9 +58,9 @@ def main() -> int:
         start = time.monotonic()
         subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
         wall = time.monotonic() - start
-        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        train = [r for r in records if "train/loss" in r]
-        result = json.loads((out / "results.json").read_text())
+        run = RunFolder(out)
+        train = [r for r in run.read_metrics().records if "train/loss" in r]
+        result = run.read_results()
         params = count_trainable_parameters(build_model(VisionConfig.from_preset(name), device="meta"))
         speed = sum(r["perf/samples_per_second"] for r in train) / len(train)
         rows.append((name, params, result["test/accuracy"], train[-1]["train/task_loss"], wall, speed))

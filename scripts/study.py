@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import statistics
@@ -46,11 +45,10 @@ from widenet_ds.model.config import ModelConfig  # noqa: E402
 from widenet_ds.model.counts import count_parameters  # noqa: E402
 from widenet_ds.model.counts import flops_per_token  # noqa: E402
 from widenet_ds.report.cli import write_report  # noqa: E402
+from widenet_ds.run_folder import RunFolder  # noqa: E402
 from widenet_ds.runtime.distributed import init_distributed  # noqa: E402
-from widenet_ds.training.finetune import main as finetune_main  # noqa: E402
-from widenet_ds.training.finetune_tasks import GlueTaskRun, SquadTaskRun  # noqa: E402
-from widenet_ds.training.pretrain import run as pretrain_run  # noqa: E402
-from widenet_ds.training.pretrain_config import parse_args  # noqa: E402
+from widenet_ds.training.command_line import parse  # noqa: E402
+from widenet_ds.training.run import run_task  # noqa: E402
 
 PRETRAIN_DS = REPO / "ds_configs" / "cpu_small.json"
 FINETUNE_DS = REPO / "ds_configs" / "finetune_cpu_small.json"
@@ -120,13 +118,6 @@ def parameter_count(cfg: ModelConfig) -> int:
         return count_parameters(WideNetForPreTraining(cfg))["total"]
 
 
-def _entrypoint(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "finetune" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @contextlib.contextmanager
 def quiet(path: Path):
     """The runs' own console output goes to a log file beside their results."""
@@ -163,12 +154,12 @@ def pretrain(variant: Variant, steps: int, budget: str, data: Path, out: Path, s
     ds = write_ds_config(PRETRAIN_DS, run_dir / "study_ds.json", steps, batch=16)
     start = time.perf_counter()
     with quiet(run_dir / "console.log"):
-        assert pretrain_run(parse_args([
+        assert run_task(parse("pretrain", [
             "--model-config", str(run_dir / "study_model.json"), "--deepspeed_config", str(ds), "--data", str(data),
             "--output-dir", str(run_dir), "--max-steps", str(steps), "--log-interval", str(max(1, steps // 40)),
             "--eval-interval", str(_eval_interval(steps)), "--eval-batches", "8", "--save-interval", str(steps),
-            "--keep-last", "1", "--seed", str(seed), "--no-tensorboard", "--no-progress-bar", "--resume"])) == 0
-    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+            "--keep-last", "1", "--seed", str(seed), "--no-tensorboard", "--no-progress-bar", "--resume"])) is not None
+    records = RunFolder(run_dir).read_metrics().records
     valid = [r for r in records if "valid/mlm_loss" in r][-1]
     train = [r for r in records if "train/mlm_loss" in r][-1]
     summary = {"variant": variant.name, "budget": budget, "seed": seed, "steps": steps, "params": parameter_count(cfg),
@@ -199,30 +190,33 @@ def squad_split(shared: Path, out: Path) -> tuple[Path, Path]:
 
 def finetune(pre: dict, task: str, shared: Path, data: Path, out: Path, sizes: dict[str, int]) -> dict:
     run_dir = out / "finetune" / f"{pre['variant']}-{pre['budget']}" / task.lower().replace("-", "")
-    if not (run_dir / "results.json").is_file():
+    folder = RunFolder(run_dir)
+    if not folder.results.is_file():
+        # A stage stopped part-way continues where it was (finished seeds are kept); else a new run.
+        start = ["--resume"] if folder.holds() else ["--init-from", pre["run_dir"]]
         run_dir.mkdir(parents=True, exist_ok=True)
         steps = sizes["finetune_steps"]
         ds = write_ds_config(FINETUNE_DS, run_dir.parent / f"study_ds_{run_dir.name}.json", steps, batch=32)
-        common = ["--init-from", pre["run_dir"], "--tokenizer", str(data), "--deepspeed_config", str(ds),
+        common = [*start, "--tokenizer", str(data), "--deepspeed_config", str(ds),
                   "--output-dir", str(run_dir), "--max-steps", str(steps), "--seeds", str(SEEDS),
                   "--log-interval", str(max(1, steps // 10)), "--max-seq-length", str(SEQ_LENGTH),
                   # the study's small schedule is not the paper's recipe on purpose
-                  "--allow-recipe-mismatch", "--no-tensorboard", "--no-progress-bar",
-                  "--resume"]  # a stage stopped part-way continues where it was (finished seeds are kept)
+                  "--allow-recipe-mismatch", "--no-tensorboard", "--no-progress-bar"]
         with quiet(run_dir.parent / "console.log"):
             if task == "SQuAD1.1":
                 train, dev = squad_split(shared, out)
-                code = finetune_main(_entrypoint("run_squad").parser(), SquadTaskRun, [
+                results = run_task(parse("squad", [
                     "--version", "1.1", "--data", str(dev), "--train-file", str(train), "--dev-file", str(dev),
                     "--max-train-examples", str(sizes["squad_train"]), "--max-eval-examples",
-                    str(sizes["squad_eval"]), "--doc-stride", "16", *common])
+                    str(sizes["squad_eval"]), "--doc-stride", "16", *common]))
             else:
-                code = finetune_main(_entrypoint("run_glue").parser(), GlueTaskRun, [
+                results = run_task(parse("glue", [
                     "--task", task, "--data", str(shared / "glue" / task),
                     "--max-train-examples", str(sizes["train_examples"]),
-                    "--max-eval-examples", str(sizes["eval_examples"]), *common])
-        assert code == 0, f"finetuning {task} of {pre['variant']} failed (see {run_dir.parent / 'console.log'})"
-    results = json.loads((run_dir / "results.json").read_text())
+                    "--max-eval-examples", str(sizes["eval_examples"]), *common]))
+        assert results is not None, (f"finetuning {task} of {pre['variant']} stopped (see "
+                                     f"{run_dir.parent / 'console.log'})")
+    results = folder.read_results()
     split = "dev"
     metric = "f1" if task == "SQuAD1.1" else results["primary_metric"]
     scores = [run["metrics"][split][metric] for run in results["per_seed"]]

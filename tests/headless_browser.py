@@ -2,7 +2,8 @@
 `--remote-debugging-pipe` (fds 3 and 4, NUL-separated JSON): no extra package, no network port.
 
 `open_page` returns the page's console errors, uncaught exceptions and failed loads (a missing image is a
-Log entry of level "error"), the images that did not decode, and a full-page PNG screenshot.
+Log entry of level "error"), the images that did not decode, the text as rendered, and a full-page PNG
+screenshot.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class PageVisit:
     broken_images: list[str] = field(default_factory=list)
     title: str = ""
     height: int = 0
+    text: str = ""  # the rendered text (innerText: what a reader sees, tables as tab-separated cells)
 
 
 class _Pipe:
@@ -121,6 +123,7 @@ def open_page(page: Path, screenshot: Path, width: int = 1280, timeout: float = 
             pipe.send("Page.navigate", {"url": page.resolve().as_uri()}, session=session)
             pipe.wait_for("Page.loadEventFired", timeout=timeout)
             probe = ("JSON.stringify({title: document.title, height: document.documentElement.scrollHeight, "
+                     "text: document.body.innerText, "
                      "broken: Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0))"
                      ".map(i => i.getAttribute('src'))})")
             state = json.loads(pipe.send("Runtime.evaluate", {"expression": probe, "returnByValue": True},
@@ -130,7 +133,8 @@ def open_page(page: Path, screenshot: Path, width: int = 1280, timeout: float = 
                 "clip": {"x": 0, "y": 0, "width": width, "height": state["height"], "scale": 1}}, session=session)
             screenshot.parent.mkdir(parents=True, exist_ok=True)
             screenshot.write_bytes(base64.b64decode(shot["data"]))
-            visit = PageVisit(title=state["title"], height=state["height"], broken_images=state["broken"])
+            visit = PageVisit(title=state["title"], height=state["height"], broken_images=state["broken"],
+                              text=state["text"])
             for event in pipe.events:
                 method, params = event.get("method"), event.get("params", {})
                 if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):

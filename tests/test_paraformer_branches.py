@@ -23,7 +23,6 @@ from widenet_ds.cli import main as widenet_ds_main
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining, WideNetForSequenceClassification
-from widenet_ds.report import branches as branch_report
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification
 
@@ -207,16 +206,15 @@ def test_training_continues_from_an_expanded_folder(dist, tmp_path):
     assert any(str(tmp_path / "three") in e for e in events(tmp_path / "new"))
     results = json.loads((tmp_path / "new" / "results.json").read_text())
     assert sorted(results["accuracy_by_branches"]) == ["1", "2", "3"]
-    # the accuracy-per-k table and plot of both runs
-    png, md = tmp_path / "branches.png", tmp_path / "branches.md"
-    assert branch_report.main([str(tmp_path / "old"), str(tmp_path / "new"), "--plot", str(png),
-                               "--table", str(md)]) == 0
-    table = md.read_text().splitlines()
+    # the accuracy-per-k table and plot of both runs (the report's ParaFormer section)
+    md = tmp_path / "branches.md"
+    assert widenet_ds_main(["report", str(tmp_path / "old"), str(tmp_path / "new"), "--output",
+                            str(tmp_path / "report"), "--branches-table", str(md)]) == 0
+    table = md.read_text().splitlines()[2:]
     assert table[0] == "| run | k = 1 | k = 2 | k = 3 |"
     assert table[3] == "| new | " + " | ".join(f"{results['accuracy_by_branches'][k]:.4f}" for k in "123") + " |"
     assert table[2].startswith("| old | ") and table[2].endswith(" |  |")  # the old run has no third branch
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert branch_report.main([str(tmp_path / "two")]) == 2  # a folder, not a run: no results.json
+    assert (tmp_path / "report" / "accuracy_by_branches.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     print(f"old run: loss {first_old:.3f} -> {last_old:.3f}; continued with 3 branches from {first_new:.3f}\n"
           + md.read_text())
 

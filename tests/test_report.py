@@ -6,21 +6,21 @@ partial and live folders are reported instead of crashing."""
 
 from __future__ import annotations
 
-import importlib.util
+import html
 import json
 import os
 import shutil
-import subprocess
-import sys
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
+from widenet_ds.run_folder import RunFolder
+
 from headless_browser import find_chromium, open_page
-from launching import REPO, child_env
-from pretrain_support import BOOKS, CPU_CONFIG, prepare_data
+from launching import REPO
+from pretrain_support import BOOKS, CPU_CONFIG, prepare_data, train_in_process, write_model_config
+from report_page import assert_shows, parse_page, report
 
 FINETUNE_CONFIG = REPO / "ds_configs" / "finetune_cpu_small.json"
 PRETRAIN_STEPS, FINETUNE_STEPS = 6, 4
@@ -28,84 +28,24 @@ EXPECTED_PLOTS = {"mlm_loss.png", "sop_loss.png", "lr.png", "tokens_per_second.p
                   "dropped_fraction.png", "expert_load_pretrain.png", "finetune_loss.png"}
 
 
-def _glue_entrypoint():
-    spec = importlib.util.spec_from_file_location("run_glue", REPO / "finetune" / "run_glue.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, shared_data, dist):
     """A real pretraining folder and a real finetuning folder started from it (one process, 1 rank)."""
-    from widenet_ds.training.finetune import main as finetune_main
-    from widenet_ds.training.finetune_tasks import GlueTaskRun
-    from widenet_ds.training.pretrain import run as pretrain
-    from widenet_ds.training.pretrain_config import parse_args
-
     root = tmp_path_factory.mktemp("report")
     data = prepare_data(root / "data", [shared_data / BOOKS[0]])
     pre = root / "pretrain"
-    assert pretrain(parse_args([
+    assert train_in_process("pretrain", [
         "--model-config", "widenet-tiny-e4", "--deepspeed_config", str(CPU_CONFIG), "--data", str(data),
         "--output-dir", str(pre), "--max-steps", str(PRETRAIN_STEPS), "--log-interval", "1",
         "--eval-interval", "3", "--eval-batches", "2", "--save-interval", str(PRETRAIN_STEPS),
-        "--no-progress-bar", "--no-tensorboard"])) == 0
+        "--no-progress-bar", "--no-tensorboard"]) is not None
     ft = root / "sst2"
-    assert finetune_main(_glue_entrypoint().parser(), GlueTaskRun, [
+    assert train_in_process("glue", [
         "--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--init-from", str(pre), "--tokenizer", str(data),
         "--deepspeed_config", str(FINETUNE_CONFIG), "--output-dir", str(ft), "--max-steps", str(FINETUNE_STEPS),
         "--seeds", "2", "--max-train-examples", "128", "--max-eval-examples", "64", "--max-seq-length", "64",
-        "--log-interval", "1", "--allow-recipe-mismatch", "--no-tensorboard", "--no-progress-bar"]) == 0
+        "--log-interval", "1", "--allow-recipe-mismatch", "--no-tensorboard", "--no-progress-bar"]) is not None
     return {"root": root, "pretrain": pre, "finetune": ft}
-
-
-def report(*args: str | Path) -> subprocess.CompletedProcess:
-    """The real console command, in a child process (as a user runs it)."""
-    return subprocess.run([sys.executable, "-m", "widenet_ds.cli", "report", *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300, env=child_env())
-
-
-class _Cells(HTMLParser):
-    """(data-run, data-row, data-key) -> text of every number cell; img sources."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.cells: dict[tuple[str, str, str], str] = {}
-        self.images: list[str] = []
-        self._open: tuple[str, str, str] | None = None
-
-    def handle_starttag(self, tag, attrs):
-        attrs = dict(attrs)
-        if tag == "td" and "data-key" in attrs:
-            self._open = (attrs["data-run"], attrs["data-row"], attrs["data-key"])
-            self.cells[self._open] = ""
-        elif tag == "img":
-            self.images.append(attrs["src"])
-
-    def handle_data(self, data):
-        if self._open:
-            self.cells[self._open] += data
-
-    def handle_endtag(self, tag):
-        if tag == "td":
-            self._open = None
-
-
-def parse_page(page: Path) -> _Cells:
-    cells = _Cells()
-    cells.feed(page.read_text())
-    return cells
-
-
-def shown(text: str) -> float:
-    return float(text.strip())
-
-
-def assert_shows(cells: _Cells, run: str, row: str, key: str, expected: float) -> None:
-    text = cells.cells[(run, row, key)]
-    # 4 decimals or 4 significant digits, as the page prints them
-    assert shown(text) == pytest.approx(expected, rel=1e-3, abs=6e-5), (run, row, key, text, expected)
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +59,7 @@ def rendered(runs):
 
 def test_tables_show_the_runs_numbers(runs, rendered):
     cells = parse_page(rendered / "index.html")
-    records = [json.loads(line) for line in (runs["pretrain"] / "metrics.jsonl").read_text().splitlines()]
-    scalars = [r for r in records if "event" not in r]
+    scalars = RunFolder(runs["pretrain"]).read_metrics().records
     # the last value of each pretraining series, at the step it was logged
     for key in ("train/mlm_loss", "valid/mlm_loss", "train/sop_loss", "valid/sop_loss", "train/mlm_accuracy",
                 "train/balance_loss", "optim/lr", "perf/tokens_per_second"):
@@ -138,7 +77,7 @@ def test_tables_show_the_runs_numbers(runs, rendered):
         key = f"moe/block_{block:02d}/dropped_fraction"
         assert_shows(cells, "pretrain", f"step {PRETRAIN_STEPS}", key, final[key])
     # finetuning: the median, each seed and the majority-class baseline, from results.json
-    results = json.loads((runs["finetune"] / "results.json").read_text())
+    results = RunFolder(runs["finetune"]).read_results()
     assert results["median"]["dev"]["acc"] is not None
     assert_shows(cells, "sst2", "median", "dev/acc", results["median"]["dev"]["acc"])
     for seed_run in results["per_seed"]:
@@ -213,8 +152,8 @@ def test_bad_and_partial_folders_are_listed_not_fatal(runs, tmp_path):
     out = tmp_path / "report"
     proc = report(runs["pretrain"], *bad, "--output", out)
     assert proc.returncode == 0, proc.stderr
-    page = (out / "index.html").read_text()
-    for path, why in ((empty, "not a run folder"), (broken, "results.json is not valid JSON"),
+    page = html.unescape((out / "index.html").read_text())
+    for path, why in ((empty, "not a run folder"), (broken, "results.json (the run's results) cannot be read"),
                       (no_metrics, "without metrics.jsonl"), (garbled, "no readable record"),
                       (a_file, "is not a folder"), (tmp_path / "missing", "does not exist")):
         assert f"{path}: " in proc.stderr and why in proc.stderr, (path, why, proc.stderr)
@@ -251,3 +190,62 @@ def test_a_live_run_is_read_up_to_its_partial_last_line(runs, tmp_path):
     proc = report(live, "--output", out)
     assert proc.returncode == 0 and "still being written" not in proc.stderr
     assert parse_page(out / "index.html").cells[("live", "last", "step")] == str(PRETRAIN_STEPS)
+
+
+def test_the_same_folder_twice_is_shown_once_with_a_note(runs, tmp_path):
+    out = tmp_path / "report"
+    # the folder itself, again by another spelling, and through its parent (which also holds the finetuning)
+    proc = report(runs["pretrain"], runs["pretrain"].parent / "." / "pretrain", runs["root"], "--output", out)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "report.json").read_text())
+    names = [r["name"] for r in summary["runs"]]
+    assert names.count("pretrain") == 1 and "sst2" in names, names
+    assert "given 3 times" in proc.stderr and "shown once" in proc.stderr
+    assert "given 3 times" in (out / "index.html").read_text()
+    assert sorted(parse_page(out / "index.html").images).count("expert_load_pretrain.png") == 1
+
+
+def test_output_below_a_file_and_bad_table_paths_are_one_clear_error(runs, tmp_path):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    for output, why in ((a_file, f"--output {a_file} is a file"),
+                        (a_file / "report", f"is below {a_file}, which is a file")):
+        proc = report(runs["pretrain"], "--output", output)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("widenet-ds report: error: --output") and why in lines[0], lines
+    assert a_file.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    proc = report(runs["pretrain"], "--output", tmp_path / "report", "--branches-table", a_file / "table.md")
+    assert proc.returncode == 2 and "which is a file" in proc.stderr
+    # a run without branches has no compression curve: nothing to tabulate, and nothing written
+    proc = report(runs["pretrain"], "--output", tmp_path / "report", "--branches-table", tmp_path / "table.md")
+    assert proc.returncode == 2 and "none of the runs has a score per number of branches" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+@pytest.fixture(scope="module")
+def text_branches(runs, dist):
+    """A real pretraining of WideNet x ParaFormer (2 branches of 2 blocks): its log ends with the held-out MLM
+    loss of the first k branches."""
+    model = write_model_config(runs["root"] / "pf_model.json", "widenet-tiny-e4", norm_position="pre", num_branches=2)
+    out = runs["root"] / "pf-text"
+    assert train_in_process("pretrain", [
+        "--model-config", str(model), "--deepspeed_config", str(CPU_CONFIG), "--data", str(runs["root"] / "data"),
+        "--output-dir", str(out), "--max-steps", "4", "--log-interval", "2", "--eval-interval", "4",
+        "--eval-batches", "2", "--no-progress-bar", "--no-tensorboard"]) is not None
+    return out
+
+
+def test_text_paraformer_shows_the_mlm_loss_of_the_first_k_branches(text_branches, tmp_path):
+    out, table = tmp_path / "report", tmp_path / "branches.md"
+    proc = report(text_branches, "--output", out, "--branches-table", table)
+    assert proc.returncode == 0, proc.stderr
+    per_k = {k: RunFolder(text_branches).read_metrics().series(f"valid_branches_{k}/mlm_loss")[4] for k in (1, 2)}
+    assert per_k[1] != per_k[2]
+    cells = parse_page(out / "index.html")
+    assert "ParaFormer compression: the first k branches" in cells.headings
+    for k, loss in per_k.items():
+        assert_shows(cells, "pf-text", "step 4", f"valid_branches_{k}/mlm_loss", loss)
+    assert "mlm_loss_by_branches.png" in cells.images
+    assert table.read_text().splitlines()[2:] == [
+        "| run | k = 1 | k = 2 |", "|---|---:|---:|", f"| pf-text | {per_k[1]:.4f} | {per_k[2]:.4f} |"]

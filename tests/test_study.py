@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from widenet_ds.run_folder import RunFolder
+
 from launching import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dist")]
@@ -45,8 +47,8 @@ def study(tmp_path_factory, shared_data):
 
 
 def last_record(run_dir, key: str) -> float:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [r[key] for r in records if key in r][-1]
+    values = RunFolder(run_dir).read_metrics().series(key)
+    return values[max(values)]
 
 
 def test_pretraining_budgets_and_losses_come_from_the_runs(study):

@@ -23,7 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                                                  "to-hf-vit"),
     "branches": ("widenet_ds.checkpoint.branches_cli:cli", "ParaFormer branches of a checkpoint folder: compress to "
                                                             "the first K, expand to M"),
-    "report": ("widenet_ds.report.cli:cli", "HTML page with plots of pretraining/finetuning run folders"),
+    "report": ("widenet_ds.report.cli:cli", "HTML page with plots of pretraining/image/finetuning run folders"),
 }
 
 # Commands that never import DeepSpeed (start fast, print nothing of DeepSpeed's).

@@ -2,7 +2,8 @@
 
     <output>/
         run_config.json     the run: its task and settings (a --resume must find them unchanged)
-        model_config.json   the model's config (text `ModelConfig` or image `VisionConfig`)
+        model_config.json   the model's config (text `ModelConfig` or image `VisionConfig`; image runs of
+                            older versions: vision_config.json)
         metrics.jsonl       one JSON record per logged step ({"step", "time", scalars}) or event ({"event"})
         tensorboard/        the same scalars for TensorBoard
         checkpoints/        DeepSpeed tags with their markers (widenet_ds/checkpoint/training.py)
@@ -33,6 +34,7 @@ METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 CHECKPOINTS_DIR = "checkpoints"
 RESULTS_FILE = "results.json"
+OLD_VISION_CONFIG_FILE = "vision_config.json"  # image runs' model config in folders before model_config.json
 SEED_DIR = re.compile(r"^seed(\d+)$")
 TASKS = ("pretrain", "glue", "squad", "classify")
 
@@ -123,6 +125,11 @@ class RunFolder:
     def model_config(self) -> Path:
         return self.path / MODEL_CONFIG_FILE
 
+    def model_config_file(self) -> Path | None:
+        """The model config the run wrote (model_config.json, or an older image run's vision_config.json);
+        None before it has written one."""
+        return next((p for p in (self.model_config, self.path / OLD_VISION_CONFIG_FILE) if p.is_file()), None)
+
     @property
     def metrics(self) -> Path:
         return self.path / METRICS_FILE
@@ -176,8 +183,8 @@ class RunFolder:
 
     def task(self) -> str | None:
         """What trained here: the task recorded in run_config.json; for folders of older versions, what
-        their files say (seed folders: finetuning; a results.json naming a dataset: images; metrics only:
-        pretraining); None when the folder holds no run."""
+        their files say (seed folders: finetuning; vision_config.json or a results.json naming a dataset:
+        images; metrics only: pretraining); None when the folder holds no run."""
         if self.run_config.is_file():
             try:
                 task = self.read_run_config().get("task")
@@ -189,6 +196,8 @@ class RunFolder:
                 return "squad" if "version" in task else "glue"
         if self.seeds():
             return "glue"
+        if (self.path / OLD_VISION_CONFIG_FILE).is_file():
+            return "classify"
         if self.results.is_file():
             try:
                 results = self.read_results()

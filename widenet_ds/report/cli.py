@@ -1,22 +1,21 @@
 """`widenet-ds report RUN_DIR [RUN_DIR ...] --output DIR`: the page and its plots, written all at once.
 
-The output folder is built beside its final place and swapped in, so a reader never sees half a report,
-and a previous report there is replaced whole (no stale plots). A folder holding anything else is
-refused: the report never overwrites files it did not write. Folders that cannot be used are listed in
-the page and on stderr; the exit status is 1 only when none of them could be used.
+The output folder is built beside its final place and swapped in (`atomic_folder`), so a reader never
+sees half a report, and a previous report there is replaced whole (no stale plots). A folder holding
+anything else is refused: the report never overwrites files it did not write. Folders that cannot be used
+are listed in the page and on stderr; the exit status is 1 only when none of them could be used.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
+from widenet_ds.atomic import atomic_folder, atomic_write_text
 from widenet_ds.errors import ConfigError
+from widenet_ds.report.branches import branch_curves, markdown_table
 from widenet_ds.report.metrics import load_runs
 from widenet_ds.report.page import render
 from widenet_ds.report.plots import draw_all
@@ -26,12 +25,20 @@ MARKER_FILE = "report.json"  # what this report holds; its presence marks the fo
 GENERATOR = "widenet-ds report"
 
 
+def _file_in_the_way(path: Path) -> Path | None:
+    """The file at `path` or at the nearest of its parents that exists (a folder cannot be made there)."""
+    nearest = next((p for p in (path, *path.parents) if p.exists()), None)
+    return nearest if nearest is not None and not nearest.is_dir() else None
+
+
 def check_output_dir(out: Path) -> None:
-    """Refuse a folder we would have to overwrite that is not a previous report."""
+    """Refuse a path where no folder can be made, and a folder we would have to overwrite that is not a
+    previous report."""
+    if (blocking := _file_in_the_way(out)) is not None:
+        where = "is a file" if blocking == out else f"is below {blocking}, which is a file"
+        raise ConfigError(f"--output {out} {where}; pass a folder (new, empty, or a previous report).")
     if not out.exists():
         return
-    if not out.is_dir():
-        raise ConfigError(f"--output {out} is a file; pass a folder (new, empty, or a previous report).")
     entries = sorted(p.name for p in out.iterdir())
     if not entries or _is_report(out):
         return
@@ -47,28 +54,36 @@ def _is_report(folder: Path) -> bool:
         return False
 
 
-def _swap_in(built: Path, out: Path) -> None:
-    """Put the finished folder `built` at `out` (replacing an empty folder or a previous report)."""
-    if not out.exists():
-        os.replace(built, out)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-    os.replace(out, old / out.name)
-    os.replace(built, out)
-    shutil.rmtree(old)
+def check_table_file(path: Path) -> None:
+    if path.is_dir():
+        raise ConfigError(f"--branches-table {path} is a folder; pass a file name (Markdown, written whole).")
+    if (blocking := _file_in_the_way(path.parent)) is not None:
+        raise ConfigError(f"--branches-table {path} is below {blocking}, which is a file; pass a file name in a "
+                          f"folder.")
 
 
-def write_report(sources: list[Path], out: Path, title: str) -> tuple[Path | None, list[str]]:
-    """Build the report; returns (the page, or None when no folder was usable; the problems)."""
+def write_report(sources: list[Path], out: Path, title: str,
+                 branches_table: Path | None = None) -> tuple[Path | None, list[str]]:
+    """Build the report (and, when asked, the Markdown table of the runs' ParaFormer compression curves);
+    returns (the page, or None when no folder was usable; the problems)."""
     out = out.absolute()
     check_output_dir(out)  # before any reading or drawing
+    if branches_table is not None:
+        check_table_file(branches_table)
     runs, problems = load_runs(sources)
     messages = [str(p) for p in problems] + [f"{run.path}: {note}" for run in runs for note in run.notes]
     if not runs:
         return None, messages
-    out.parent.mkdir(parents=True, exist_ok=True)
-    built = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
+    curves = branch_curves(runs)
+    if branches_table is not None and not curves:
+        raise ConfigError(f"--branches-table: none of the runs has a score per number of branches (image runs of "
+                          f"models with num_branches > 1 write accuracy_by_branches to results.json when they "
+                          f"finish; pretraining runs log valid_branches_k/mlm_loss at their end).")
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"--output {out}: cannot create its parent folder ({err.strerror}).") from None
+    with atomic_folder(out, overwrite=True) as built:
         plots = draw_all(runs, built)
         (built / PAGE_FILE).write_text(render(runs, problems, plots, title, [str(s) for s in sources]),
                                        encoding="utf-8")
@@ -77,32 +92,37 @@ def write_report(sources: list[Path], out: Path, title: str) -> tuple[Path | Non
                    "problems": [{"path": str(p.path), "message": p.message} for p in problems],
                    "plots": [{"file": p.file, "title": p.title, "section": p.section} for p in plots]}
         (built / MARKER_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-        os.chmod(built, 0o755)  # mkdtemp's 0700 would hide the report from other users of a shared machine
-        _swap_in(built, out)
-    except BaseException:
-        shutil.rmtree(built, ignore_errors=True)
-        raise
+    if branches_table is not None:
+        atomic_write_text(branches_table, markdown_table(curves))
     return out / PAGE_FILE, messages
 
 
 def cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="widenet-ds report",
-        description="An HTML page with plots of pretraining runs (losses, learning rate, throughput, balance "
-                    "loss, dropped routes, expert load per block) overlaid, and tables of finetuning results. "
-                    "Reads folders while they are written; folders that cannot be used are listed, not fatal.")
+        description="An HTML page with plots of pretraining and image-classification runs (losses, accuracy, "
+                    "learning rate, throughput, balance loss, dropped routes, expert load per block) overlaid, "
+                    "tables of image and finetuning results, and ParaFormer's accuracy (or MLM loss) per number "
+                    "of branches kept. Reads folders while they are written; folders that cannot be used are "
+                    "listed, not fatal.")
     parser.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR",
-                        help="pretraining or finetuning output folders, or a folder holding such folders")
+                        help="pretraining, image-classification or finetuning output folders, or a folder holding "
+                             "such folders")
     parser.add_argument("--output", "-o", required=True, type=Path,
                         help="folder for index.html and the PNGs: new, empty, or a previous report (replaced)")
     parser.add_argument("--title", default="WideNet runs", help="the page's title")
+    parser.add_argument("--branches-table", type=Path, default=None, metavar="FILE",
+                        help="also write the ParaFormer compression curves (test accuracy, or held-out MLM loss, of "
+                             "the first k branches; one row per run) to FILE as Markdown tables")
     args = parser.parse_args(argv)
-    page, messages = write_report(args.runs, args.output, args.title)
+    page, messages = write_report(args.runs, args.output, args.title, args.branches_table)
     for message in messages:
         print(f"widenet-ds report: warning: {message}", file=sys.stderr)
     if page is None:
-        print("widenet-ds report: error: none of the folders holds a readable run; pass pretraining output "
+        print("widenet-ds report: error: none of the folders holds a readable run; pass pretraining or image output "
               "folders (metrics.jsonl) or finetuning output folders (results.json, seed<N>/).", file=sys.stderr)
         return 1
     print(f"report: {page}")
+    if args.branches_table is not None:
+        print(f"branches table: {args.branches_table}")
     return 0

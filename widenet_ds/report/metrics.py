@@ -1,29 +1,32 @@
 """Reading run folders as they are on disk: finished, still being written, partial or broken.
 
-A pretraining folder holds `metrics.jsonl` (one JSON record per logged step, see training_log.py) and
-`model_config.json`; a finetuning folder holds `results.json` (written at the end) and one `seed<N>/`
-folder per seed with its own `metrics.jsonl`. Nothing here raises on a bad folder: what cannot be read
-becomes a `Problem` (or a note on the run) that the page and stderr show.
+Three kinds of run, told apart by `RunFolder.task()` (widenet_ds/run_folder.py names every file):
+- pretraining: `metrics.jsonl` (one record per logged step) and the model config;
+- image classification: the same, plus `results.json` when it has finished (test accuracy and, for
+  ParaFormer models, the accuracy of the first k branches);
+- finetuning (GLUE, SQuAD): `results.json` at the end and one `seed<N>/` folder per seed with its own
+  `metrics.jsonl`.
+Nothing here raises on a bad folder: what cannot be read becomes a `Problem` (or a note on the run) that
+the page and stderr show.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# The file names training_log.py, pretrain.py and finetune.py write (not imported from there: they load
-# torch, and the report must start fast and run where only the run folders are).
-METRICS_FILE = "metrics.jsonl"
-MODEL_CONFIG_FILE = "model_config.json"
-RESULTS_FILE = "results.json"
-SEED_DIR = re.compile(r"^seed(\d+)$")
+from widenet_ds.run_folder import METRICS_FILE, MODEL_CONFIG_FILE, RESULTS_FILE, Metrics, RunFolder, \
+    RunFolderError, read_json, read_metrics
+
 EXPERT_LOAD_KEY = re.compile(r"^moe/block_(\d+)/expert_(\d+)_load$")
 DROPPED_KEY = re.compile(r"^moe/block_(\d+)/dropped_fraction$")
+BRANCH_MLM_KEY = re.compile(r"^valid_branches_(\d+)/mlm_loss$")  # pretraining's held-out loss of k branches
 # A finetuning seed's loss: `train/loss` (the trainer's log since the restructuring), `finetune/loss` before.
 FINETUNE_LOSS_KEYS = ("train/loss", "finetune/loss")
+# RunFolder.task() -> the report's kind of run (GLUE and SQuAD runs are shown alike).
+KINDS = {"pretrain": "pretrain", "classify": "classify", "glue": "finetune", "squad": "finetune"}
 
 
 @dataclass
@@ -37,69 +40,67 @@ class Problem:
         return f"{self.path}: {self.message}"
 
 
-@dataclass
-class JsonlRead:
-    records: list[dict[str, Any]]
-    live_tail: bool  # the last line is still being written (no newline yet, not JSON yet)
-    bad_lines: list[int]  # 1-based numbers of complete lines that are not a JSON record with a "step"
-
-
-def read_jsonl(path: Path) -> JsonlRead:
-    """The records of a metrics.jsonl that may be growing: a partial last line is left for next time."""
-    text = path.read_bytes().decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    ends_complete = text.endswith("\n") or not text
-    records, bad, live_tail = [], [], False
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            record = None
-        is_last = number == len(lines)
-        if isinstance(record, dict) and isinstance(record.get("step"), int):
-            records.append(record)
-        elif is_last and not ends_complete:
-            live_tail = True
-        else:
-            bad.append(number)
-    return JsonlRead(records, live_tail, bad)
-
-
-def _read_json(path: Path) -> tuple[Any, str | None]:
+def _read_live(path: Path) -> Metrics | str:
+    """A metrics.jsonl another process may still be writing, or why it cannot be read."""
     try:
-        return json.loads(path.read_text(encoding="utf-8")), None
-    except (OSError, UnicodeDecodeError) as err:
-        return None, f"{path.name} cannot be read ({err})"
-    except json.JSONDecodeError as err:
-        return None, f"{path.name} is not valid JSON ({err.msg} at line {err.lineno})"
+        return read_metrics(path, live=True)
+    except OSError as err:
+        return f"{path.name} cannot be read ({err})"
 
 
-def _bad_lines_note(path: Path, read: JsonlRead) -> list[str]:
-    if not read.bad_lines:
-        return []
-    shown = ", ".join(map(str, read.bad_lines[:5])) + (" ..." if len(read.bad_lines) > 5 else "")
-    return [f"{path.name}: {len(read.bad_lines)} line(s) are not JSON records with a step (line {shown}); skipped"]
+def _read_object(path: Path, what: str) -> tuple[dict[str, Any] | None, str | None]:
+    """A JSON object of the folder, or (None, why not)."""
+    try:
+        value = read_json(path, what)
+    except RunFolderError as err:
+        return None, str(err)
+    if not isinstance(value, dict):
+        return None, f"{path.name} is not a JSON object"
+    return value, None
+
+
+def _metrics_notes(prefix: str, metrics: Metrics) -> list[str]:
+    notes = []
+    if metrics.bad_lines:
+        shown = ", ".join(map(str, metrics.bad_lines[:5])) + (" ..." if len(metrics.bad_lines) > 5 else "")
+        notes.append(f"{prefix}{METRICS_FILE}: {len(metrics.bad_lines)} line(s) are not JSON records with a step "
+                     f"(line {shown}); skipped")
+    if metrics.live_tail:
+        notes.append(f"{prefix}{METRICS_FILE}: the last line is still being written (a live run): read up to the "
+                     f"line before")
+    return notes
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass
-class PretrainRun:
-    """A pretraining output folder: scalars per logged step, events, the model config."""
+class LoggedRun:
+    """A run whose trainer logs scalars per step to its own metrics.jsonl (pretraining, images)."""
 
     name: str
     path: Path
-    records: list[dict[str, Any]]  # records with scalars (events excluded)
-    events: list[dict[str, Any]]
+    metrics: Metrics
     model_config: dict[str, Any] | None
-    live_tail: bool
     notes: list[str] = field(default_factory=list)
-    kind: str = "pretrain"
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return self.metrics.records
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return self.metrics.events
+
+    @property
+    def live_tail(self) -> bool:
+        return self.metrics.live_tail
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """(steps, values) of the records holding `key`."""
-        rows = [(r["step"], float(r[key])) for r in self.records if isinstance(r.get(key), (int, float))]
-        return [s for s, _ in rows], [v for _, v in rows]
+        values = self.metrics.series(key)
+        return list(values), [float(v) for v in values.values()]
 
     def last(self, key: str) -> tuple[int, float] | None:
         steps, values = self.series(key)
@@ -107,7 +108,7 @@ class PretrainRun:
 
     @property
     def last_step(self) -> int | None:
-        steps = [r["step"] for r in self.records] + [e["step"] for e in self.events]
+        steps = [r["step"] for r in self.records] + [e["step"] for e in self.events if isinstance(e.get("step"), int)]
         return max(steps) if steps else None
 
     def _keys(self, pattern: re.Pattern) -> list[tuple[int, ...]]:
@@ -137,15 +138,72 @@ class PretrainRun:
         return [s for s, _ in rows], [v for _, v in rows]
 
     def model_summary(self) -> str:
+        """The model in one line, from the config the run wrote (text and image configs share these fields)."""
         cfg = self.model_config
         if not cfg:
-            return "unknown (no model_config.json)"
-        moe = cfg.get("moe") or {}
+            return "unknown (no model config)"
+        moe = cfg.get("moe") if isinstance(cfg.get("moe"), dict) else {}
         ffn = f"MoE E={moe.get('num_experts')} K={moe.get('top_k')}" if cfg.get("ffn") == "moe" else "dense FFN"
         sharing = [name for name, flag in (("attention", "share_attention"), ("FFN", "share_ffn"),
                                            ("LayerNorm", "share_layernorm")) if cfg.get(flag)]
-        return (f"{cfg.get('num_layers')} blocks, H {cfg.get('hidden_size')}, {ffn}, shared: "
-                f"{', '.join(sharing) or 'nothing'}")
+        branches, layers = cfg.get("num_branches"), cfg.get("num_layers")
+        layout = (f"{branches} branches x {layers // branches} blocks"
+                  if isinstance(branches, int) and branches > 1 and isinstance(layers, int) else f"{layers} blocks")
+        patches = f", patch {cfg['patch_size']} of {cfg.get('image_size')} px" if "patch_size" in cfg else ""
+        return f"{layout}, H {cfg.get('hidden_size')}{patches}, {ffn}, shared: {', '.join(sharing) or 'nothing'}"
+
+
+@dataclass
+class PretrainRun(LoggedRun):
+    """A pretraining output folder."""
+
+    kind: str = "pretrain"
+
+    def mlm_loss_by_branches(self) -> tuple[int, dict[int, float]] | None:
+        """(step, {k: held-out MLM loss of the first k branches}) of the last evaluation that logged them
+        (a ParaFormer run's compression curve; one record per k), None when it has none."""
+        found: dict[int, dict[int, float]] = {}
+        for record in self.records:
+            for key, value in record.items():
+                if (m := BRANCH_MLM_KEY.match(key)) and is_number(value):
+                    found.setdefault(record["step"], {})[int(m.group(1))] = float(value)
+        if not found:
+            return None
+        step = max(found)
+        return step, found[step]
+
+
+@dataclass
+class ImageRun(LoggedRun):
+    """An image-classification output folder: its log and, once finished, results.json."""
+
+    results: dict[str, Any] | None = None
+    settings: dict[str, Any] | None = None  # run_config.json (folders of the one trainer)
+    kind: str = "classify"
+
+    @property
+    def finished(self) -> bool:
+        return self.results is not None
+
+    def _setting(self, key: str) -> str:
+        """A setting as results.json records it, or as run_config.json does while the run is going."""
+        return str((self.results or {}).get(key) or (self.settings or {}).get(key) or "?")
+
+    @property
+    def dataset(self) -> str:
+        return self._setting("dataset")
+
+    @property
+    def model_name(self) -> str:
+        """The preset or config file the run was started with."""
+        return self._setting("model_config")
+
+    def accuracy_by_branches(self) -> dict[int, float]:
+        """k -> test accuracy of the first k branches (ParaFormer models; results.json), empty without."""
+        found = (self.results or {}).get("accuracy_by_branches")
+        if not isinstance(found, dict):
+            return {}
+        return {int(k): float(v) for k, v in found.items() if str(k).isdigit() and is_number(v)}
 
 
 @dataclass
@@ -154,12 +212,15 @@ class SeedRun:
 
     seed: int
     path: Path
-    records: list[dict[str, Any]]
-    live_tail: bool
+    metrics: Metrics
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return self.metrics.records
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
-        rows = [(r["step"], float(r[key])) for r in self.records if isinstance(r.get(key), (int, float))]
-        return [s for s, _ in rows], [v for _, v in rows]
+        values = self.metrics.series(key)
+        return list(values), [float(v) for v in values.values()]
 
     def loss(self) -> tuple[list[int], list[float]]:
         """The seed's training loss curve, under whichever key its trainer logged it."""
@@ -204,101 +265,108 @@ class FinetuneRun:
     def per_seed_metrics(self) -> dict[int, dict[str, dict[str, float]]]:
         """seed -> {split: {metric: value}}: results.json's final scores, else the last logged evaluation."""
         if self.results:
-            return {int(run["seed"]): {split: {k: float(v) for k, v in values.items() if _is_number(v)}
+            return {int(run["seed"]): {split: {k: float(v) for k, v in values.items() if is_number(v)}
                                        for split, values in run.get("metrics", {}).items()}
                     for run in self.results.get("per_seed", [])}
         return {seed.seed: seed.last_eval() for seed in self.seeds if seed.last_eval()}
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+Run = PretrainRun | ImageRun | FinetuneRun
 
 
-Run = PretrainRun | FinetuneRun
-
-
-def _load_pretrain(path: Path, name: str) -> PretrainRun | Problem:
-    metrics = path / METRICS_FILE
-    try:
-        read = read_jsonl(metrics)
-    except OSError as err:
-        return Problem(path, f"{METRICS_FILE} cannot be read ({err})")
-    notes = _bad_lines_note(metrics, read)
-    if read.bad_lines and not read.records:
-        return Problem(path, f"{METRICS_FILE} holds no readable record ({len(read.bad_lines)} bad line(s))")
+def _load_logged(folder: RunFolder, name: str, kind: str) -> LoggedRun | Problem:
+    """A pretraining or image run: its metrics, model config and (images) results."""
+    path, notes = folder.path, []
+    results = None
+    if kind == "classify":
+        if folder.results.is_file():
+            results, error = _read_object(folder.results, "the run's results")
+            if error:
+                notes.append(error)
+        else:
+            notes.append(f"no {RESULTS_FILE} yet (running, stopped or failed): test accuracy from the evaluations "
+                         f"logged so far")
+    if folder.metrics.is_file():
+        metrics = _read_live(folder.metrics)
+        if isinstance(metrics, str):
+            return Problem(path, metrics)
+        if metrics.bad_lines and not metrics.records:
+            return Problem(path, f"{METRICS_FILE} holds no readable record ({len(metrics.bad_lines)} bad line(s))")
+    elif results is not None:  # a finished image run whose log was removed: its results still count
+        metrics = Metrics()
+        notes.append(f"no {METRICS_FILE}: no curves")
+    else:
+        what = "an image-classification" if kind == "classify" else "a pretraining"
+        return Problem(path, f"{what} folder without {METRICS_FILE} (nothing logged yet, or logging went elsewhere)")
+    notes += _metrics_notes("", metrics)
     model_config = None
-    if (path / MODEL_CONFIG_FILE).is_file():
-        model_config, error = _read_json(path / MODEL_CONFIG_FILE)
+    config_file = folder.model_config_file()
+    if config_file is None:
+        notes.append(f"no {MODEL_CONFIG_FILE}: the model is not shown")
+    else:
+        model_config, error = _read_object(config_file, "the model's config")
         if error:
             notes.append(error)
-            model_config = None
-    else:
-        notes.append(f"no {MODEL_CONFIG_FILE}: the model is not shown")
-    if read.live_tail:
-        notes.append(f"the last line of {METRICS_FILE} is still being written (a live run): read up to the line before")
-    scalars = [r for r in read.records if "event" not in r]
-    if not scalars:
+    if not metrics.records:
         notes.append("no step logged yet")
-    return PretrainRun(name, path, scalars, [r for r in read.records if "event" in r], model_config,
-                       read.live_tail, notes)
+    if kind == "classify":
+        settings = None
+        if folder.run_config.is_file():
+            settings, error = _read_object(folder.run_config, "the run's settings")
+            if error:
+                notes.append(error)
+        return ImageRun(name, path, metrics, model_config, notes, results, settings)
+    return PretrainRun(name, path, metrics, model_config, notes)
 
 
-def _seed_dirs(path: Path) -> list[tuple[int, Path]]:
-    return sorted((int(m.group(1)), p) for p in path.iterdir() if p.is_dir() and (m := SEED_DIR.match(p.name)))
-
-
-def _load_finetune(path: Path, name: str) -> FinetuneRun | Problem:
+def _load_finetune(folder: RunFolder, name: str) -> FinetuneRun | Problem:
     notes: list[str] = []
     results = None
-    if (path / RESULTS_FILE).is_file():
-        results, error = _read_json(path / RESULTS_FILE)
-        if error or not isinstance(results, dict):
-            notes.append(error or f"{RESULTS_FILE} is not a JSON object")
-            results = None
+    if folder.results.is_file():
+        results, error = _read_object(folder.results, "the run's results")
+        if error:
+            notes.append(error)
     else:
         notes.append(f"no {RESULTS_FILE} yet (running, stopped or failed): showing the evaluations logged so far")
     seeds = []
-    for seed, seed_path in _seed_dirs(path):
-        metrics = seed_path / METRICS_FILE
-        if not metrics.is_file():
-            notes.append(f"{seed_path.name}/ has no {METRICS_FILE}")
+    for seed, seed_folder in folder.seeds():
+        prefix = f"{seed_folder.path.name}/"
+        if not seed_folder.metrics.is_file():
+            notes.append(f"{prefix} has no {METRICS_FILE}")
             continue
-        try:
-            read = read_jsonl(metrics)
-        except OSError as err:
-            notes.append(f"{seed_path.name}/{METRICS_FILE} cannot be read ({err})")
+        metrics = _read_live(seed_folder.metrics)
+        if isinstance(metrics, str):
+            notes.append(prefix + metrics)
             continue
-        notes += [f"{seed_path.name}/{note}" for note in _bad_lines_note(metrics, read)]
-        if read.live_tail:
-            notes.append(f"{seed_path.name}/{METRICS_FILE}: last line still being written (a live run)")
-        seeds.append(SeedRun(seed, seed_path, [r for r in read.records if "event" not in r], read.live_tail))
+        notes += _metrics_notes(prefix, metrics)
+        seeds.append(SeedRun(seed, seed_folder.path, metrics))
     if results is None and not seeds:
-        return Problem(path, "; ".join(notes) or "no readable results")
-    return FinetuneRun(name, path, results, seeds, notes)
+        return Problem(folder.path, "; ".join(notes) or "no readable results")
+    return FinetuneRun(name, folder.path, results, seeds, notes)
 
 
-def _looks_like(path: Path) -> str | None:
-    """'pretrain', 'finetune' or None (not a run folder)."""
-    if (path / RESULTS_FILE).is_file() or _seed_dirs(path):
-        return "finetune"
-    if (path / METRICS_FILE).is_file() or (path / MODEL_CONFIG_FILE).is_file():
-        return "pretrain"
-    return None
+def _is_run(folder: RunFolder) -> bool:
+    """The folder holds a run's files (perhaps only some, perhaps unreadable ones)."""
+    return folder.task() is not None or bool(folder.holds()) or folder.model_config_file() is not None
 
 
-def _load(path: Path, name: str) -> Run | Problem:
-    kind = _looks_like(path)
+def _load(folder: RunFolder, name: str) -> Run | Problem:
+    kind = KINDS.get(folder.task())
     if kind == "finetune":
-        return _load_finetune(path, name)
-    if not (path / METRICS_FILE).is_file():
-        return Problem(path, f"a pretraining folder without {METRICS_FILE} (nothing logged yet, or logging went "
-                             f"elsewhere)")
-    return _load_pretrain(path, name)
+        return _load_finetune(folder, name)
+    if kind is not None:
+        return _load_logged(folder, name, kind)
+    # Files of a run that do not say which kind: an unreadable results.json, a model config alone, ...
+    if folder.results.is_file():
+        results, error = _read_object(folder.results, "the run's results")
+        return Problem(folder.path, error) if error else _load_finetune(folder, name)
+    return Problem(folder.path, f"a run folder without {METRICS_FILE} (nothing logged yet, or logging went "
+                                f"elsewhere)")
 
 
 def load_runs(paths: list[Path]) -> tuple[list[Run], list[Problem]]:
-    """Every run found in `paths`, in order. A folder that is not a run itself but holds runs one level
-    down (a demo or study folder) stands for those runs."""
+    """Every run found in `paths`, in order, each once. A folder that is not a run itself but holds runs one
+    level down (a demo or study folder) stands for those runs."""
     candidates: list[Path] = []
     problems: list[Problem] = []
     for path in map(Path, paths):
@@ -306,19 +374,30 @@ def load_runs(paths: list[Path]) -> tuple[list[Run], list[Problem]]:
             problems.append(Problem(path, "does not exist"))
         elif not path.is_dir():
             problems.append(Problem(path, "is not a folder (pass a run's output folder)"))
-        elif _looks_like(path):
+        elif _is_run(RunFolder(path)):
             candidates.append(path)
         else:
-            inside = sorted(p for p in path.iterdir() if p.is_dir() and _looks_like(p))
+            inside = sorted(p for p in path.iterdir() if p.is_dir() and _is_run(RunFolder(p)))
             if inside:
                 candidates += inside
             else:
-                problems.append(Problem(path, f"not a run folder: no {METRICS_FILE} (pretraining) nor "
+                problems.append(Problem(path, f"not a run folder: no {METRICS_FILE} (pretraining, images) nor "
                                               f"{RESULTS_FILE} / seed<N>/ (finetuning), here or one level down"))
+    # The same folder given twice (or once itself and once through its parent) is one run.
+    given: dict[Path, list[Path]] = {}
+    for path in candidates:
+        given.setdefault(path.resolve(), []).append(path)
+    unique = [paths_[0] for paths_ in given.values()]
     runs: list[Run] = []
-    for path, name in zip(candidates, _names(candidates)):
-        loaded = _load(path, name)
-        (problems if isinstance(loaded, Problem) else runs).append(loaded)
+    for path, name in zip(unique, _names(unique)):
+        loaded = _load(RunFolder(path), name)
+        if isinstance(loaded, Problem):
+            problems.append(loaded)
+            continue
+        also = given[path.resolve()]
+        if len(also) > 1:
+            loaded.notes.append(f"given {len(also)} times ({', '.join(map(str, also))}): shown once")
+        runs.append(loaded)
     return runs, problems
 
 

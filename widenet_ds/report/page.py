@@ -12,8 +12,10 @@ import html
 import statistics
 from datetime import datetime, timezone
 
-from widenet_ds.report.metrics import FinetuneRun, PretrainRun, Problem, Run
+from widenet_ds.report.branches import BranchCurve, branch_curves, by_measure, widest
+from widenet_ds.report.metrics import FinetuneRun, ImageRun, LoggedRun, PretrainRun, Problem, Run, is_number
 from widenet_ds.report.plots import Plot
+from widenet_ds.run_folder import RESULTS_FILE
 
 PRETRAIN_COLUMNS = (
     ("train/mlm_loss", "train MLM loss"), ("valid/mlm_loss", "held-out MLM loss"),
@@ -22,6 +24,16 @@ PRETRAIN_COLUMNS = (
     ("train/balance_loss", "balance loss"), ("optim/lr", "learning rate"),
     ("perf/tokens_per_second", "tokens/s"),
 )
+IMAGE_COLUMNS = (
+    ("train/accuracy", "train accuracy"), ("test/accuracy", "test accuracy"), ("train/task_loss", "train loss"),
+    ("test/task_loss", "test loss"), ("train/balance_loss", "balance loss"), ("optim/lr", "learning rate"),
+    ("optim/grad_norm", "grad norm"), ("perf/samples_per_second", "images/s"), ("data/epoch", "epoch"),
+)
+# results.json of an image run: (key, label); the text fields are shown as they are
+IMAGE_RESULTS = (("test/accuracy", "test accuracy"), ("test/task_loss", "test loss (cross-entropy)"),
+                 ("test/balance_loss", "test balance loss"), ("parameters", "trainable parameters"),
+                 ("step", "steps"))
+KIND_NAMES = {"pretrain": "pretraining", "classify": "image classification", "finetune": "finetuning"}
 
 CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 2em auto; max-width: 1150px;
@@ -45,10 +57,10 @@ def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def fmt(value: float | int | None) -> str:
+def fmt(value: object) -> str:
     """A number as shown in the tables (a reader parsing it back gets the value to 4 decimals or 4
     significant digits)."""
-    if value is None:
+    if not is_number(value):  # missing, or not a number in a file edited by hand
         return "–"
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
@@ -60,7 +72,7 @@ def fmt(value: float | int | None) -> str:
     return f"{value:.4f}"
 
 
-def _num(value: float | int | None, run: str, row: str, key: str) -> str:
+def _num(value: object, run: str, row: str, key: str) -> str:
     return (f'<td class="num" data-run="{_e(run)}" data-row="{_e(row)}" data-key="{_e(key)}">'
             f"{_e(fmt(value))}</td>")
 
@@ -75,13 +87,18 @@ def _runs_table(runs: list[Run]) -> str:
         if isinstance(run, PretrainRun):
             what, step = run.model_summary(), run.last_step
             state = "being written (live)" if run.live_tail else ("finished" if _finished(run) else "running or stopped")
+        elif isinstance(run, ImageRun):
+            what = f"{run.dataset}, {run.model_name}: {run.model_summary()}"
+            step = run.last_step
+            state = (f"finished ({RESULTS_FILE})" if run.finished else
+                     "being written (live)" if run.live_tail else "running or stopped")
         else:
             what = f"{run.task}, init {run.results.get('init', '?')}" if run.results else run.task
             step = run.results.get("steps") if run.results else max(
                 (s.records[-1]["step"] for s in run.seeds if s.records), default=None)
-            state = "finished (results.json)" if run.finished else "running or stopped"
-        rows.append(f"<tr><td>{_e(run.name)}</td><td>{_e(run.kind)}</td><td><code>{_e(run.path)}</code></td>"
-                    f"<td>{_e(what)}</td>{_num(step, run.name, 'last', 'step')}<td>{_e(state)}"
+            state = f"finished ({RESULTS_FILE})" if run.finished else "running or stopped"
+        rows.append(f"<tr><td>{_e(run.name)}</td><td>{_e(KIND_NAMES[run.kind])}</td><td><code>{_e(run.path)}</code>"
+                    f"</td><td>{_e(what)}</td>{_num(step, run.name, 'last', 'step')}<td>{_e(state)}"
                     f"{_notes(run.notes)}</td></tr>")
     return ("<table><tr><th>run</th><th>kind</th><th>folder</th><th>model / task</th><th>last step</th>"
             f"<th>state</th></tr>{''.join(rows)}</table>")
@@ -91,15 +108,15 @@ def _finished(run: PretrainRun) -> bool:
     """The trainer logs a checkpoint at its last step; a run whose last event is a save at the last logged
     step has (very likely) ended. Without it, it is running or was stopped."""
     saves = [e for e in run.events if str(e.get("event", "")).startswith("checkpoint saved")]
-    return bool(saves) and saves[-1]["step"] == run.last_step and not run.live_tail
+    return bool(saves) and saves[-1].get("step") == run.last_step and not run.live_tail
 
 
-def _pretrain_table(runs: list[PretrainRun]) -> str:
-    head = "".join(f"<th>{_e(label)}</th>" for _, label in PRETRAIN_COLUMNS)
+def _last_values_table(runs: list[LoggedRun], columns: tuple[tuple[str, str], ...]) -> str:
+    head = "".join(f"<th>{_e(label)}</th>" for _, label in columns)
     rows = []
     for run in runs:
         cells = []
-        for key, _ in PRETRAIN_COLUMNS:
+        for key, _ in columns:
             last = run.last(key)
             cells.append(_num(last[1] if last else None, run.name, f"step {last[0]}" if last else "none", key))
         rows.append(f"<tr><td>{_e(run.name)}</td>{_num(run.last_step, run.name, 'last', 'step')}{''.join(cells)}</tr>")
@@ -107,7 +124,31 @@ def _pretrain_table(runs: list[PretrainRun]) -> str:
             f"<table><tr><th>run</th><th>last step</th>{head}</tr>{''.join(rows)}</table>")
 
 
-def _expert_table(run: PretrainRun) -> str:
+def _image_results_table(runs: list[ImageRun]) -> str:
+    """What each image run scored: results.json once finished, else the last evaluation logged."""
+    head = "".join(f"<th>{_e(label)}</th>" for _, label in IMAGE_RESULTS)
+    rows = []
+    for run in runs:
+        if run.results is not None:
+            r = run.results
+            values = {key: r.get(key) for key, _ in IMAGE_RESULTS}
+            row, origin = "results", RESULTS_FILE
+            ranks = f"{r.get('world_size', '?')} rank(s), ep_size {r.get('ep_size', '?')}"
+        else:
+            last = run.last("test/accuracy")
+            step = last[0] if last else None
+            record = next((x for x in reversed(run.records) if x["step"] == step and "test/accuracy" in x), {})
+            values = {key: record.get(key) for key, _ in IMAGE_RESULTS if key != "parameters"}
+            row, origin = (f"step {step}", f"last evaluation (step {step})") if last else ("none", "no evaluation yet")
+            ranks = "?"
+        cells = "".join(_num(values.get(key), run.name, row, key) for key, _ in IMAGE_RESULTS)
+        rows.append(f"<tr><td>{_e(run.name)}</td><td>{_e(run.dataset)}</td><td>{_e(run.model_name)}</td>"
+                    f"<td>{_e(ranks)}</td>{cells}<td>{_e(origin)}</td></tr>")
+    return ("<table><tr><th>run</th><th>dataset</th><th>model</th><th>ranks</th>"
+            f"{head}<th>from</th></tr>{''.join(rows)}</table>")
+
+
+def _expert_table(run: LoggedRun) -> str:
     """The load per expert of every block at the last logged step: the numbers behind the heatmap's right edge."""
     experts = run.num_experts
     last_steps = [run.expert_load(b)[0][-1] for b in run.blocks if run.expert_load(b)[0]]
@@ -124,6 +165,21 @@ def _expert_table(run: PretrainRun) -> str:
         rows.append(f"<tr><td>block {block}</td>{cells}{_num(record.get(dropped), run.name, f'step {step}', dropped)}</tr>")
     return (f"<p>{_e(run.name)}, step {step}: share of each block's routes per expert, and the fraction "
             f"dropped by capacity.</p><table><tr><th>block</th>{head}<th>dropped</th></tr>{''.join(rows)}</table>")
+
+
+def _branches_section(curves: list[BranchCurve], plots: list[Plot]) -> list[str]:
+    """Per measure, a row per run and a column per number of branches kept, then the plot."""
+    body = ["<h2>ParaFormer compression: the first k branches</h2>",
+            "<p>Each model cut to its first k branches, without retraining (what <code>compress --branches k"
+            "</code> exports).</p>"]
+    for measure, group in by_measure(curves):
+        ks = range(1, widest(group) + 1)
+        head = "".join(f"<th>k = {k}</th>" for k in ks)
+        rows = "".join(f"<tr><td>{_e(c.run)}</td>" + "".join(_num(c.values.get(k), c.run, c.source, measure.key(k))
+                                                             for k in ks) + "</tr>" for c in group)
+        body.append(f"<h3>{_e(measure.label.capitalize())}</h3><table><tr><th>run</th>{head}</tr>{rows}</table>")
+        body += [_figure(p) for p in plots if p.section == "branches" and p.file == measure.plot_file]
+    return body
 
 
 def _finetune_section(run: FinetuneRun) -> str:
@@ -209,6 +265,7 @@ def _figure(plot: Plot) -> str:
 
 def render(runs: list[Run], problems: list[Problem], plots: list[Plot], title: str, sources: list[str]) -> str:
     pretrain = [r for r in runs if isinstance(r, PretrainRun)]
+    images = [r for r in runs if isinstance(r, ImageRun)]
     finetune = [r for r in runs if isinstance(r, FinetuneRun)]
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     body = [f"<h1>{_e(title)}</h1>",
@@ -218,14 +275,21 @@ def render(runs: list[Run], problems: list[Problem], plots: list[Plot], title: s
         body.append(f'<div class="problems" id="problems"><b>Folders not used:</b><ul>{items}</ul></div>')
     body += ["<h2>Runs</h2>", _runs_table(runs)]
     if pretrain:
-        body += ["<h2>Pretraining</h2>", _pretrain_table(pretrain)]
+        body += ["<h2>Pretraining</h2>", _last_values_table(pretrain, PRETRAIN_COLUMNS)]
         body.append('<div class="plots">' + "".join(_figure(p) for p in plots if p.section == "pretrain") + "</div>")
-        moe = [r for r in pretrain if r.blocks]
-        if moe:
-            body.append("<h2>Expert load per block</h2>")
-            for run in moe:
-                body += [_figure(p) for p in plots if p.section == "experts" and p.title == f"Expert load: {run.name}"]
-                body.append(_expert_table(run))
+    if images:
+        body += ['<h2 id="images">Image classification</h2>', _image_results_table(images),
+                 _last_values_table(images, IMAGE_COLUMNS)]
+        body.append('<div class="plots">' + "".join(_figure(p) for p in plots if p.section == "classify") + "</div>")
+    moe = [r for r in pretrain + images if r.blocks]
+    if moe:
+        body.append("<h2>Expert load per block</h2>")
+        for run in moe:
+            body += [_figure(p) for p in plots if p.section == "experts" and p.title == f"Expert load: {run.name}"]
+            body.append(_expert_table(run))
+    curves = branch_curves(runs)
+    if curves:
+        body += _branches_section(curves, plots)
     if finetune:
         body += ["<h2>Finetuning</h2>", _finetune_summary(finetune)]
         body += [_finetune_section(run) for run in finetune]

@@ -1,5 +1,5 @@
-"""The report's PNG plots (matplotlib, no display needed): curves with the runs overlaid, and one
-expert-load heatmap per MoE run with a row of panels per routed block.
+"""The report's PNG plots (matplotlib, no display needed): curves with the runs of a kind overlaid, one
+expert-load heatmap per MoE run with a row of panels per routed block, and ParaFormer's compression curves.
 
 Figures are built with `matplotlib.figure.Figure` (Agg canvas), never through pyplot's global state, so
 nothing depends on a display or leaks figures between calls.
@@ -17,7 +17,8 @@ matplotlib.use("Agg")  # no display anywhere (CI, clusters); set before anything
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from widenet_ds.report.metrics import FinetuneRun, PretrainRun, Run  # noqa: E402
+from widenet_ds.report.branches import BranchCurve, branch_curves, by_measure  # noqa: E402
+from widenet_ds.report.metrics import FinetuneRun, ImageRun, LoggedRun, PretrainRun, Run  # noqa: E402
 
 DPI = 100
 
@@ -29,7 +30,7 @@ class Plot:
     file: str
     title: str
     caption: str
-    section: str  # "pretrain", "experts" or "finetune"
+    section: str  # "pretrain", "classify", "experts", "branches" or "finetune"
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,8 @@ class Curve:
     key: str  # the metrics.jsonl key of the training series
     title: str
     ylabel: str
-    valid_key: str | None = None  # the held-out series drawn dashed beside it
-    log_y: bool = False
+    valid_key: str | None = None  # the held-out (test) series drawn dashed beside it
+    valid_label: str = "held-out"
 
 
 PRETRAIN_CURVES = (
@@ -48,6 +49,14 @@ PRETRAIN_CURVES = (
     Curve("perf/tokens_per_second", "Throughput (real tokens per second, all ranks)", "tokens / s"),
     Curve("train/balance_loss", "Load-balance loss (summed over routing calls, unweighted)", "balance loss"),
 )
+IMAGE_CURVES = (
+    Curve("train/accuracy", "Accuracy", "accuracy", "test/accuracy", "test"),
+    Curve("train/task_loss", "Classification loss (cross-entropy)", "loss", "test/task_loss", "test"),
+    Curve("optim/lr", "Learning rate", "learning rate"),
+    Curve("perf/samples_per_second", "Throughput (images per second, all ranks)", "images / s"),
+    Curve("train/balance_loss", "Load-balance loss (summed over routing calls, unweighted)", "balance loss"),
+)
+IMAGE_PREFIX = "image_"  # image runs' curve files, beside the pretraining ones of the same names
 
 
 def slug(name: str) -> str:
@@ -76,7 +85,7 @@ def _legend(fig: Figure, ax) -> None:
         fig.legend(loc="outside right upper", fontsize="x-small")
 
 
-def _curve_plot(runs: list[PretrainRun], curve: Curve, out_dir: Path, file: str) -> bool:
+def _curve_plot(runs: list[LoggedRun], curve: Curve, out_dir: Path, file: str) -> bool:
     """One figure, every run in its own colour (training solid, held-out dashed with markers)."""
     fig = Figure(figsize=(7.5, 4.2), layout="constrained")
     ax = fig.subplots()
@@ -90,7 +99,7 @@ def _curve_plot(runs: list[PretrainRun], curve: Curve, out_dir: Path, file: str)
             vsteps, vvalues = run.series(curve.valid_key)
             if vsteps:
                 ax.plot(vsteps, vvalues, color=color, linestyle="--", marker="o", markersize=4,
-                        label=f"{run.name} (held-out)")
+                        label=f"{run.name} ({curve.valid_label})")
                 drawn = True
     if not drawn:
         return False
@@ -103,7 +112,7 @@ def _curve_plot(runs: list[PretrainRun], curve: Curve, out_dir: Path, file: str)
     return True
 
 
-def _dropped_plot(runs: list[PretrainRun], out_dir: Path, file: str) -> bool:
+def _dropped_plot(runs: list[LoggedRun], out_dir: Path, file: str) -> bool:
     fig = Figure(figsize=(7.5, 4.2), layout="constrained")
     ax = fig.subplots()
     drawn = False
@@ -124,7 +133,7 @@ def _dropped_plot(runs: list[PretrainRun], out_dir: Path, file: str) -> bool:
     return True
 
 
-def _expert_heatmap(run: PretrainRun, out_dir: Path, file: str) -> bool:
+def _expert_heatmap(run: LoggedRun, out_dir: Path, file: str) -> bool:
     """Rows of panels, one per routed block: experts (y) x logged steps (x), colour = share of routes."""
     blocks = [b for b in run.blocks if run.expert_load(b)[0]]
     if not blocks:
@@ -184,33 +193,64 @@ def _finetune_plot(runs: list[FinetuneRun], out_dir: Path, file: str) -> bool:
     return True
 
 
+def _branches_plot(curves: list[BranchCurve], out_dir: Path, file: str) -> None:
+    """One measure's compression curves: the measure against the number of branches kept, a line per run."""
+    fig = Figure(figsize=(7.5, 4.2), layout="constrained")
+    ax = fig.subplots()
+    for curve, color in zip(curves, _colors(len(curves))):
+        ks = sorted(curve.values)
+        ax.plot(ks, [curve.values[k] for k in ks], color=color, marker="o", label=curve.run)
+    measure = curves[0].measure
+    ax.set_title(f"{measure.label.capitalize()} of the first k branches (no retraining)")
+    ax.set_xlabel("branches kept (k)")
+    ax.set_ylabel(measure.label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    _legend(fig, ax)
+    _save(fig, out_dir, file)
+
+
+def _curves(runs: list[LoggedRun], curves: tuple[Curve, ...], prefix: str, section: str,
+            out_dir: Path) -> list[Plot]:
+    """The curves of one kind of run (and their dropped routes), files named with `prefix`."""
+    plots = []
+    for curve in curves:
+        file = prefix + slug(curve.key.split("/")[-1]) + ".png"
+        if _curve_plot(runs, curve, out_dir, file):
+            caption = f"`{curve.key}`" + (f" (solid) and `{curve.valid_key}` (dashed)" if curve.valid_key else "")
+            plots.append(Plot(file, curve.title, caption + " from metrics.jsonl, every run overlaid.", section))
+    file = prefix + "dropped_fraction.png"
+    if _dropped_plot(runs, out_dir, file):
+        plots.append(Plot(file, "Dropped routes", "Mean over blocks of `moe/block_NN/dropped_fraction`.", section))
+    return plots
+
+
 def draw_all(runs: list[Run], out_dir: Path) -> list[Plot]:
     """Write every plot the runs have data for; return them in page order."""
     pretrain = [r for r in runs if isinstance(r, PretrainRun)]
+    images = [r for r in runs if isinstance(r, ImageRun)]
     finetune = [r for r in runs if isinstance(r, FinetuneRun)]
-    plots: list[Plot] = []
-    if pretrain:
-        for curve in PRETRAIN_CURVES:
-            file = slug(curve.key.split("/")[-1]) + ".png"
-            if _curve_plot(pretrain, curve, out_dir, file):
-                caption = f"`{curve.key}`" + (f" (solid) and `{curve.valid_key}` (dashed)" if curve.valid_key else "")
-                plots.append(Plot(file, curve.title, caption + " from metrics.jsonl, every run overlaid.", "pretrain"))
-        if _dropped_plot(pretrain, out_dir, "dropped_fraction.png"):
-            plots.append(Plot("dropped_fraction.png", "Dropped routes",
-                              "Mean over blocks of `moe/block_NN/dropped_fraction`.", "pretrain"))
-        used: set[str] = set()
-        for run in pretrain:
-            base = slug(run.name)
-            file = f"expert_load_{base}.png"
-            n = 2
-            while file in used:
-                file, n = f"expert_load_{base}_{n}.png", n + 1
-            if _expert_heatmap(run, out_dir, file):
-                used.add(file)
-                plots.append(Plot(file, f"Expert load: {run.name}",
-                                  "`moe/block_NN/expert_EE_load`: the share of each block's routes (top-k "
-                                  "choices, before capacity dropping) per expert. The router is shared by all "
-                                  "blocks, yet each block sends its tokens differently.", "experts"))
+    plots = _curves(pretrain, PRETRAIN_CURVES, "", "pretrain", out_dir) if pretrain else []
+    if images:
+        plots += _curves(images, IMAGE_CURVES, IMAGE_PREFIX, "classify", out_dir)
+    used: set[str] = set()
+    for run in pretrain + images:
+        base = slug(run.name)
+        file = f"expert_load_{base}.png"
+        n = 2
+        while file in used:
+            file, n = f"expert_load_{base}_{n}.png", n + 1
+        if _expert_heatmap(run, out_dir, file):
+            used.add(file)
+            plots.append(Plot(file, f"Expert load: {run.name}",
+                              "`moe/block_NN/expert_EE_load`: the share of each block's routes (top-k "
+                              "choices, before capacity dropping) per expert. The router is shared by all "
+                              "blocks, yet each block sends its tokens differently.", "experts"))
+    for measure, curves in by_measure(branch_curves(runs)):
+        _branches_plot(curves, out_dir, measure.plot_file)
+        plots.append(Plot(measure.plot_file, f"{measure.label.capitalize()} by branches kept",
+                          f"ParaFormer compression: `{measure.key('k')}` of each run's model cut to its first k "
+                          f"branches.", "branches"))
     if finetune and _finetune_plot(finetune, out_dir, "finetune_loss.png"):
         plots.append(Plot("finetune_loss.png", "Finetuning loss", "The training loss (`train/loss`) of every seed's metrics.jsonl.",
                           "finetune"))
