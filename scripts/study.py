@@ -192,16 +192,15 @@ def finetune(pre: dict, task: str, shared: Path, data: Path, out: Path, sizes: d
     run_dir = out / "finetune" / f"{pre['variant']}-{pre['budget']}" / task.lower().replace("-", "")
     folder = RunFolder(run_dir)
     if not folder.results.is_file():
-        # A stage stopped part-way continues where it was (finished seeds are kept); else a new run.
-        start = ["--resume"] if folder.holds() else ["--init-from", pre["run_dir"]]
         run_dir.mkdir(parents=True, exist_ok=True)
         steps = sizes["finetune_steps"]
         ds = write_ds_config(FINETUNE_DS, run_dir.parent / f"study_ds_{run_dir.name}.json", steps, batch=32)
-        common = [*start, "--tokenizer", str(data), "--deepspeed_config", str(ds),
+        common = ["--init-from", pre["run_dir"], "--tokenizer", str(data), "--deepspeed_config", str(ds),
                   "--output-dir", str(run_dir), "--max-steps", str(steps), "--seeds", str(SEEDS),
                   "--log-interval", str(max(1, steps // 10)), "--max-seq-length", str(SEQ_LENGTH),
                   # the study's small schedule is not the paper's recipe on purpose
-                  "--allow-recipe-mismatch", "--no-tensorboard", "--no-progress-bar"]
+                  "--allow-recipe-mismatch", "--no-tensorboard", "--no-progress-bar",
+                  "--resume"]  # a stage stopped part-way continues where it was (finished seeds are kept)
         with quiet(run_dir.parent / "console.log"):
             if task == "SQuAD1.1":
                 train, dev = squad_split(shared, out)
