@@ -2,10 +2,11 @@
 fixed runs, stored in `tests/assets/losses/` and compared exactly. Any change to model construction,
 initialisation order, routing, the optimizer or the data order shows up here as a changed number.
 
-The runs: pretraining (WideNet, ALBERT, WideNet with expert parallelism 2), on data prepared from the
-embedded default corpus (no shared data needed). Each is a real `deepspeed`-launched process per rank
-with portable arithmetic (tests/portable_arithmetic.py: one thread, one kernel path on every x86-64 CPU),
-so the curves hold on any machine.
+The runs: pretraining (WideNet, ALBERT, WideNet with expert parallelism 2), image classification
+(ViT-WideNet on sklearn's digits with augmentation, ep 2) and GLUE finetuning (SST-2 from a random init,
+ep 2). Each is a real `deepspeed`-launched process per rank with portable arithmetic
+(tests/portable_arithmetic.py: one thread, one kernel path on every x86-64 CPU), so the curves hold on any
+machine. Pretraining needs no shared data (the embedded default corpus); SST-2 is skipped without it.
 To record new curves after an intended change: `WIDENET_UPDATE_GOLDEN=1 pytest tests/test_golden_losses.py`,
 and say why in the commit.
 """
@@ -35,6 +36,8 @@ SEED = 1234
 
 # The trainers' entries: a script, or "-m", module, task (e.g. ["-m", "widenet_ds.train", "pretrain"]).
 PRETRAIN = [str(RUN_PRETRAIN)]
+CLASSIFY = [str(REPO / "vision" / "run_classify.py")]
+GLUE = [str(REPO / "finetune" / "run_glue.py")]
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,16 @@ RUNS = {
     "widenet_tiny_e4_1rank": GoldenRun(PRETRAIN, 1, f"--model-config widenet-tiny-e4 {PRETRAIN_ARGS}"),
     "albert_tiny_1rank": GoldenRun(PRETRAIN, 1, f"--model-config albert-tiny {PRETRAIN_ARGS}"),
     "widenet_tiny_e4_ep2_2ranks": GoldenRun(PRETRAIN, 2, f"--model-config widenet-tiny-e4 --ep-size 2 {PRETRAIN_ARGS}"),
+    # Workers 0: decoding in the rank's process; the augmentation draws from the rank's seeded RNG.
+    "vit_digits_ep2_2ranks": GoldenRun(CLASSIFY, 2, (
+        "--model-config widenet-vit-digits --dataset digits --deepspeed_config {repo}/ds_configs/vision_cpu_small.json "
+        f"--ep-size 2 --workers 0 --seed {SEED} --flip --mixup-alpha 0.5 --label-smoothing 0.1 --eval-interval 0 "
+        f"--max-eval-examples 64 --save-interval 1000 {COMMON}")),
+    "sst2_widenet_tiny_e4_ep2_2ranks": GoldenRun(GLUE, 2, (
+        "--task sst2 --data {shared}/glue/SST-2 --tokenizer {shared}/vocab/bert-base-uncased-vocab.txt "
+        "--preset widenet-tiny-e4 --deepspeed_config {repo}/ds_configs/finetune_cpu_small.json --allow-recipe-mismatch "
+        f"--ep-size 2 --seed 1 --max-train-examples 640 --max-seq-length 64 --max-eval-examples 32 {COMMON}"),
+        losses_dir="seed1"),
 }
 # placeholder -> the fixture that gives its value
 FIXTURES = {"data": "pretraining_data", "shared": "shared_data"}
@@ -73,7 +86,7 @@ def read_asset(path: Path) -> dict[int, float]:
 def test_first_20_losses_match_the_stored_curve(name, request, tmp_path):
     run = RUNS[name]
     out = tmp_path / name
-    # Only the fixtures this run names (a run on the shared data is skipped without it).
+    # Only the fixtures this run names: SST-2 alone needs (and is skipped without) the shared data.
     named = set(re.findall(r"{(\w+)}", run.args)) & set(FIXTURES)
     values = {key: request.getfixturevalue(FIXTURES[key]) for key in named}
     args = [arg.format(out=out, repo=REPO, **values) for arg in run.args.split()]
