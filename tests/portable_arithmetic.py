@@ -14,8 +14,10 @@ one path that every x86-64 CPU runs with the same result:
   switch for it, so ENTRY turns it off (torch then runs ATen's GELU and im2col + MKL convolutions).
 
 One thread per process: ATen splits its reductions per thread. The switches are read at start-up, so
-every such check runs in a fresh process: `run_deepspeed(ENTRY, ...)` with PORTABLE_ENV, or
-`run_portable_python`. What each switch changed, measured: tests/assets/README.md.
+every such check runs in a fresh process: `run_portable` (deepspeed-launched) or `run_portable_python`.
+What each switch changed, measured: tests/assets/README.md. The cost: 15-55 % more CPU time per run.
+The numbers still depend on the versions of torch (and its MKL) and glibc: a new torch may need a
+re-recording, with the reason in the commit.
 """
 
 from __future__ import annotations
