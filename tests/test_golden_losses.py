@@ -2,21 +2,28 @@
 fixed runs, stored in `tests/assets/losses/` and compared exactly. Any change to model construction,
 initialisation order, routing, the optimizer or the data order shows up here as a changed number.
 
-Each run is a real `deepspeed`-launched process with one thread per rank (fp32 CPU results then do not
-depend on the machine's core count), on data prepared from the embedded default corpus (no shared
-data needed). To record new curves after an intended change: `WIDENET_UPDATE_GOLDEN=1 pytest
-tests/test_golden_losses.py`, and say why in the commit.
+The runs: pretraining (WideNet, ALBERT, WideNet with expert parallelism 2), image classification
+(ViT-WideNet on sklearn's digits with augmentation, ep 2) and GLUE finetuning (SST-2 from a random init,
+ep 2). Each is a real `deepspeed`-launched process per rank with portable arithmetic
+(tests/portable_arithmetic.py: one thread, one kernel path on every x86-64 CPU), so the curves hold on any
+machine. Pretraining needs no shared data (the embedded default corpus); SST-2 is skipped without it.
+To record new curves after an intended change: `WIDENET_UPDATE_GOLDEN=1 pytest tests/test_golden_losses.py`,
+and say why in the commit.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from launching import run_deepspeed
-from pretrain_support import CPU_CONFIG, RUN_PRETRAIN, prepare_data, train_losses
+
+from launching import REPO
+from portable_arithmetic import run_portable
+from pretrain_support import prepare_data, train_losses
 
 pytestmark = pytest.mark.multirank
 
@@ -27,16 +34,46 @@ VOCAB = Path(__file__).parent / "assets" / "golden_vocab.txt"
 STEPS = 20
 SEED = 1234
 
-# name -> (preset, ranks, extra run flags)
+# The trainers' entries: "-m", module, task.
+PRETRAIN = ["-m", "widenet_ds.train", "pretrain"]
+CLASSIFY = ["-m", "widenet_ds.train", "classify"]
+GLUE = ["-m", "widenet_ds.train", "glue"]
+
+
+@dataclass(frozen=True)
+class GoldenRun:
+    entry: list[str]
+    ranks: int
+    # Whitespace-separated; {out}: the run's output folder, {repo}: the checkout, {data}: the prepared
+    # pretraining data, {shared}: the shared data folder (the run is skipped without it).
+    args: str
+    losses_dir: str = "."  # the folder of the metrics.jsonl holding train/loss, under {out}
+
+
+COMMON = f"--output-dir {{out}} --max-steps {STEPS} --log-interval 1 --no-progress-bar --no-tensorboard"
+PRETRAIN_ARGS = (f"--deepspeed_config {{repo}}/ds_configs/cpu_small.json --data {{data}} --seed {SEED} "
+                 f"--eval-interval 0 --save-interval 1000 {COMMON}")
 RUNS = {
-    "widenet_tiny_e4_1rank": ("widenet-tiny-e4", 1, []),
-    "albert_tiny_1rank": ("albert-tiny", 1, []),
-    "widenet_tiny_e4_ep2_2ranks": ("widenet-tiny-e4", 2, ["--ep-size", "2"]),
+    "widenet_tiny_e4_1rank": GoldenRun(PRETRAIN, 1, f"--model-config widenet-tiny-e4 {PRETRAIN_ARGS}"),
+    "albert_tiny_1rank": GoldenRun(PRETRAIN, 1, f"--model-config albert-tiny {PRETRAIN_ARGS}"),
+    "widenet_tiny_e4_ep2_2ranks": GoldenRun(PRETRAIN, 2, f"--model-config widenet-tiny-e4 --ep-size 2 {PRETRAIN_ARGS}"),
+    # Workers 0: decoding in the rank's process; the augmentation draws from the rank's seeded RNG.
+    "vit_digits_ep2_2ranks": GoldenRun(CLASSIFY, 2, (
+        "--model-config widenet-vit-digits --dataset digits --deepspeed_config {repo}/ds_configs/vision_cpu_small.json "
+        f"--ep-size 2 --workers 0 --seed {SEED} --flip --mixup-alpha 0.5 --label-smoothing 0.1 --eval-interval 0 "
+        f"--max-eval-examples 64 --save-interval 1000 {COMMON}")),
+    "sst2_widenet_tiny_e4_ep2_2ranks": GoldenRun(GLUE, 2, (
+        "--task sst2 --data {shared}/glue/SST-2 --tokenizer {shared}/vocab/bert-base-uncased-vocab.txt "
+        "--model-config widenet-tiny-e4 --deepspeed_config {repo}/ds_configs/finetune_cpu_small.json --allow-recipe-mismatch "
+        f"--ep-size 2 --seed 1 --max-train-examples 640 --max-seq-length 64 --max-eval-examples 32 {COMMON}"),
+        losses_dir="seed1"),
 }
+# placeholder -> the fixture that gives its value
+FIXTURES = {"data": "pretraining_data", "shared": "shared_data"}
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
+def pretraining_data(tmp_path_factory):
     return prepare_data(tmp_path_factory.mktemp("golden") / "data", [], tokenizer=str(VOCAB))
 
 
@@ -46,20 +83,22 @@ def read_asset(path: Path) -> dict[int, float]:
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
-def test_first_20_losses_match_the_stored_curve(name, data, tmp_path):
-    preset, ranks, extra = RUNS[name]
+def test_first_20_losses_match_the_stored_curve(name, request, tmp_path):
+    run = RUNS[name]
     out = tmp_path / name
-    run_deepspeed(RUN_PRETRAIN, ["--model-config", preset, "--deepspeed_config", str(CPU_CONFIG), "--data", str(data),
-                                 "--output-dir", str(out), "--max-steps", str(STEPS), "--seed", str(SEED),
-                                 "--log-interval", "1", "--eval-interval", "0", "--save-interval", "1000",
-                                 "--no-progress-bar", "--no-tensorboard", *extra], num_ranks=ranks)
-    losses = train_losses(out)
+    # Only the fixtures this run names: SST-2 alone needs (and is skipped without) the shared data.
+    named = set(re.findall(r"{(\w+)}", run.args)) & set(FIXTURES)
+    values = {key: request.getfixturevalue(FIXTURES[key]) for key in named}
+    args = [arg.format(out=out, repo=REPO, **values) for arg in run.args.split()]
+    run_portable(run.entry, args, num_ranks=run.ranks)
+    losses = train_losses(out / run.losses_dir)
     assert sorted(losses) == list(range(1, STEPS + 1))
     asset = ASSETS / f"{name}.txt"
     if os.environ.get("WIDENET_UPDATE_GOLDEN") == "1":
         asset.parent.mkdir(parents=True, exist_ok=True)
-        header = (f"# {preset}, {ranks} rank(s) {' '.join(extra)}, ds_configs/cpu_small.json, fp32, seed {SEED}, "
-                  f"embedded default corpus, tests/assets/golden_vocab.txt, seq 64; step train/loss\n")
+        entry = " ".join(Path(part).relative_to(REPO).as_posix() if part.startswith(str(REPO)) else part
+                         for part in run.entry)
+        header = f"# {entry} {run.args} ({run.ranks} rank(s), tests/portable_arithmetic.py); step train/loss\n"
         asset.write_text(header + "".join(f"{step} {json.dumps(loss)}\n" for step, loss in sorted(losses.items())))
         pytest.skip(f"recorded {asset}")
     assert asset.is_file(), f"no golden curve at {asset}; record it with WIDENET_UPDATE_GOLDEN=1"
