@@ -29,6 +29,9 @@ def usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # `deepspeed --module` puts `--local_rank=N` before TASK; LOCAL_RANK in the environment says the same.
+    while argv and argv[0].startswith(("--local_rank=", "--local-rank=")):
+        argv.pop(0)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0
