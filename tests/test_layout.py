@@ -14,7 +14,7 @@ LAYERS = [
     {"widenet_ds.data", "widenet_ds.tasks", "widenet_ds.model", "widenet_ds.runtime"},
     {"widenet_ds.checkpoint"},
     {"widenet_ds.training", "widenet_ds.vision", "widenet_ds.report"},
-    {"widenet_ds.cli", "widenet_ds.train"},
+    {"widenet_ds.cli", "widenet_ds.train", "widenet_ds.demo"},
 ]
 
 
