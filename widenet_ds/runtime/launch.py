@@ -160,9 +160,17 @@ def run(plan: LaunchPlan) -> int:
         status = 128 - status
     # 2 is a user error the ranks printed once; anything else gets a line (their own output is above).
     if status not in (0, 2):
-        print(f"{PROG}: the run ended with exit status {status} (a rank failed; its messages are above)",
-              file=sys.stderr, flush=True)
+        print(f"{PROG}: the run ended with exit status {status} ({failure(status)})", file=sys.stderr, flush=True)
     return status
+
+
+def failure(status: int) -> str:
+    """What an exit status of the runner says. deepspeed's launch.py exits with a killed rank's negative
+    return code, which the shell reads as 256 - N for signal N; a killed runner reads 128 + N."""
+    for signum, what in ((256 - status, "a rank was killed by"), (status - 128, "the deepspeed runner was killed by")):
+        if 0 < signum < 32 and signum in signal.valid_signals():
+            return f"{what} {signal.Signals(signum).name}"
+    return "a rank failed; its messages are above"
 
 
 def launch(options: LaunchOptions) -> int:
