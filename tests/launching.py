@@ -1,4 +1,7 @@
-"""Run a script under the real `deepspeed` launcher with N local CPU ranks."""
+"""Start trainers and test scripts under the real `deepspeed` launcher with N local CPU ranks.
+
+Trainers start the way users start them: `deepspeed --module widenet_ds.train TASK ...` (`train_command`,
+`run_train`); the test scripts of tests/scripts/ by their path (`deepspeed_command`, `run_deepspeed`)."""
 
 from __future__ import annotations
 
@@ -46,18 +49,41 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def deepspeed_launcher() -> str:
+    return shutil.which("deepspeed", path=str(Path(sys.executable).parent)) or "deepspeed"
+
+
 def deepspeed_command(script: str | Path, args: list[str], num_ranks: int = 2) -> list[str]:
     clear_stale_build_locks()
-    launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent)) or "deepspeed"
-    return [launcher, "--num_gpus", str(num_ranks), "--master_port", str(free_port()), str(script), *args]
+    return [deepspeed_launcher(), "--num_gpus", str(num_ranks), "--master_port", str(free_port()), str(script), *args]
 
 
-def run_deepspeed(script: str | Path, args: list[str], num_ranks: int = 2, timeout: int = 300,
-                  env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    full_env = child_env(**(env or {}))
-    proc = subprocess.run(deepspeed_command(script, args, num_ranks), cwd=REPO, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+def python_train_command(task: str, args: list[str]) -> list[str]:
+    """`python -m widenet_ds.train TASK ARGS`: one rank, no launcher."""
+    return [sys.executable, "-m", "widenet_ds.train", task, *args]
+
+
+def train_command(task: str, args: list[str], num_ranks: int = 2) -> list[str]:
+    """`deepspeed --module widenet_ds.train TASK ARGS` on `num_ranks` local ranks."""
+    clear_stale_build_locks()
+    return [deepspeed_launcher(), "--num_gpus", str(num_ranks), "--master_port", str(free_port()), "--module",
+            "widenet_ds.train", task, *args]
+
+
+def _run(command: list[str], timeout: int, env: dict[str, str] | None, check: bool) -> subprocess.CompletedProcess:
+    proc = subprocess.run(command, cwd=REPO, env=child_env(**(env or {})), capture_output=True, text=True,
+                          timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"deepspeed launcher failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
                              f"{proc.stderr[-4000:]}")
     return proc
+
+
+def run_deepspeed(script: str | Path, args: list[str], num_ranks: int = 2, timeout: int = 300,
+                  env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    return _run(deepspeed_command(script, args, num_ranks), timeout, env, check)
+
+
+def run_train(task: str, args: list[str], num_ranks: int = 2, timeout: int = 300, env: dict[str, str] | None = None,
+              check: bool = True) -> subprocess.CompletedProcess:
+    return _run(train_command(task, args, num_ranks), timeout, env, check)

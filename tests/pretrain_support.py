@@ -7,7 +7,6 @@ from pathlib import Path
 
 from launching import REPO
 
-RUN_PRETRAIN = REPO / "pretrain" / "run_pretrain.py"
 CPU_CONFIG = REPO / "ds_configs" / "cpu_small.json"
 BOOKS = ("corpus/books/pg11.txt", "corpus/books/pg84.txt")
 

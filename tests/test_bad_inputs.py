@@ -5,14 +5,13 @@ error) whose message names the problem (the row's pattern), before any training 
 file of a real earlier run untouched: the earlier run's data folder, pretraining run (with
 checkpoints), exported folder and resharded checkpoint are hashed once and compared after every row.
 
-Most rows call the entrypoints' main(argv) in this process (widenet-ds, pretrain/run_pretrain.py,
-finetune/run_glue.py and run_squad.py); launcher.sh rows run as subprocesses.
+Most rows call the entrypoints' main(argv) in this process (widenet-ds, widenet-ds launch, and
+`python -m widenet_ds.train` pretrain, glue and squad); launcher.sh rows run as subprocesses.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -31,20 +30,9 @@ from pretrain_support import CPU_CONFIG, write_model_config
 
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.errors import WideNetError
+from widenet_ds.train import main as train
 
 pytestmark = pytest.mark.usefixtures("dist")
-
-
-def load_script(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-RUN_PRETRAIN = load_script(REPO / "pretrain/run_pretrain.py")
-RUN_GLUE = load_script(REPO / "finetune/run_glue.py")
-RUN_SQUAD = load_script(REPO / "finetune/run_squad.py")
 
 
 def digest(folder: Path) -> dict[str, str]:
@@ -65,7 +53,7 @@ def earlier(tmp_path_factory, shared_data, dist):
                        "--workers", "1", "--no-progress"]) == 0
     vocab = json.loads((data / "manifest.json").read_text())["vocab_size"]
     model = write_model_config(root / "model.json", vocab_size=vocab)
-    assert RUN_PRETRAIN.main(["--model-config", str(model), "--deepspeed_config", str(CPU_CONFIG), "--data",
+    assert train(["pretrain", "--model-config", str(model), "--deepspeed_config", str(CPU_CONFIG), "--data",
                               str(data), "--output-dir", str(run), "--max-steps", "2", "--eval-interval", "0",
                               "--no-progress-bar", "--no-tensorboard"]) == 0
     assert widenet_ds(["convert", "to-folder", str(run), str(root / "export")]) == 0
@@ -168,7 +156,7 @@ def glue(env, tmp: Path, *extra: str, ds: Path | None = None, data: Path | None 
 @dataclass(frozen=True)
 class Case:
     id: str
-    entry: str                                   # widenet-ds | pretrain | glue | squad | launcher
+    entry: str                                   # widenet-ds | pretrain | glue | squad | launch | launcher
     argv: Callable[[dict, Path], list[str]]      # (earlier run, this row's folder) -> arguments
     pattern: str                                 # what the message must say (regex, case-insensitive)
 
@@ -382,14 +370,22 @@ CASES = [
     C("glue-negative-clipping", "glue", lambda e, t: glue(e, t, ds=ds_config(t, gradient_clipping=-2)),
       r"gradient_clipping -2 must be"),
     C("squad-version-choice", "squad", lambda e, t: ["--version", "3.0", "--data", str(t)], r"invalid choice: '3\.0'"),
-    # ---- launcher.sh (subprocesses) ----
-    C("launcher-zero-ranks", "launcher", lambda e, t: ["pretrain", "--num-gpus", "0", "--", "--x"],
-      r"--num-gpus '0' must be a whole number >= 1"),
-    C("launcher-unknown-option", "launcher", lambda e, t: ["pretrain", "--gpus", "2", "--", "--x"],
-      r"unknown launch option '--gpus'"),
-    C("launcher-nodes-without-hostfile", "launcher", lambda e, t: ["pretrain", "--num-nodes", "2", "--", "--x"],
+    # ---- widenet-ds launch: refused before anything starts ----
+    C("launch-zero-ranks", "launch", lambda e, t: ["pretrain", "--num-ranks", "0", "--", "--x"],
+      r"--num-ranks/--num-gpus: '0' must be a whole number >= 1"),
+    C("launch-unknown-option", "launch", lambda e, t: ["pretrain", "--gpus", "2", "--", "--x"],
+      r"unknown launch option '--gpus'.*--num-ranks.*go after `--`"),
+    C("launch-task-options-before-the-separator", "launch", lambda e, t: ["pretrain", "--data", "d"],
+      r"unknown launch option '--data'.*go after `--`"),
+    C("launch-nodes-without-hostfile", "launch", lambda e, t: ["pretrain", "--num-nodes", "2", "--", "--x"],
       r"--num-nodes 2 needs --hostfile"),
+    C("launch-unknown-task", "launch", lambda e, t: ["pretrian", "--", "--x"], r"invalid choice: 'pretrian'"),
+    C("launch-port-out-of-range", "launch", lambda e, t: ["glue", "--master-port", "70000", "--", "--x"],
+      r"'70000' is not a TCP port"),
+    # ---- launcher.sh (subprocesses) ----
     C("launcher-unknown-command", "launcher", lambda e, t: ["pretrian"], r"unknown command 'pretrian'"),
+    C("launcher-alias-zero-ranks", "launcher", lambda e, t: ["finetune", "--squad", "--num-gpus", "0", "--", "--x"],
+      r"--num-ranks/--num-gpus: '0' must be a whole number >= 1"),
 ]
 
 
@@ -402,14 +398,10 @@ def run_entry(entry: str, argv: list[str], capsys) -> tuple[int, str]:
     try:
         if entry == "widenet-ds":
             code = widenet_ds(argv)
-        elif entry == "pretrain":
-            code = RUN_PRETRAIN.main(argv)
+        elif entry == "launch":
+            code = widenet_ds(["launch", *argv])
         else:
-            from widenet_ds.training.finetune import main as finetune_main
-            from widenet_ds.training.finetune_tasks import GlueTaskRun, SquadTaskRun
-
-            script = RUN_GLUE if entry == "glue" else RUN_SQUAD
-            code = finetune_main(script.parser(), GlueTaskRun if entry == "glue" else SquadTaskRun, argv)
+            code = train([entry, *argv])
     except SystemExit as exit_:  # argparse: usage + one error line
         code = exit_.code
     except WideNetError as err:  # an entrypoint that lets its user errors out (caught by its caller)
@@ -421,7 +413,7 @@ def run_entry(entry: str, argv: list[str], capsys) -> tuple[int, str]:
 
 def test_the_table_covers_every_entrypoint_with_60_distinct_cases():
     assert len({case.id for case in CASES}) == len(CASES) >= 60
-    assert {case.entry for case in CASES} == {"widenet-ds", "pretrain", "glue", "squad", "launcher"}
+    assert {case.entry for case in CASES} == {"widenet-ds", "pretrain", "glue", "squad", "launch", "launcher"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
@@ -433,7 +425,7 @@ def test_bad_input_fails_with_one_clear_error_and_touches_no_earlier_file(case, 
     assert re.search(case.pattern, output, re.IGNORECASE | re.DOTALL), f"message does not name the problem:\n{output[-3000:]}"
     assert "Traceback" not in output, output[-3000:]
     errors = [line for line in output.splitlines() if re.search(r"\berror\b", line, re.IGNORECASE)]
-    assert len(errors) <= 1 or case.entry == "launcher", f"more than one error line:\n{output[-3000:]}"
+    assert len(errors) <= 1, f"more than one error line:\n{output[-3000:]}"
     assert not (tmp_path / "out" / "metrics.jsonl").exists() and not (tmp_path / "ft" / "results.json").exists()
     for name, before in earlier["digests"].items():
         assert digest(earlier[name]) == before, f"{case.id} modified the earlier run's {name} folder"
@@ -469,7 +461,7 @@ def test_resume_with_changed_settings_runs_when_accepted_and_logs_the_change(ear
     run = run_copy(earlier, tmp_path, lambda r: None)
     ds = ds_config(tmp_path, **{"optimizer.params.lr": 0.01, "scheduler.params.warmup_max_lr": 0.01})
     argv = pretrain(earlier, tmp_path, "--resume", "--max-steps", "3", "--accept-changed-settings", ds=ds, out=run)
-    assert RUN_PRETRAIN.main(argv) == 0
+    assert train(["pretrain", *argv]) == 0
     events = [r["event"] for r in read_metrics(run / "metrics.jsonl") if "event" in r]
     assert any("changed since the checkpoint" in e and "optimizer.params.lr: 0.02 -> 0.01" in e for e in events), events
     assert (run / "checkpoints" / "latest").read_text() == "step3"

@@ -230,18 +230,18 @@ def test_pretraining_with_compile_follows_the_eager_golden_curve(mode, tmp_path)
     """`--compile` in a real launched run: the first losses follow the stored eager curve of the same run
     (tests/assets/losses, read only). aot_eager keeps the test free of a C++ build; it traces and runs
     the same graphs inductor would get, decomposed, so only float rounding may differ."""
-    from launching import run_deepspeed
-    from pretrain_support import CPU_CONFIG, RUN_PRETRAIN, prepare_data, train_losses
+    from launching import run_train
+    from pretrain_support import CPU_CONFIG, prepare_data, train_losses
     from test_golden_losses import ASSETS, SEED, VOCAB, read_asset
 
     data = prepare_data(tmp_path / "data", [], tokenizer=str(VOCAB))
     out = tmp_path / "run"
     steps = 4
-    run_deepspeed(RUN_PRETRAIN, ["--model-config", "widenet-tiny-e4", "--deepspeed_config", str(CPU_CONFIG),
-                                 "--data", str(data), "--output-dir", str(out), "--max-steps", str(steps),
-                                 "--seed", str(SEED), "--log-interval", "1", "--eval-interval", "0",
-                                 "--no-progress-bar", "--no-tensorboard", "--compile", mode,
-                                 "--compile-backend", "aot_eager"], num_ranks=1)
+    run_train("pretrain", ["--model-config", "widenet-tiny-e4", "--deepspeed_config", str(CPU_CONFIG),
+                           "--data", str(data), "--output-dir", str(out), "--max-steps", str(steps),
+                           "--seed", str(SEED), "--log-interval", "1", "--eval-interval", "0",
+                           "--no-progress-bar", "--no-tensorboard", "--compile", mode,
+                           "--compile-backend", "aot_eager"], num_ranks=1)
     losses = train_losses(out)
     expected = read_asset(ASSETS / "widenet_tiny_e4_1rank.txt")
     assert sorted(losses) == list(range(1, steps + 1))

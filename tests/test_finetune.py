@@ -2,12 +2,11 @@
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from launching import REPO, child_env, run_deepspeed
+from launching import REPO, child_env, python_train_command, run_train
 
 CPU_CONFIG = str(REPO / "ds_configs/finetune_cpu_small.json")
 
@@ -22,7 +21,7 @@ def test_sst2_beats_the_majority_class(shared_data, tmp_path):
     """A tiny random-init WideNet (ep 1, 2 data-parallel ranks) on 4,000 SST-2 training sentences for 150
     steps (the demo's settings), scored on the full dev set (872): lexical cues alone carry it well past the
     majority class (measured: 0.719 against 0.509, ~60 s on 2 cores)."""
-    run_deepspeed(REPO / "finetune/run_glue.py", [
+    run_train("glue", [
         "--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--preset", "widenet-tiny-e4",
         "--tokenizer", _vocab(shared_data), "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path),
         "--max-steps", "150", "--max-train-examples", "4000", "--max-seq-length", "64", "--allow-recipe-mismatch"],
@@ -46,7 +45,7 @@ def test_squad_v11_slice_beats_the_empty_answer(shared_data, tmp_path):
     config = json.loads(Path(CPU_CONFIG).read_text())
     config.update(train_batch_size=16, train_micro_batch_size_per_gpu=8)
     (tmp_path / "ds.json").write_text(json.dumps(config))
-    run_deepspeed(REPO / "finetune/run_squad.py", [
+    run_train("squad", [
         "--version", "1.1", "--data", str(shared_data / "squad/dev-v1.1.json"), "--preset", "widenet-tiny-e4",
         "--tokenizer", _vocab(shared_data), "--deepspeed_config", str(tmp_path / "ds.json"),
         "--output-dir", str(tmp_path / "out"), "--max-steps", "60", "--max-train-examples", "160",
@@ -61,7 +60,7 @@ def test_squad_v11_slice_beats_the_empty_answer(shared_data, tmp_path):
 
 @pytest.mark.multirank
 def test_seeds_report_the_median_and_test_files_are_written(shared_data, tmp_path):
-    run_deepspeed(REPO / "finetune/run_glue.py", [
+    run_train("glue", [
         "--task", "cola", "--data", str(shared_data / "glue/CoLA"), "--preset", "widenet-tiny-e4",
         "--tokenizer", _vocab(shared_data), "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path),
         "--max-steps", "2", "--max-train-examples", "64", "--max-eval-examples", "60", "--seeds", "3", "--seed", "4",
@@ -76,8 +75,8 @@ def test_seeds_report_the_median_and_test_files_are_written(shared_data, tmp_pat
     assert {row.split("\t")[1] for row in rows[1:]} <= {"0", "1"}
 
 
-def _run_single(script: str, args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / script), *args], cwd=REPO, capture_output=True, text=True,
+def _run_single(task: str, args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(python_train_command(task, args), cwd=REPO, capture_output=True, text=True,
                           timeout=300, env=child_env())
 
 
@@ -98,7 +97,7 @@ def test_bad_inputs_fail_with_one_clear_line(shared_data, tmp_path):
     (bad_tsv / "dev.tsv").write_text("text\tlabel\nfine film\t1\n")
     cases.append((["--task", "sst2", "--data", str(bad_tsv)], "sentence"))
     for args, message in cases:
-        proc = _run_single("finetune/run_glue.py", [*args, *common])
+        proc = _run_single("glue", [*args, *common])
         assert proc.returncode == 2, proc.stderr[-2000:]
         last = proc.stderr.strip().splitlines()[-1]
         assert "error:" in last and message in last, last
@@ -112,7 +111,7 @@ def test_squad_answer_start_mismatch_and_vocab_mismatch(shared_data, tmp_path):
     qa["answers"][0]["answer_start"] += 3
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(data))
-    proc = _run_single("finetune/run_squad.py", [
+    proc = _run_single("squad", [
         "--version", "1.1", "--data", str(bad), "--preset", "widenet-tiny-e4", "--tokenizer", _vocab(shared_data),
         "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path / "o"), "--allow-recipe-mismatch"])
     assert proc.returncode == 2 and qa["id"] in proc.stderr.strip().splitlines()[-1]
@@ -127,7 +126,7 @@ def test_squad_answer_start_mismatch_and_vocab_mismatch(shared_data, tmp_path):
     torch.manual_seed(0)
     save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", WideNetForPreTraining(cfg).state_dict()),
                 tmp_path / "small-vocab")
-    proc = _run_single("finetune/run_glue.py", [
+    proc = _run_single("glue", [
         "--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--init-from", str(tmp_path / "small-vocab"),
         "--tokenizer", _vocab(shared_data), "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path / "p"),
         "--allow-recipe-mismatch"])

@@ -1,4 +1,4 @@
-"""finetune/run_glue.py under the real `deepspeed` launcher, 2 CPU ranks, expert parallelism 2, two seeds on
+"""GLUE finetuning (`deepspeed --module widenet_ds.train glue`) under the real `deepspeed` launcher, 2 CPU ranks, expert parallelism 2, two seeds on
 an SST-2 slice: a run killed with SIGKILL after a checkpoint of its second seed and continued with --resume
 logs the same per-step losses and evaluations, writes the same dev predictions and the same results.json as
 an uninterrupted run, and leaves the finished first seed untouched."""
@@ -14,13 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
-from launching import REPO, child_env, deepspeed_command, run_deepspeed
+from launching import REPO, child_env, run_train, train_command
 
 from widenet_ds.training.log import read_metrics
 
 pytestmark = pytest.mark.multirank
 
-RUN_GLUE = REPO / "finetune" / "run_glue.py"
 STEPS = 8
 
 
@@ -47,13 +46,13 @@ def events(seed_dir: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def reference(shared_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("finetune_resume") / "reference"
-    run_deepspeed(RUN_GLUE, run_args(shared_data, out), timeout=600)
+    run_train("glue", run_args(shared_data, out), timeout=600)
     return out
 
 
 def test_sigkill_after_a_checkpoint_then_resume_gives_identical_losses_and_metrics(shared_data, reference, tmp_path):
     out = tmp_path / "killed"
-    proc = subprocess.Popen(deepspeed_command(RUN_GLUE, run_args(shared_data, out)), cwd=REPO, env=child_env(),
+    proc = subprocess.Popen(train_command("glue", run_args(shared_data, out)), cwd=REPO, env=child_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, text=True)
     latest = out / "seed12" / "checkpoints" / "latest"  # the second seed's first checkpoint
     deadline = time.monotonic() + 480
@@ -73,7 +72,7 @@ def test_sigkill_after_a_checkpoint_then_resume_gives_identical_losses_and_metri
     first_seed = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (out / "seed11").iterdir()}
     assert "result.json" in first_seed and not (out / "seed11" / "checkpoints").exists()
 
-    resumed = run_deepspeed(RUN_GLUE, run_args(shared_data, out, "--resume"), timeout=600)
+    resumed = run_train("glue", run_args(shared_data, out, "--resume"), timeout=600)
     assert f"resumed from {out / 'seed12' / 'checkpoints' / killed_at}" in events(out / "seed12")
     assert f"[seed 12 step {killed_at[4:]}] resumed from" in resumed.stdout
     assert "[seed 11 step" not in resumed.stdout  # the finished seed is not trained again

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launching import REPO, run_deepspeed
+from launching import REPO, run_train
 
 CPU_CONFIG = str(REPO / "ds_configs/finetune_cpu_small.json")
 HEADER = "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t" \
@@ -61,7 +61,7 @@ def test_mnli_two_eval_splits_test_files_and_load_report(exported_folder, tmp_pa
     _write_mnli(data, {"train.tsv": 96, "dev_matched.tsv": 45, "dev_mismatched.tsv": 37,
                        "test_matched.tsv": 21, "test_mismatched.tsv": 19})
     out = tmp_path / "out"
-    proc = run_deepspeed(REPO / "finetune/run_glue.py", [
+    proc = run_train("glue", [
         "--task", "MNLI", "--data", str(data), "--init-from", str(exported_folder), "--ep-size", "2",
         "--deepspeed_config", CPU_CONFIG, "--output-dir", str(out), "--max-steps", "3", "--max-seq-length", "32",
         "--predict-test", "--log-interval", "1", "--save-model", "--allow-recipe-mismatch"], timeout=600)
@@ -97,7 +97,7 @@ def test_mnli_two_eval_splits_test_files_and_load_report(exported_folder, tmp_pa
 
     # the saved model (experts gathered from both expert-parallel ranks) scores the same with --eval-only
     rescored = tmp_path / "rescored"
-    proc = run_deepspeed(REPO / "finetune/run_glue.py", [
+    proc = run_train("glue", [
         "--task", "MNLI", "--data", str(data), "--init-from", str(seed / "model"), "--eval-only",
         "--deepspeed_config", CPU_CONFIG, "--output-dir", str(rescored), "--max-seq-length", "32"], timeout=600)
     assert f"from {seed / 'model'} (WideNetForSequenceClassification)" in proc.stdout

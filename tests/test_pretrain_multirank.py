@@ -1,4 +1,4 @@
-"""pretrain/run_pretrain.py under the real `deepspeed` launcher, 2 CPU ranks, ep_size 2, fp32, ZeRO 2.
+"""Pretraining (`deepspeed --module widenet_ds.train pretrain`) under the real `deepspeed` launcher, 2 CPU ranks, ep_size 2, fp32, ZeRO 2.
 
 One uninterrupted reference run; against it: a run killed with SIGKILL after a checkpoint and resumed,
 a run stopped by SIGTERM and resumed (per-step losses equal to the last bit), activation
@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from launching import REPO, deepspeed_command, run_deepspeed
+from launching import REPO, run_train, train_command
 from pretrain_support import (
     BOOKS,
-    RUN_PRETRAIN,
     events,
     prepare_data,
     train_losses,
@@ -57,12 +56,12 @@ def launch_env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def reference(inputs):
     out = inputs["root"] / "reference"
-    run_deepspeed(RUN_PRETRAIN, run_args(inputs, out))
+    run_train("pretrain", run_args(inputs, out))
     return out
 
 
 def start(inputs, output_dir: Path) -> subprocess.Popen:
-    return subprocess.Popen(deepspeed_command(RUN_PRETRAIN, run_args(inputs, output_dir)), cwd=REPO,
+    return subprocess.Popen(train_command("pretrain", run_args(inputs, output_dir)), cwd=REPO,
                             env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, text=True)
 
@@ -113,7 +112,7 @@ def test_sigkill_after_checkpoint_then_resume_gives_identical_losses(inputs, ref
     assert killed_at != f"step{STEPS}", "the run finished before it could be killed; the test proved nothing"
     assert first.startswith("step")
 
-    run_deepspeed(RUN_PRETRAIN, run_args(inputs, out, "--resume"))
+    run_train("pretrain", run_args(inputs, out, "--resume"))
     assert any(e.startswith("resumed from") for e in events(out))
     assert_same_losses(reference, out)
 
@@ -134,7 +133,7 @@ def test_sigterm_saves_exits_cleanly_and_resumes_identically(inputs, reference):
     assert stop_step < STEPS, "the run finished before the signal; the test proved nothing"
     assert (out / "checkpoints" / "latest").read_text() == f"step{stop_step}"
 
-    run_deepspeed(RUN_PRETRAIN, run_args(inputs, out, "--resume"))
+    run_train("pretrain", run_args(inputs, out, "--resume"))
     assert_same_losses(reference, out)
 
 
@@ -142,7 +141,7 @@ def test_activation_checkpointing_under_zero2_matches_losses(inputs, reference):
     out = inputs["root"] / "activation_checkpointing"
     args = run_args(inputs, out, "--activation-checkpointing")
     args[args.index("--max-steps") + 1] = "2"
-    run_deepspeed(RUN_PRETRAIN, args)
+    run_train("pretrain", args)
     expected, got = train_losses(reference), train_losses(out)
     assert sorted(got) == [1, 2]
     for step in (1, 2):
@@ -182,7 +181,7 @@ def test_batch_size_that_does_not_fit_two_ranks_fails_before_training(inputs):
     out = inputs["root"] / "bad_batch"
     args = run_args(inputs, out)
     args[args.index("--deepspeed_config") + 1] = str(ds)
-    proc = run_deepspeed(RUN_PRETRAIN, args, check=False)
+    proc = run_train("pretrain", args, check=False)
     assert proc.returncode != 0
     text = proc.stdout + proc.stderr
     assert "train_batch_size 16 != train_micro_batch_size_per_gpu 8 x gradient_accumulation_steps 2 x 2" in text

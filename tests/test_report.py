@@ -6,7 +6,6 @@ partial and live folders are reported instead of crashing."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -28,18 +27,10 @@ EXPECTED_PLOTS = {"mlm_loss.png", "sop_loss.png", "lr.png", "tokens_per_second.p
                   "dropped_fraction.png", "expert_load_pretrain.png", "finetune_loss.png"}
 
 
-def _glue_entrypoint():
-    spec = importlib.util.spec_from_file_location("run_glue", REPO / "finetune" / "run_glue.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, shared_data, dist):
     """A real pretraining folder and a real finetuning folder started from it (one process, 1 rank)."""
-    from widenet_ds.training.finetune import main as finetune_main
-    from widenet_ds.training.finetune_tasks import GlueTaskRun
+    from widenet_ds.train import main as train
     from widenet_ds.training.pretrain import run as pretrain
     from widenet_ds.training.pretrain_config import parse_args
 
@@ -52,8 +43,8 @@ def runs(tmp_path_factory, shared_data, dist):
         "--eval-interval", "3", "--eval-batches", "2", "--save-interval", str(PRETRAIN_STEPS),
         "--no-progress-bar", "--no-tensorboard"])) == 0
     ft = root / "sst2"
-    assert finetune_main(_glue_entrypoint().parser(), GlueTaskRun, [
-        "--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--init-from", str(pre), "--tokenizer", str(data),
+    assert train([
+        "glue", "--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--init-from", str(pre), "--tokenizer", str(data),
         "--deepspeed_config", str(FINETUNE_CONFIG), "--output-dir", str(ft), "--max-steps", str(FINETUNE_STEPS),
         "--seeds", "2", "--max-train-examples", "128", "--max-eval-examples", "64", "--max-seq-length", "64",
         "--log-interval", "1", "--allow-recipe-mismatch", "--no-tensorboard", "--no-progress-bar"]) == 0

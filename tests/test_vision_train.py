@@ -1,6 +1,6 @@
-"""vision/run_classify.py on the pretraining's DeepSpeed engine: digits learns far above chance (1 rank);
-ep 1 = ep 2 forward on 2 ranks; an ep-2 run killed with SIGKILL resumes with identical losses (augmentation,
-mixup and gate noise included)."""
+"""Image classification (`python -m widenet_ds.train classify`) on the pretraining's DeepSpeed engine: digits
+learns far above chance (1 rank); ep 1 = ep 2 forward on 2 ranks; an ep-2 run killed with SIGKILL resumes with
+identical losses (augmentation, mixup and gate noise included)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,10 +15,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from launching import REPO, child_env, deepspeed_command, run_deepspeed
+from launching import REPO, child_env, python_train_command, run_deepspeed, run_train, train_command
 from pretrain_support import events, train_losses
 
-RUN_CLASSIFY = REPO / "vision" / "run_classify.py"
 EP_FORWARD = REPO / "tests" / "scripts" / "vision_expert_parallel_forward.py"
 
 
@@ -36,10 +34,10 @@ def test_digits_single_rank_learns_far_above_chance(tmp_path):
     ds = write_ds_config(tmp_path / "ds.json", steps=120)
     out = tmp_path / "digits"
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, str(RUN_CLASSIFY), "--model-config", "widenet-vit-digits", "--dataset",
-                           "digits", "--deepspeed_config", str(ds), "--output-dir", str(out), "--log-interval", "40",
-                           "--eval-interval", "0", "--workers", "0", "--no-progress-bar", "--no-tensorboard"],
-                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(python_train_command("classify", [
+        "--model-config", "widenet-vit-digits", "--dataset", "digits", "--deepspeed_config", str(ds), "--output-dir",
+        str(out), "--log-interval", "40", "--eval-interval", "0", "--workers", "0", "--no-progress-bar",
+        "--no-tensorboard"]), cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads((out / "results.json").read_text())
     # 10 balanced classes: chance is 0.1; a trained model is far above it.
@@ -82,11 +80,11 @@ def resume_args(ds: Path, out: Path, *extra: str) -> list[str]:
 def test_sigkill_then_resume_gives_identical_losses(tmp_path):
     ds = write_ds_config(tmp_path / "zero2.json", steps=STEPS, zero_optimization={"stage": 2})
     reference = tmp_path / "reference"
-    run_deepspeed(RUN_CLASSIFY, resume_args(ds, reference))
+    run_train("classify", resume_args(ds, reference))
     assert sorted(train_losses(reference)) == list(range(1, STEPS + 1))
 
     out = tmp_path / "killed"
-    proc = subprocess.Popen(deepspeed_command(RUN_CLASSIFY, resume_args(ds, out)), cwd=REPO, env=child_env(),
+    proc = subprocess.Popen(train_command("classify", resume_args(ds, out)), cwd=REPO, env=child_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, text=True)
     latest = out / "checkpoints" / "latest"
     deadline = time.monotonic() + 240
@@ -100,7 +98,7 @@ def test_sigkill_then_resume_gives_identical_losses(tmp_path):
     killed_at = latest.read_text()
     assert killed_at != f"step{STEPS}", "the run finished before it was killed; the test proved nothing"
 
-    run_deepspeed(RUN_CLASSIFY, resume_args(ds, out, "--resume"))
+    run_train("classify", resume_args(ds, out, "--resume"))
     assert any(e.startswith("resumed from") for e in events(out))
     for key in ("train/loss", "train/accuracy", "test/accuracy", "moe/block_01/expert_02_load"):
         expected, got = train_losses(reference, key), train_losses(out, key)
