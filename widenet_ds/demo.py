@@ -21,7 +21,7 @@ from pathlib import Path
 
 import widenet_ds
 from widenet_ds.data.prepare import cli as prepare_data
-from widenet_ds.data.shards import read_manifest
+from widenet_ds.data.shards import MANIFEST_FILE, read_manifest
 from widenet_ds.errors import ConfigError, DataError
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.report.cli import cli as write_report
@@ -70,11 +70,16 @@ def demo(output: Path, steps: int, finetune_steps: int) -> int:
     output = output.resolve()
     data, pretrain, sst2 = output / "data", RunFolder(output / "pretrain"), RunFolder(output / "sst2")
     output.mkdir(parents=True, exist_ok=True)
-    say(f"[demo] 1/3 preparing the embedded default corpus -> {data}")
-    status = prepare_data(["--default-corpus", "--tokenizer", "train", "--vocab-size", "8000", "--seq-length", "128",
-                           "--output", str(data), "--workers", "2", "--seed", "1"])
-    if status:
-        return status
+    if (data / MANIFEST_FILE).is_file():
+        # Kept: training the tokenizer again gives another vocabulary (WordPiece training is not deterministic
+        # here), and a finished pretraining must go on with the data it learned from.
+        say(f"[demo] 1/3 the embedded default corpus is prepared already: {data}")
+    else:
+        say(f"[demo] 1/3 preparing the embedded default corpus -> {data}")
+        status = prepare_data(["--default-corpus", "--tokenizer", "train", "--vocab-size", "8000", "--seq-length",
+                               "128", "--output", str(data), "--workers", "2", "--seed", "1"])
+        if status:
+            return status
     model = output / "model.json"
     ModelConfig.from_preset(MODEL_PRESET, vocab_size=read_manifest(data)["vocab_size"]).to_json(model)
 
@@ -153,9 +158,11 @@ def _positive_int(text: str) -> int:
 def demo_cli(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="widenet-ds demo", description=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--output", type=Path, default=Path("runs/demo"), help="the demo's folder (default: runs/demo)")
-    p.add_argument("--steps", type=_positive_int, default=300, help="pretraining steps (default: 300)")
-    p.add_argument("--finetune-steps", type=_positive_int, default=200, help="SST-2 finetuning steps (default: 200)")
+    p.add_argument("--output", type=Path, default=Path("runs/demo"), metavar="DIR",
+                   help="the demo's folder (default: runs/demo)")
+    p.add_argument("--steps", type=_positive_int, default=300, metavar="N", help="pretraining steps (default: 300)")
+    p.add_argument("--finetune-steps", type=_positive_int, default=200, metavar="N",
+                   help="SST-2 finetuning steps (default: 200)")
     args = p.parse_args(argv)
     return demo(args.output, args.steps, args.finetune_steps)
 
@@ -163,8 +170,8 @@ def demo_cli(argv: list[str]) -> int:
 def vision_demo_cli(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="widenet-ds vision-demo", description=__doc__.split("\n\n")[2],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--output", type=Path, default=Path("runs/vision-demo"),
+    p.add_argument("--output", type=Path, default=Path("runs/vision-demo"), metavar="DIR",
                    help="the run folder (default: runs/vision-demo)")
-    p.add_argument("--steps", type=_positive_int, default=600, help="training steps (default: 600)")
+    p.add_argument("--steps", type=_positive_int, default=600, metavar="N", help="training steps (default: 600)")
     args = p.parse_args(argv)
     return vision_demo(args.output, args.steps)
