@@ -207,7 +207,8 @@ def parser() -> argparse.ArgumentParser:
         epilog=f"Environment: {LOG_LEVEL_VAR} (default critical) sets the deepspeed runner's log level; "
                "OMP_NUM_THREADS and DS_ACCELERATOR, when set, are kept. SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 to "
                "this process: the ranks save a checkpoint and exit 0; continue with the same command plus --resume.")
-    p.add_argument("task", choices=TASKS)
+    p.add_argument("task", choices=TASKS, metavar="TASK",
+                   help="pretrain (MLM + SOP), glue or squad (finetuning), classify (images)")
     p.add_argument("--num-ranks", "--num-gpus", dest="ranks_per_node", type=_positive_int, metavar="N",
                    help="ranks per node (default: every GPU; without GPUs one CPU rank per core, at most 8)")
     p.add_argument("--hostfile", type=Path, metavar="FILE",
