@@ -7,7 +7,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="${WIDENET_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 WDS="$VENV/bin/widenet-ds"
-export WIDENET_SHARED_DATA="${WIDENET_SHARED_DATA:-$ROOT/../shared/data}"
+export WIDENET_SHARED_DATA="${WIDENET_SHARED_DATA:-$(dirname "$ROOT")/shared/data}"
 
 usage() {
   cat <<'EOF'
@@ -25,12 +25,9 @@ EOF
 }
 
 setup() {
-  local stamp="$VENV/.widenet-setup"
-  local want
+  local stamp="$VENV/.widenet-setup" want
   want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
-  if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
-    return 0
-  fi
+  [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && return 0
   echo "[setup] creating $VENV and installing packages (first run: a few minutes)" >&2
   command -v python3.11 >/dev/null 2>&1 && BASE_PY=python3.11 || BASE_PY=python3
   "$BASE_PY" -m venv "$VENV"
@@ -63,8 +60,7 @@ run_tests() {
   "$PY" -m pytest "$@"
 }
 
-cmd="${1:-}"
-[[ $# -gt 0 ]] && shift
+cmd="${1:-}"; shift || true
 # exec: widenet-ds becomes this PID, the one a user or scheduler signals (`widenet-ds launch` relays it).
 case "$cmd" in
   setup) setup ;;
