@@ -7,6 +7,8 @@ from pathlib import Path
 
 from launching import REPO
 
+# The script path, for tests/test_golden_losses.py until it starts pretraining with launching.run_train too.
+RUN_PRETRAIN = REPO / "pretrain" / "run_pretrain.py"
 CPU_CONFIG = REPO / "ds_configs" / "cpu_small.json"
 BOOKS = ("corpus/books/pg11.txt", "corpus/books/pg84.txt")
 
