@@ -1,4 +1,7 @@
-"""Run a script under the real `deepspeed` launcher with N local CPU ranks."""
+"""Start trainers and test scripts under the real `deepspeed` launcher with N local CPU ranks.
+
+Trainers start the way users start them: `deepspeed --module widenet_ds.train TASK ...` (`train_command`,
+`run_train`); the test scripts of tests/scripts/ by their path (`deepspeed_command`, `run_deepspeed`)."""
 
 from __future__ import annotations
 
@@ -46,18 +49,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _launcher() -> str:
-    clear_stale_build_locks()
+def deepspeed_launcher() -> str:
     return shutil.which("deepspeed", path=str(Path(sys.executable).parent)) or "deepspeed"
 
 
 def deepspeed_command(script: str | Path, args: list[str], num_ranks: int = 2) -> list[str]:
-    return [_launcher(), "--num_gpus", str(num_ranks), "--master_port", str(free_port()), str(script), *args]
+    clear_stale_build_locks()
+    return [deepspeed_launcher(), "--num_gpus", str(num_ranks), "--master_port", str(free_port()), str(script), *args]
+
+
+def python_train_command(task: str, args: list[str]) -> list[str]:
+    """`python -m widenet_ds.train TASK ARGS`: one rank, no launcher."""
+    return [sys.executable, "-m", "widenet_ds.train", task, *args]
 
 
 def train_command(task: str, args: list[str], num_ranks: int = 2) -> list[str]:
-    """A trainer under the deepspeed launcher: `deepspeed --module widenet_ds.train TASK ARGS`."""
-    return [_launcher(), "--num_gpus", str(num_ranks), "--master_port", str(free_port()), "--module",
+    """`deepspeed --module widenet_ds.train TASK ARGS` on `num_ranks` local ranks."""
+    clear_stale_build_locks()
+    return [deepspeed_launcher(), "--num_gpus", str(num_ranks), "--master_port", str(free_port()), "--module",
             "widenet_ds.train", task, *args]
 
 

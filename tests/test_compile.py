@@ -238,10 +238,10 @@ def test_pretraining_with_compile_follows_the_eager_golden_curve(mode, tmp_path)
     out = tmp_path / "run"
     steps = 4
     run_train("pretrain", ["--model-config", "widenet-tiny-e4", "--deepspeed_config", str(CPU_CONFIG),
-                                 "--data", str(data), "--output-dir", str(out), "--max-steps", str(steps),
-                                 "--seed", str(SEED), "--log-interval", "1", "--eval-interval", "0",
-                                 "--no-progress-bar", "--no-tensorboard", "--compile", mode,
-                                 "--compile-backend", "aot_eager"], num_ranks=1)
+                           "--data", str(data), "--output-dir", str(out), "--max-steps", str(steps),
+                           "--seed", str(SEED), "--log-interval", "1", "--eval-interval", "0",
+                           "--no-progress-bar", "--no-tensorboard", "--compile", mode,
+                           "--compile-backend", "aot_eager"], num_ranks=1)
     losses = train_losses(out)
     expected = read_asset(ASSETS / "widenet_tiny_e4_1rank.txt")
     assert sorted(losses) == list(range(1, steps + 1))

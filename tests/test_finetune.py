@@ -2,12 +2,11 @@
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from launching import REPO, child_env, run_train
+from launching import REPO, child_env, python_train_command, run_train
 
 CPU_CONFIG = str(REPO / "ds_configs/finetune_cpu_small.json")
 
@@ -77,8 +76,8 @@ def test_seeds_report_the_median_and_test_files_are_written(shared_data, tmp_pat
 
 
 def _run_single(task: str, args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "widenet_ds.train", task, *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, env=child_env())
+    return subprocess.run(python_train_command(task, args), cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env=child_env())
 
 
 def test_bad_inputs_fail_with_one_clear_line(shared_data, tmp_path):

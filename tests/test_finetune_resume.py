@@ -1,4 +1,4 @@
-"""GLUE finetuning (python -m widenet_ds.train glue) under the real `deepspeed` launcher, 2 CPU ranks, expert parallelism 2, two seeds on
+"""GLUE finetuning (`deepspeed --module widenet_ds.train glue`) under the real `deepspeed` launcher, 2 CPU ranks, expert parallelism 2, two seeds on
 an SST-2 slice: a run killed with SIGKILL after a checkpoint of its second seed and continued with --resume
 logs the same per-step losses and evaluations, writes the same dev predictions and the same results.json as
 an uninterrupted run, and leaves the finished first seed untouched."""

@@ -1,5 +1,7 @@
-"""Launch paths: the rank-environment resolver, the pre-launch checks, launcher.sh, and real
-`mpiexec -n 2` runs (process group through our code; same losses as the `deepspeed` launcher)."""
+"""Launch paths: the rank-environment resolver, the pre-launch checks, `widenet-ds launch` (its plan: rank
+counting, thread split, accelerator; refused options; a real launch on this machine's cores) and its
+launcher.sh aliases, and real `mpiexec -n 2` runs (process group through our code; same losses as
+`widenet-ds launch` under the `deepspeed` launcher)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 
 from widenet_ds.errors import ConfigError, LaunchError
 from widenet_ds.runtime.distributed import check_ep_size
+from widenet_ds.runtime.launch import LaunchOptions, Machine, failure, parse_launch_args, plan_launch
 from widenet_ds.runtime.launch_env import (
     SLURM_PORT_BASE,
     check_hostfile,
@@ -28,13 +31,16 @@ from launching import REPO, free_port
 
 BIN = Path(sys.executable).parent
 LAUNCHER_SH = REPO / "launcher.sh"
+WIDENET_DS = [sys.executable, "-m", "widenet_ds.cli"]
+TRAIN = [sys.executable, "-m", "widenet_ds.train"]
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
     """This environment without any rank variables of the test process itself, venv tools first."""
     drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("SLURM_", "PMI_", "OMPI_"))}
-    return {**env, "PATH": f"{BIN}:{env['PATH']}", "OMP_NUM_THREADS": "1", **extra}
+    return {**env, "PATH": f"{BIN}:{env['PATH']}", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+            "WIDENET_VENV": str(BIN.parent), **extra}
 
 
 # --- resolve_launch_env --------------------------------------------------------------------------
@@ -165,20 +171,99 @@ def test_ep_size_must_divide_world_size_and_experts():
         check_ep_size(0, world_size=2, num_experts=4)
 
 
-def test_launcher_sh_refuses_bad_hostfile_before_starting_deepspeed(tmp_path):
+# --- widenet-ds launch ----------------------------------------------------------------------------
+def plan(machine: Machine, environ: dict[str, str] | None = None, **options) -> tuple[list[str], dict[str, str]]:
+    launch = plan_launch(LaunchOptions("pretrain", ("--data", "d"), **options), machine, environ or {})
+    return launch.command, launch.env_changes
+
+
+def option(command: list[str], name: str) -> str | None:
+    return command[command.index(name) + 1] if name in command else None
+
+
+@pytest.mark.parametrize("cores, ranks, threads", [(2, 2, 1), (6, 6, 1), (16, 8, 2), (64, 8, 8), (1, 1, 1)])
+def test_cpu_machine_gets_one_rank_per_core_at_most_8_sharing_the_cores(cores, ranks, threads):
+    command, env = plan(Machine(cores=cores, has_gpu=False))
+    assert option(command, "--num_gpus") == str(ranks)
+    assert env["OMP_NUM_THREADS"] == str(threads) and env["DS_ACCELERATOR"] == "cpu"
+    # the trainer through its module entry, the task's options unchanged after it
+    assert command[command.index("--module"):] == ["--module", "widenet_ds.train", "pretrain", "--data", "d"]
+    assert "--log_level=critical" in command and int(option(command, "--master_port")) > 0
+
+
+def test_cpu_ranks_asked_for_and_the_users_threads_and_accelerator_are_kept():
+    command, env = plan(Machine(cores=16, has_gpu=False), {"OMP_NUM_THREADS": "3", "DS_ACCELERATOR": "cpu"},
+                        ranks_per_node=4)
+    assert option(command, "--num_gpus") == "4" and "OMP_NUM_THREADS" not in env and "DS_ACCELERATOR" not in env
+    _, env = plan(Machine(cores=16, has_gpu=False), ranks_per_node=4)
+    assert env["OMP_NUM_THREADS"] == "4"
+
+
+def test_gpu_machine_leaves_the_rank_count_and_threads_to_deepspeed():
+    command, env = plan(Machine(cores=64, has_gpu=True), {"WIDENET_DEEPSPEED_LOG_LEVEL": "info"})
+    assert "--num_gpus" not in command and "OMP_NUM_THREADS" not in env and "DS_ACCELERATOR" not in env
+    assert "--log_level=info" in command
+    command, _ = plan(Machine(cores=64, has_gpu=True), ranks_per_node=4, master_port=31000, master_addr="10.0.0.2")
+    assert (option(command, "--num_gpus"), option(command, "--master_port"), option(command, "--master_addr")) == \
+        ("4", "31000", "10.0.0.2")
+
+
+def test_hostfile_is_checked_then_handed_to_deepspeed(tmp_path):
+    hostfile = write(tmp_path / "hosts", "localhost slots=2\n127.0.0.1 slots=2\n")
+    command, _ = plan(Machine(cores=2, has_gpu=False), hostfile=hostfile, num_nodes=2, ranks_per_node=2,
+                      ssh_check=False)
+    assert (option(command, "--hostfile"), option(command, "--num_nodes")) == (str(hostfile), "2")
+    assert "--no_ssh_check" in command and "--master_port" not in command  # deepspeed's, agreed by every node
+    with pytest.raises(LaunchError, match=r"3 ranks per node .* request at most 2 GPUs per node"):
+        plan(Machine(cores=2, has_gpu=False), hostfile=hostfile, ranks_per_node=3)
+
+
+def test_launch_options_before_the_separator_task_options_after_it():
+    options = parse_launch_args(["squad", "--num-gpus", "3", "--no-ssh-check", "--", "--version", "2.0", "--", "x"])
+    assert (options.task, options.ranks_per_node, options.ssh_check) == ("squad", 3, False)
+    assert options.train_args == ("--version", "2.0", "--", "x")
+    with pytest.raises(LaunchError, match=r"--num-nodes 2 needs --hostfile"):
+        parse_launch_args(["glue", "--num-nodes", "2"])
+
+
+def test_exit_status_of_a_failed_run_is_explained():
+    assert failure(1) == "a rank failed; its messages are above"
+    assert failure(247) == "a rank was killed by SIGKILL"  # launch.py's sys.exit(-9)
+    assert failure(143) == "the deepspeed runner was killed by SIGTERM"
+
+
+@pytest.mark.parametrize("front", [[str(LAUNCHER_SH), "pretrain"], [*WIDENET_DS, "launch", "pretrain"]],
+                         ids=["launcher.sh", "widenet-ds"])
+def test_bad_hostfile_is_refused_before_deepspeed_starts(tmp_path, front):
     hostfile = write(tmp_path / "hosts", "localhost slots=2\nno-such-node.invalid slots=2\n")
     start = time.monotonic()
-    proc = subprocess.run([str(LAUNCHER_SH), "pretrain", "--hostfile", str(hostfile), "--", "--anything"],
+    proc = subprocess.run([*front, "--hostfile", str(hostfile), "--", "--anything"],
                           env=subprocess_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "no-such-node.invalid" in proc.stderr and "remove its line" in proc.stderr
-    assert "launcher.sh: deepspeed" not in proc.stdout  # never got as far as the launcher
+    assert proc.stderr.count("error") == 1, proc.stderr
+    assert "widenet-ds launch: " not in proc.stdout  # never got as far as the launcher
     assert time.monotonic() - start < 20
 
-    proc = subprocess.run([str(LAUNCHER_SH), "pretrain", "--hostfile", str(write(tmp_path / "one", "localhost slots=2\n")),
+    proc = subprocess.run([*front, "--hostfile", str(write(tmp_path / "one", "localhost slots=2\n")),
                            "--num-gpus", "4", "--", "--anything"],
                           env=subprocess_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "request at most 2 GPUs per node" in proc.stderr
+
+
+@pytest.mark.multirank
+def test_launch_starts_one_rank_per_core_on_this_machine():
+    """The real count: every rank the runner starts prints the task's help once."""
+    cores = len(os.sched_getaffinity(0))
+    ranks = min(cores, 8)
+    env = {k: v for k, v in subprocess_env().items() if k not in ("OMP_NUM_THREADS", "DS_ACCELERATOR")}
+    proc = subprocess.run([*WIDENET_DS, "launch", "classify", "--", "--help"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    echo = proc.stdout.splitlines()[0]
+    assert echo.startswith(f"widenet-ds launch: DS_ACCELERATOR=cpu OMP_NUM_THREADS={cores // ranks} ")
+    assert f" --num_gpus {ranks} " in echo and echo.endswith("--module widenet_ds.train classify --help")
+    assert proc.stdout.count("usage: ") == ranks
 
 
 # --- real multi-process launches -----------------------------------------------------------------
@@ -219,17 +304,17 @@ def corpus(shared_data, tmp_path_factory):
 def test_mpiexec_and_deepspeed_launcher_give_the_same_losses_with_ep2(tmp_path, corpus):
     model = tiny_model_config(tmp_path / "tiny.json")
     steps = 5
-    mpi = subprocess.run([str(BIN / "mpiexec"), "-n", "2", sys.executable, str(REPO / "pretrain/run_pretrain.py"),
+    mpi = subprocess.run([str(BIN / "mpiexec"), "-n", "2", *TRAIN, "pretrain",
                           *pretrain_args(corpus, model, tmp_path / "mpi", steps, "--ep-size", "2")],
                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert mpi.returncode == 0, mpi.stdout[-3000:] + mpi.stderr[-3000:]
     hostfile = write(tmp_path / "hosts", "localhost slots=2\n")
-    ds = subprocess.run([str(LAUNCHER_SH), "pretrain", "--hostfile", str(hostfile), "--master-addr", "127.0.0.1",
+    ds = subprocess.run([*WIDENET_DS, "launch", "pretrain", "--hostfile", str(hostfile), "--master-addr", "127.0.0.1",
                          "--master-port", str(free_port()), "--no-ssh-check", "--",
                          *pretrain_args(corpus, model, tmp_path / "ds", steps, "--ep-size", "2")],
                         env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert ds.returncode == 0, ds.stdout[-3000:] + ds.stderr[-3000:]
-    assert "--hostfile" in ds.stdout.splitlines()[0]  # launcher.sh handed the hostfile to deepspeed
+    assert "--hostfile" in ds.stdout.splitlines()[0]  # widenet-ds launch handed the hostfile to deepspeed
 
     for run in ("mpi", "ds"):
         final = tmp_path / run / "checkpoints" / f"step{steps}"
@@ -247,7 +332,7 @@ def test_mpiexec_and_deepspeed_launcher_give_the_same_losses_with_ep2(tmp_path, 
 def test_ep_size_not_dividing_world_size_fails_fast_under_mpiexec(tmp_path, corpus):
     model = tiny_model_config(tmp_path / "tiny.json")
     start = time.monotonic()
-    proc = subprocess.run([str(BIN / "mpiexec"), "-n", "2", sys.executable, str(REPO / "pretrain/run_pretrain.py"),
+    proc = subprocess.run([str(BIN / "mpiexec"), "-n", "2", *TRAIN, "pretrain",
                            *pretrain_args(corpus, model, tmp_path / "run", 5, "--ep-size", "4")],
                           env=subprocess_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode != 0

@@ -15,8 +15,8 @@ LAYERS = [
     {"widenet_ds", "widenet_ds.errors", "widenet_ds.atomic", "widenet_ds.writable", "widenet_ds.run_folder"},
     {"widenet_ds.data", "widenet_ds.tasks", "widenet_ds.model", "widenet_ds.runtime", "widenet_ds.vision"},
     {"widenet_ds.checkpoint", "widenet_ds.params"},
-    {"widenet_ds.training", "widenet_ds.vision.train", "widenet_ds.report"},
-    {"widenet_ds.cli", "widenet_ds.train"},
+    {"widenet_ds.training", "widenet_ds.report"},
+    {"widenet_ds.cli", "widenet_ds.train", "widenet_ds.demo"},
 ]
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from widenet_ds.model.widenet import WideNetForPreTraining, WideNetForSequenceCl
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification
 
-from launching import REPO, child_env
+from launching import REPO, child_env, python_train_command
 from pretrain_support import events, train_losses
 
 VISION_PRESETS = ["paraformer-tiny-3x4", "widenet-paraformer-tiny-3x4"]
@@ -172,10 +171,10 @@ def run_classify(tmp_path: Path, out: Path, steps: int, *extra: str) -> None:
     config["scheduler"]["params"].update(total_num_steps=steps, warmup_num_steps=max(1, steps // 10))
     ds = tmp_path / f"ds{steps}.json"
     ds.write_text(json.dumps(config))
-    proc = subprocess.run([sys.executable, str(REPO / "vision" / "run_classify.py"), *DIGITS_MODEL, "--dataset",
-                           "digits", "--deepspeed_config", str(ds), "--output-dir", str(out), "--eval-interval", "0",
-                           "--workers", "0", "--no-progress-bar", "--no-tensorboard", *extra],
-                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(python_train_command("classify", [
+        *DIGITS_MODEL, "--dataset", "digits", "--deepspeed_config", str(ds), "--output-dir", str(out),
+        "--eval-interval", "0", "--workers", "0", "--no-progress-bar", "--no-tensorboard", *extra]),
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
@@ -191,10 +190,11 @@ def test_training_continues_from_an_expanded_folder(dist, tmp_path):
         assert not torch.allclose(first(pixels).logits, trained(pixels).logits, atol=1e-3)
     assert widenet_ds_main(["branches", "expand", str(tmp_path / "two"), str(tmp_path / "three"), "--branches", "3"]) == 0
     # the preset's layout instead of the folder's: refused, naming the fix
-    proc = subprocess.run([sys.executable, str(REPO / "vision" / "run_classify.py"), *DIGITS_MODEL, "--dataset",
-                           "digits", "--deepspeed_config", str(REPO / "ds_configs" / "paraformer_cpu_small.json"),
-                           "--output-dir", str(tmp_path / "wrong"), "--init-from", str(tmp_path / "three")],
-                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(python_train_command("classify", [
+        *DIGITS_MODEL, "--dataset", "digits", "--deepspeed_config",
+        str(REPO / "ds_configs" / "paraformer_cpu_small.json"), "--output-dir", str(tmp_path / "wrong"),
+        "--init-from", str(tmp_path / "three")]),
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "--set num_branches=3 --set num_layers=6" in proc.stdout + proc.stderr
     run_classify(tmp_path, tmp_path / "new", 10, "--log-interval", "1", "--init-from", str(tmp_path / "three"),
                  "--set", "num_layers=6", "--set", "num_branches=3")

@@ -1,4 +1,4 @@
-"""Pretraining (python -m widenet_ds.train pretrain) under the real `deepspeed` launcher, 2 CPU ranks, ep_size 2, fp32, ZeRO 2.
+"""Pretraining (`deepspeed --module widenet_ds.train pretrain`) under the real `deepspeed` launcher, 2 CPU ranks, ep_size 2, fp32, ZeRO 2.
 
 One uninterrupted reference run; against it: a run killed with SIGKILL after a checkpoint and resumed,
 a run stopped by SIGTERM and resumed (per-step losses equal to the last bit), activation

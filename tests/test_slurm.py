@@ -1,7 +1,7 @@
-"""slurm/pretrain.sbatch and slurm/finetune.sbatch on a real single-node Slurm (Debian's slurmctld +
-slurmd + munge, 2 CPUs): 2 ranks train and checkpoint; a preempted job checkpoints, requeues itself and
-resumes without repeating a step (finetuning: and ends with the results of an uninterrupted run); a job
-missing what it needs fails fast naming the fix.
+"""slurm/pretrain.sbatch, slurm/finetune.sbatch and slurm/classify.sbatch on a real single-node Slurm
+(Debian's slurmctld + slurmd + munge, 2 CPUs): 2 ranks train and checkpoint; a preempted job checkpoints,
+requeues itself and resumes without repeating a step (finetuning: and ends with the results of an
+uninterrupted run; images: and writes its results); a job missing what it needs fails fast naming the fix.
 
 CI installs the daemons with scripts/install_slurm.sh; elsewhere these tests skip when they are absent.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from launch_inputs import DS_CONFIG, REPO, prepare_tiny_corpus, tiny_model_config
-from launching import run_deepspeed
+from launching import run_train
 from slurm_cluster import missing_tools, slurm_cluster
 
 if missing_tools():
@@ -31,6 +31,7 @@ if os.geteuid() != 0:
 pytestmark = pytest.mark.slurm
 PRETRAIN_SBATCH = REPO / "slurm" / "pretrain.sbatch"
 FINETUNE_SBATCH = REPO / "slurm" / "finetune.sbatch"
+CLASSIFY_SBATCH = REPO / "slurm" / "classify.sbatch"
 # The test node has 2 CPUs: the scripts' GPU-node defaults are overridden on the command line.
 TWO_RANKS = ["--ntasks-per-node=2", "--cpus-per-task=1", "--time=10"]
 
@@ -158,13 +159,51 @@ def test_finetune_sbatch_is_preempted_requeued_and_ends_as_an_uninterrupted_run(
 
     # The same run, uninterrupted, under the deepspeed launcher: the same numbers, the same results.
     reference = tmp_path / "reference"
-    run_deepspeed(REPO / "finetune" / "run_glue.py", [
+    run_train("glue", [
         "--task", "SST-2", "--data", str(data), "--init-from", str(pretrained), "--deepspeed_config", str(ds_config),
         "--output-dir", str(reference), "--no-progress-bar", *options], timeout=600)
     assert logged_numbers(run / "seed7") == logged_numbers(reference / "seed7")
     got, want = (json.loads((folder / "results.json").read_text()) for folder in (run, reference))
     assert got["per_seed"] == want["per_seed"] and got["median"] == want["median"]
     assert (run / "seed7" / "SST-2.dev.tsv").read_text() == (reference / "seed7" / "SST-2.dev.tsv").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
+def test_classify_sbatch_trains_images_on_two_ranks_and_resumes_after_preemption(cluster, tmp_path):
+    from widenet_ds.run_folder import RunFolder
+
+    max_steps = 16
+    config = json.loads((REPO / "ds_configs" / "vision_cpu_small.json").read_text())
+    config["scheduler"]["params"].update(total_num_steps=max_steps, warmup_num_steps=2)
+    ds_config = tmp_path / "ds.json"
+    ds_config.write_text(json.dumps(config))
+    run, log = RunFolder(tmp_path / "run"), tmp_path / "job.log"
+    env = dict(cluster.env, DS_CONFIG=str(ds_config), MODEL_CONFIG="widenet-vit-digits", DATASET="digits",
+               OUTPUT_DIR=str(run.path), EP_SIZE="2",
+               EXTRA_ARGS=f"--max-steps {max_steps} --log-interval 1 --save-interval 5 --keep-last 10 "
+                          f"--eval-interval 0 --workers 0 --no-tensorboard --seed 7")
+    job = cluster.sbatch(*TWO_RANKS, f"--output={log}", str(CLASSIFY_SBATCH), env=env)
+
+    def trained_two_steps() -> bool:
+        return run.metrics.exists() and max(run.read_metrics(live=True).series("train/loss"), default=0) >= 2
+
+    wait_for(trained_two_steps, 300, "training steps", cluster, job)
+    # The time limit's signal, by hand: USR1 to the batch shell, which has the tasks checkpoint, then requeues.
+    cluster.run("scancel", "--batch", "--signal=USR1", str(job))
+    assert cluster.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=400) == "COMPLETED", log.read_text()
+    text = log.read_text()
+    assert cluster.job_field(job, "Restarts") == "1" and cluster.job_field(job, "ExitCode") == "0:0", text
+    assert "classify digits: job" in text and "run 1, 2 ranks" in text and "run 2, 2 ranks" in text
+    assert "SIGUSR1 received, asking the tasks" in text and "requeueing job" in text
+    events = [e["event"] for e in run.read_metrics().events]
+    assert len([e for e in events if e.startswith("stopped by SIGUSR1")]) == 1, events
+    assert len([e for e in events if e.startswith("resumed from")]) == 1, events
+    # Steps are not repeated: across both runs' console lines every step was trained exactly once.
+    trained = [int(step) for step in re.findall(r"^\[step (\d+)\] loss", text, flags=re.MULTILINE)]
+    assert trained == list(range(1, max_steps + 1)), trained
+    results = run.read_results()
+    assert results["step"] == max_steps and 0.0 <= results["test/accuracy"] <= 1.0, results
 
 
 def test_job_without_srun_fails_fast_naming_srun(cluster, tmp_path):

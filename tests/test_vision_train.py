@@ -1,6 +1,6 @@
-"""Image classification (python -m widenet_ds.train classify) on the one trainer: digits learns far above chance (1 rank);
-ep 1 = ep 2 forward on 2 ranks; an ep-2 run killed with SIGKILL resumes with identical losses (augmentation,
-mixup and gate noise included)."""
+"""Image classification (`python -m widenet_ds.train classify`) on the one trainer: digits learns far above
+chance (1 rank); ep 1 = ep 2 forward on 2 ranks; an ep-2 run killed with SIGKILL resumes with identical losses
+(augmentation, mixup and gate noise included)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from launching import REPO, child_env, run_deepspeed, run_train, train_command
+from launching import REPO, child_env, python_train_command, run_deepspeed, run_train, train_command
 from pretrain_support import events, train_losses
 
 EP_FORWARD = REPO / "tests" / "scripts" / "vision_expert_parallel_forward.py"
@@ -35,10 +34,10 @@ def test_digits_single_rank_learns_far_above_chance(tmp_path):
     ds = write_ds_config(tmp_path / "ds.json", steps=120)
     out = tmp_path / "digits"
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "widenet_ds.train", "classify", "--model-config", "widenet-vit-digits", "--dataset",
-                           "digits", "--deepspeed_config", str(ds), "--output-dir", str(out), "--log-interval", "40",
-                           "--eval-interval", "0", "--workers", "0", "--no-progress-bar", "--no-tensorboard"],
-                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(python_train_command("classify", [
+        "--model-config", "widenet-vit-digits", "--dataset", "digits", "--deepspeed_config", str(ds), "--output-dir",
+        str(out), "--log-interval", "40", "--eval-interval", "0", "--workers", "0", "--no-progress-bar",
+        "--no-tensorboard"]), cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads((out / "results.json").read_text())
     # 10 balanced classes: chance is 0.1; a trained model is far above it.

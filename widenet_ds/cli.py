@@ -24,11 +24,16 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "branches": ("widenet_ds.checkpoint.branches_cli:cli", "ParaFormer branches of a checkpoint folder: compress to "
                                                             "the first K, expand to M"),
     "report": ("widenet_ds.report.cli:cli", "HTML page with plots of pretraining/image/finetuning run folders"),
+    "launch": ("widenet_ds.runtime.launch:cli", "train on N ranks: deepspeed --module widenet_ds.train TASK (CPU rank "
+                                                 "count, hostfile check, signal relay)"),
+    "demo": ("widenet_ds.demo:demo_cli", "pretrain widenet-tiny-e4 on 2 CPU ranks, finetune it on SST-2, report"),
+    "vision-demo": ("widenet_ds.demo:vision_demo_cli", "train widenet-vit-tiny on Fashion-MNIST on 2 CPU ranks"),
 }
 
 # Commands that never import DeepSpeed (start fast, print nothing of DeepSpeed's).
+# The launchers start DeepSpeed in the ranks only: a bad launch option fails at once.
 LIGHT_COMMANDS = {"squad-eval", "glue-eval", "model-config", "prepare-data", "train-tokenizer", "verify-data",
-                  "report"}
+                  "report", "launch", "demo", "vision-demo"}
 
 
 def _usage() -> str:

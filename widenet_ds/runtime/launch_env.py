@@ -11,7 +11,7 @@ One resolver for every way a user starts us, tried in this order:
 MPI comes before Slurm because `mpiexec` inside an allocation also sees SLURM_* variables that
 describe its helper processes, not the ranks; `srun --mpi=pmi2` (same ranks in both) stays Slurm.
 
-Also the check `launcher.sh` runs before starting anything: `check_hostfile`.
+Also the check `widenet-ds launch` runs before starting anything: `check_hostfile`.
 `python -m widenet_ds.runtime.launch_env check-hostfile --hostfile H [--num-ranks N]` is its command line.
 """
 

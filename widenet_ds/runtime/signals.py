@@ -1,25 +1,21 @@
-"""Relay a stop signal from launcher.sh to the training ranks under DeepSpeed's launcher.
+"""Relay a stop signal from `widenet-ds launch` to the training ranks under DeepSpeed's launcher.
 
 On one node `deepspeed` (the runner) starts `python -m deepspeed.launcher.launch`, which starts the
 ranks. The runner installs no signal handler there, so a SIGTERM to it ends only the runner, and the
 ranks train on, orphaned. launch.py's own handler terminates its children but kills them (SIGKILL)
 if they take more than 30 s to exit, and exits 1 -- a rank busy saving a big checkpoint would be cut
-off. So launcher.sh keeps the runner as its child and, on SIGTERM/SIGINT/SIGUSR1, sends the signal to
-the ranks themselves: each one finishes its step, all agree to stop (`StopRequest`), save the same
-step and exit 0; launch.py and the runner then exit 0 on their own.
+off. So `widenet-ds launch` (runtime/launch.py) keeps the runner as its child and, on a stop signal,
+sends it to the ranks themselves: each one finishes its step, all agree to stop (`StopRequest`), save
+the same step and exit 0; launch.py and the runner then exit 0 on their own.
 
 Before the ranks exist the signal goes to launch.py (it cancels the start), or to the runner; on a
 multi-node (pdsh) launch, where the ranks are on other hosts, to the runner, whose handler passes it on.
-
-    python -m widenet_ds.runtime.signals forward TERM <runner pid>
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
-import sys
 
 import psutil
 
@@ -56,19 +52,3 @@ def forward(sig: signal.Signals, runner_pid: int) -> str:
         except ProcessLookupError:
             pass
     return f"{sig.name} sent to {what}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m widenet_ds.runtime.signals")
-    parser.add_argument("command", choices=["forward"])
-    parser.add_argument("signal", help="TERM, INT, USR1, ...")
-    parser.add_argument("runner_pid", type=int)
-    args = parser.parse_args(argv)
-    sig = signal.Signals[f"SIG{args.signal.upper().removeprefix('SIG')}"]
-    print(f"launcher.sh: {forward(sig, args.runner_pid)}; the ranks save a checkpoint and exit", file=sys.stderr,
-          flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,28 +1,29 @@
-"""Issue 16 item 3: SIGTERM to the PID of `launcher.sh pretrain` stops both ranks within 60 s with a
-saved checkpoint and exit status 0, and `--resume` continues with losses identical to an uninterrupted
-run (2 real CPU ranks under the deepspeed launcher). Must-show 4: the console of such a run has one
-line per event, progress before step 1, validation lines, an error printed once, and no third-party
-set-up chatter."""
+"""Stop signals relayed by `widenet-ds launch` (runtime/launch.py, runtime/signals.py), 2 real CPU ranks under
+the deepspeed launcher: SIGTERM to the launch process's PID stops both ranks within 60 s with a saved
+checkpoint and exit status 0, and `--resume` continues with losses identical to an uninterrupted run; a
+terminal's Ctrl-C (SIGINT to the launch process's group) does the same. The console of such a run has one
+line per event, progress before step 1, validation lines, an error printed once, and no third-party set-up
+chatter."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
-
-import re
 
 from launching import REPO, child_env, free_port
 from pretrain_support import CPU_CONFIG, events, train_losses, write_model_config
 
 pytestmark = pytest.mark.multirank
-LAUNCHER_SH = REPO / "launcher.sh"
+WIDENET_DS_LAUNCH = [sys.executable, "-m", "widenet_ds.cli", "launch"]
 STEPS = 8
 
 
@@ -37,19 +38,43 @@ def inputs(tmp_path_factory, shared_data):
     return {"data": root / "data", "model": write_model_config(root / "model.json"), "root": root}
 
 
-def launcher_env() -> dict[str, str]:
-    venv = Path(sys.executable).parent.parent
-    return child_env(WIDENET_VENV=str(venv), PATH=f"{venv / 'bin'}:{os.environ['PATH']}")
-
-
 def launch(inputs, out: Path, *extra: str) -> subprocess.Popen:
     args = ["--model-config", str(inputs["model"]), "--deepspeed_config", str(CPU_CONFIG), "--data",
             str(inputs["data"]), "--output-dir", str(out), "--max-steps", str(STEPS), "--log-interval", "1",
             "--save-interval", "2", "--eval-interval", "4", "--eval-batches", "1", "--no-progress-bar",
             "--no-tensorboard", *extra]
-    return subprocess.Popen([str(LAUNCHER_SH), "pretrain", "--num-gpus", "2", "--master-port", str(free_port()),
-                             "--", *args], cwd=REPO, env=launcher_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    # A session of its own, as a terminal gives a command: its process group is the one Ctrl-C signals.
+    return subprocess.Popen([*WIDENET_DS_LAUNCH, "pretrain", "--num-ranks", "2", "--master-port", str(free_port()),
+                             "--", *args], cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def wait_for_checkpoint(proc: subprocess.Popen, out: Path) -> list[psutil.Process]:
+    """The ranks, once the run has saved its first checkpoint."""
+    latest = out / "checkpoints" / "latest"
+    deadline = time.monotonic() + 240
+    while not latest.is_file():
+        assert proc.poll() is None, f"run ended before its first checkpoint:\n{proc.stdout.read()[-4000:]}"
+        assert time.monotonic() < deadline, "no checkpoint within 240 s"
+        time.sleep(0.01)
+    ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)
+             if any(part.startswith("--local_rank") for part in p.cmdline())]
+    assert len(ranks) == 2
+    return ranks
+
+
+def assert_stopped_and_saved(proc: subprocess.Popen, ranks: list[psutil.Process], out: Path, signalled: float,
+                             signal_name: str) -> str:
+    output, _ = proc.communicate(timeout=60)
+    assert time.monotonic() - signalled < 60
+    assert proc.returncode == 0, output[-4000:]
+    assert not any(r.is_running() and r.status() != psutil.STATUS_ZOMBIE for r in ranks), "a rank outlived the launcher"
+    assert f"widenet-ds launch: {signal_name} sent to 2 rank(s)" in output
+    assert any(e.startswith(f"stopped by {signal_name}") for e in events(out)), events(out)
+    stop_step = max(train_losses(out))
+    assert stop_step < STEPS, "the run finished before the signal; the test proved nothing"
+    assert (out / "checkpoints" / "latest").read_text() == f"step{stop_step}"
+    return output
 
 
 def finish(proc: subprocess.Popen, timeout: float = 300) -> str:
@@ -65,28 +90,10 @@ def test_sigterm_to_the_launcher_pid_stops_both_ranks_with_a_checkpoint_and_resu
 
     out = inputs["root"] / "signalled"
     proc = launch(inputs, out)
-    latest = out / "checkpoints" / "latest"
-    deadline = time.monotonic() + 240
-    while not latest.is_file():
-        assert proc.poll() is None, f"run ended before its first checkpoint:\n{proc.stdout.read()[-4000:]}"
-        assert time.monotonic() < deadline, "no checkpoint within 240 s"
-        time.sleep(0.01)
-    import psutil
-
-    ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)
-             if any(part.startswith("--local_rank") for part in p.cmdline())]
-    assert len(ranks) == 2
+    ranks = wait_for_checkpoint(proc, out)
     signalled = time.monotonic()
     os.kill(proc.pid, signal.SIGTERM)  # the launcher's own PID, as a user or scheduler would
-    output, _ = proc.communicate(timeout=60)
-    assert time.monotonic() - signalled < 60
-    assert proc.returncode == 0, output[-4000:]
-    assert not any(r.is_running() and r.status() != psutil.STATUS_ZOMBIE for r in ranks), "a rank outlived the launcher"
-    assert "SIGTERM sent to 2 rank(s)" in output
-    assert any(e.startswith("stopped by SIGTERM") for e in events(out)), events(out)
-    stop_step = max(train_losses(out))
-    assert stop_step < STEPS, "the run finished before the signal; the test proved nothing"
-    assert latest.read_text() == f"step{stop_step}"
+    assert_stopped_and_saved(proc, ranks, out, signalled, "SIGTERM")
 
     finish(launch(inputs, out, "--resume"))
     expected, got = train_losses(reference), train_losses(out)
@@ -94,11 +101,16 @@ def test_sigterm_to_the_launcher_pid_stops_both_ranks_with_a_checkpoint_and_resu
     assert {s: got[s] for s in expected if got[s] != expected[s]} == {}, "losses differ after the resume"
 
 
-def test_zero_ranks_is_refused_by_launcher_sh():
-    proc = subprocess.run([str(LAUNCHER_SH), "pretrain", "--num-gpus", "0", "--", "--anything"],
-                          env=launcher_env(), capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
-    assert "--num-gpus '0' must be a whole number >= 1" in proc.stderr
+def test_ctrl_c_in_a_terminal_saves_like_sigterm(inputs):
+    """A terminal sends SIGINT to its foreground process group: only `widenet-ds launch` is in it (the runner
+    has a group of its own), and it relays a TERM; the ranks never see the INT, which would kill them."""
+    out = inputs["root"] / "interrupted"
+    proc = launch(inputs, out)
+    ranks = wait_for_checkpoint(proc, out)
+    signalled = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    output = assert_stopped_and_saved(proc, ranks, out, signalled, "SIGTERM")
+    assert "KeyboardInterrupt" not in output and "Traceback" not in output
 
 
 def check_console(console: str) -> None:
@@ -121,12 +133,28 @@ def test_an_error_of_a_two_rank_run_is_printed_once(inputs):
     config = json.loads(CPU_CONFIG.read_text())
     config["zero_optimization"] = {"stage": 1, "overlap_com": True}
     bad.write_text(json.dumps(config))
-    proc = subprocess.Popen([str(LAUNCHER_SH), "pretrain", "--num-gpus", "2", "--master-port", str(free_port()), "--",
+    proc = subprocess.Popen([*WIDENET_DS_LAUNCH, "pretrain", "--num-ranks", "2", "--master-port", str(free_port()),
+                             "--",
                              "--model-config", str(inputs["model"]), "--deepspeed_config", str(bad), "--data",
                              str(inputs["data"]), "--output-dir", str(inputs["root"] / "bad"), "--max-steps", "2"],
-                            cwd=REPO, env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2, output
     errors = [line for line in output.splitlines() if re.search(r"error", line, re.IGNORECASE)]
     assert len(errors) == 1 and "Did you mean 'overlap_comm'" in errors[0], output
     assert "Traceback" not in output and not (inputs["root"] / "bad" / "metrics.jsonl").exists()
+
+
+def test_a_killed_rank_ends_the_launch_with_its_status_and_one_line_saying_so(inputs):
+    proc = launch(inputs, inputs["root"] / "killed")
+    deadline = time.monotonic() + 240
+    while len(ranks := [p for p in psutil.Process(proc.pid).children(recursive=True)
+                        if any(part.startswith("--local_rank") for part in p.cmdline())]) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, "the ranks did not start"
+        time.sleep(0.05)
+    ranks[0].kill()
+    output, _ = proc.communicate(timeout=120)
+    # deepspeed's launch.py exits with the rank's -9, which reads 247; the other rank is stopped by it
+    assert proc.returncode == 256 - signal.SIGKILL, output[-4000:]
+    assert output.count("widenet-ds launch: the run ended with exit status 247 (a rank was killed by SIGKILL)") == 1
+    assert not any(r.is_running() and r.status() != psutil.STATUS_ZOMBIE for r in ranks), "a rank outlived the launcher"

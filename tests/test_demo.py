@@ -1,0 +1,67 @@
+"""`widenet-ds demo` and `vision-demo` end to end at a small scale: 2 real CPU ranks, expert parallelism 2.
+demo (the embedded corpus): without SST-2 (and no HF hub) it pretrains, reports and stops saying what to
+provide, exit 0; run again with SST-2 present it reuses the finished pretraining and finetunes. vision-demo:
+Fashion-MNIST. The summary lines carry the runs' own numbers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from launching import REPO, child_env
+
+from widenet_ds.run_folder import RunFolder
+from widenet_ds.vision.datasets import DEBIAN_FASHION_MNIST
+
+pytestmark = [pytest.mark.multirank, pytest.mark.slow]
+STEPS = 4
+
+
+def widenet_ds(*args: str, **env: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "widenet_ds.cli", *args], cwd=REPO, env=child_env(**env),
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc
+
+
+def run_demo(out, shared_data) -> subprocess.CompletedProcess:
+    return widenet_ds("demo", "--output", str(out), "--steps", str(STEPS), "--finetune-steps", str(STEPS),
+                      WIDENET_SHARED_DATA=str(shared_data), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+
+
+def test_demo_pretrains_reports_and_finetunes_once_sst2_is_there(shared_data, tmp_path):
+    out = tmp_path / "demo"
+    first = run_demo(out, tmp_path / "no-shared-data")
+    pretrain = RunFolder(out / "pretrain")
+    mlm = pretrain.read_metrics().series("train/mlm_loss")
+    assert max(mlm) == STEPS
+    assert f"pretraining ({STEPS} steps, widenet-tiny-e4, 2 ranks, ep 2): MLM loss {mlm[min(mlm)]:.3f} -> " \
+           f"{mlm[STEPS]:.3f}" in first.stdout
+    assert "skipped the finetuning step: no SST-2 at" in first.stderr and "run the demo again" in first.stderr
+    assert "SST-2 dev accuracy" not in first.stdout and not (out / "sst2").exists()
+    assert (out / "report" / "index.html").is_file()
+    assert f"[step {STEPS}] loss" in first.stdout + first.stderr
+    tokenizer = (out / "data" / "tokenizer.json").read_bytes()
+
+    second = run_demo(out, shared_data)
+    console = second.stdout + second.stderr
+    assert f"resumed from {out / 'pretrain' / 'checkpoints' / f'step{STEPS}'}" in console
+    assert f"[step {STEPS}] loss" not in console  # the finished pretraining is reused, not repeated
+    # and so is its data: a tokenizer trained again would differ from the one the model learned with
+    assert "corpus is prepared already" in console and (out / "data" / "tokenizer.json").read_bytes() == tokenizer
+    results = RunFolder(out / "sst2").read_results()
+    assert f"SST-2 dev accuracy {results['median']['dev']['acc']:.4f} (majority class " \
+           f"{results['baseline']['dev']['acc']:.4f})" in second.stdout
+    assert str(out / "sst2") in (out / "report" / "index.html").read_text()
+
+
+@pytest.mark.skipif(not DEBIAN_FASHION_MNIST.is_dir(), reason="Debian's dataset-fashion-mnist is not installed "
+                                                               "(./launcher.sh test installs it as root)")
+def test_vision_demo_trains_on_fashion_mnist_and_prints_its_test_accuracy(tmp_path):
+    proc = widenet_ds("vision-demo", "--output", str(tmp_path / "run"), "--steps", str(STEPS))
+    results = RunFolder(tmp_path / "run").read_results()
+    assert results["step"] == STEPS
+    assert f"widenet-vit-tiny, {STEPS} steps on Fashion-MNIST (2 ranks, ep 2): test accuracy " \
+           f"{results['test/accuracy']:.4f} on the first 2000 test images" in proc.stdout

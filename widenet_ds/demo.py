@@ -1,0 +1,177 @@
+"""`widenet-ds demo` and `widenet-ds vision-demo`: real small runs end to end on 2 local CPU ranks.
+
+demo: the embedded default corpus prepared (WordPiece 8000, sequences of 128), widenet-tiny-e4 pretrained
+with expert parallelism 2, finetuned on SST-2 (the local GLUE copy in $WIDENET_SHARED_DATA/glue/SST-2, else
+HF `glue/sst2` when the hub answers, else it stops after pretraining saying what to provide), the scores
+printed and an HTML report written. Run again, it continues where it stopped (--resume).
+
+vision-demo: widenet-vit-tiny on Fashion-MNIST (Debian's dataset-fashion-mnist; `./launcher.sh vision-demo`
+installs it as root), test accuracy printed.
+
+Both need a checkout: the DeepSpeed JSONs are the repository's ds_configs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import widenet_ds
+from widenet_ds.data.prepare import cli as prepare_data
+from widenet_ds.data.shards import MANIFEST_FILE, read_manifest
+from widenet_ds.errors import ConfigError, DataError
+from widenet_ds.model.config import ModelConfig
+from widenet_ds.report.cli import cli as write_report
+from widenet_ds.run_folder import RunFolder
+from widenet_ds.runtime.launch import LaunchOptions, launch
+from widenet_ds.vision.datasets import DEBIAN_FASHION_MNIST, FASHION_MNIST_FIX
+
+CHECKOUT = Path(widenet_ds.__file__).resolve().parents[1]
+DS_CONFIGS = CHECKOUT / "ds_configs"
+RANKS, EP_SIZE = 2, 2
+MODEL_PRESET, VISION_PRESET = "widenet-tiny-e4", "widenet-vit-tiny"
+HF_PROBE_SECONDS = 300
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def ds_config(name: str) -> Path:
+    path = DS_CONFIGS / name
+    if not path.is_file():
+        raise ConfigError(f"{path} not found: the demos use the DeepSpeed JSONs of a widenet-ds checkout; run them "
+                          f"from one (./launcher.sh demo)")
+    return path
+
+
+def shared_data() -> Path:
+    return Path(os.environ.get("WIDENET_SHARED_DATA") or CHECKOUT.parent / "shared" / "data")
+
+
+def find_sst2(local: Path) -> tuple[str, str] | None:
+    """(--data value, where from) of SST-2: the local GLUE folder, else HF `glue/sst2` when it downloads."""
+    if local.is_dir():
+        return str(local), str(local)
+    say(f"[demo] SST-2 not found at {local}; trying HF datasets glue/sst2")
+    probe = "import datasets; datasets.load_dataset('glue', 'sst2', split='validation')"
+    try:
+        reachable = subprocess.run([sys.executable, "-c", probe], capture_output=True,
+                                   timeout=HF_PROBE_SECONDS).returncode == 0
+    except subprocess.TimeoutExpired:
+        reachable = False
+    return ("hf", "HF datasets glue/sst2") if reachable else None
+
+
+def demo(output: Path, steps: int, finetune_steps: int) -> int:
+    output = output.resolve()
+    data, pretrain, sst2 = output / "data", RunFolder(output / "pretrain"), RunFolder(output / "sst2")
+    output.mkdir(parents=True, exist_ok=True)
+    if (data / MANIFEST_FILE).is_file():
+        # Kept: training the tokenizer again gives another vocabulary (WordPiece training is not deterministic
+        # here), and a finished pretraining must go on with the data it learned from.
+        say(f"[demo] 1/3 the embedded default corpus is prepared already: {data}")
+    else:
+        say(f"[demo] 1/3 preparing the embedded default corpus -> {data}")
+        status = prepare_data(["--default-corpus", "--tokenizer", "train", "--vocab-size", "8000", "--seq-length",
+                               "128", "--output", str(data), "--workers", "2", "--seed", "1"])
+        if status:
+            return status
+    model = output / "model.json"
+    ModelConfig.from_preset(MODEL_PRESET, vocab_size=read_manifest(data)["vocab_size"]).to_json(model)
+
+    say(f"[demo] 2/3 pretraining {MODEL_PRESET} on {RANKS} CPU ranks, expert parallel {EP_SIZE}, {steps} steps")
+    status = launch(LaunchOptions("pretrain", ranks_per_node=RANKS, train_args=(
+        "--model-config", str(model), "--deepspeed_config", str(ds_config("cpu_small.json")), "--data", str(data),
+        "--output-dir", str(pretrain.path), "--max-steps", str(steps), "--ep-size", str(EP_SIZE),
+        "--save-interval", "100", "--eval-interval", "100", "--resume")))
+    if status:
+        return status
+
+    local_sst2 = shared_data() / "glue" / "SST-2"
+    found = find_sst2(local_sst2)
+    if found is not None:
+        say(f"[demo] 3/3 finetuning on SST-2 ({found[1]}), {finetune_steps} steps")
+        status = launch(LaunchOptions("glue", ranks_per_node=RANKS, train_args=(
+            "--task", "sst2", "--data", found[0], "--init-from", str(pretrain.path), "--tokenizer", str(data),
+            "--output-dir", str(sst2.path), "--deepspeed_config", str(ds_config("finetune_cpu_small.json")),
+            "--allow-recipe-mismatch", "--max-steps", str(finetune_steps), "--max-train-examples", "6000",
+            "--max-seq-length", "64", "--resume")))
+        if status:
+            return status
+
+    print("\n== widenet-ds demo ==")
+    metrics = pretrain.read_metrics()
+    train, valid = metrics.series("train/mlm_loss"), metrics.series("valid/mlm_loss")
+    first, last = min(train), max(train)
+    held_out = f", held-out MLM loss {valid[max(valid)]:.3f}" if valid else ""
+    print(f"pretraining ({last} steps, {MODEL_PRESET}, {RANKS} ranks, ep {EP_SIZE}): MLM loss {train[first]:.3f} -> "
+          f"{train[last]:.3f}{held_out}")
+    if found is not None:
+        results = sst2.read_results()
+        print(f"SST-2 dev accuracy {results['median']['dev']['acc']:.4f} "
+              f"(majority class {results['baseline']['dev']['acc']:.4f})")
+    print(f"outputs in {output}", flush=True)
+
+    runs = [pretrain.path] + ([sst2.path] if found is not None else [])
+    write_report([*map(str, runs), "--output", str(output / "report"), "--title", "widenet-ds demo"])
+    say(f"[demo] open the report: file://{output / 'report' / 'index.html'}")
+    if found is None:
+        say(f"[demo] skipped the finetuning step: no SST-2 at {local_sst2} and HF datasets glue/sst2 could not be "
+            f"downloaded. To finetune, put GLUE's SST-2 folder (train.tsv, dev.tsv) at $WIDENET_SHARED_DATA/glue/SST-2 "
+            f"(default ../shared/data beside the checkout), or give this machine access to the HF hub, then run the "
+            f"demo again (the finished pretraining is reused).")
+    return 0
+
+
+def vision_demo(output: Path, steps: int) -> int:
+    if not DEBIAN_FASHION_MNIST.is_dir():
+        raise DataError(f"Fashion-MNIST folder {DEBIAN_FASHION_MNIST} does not exist; {FASHION_MNIST_FIX}.")
+    output = output.resolve()
+    run = RunFolder(output)
+    say(f"[vision-demo] training {VISION_PRESET} on Fashion-MNIST, {RANKS} CPU ranks, expert parallel {EP_SIZE}, "
+        f"{steps} steps -> {output}")
+    status = launch(LaunchOptions("classify", ranks_per_node=RANKS, train_args=(
+        "--model-config", VISION_PRESET, "--dataset", "fashion-mnist", "--deepspeed_config",
+        str(ds_config("vision_cpu_small.json")), "--output-dir", str(output), "--ep-size", str(EP_SIZE),
+        "--max-steps", str(steps), "--save-interval", "200", "--eval-interval", "200", "--max-eval-examples", "2000",
+        "--log-interval", "50", "--workers", "1", "--flip", "--resume")))
+    if status:
+        return status
+    results = run.read_results()
+    print("\n== widenet-ds vision demo ==")
+    print(f"{VISION_PRESET}, {results['step']} steps on Fashion-MNIST ({RANKS} ranks, ep {EP_SIZE}): test accuracy "
+          f"{results['test/accuracy']:.4f} on the first 2000 test images (chance 0.1)")
+    print(f"outputs in {output}", flush=True)
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number >= 1")
+    return int(text)
+
+
+def demo_cli(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="widenet-ds demo", description=__doc__.split("\n\n")[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output", type=Path, default=Path("runs/demo"), metavar="DIR",
+                   help="the demo's folder (default: runs/demo)")
+    p.add_argument("--steps", type=_positive_int, default=300, metavar="N", help="pretraining steps (default: 300)")
+    p.add_argument("--finetune-steps", type=_positive_int, default=200, metavar="N",
+                   help="SST-2 finetuning steps (default: 200)")
+    args = p.parse_args(argv)
+    return demo(args.output, args.steps, args.finetune_steps)
+
+
+def vision_demo_cli(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="widenet-ds vision-demo", description=__doc__.split("\n\n")[2],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output", type=Path, default=Path("runs/vision-demo"), metavar="DIR",
+                   help="the run folder (default: runs/vision-demo)")
+    p.add_argument("--steps", type=_positive_int, default=600, metavar="N", help="training steps (default: 600)")
+    args = p.parse_args(argv)
+    return vision_demo(args.output, args.steps)

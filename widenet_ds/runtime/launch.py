@@ -1,0 +1,243 @@
+"""`widenet-ds launch TASK [launch options] -- ARGS`: a training run on N ranks under DeepSpeed's launcher.
+
+It starts `deepspeed [options] --module widenet_ds.train TASK ARGS` and adds what calling `deepspeed` by
+hand lacks:
+  - bad launch options and hostfiles stop the launch with one error before anything starts;
+  - without a GPU: one CPU rank per core, at most 8 (deepspeed's CPU default is one rank per NUMA node,
+    often 1), OMP threads shared between them, and DS_ACCELERATOR=cpu chosen instead of guessed;
+  - the runner's bookkeeping (cmd =, WORLD INFO, spawned ...) silenced: WIDENET_DEEPSPEED_LOG_LEVEL;
+  - this process stays the one a user or scheduler signals: SIGTERM, SIGINT and SIGUSR1 go to the ranks
+    themselves (runtime/signals.py says why), which save, agree on the step and exit 0;
+  - the run's exit status, with one line when a rank failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import widenet_ds
+from widenet_ds.errors import LaunchError
+from widenet_ds.run_folder import TASKS
+from widenet_ds.runtime.launch_env import check_hostfile, free_port
+from widenet_ds.runtime.signals import forward
+
+PROG = "widenet-ds launch"
+TRAIN_MODULE = "widenet_ds.train"  # its tasks: run_folder.TASKS
+MAX_CPU_RANKS = 8
+LOG_LEVEL_VAR = "WIDENET_DEEPSPEED_LOG_LEVEL"
+# A terminal's Ctrl-C (INT) and a closed terminal (HUP) stop the run like a scheduler's TERM: saved, exit 0.
+RELAYED = {signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGTERM, signal.SIGHUP: signal.SIGTERM,
+           signal.SIGUSR1: signal.SIGUSR1}
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    task: str
+    train_args: tuple[str, ...] = ()
+    ranks_per_node: int | None = None  # deepspeed's --num_gpus; None: every GPU, or one rank per core
+    num_nodes: int | None = None
+    hostfile: Path | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    ssh_check: bool = True
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise LaunchError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
+        if self.num_nodes is not None and self.num_nodes > 1 and self.hostfile is None:
+            raise LaunchError(f"--num-nodes {self.num_nodes} needs --hostfile listing the nodes "
+                              f"(one `<host> slots=<N>` line each)")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the local machine offers the ranks."""
+
+    cores: int
+    has_gpu: bool
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    command: list[str]
+    env_changes: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
+
+    def echo(self) -> str:
+        shown = {k: v for k, v in self.env_changes.items() if k != "PYTHONPATH"}
+        return shlex.join([f"{k}={v}" for k, v in shown.items()] + self.command)
+
+
+def this_machine(environ: Mapping[str, str] = os.environ) -> Machine:
+    cores = len(os.sched_getaffinity(0))
+    accelerator = environ.get("DS_ACCELERATOR")
+    if accelerator:  # the user's choice stands
+        return Machine(cores, has_gpu=accelerator != "cpu")
+    nvidia_smi = shutil.which("nvidia-smi")
+    has_gpu = nvidia_smi is not None and subprocess.run([nvidia_smi, "-L"], capture_output=True).returncode == 0
+    return Machine(cores, has_gpu)
+
+
+def deepspeed_runner() -> str:
+    """The `deepspeed` of this Python environment: it starts the ranks with the same interpreter."""
+    beside = Path(sys.executable).parent / "deepspeed"
+    found = str(beside) if beside.is_file() else shutil.which("deepspeed")
+    if found is None:
+        raise LaunchError(f"the `deepspeed` command is not installed beside {sys.executable} nor on PATH; "
+                          f"run ./launcher.sh setup, or `pip install deepspeed` in this environment")
+    return found
+
+
+def plan_launch(options: LaunchOptions, machine: Machine, environ: Mapping[str, str] = os.environ,
+                runner: str = "deepspeed") -> LaunchPlan:
+    """The runner's command line and environment; checks the hostfile first."""
+    ds_args: list[str] = []
+    ranks = options.ranks_per_node
+    if options.hostfile is not None:
+        # Unresolvable hosts, malformed lines or too few slots: one error naming the line, no rank started.
+        check_hostfile(options.hostfile, num_nodes=options.num_nodes, ranks_per_node=ranks)
+        ds_args += ["--hostfile", str(options.hostfile)]
+        if options.num_nodes is not None:
+            ds_args += ["--num_nodes", str(options.num_nodes)]
+    elif ranks is None and not machine.has_gpu:
+        ranks = min(machine.cores, MAX_CPU_RANKS)
+    if ranks is not None:
+        ds_args += ["--num_gpus", str(ranks)]
+    if options.master_addr is not None:
+        ds_args += ["--master_addr", options.master_addr]
+    # One machine: a free port, so that two runs on it do not both take deepspeed's 29500.
+    port = options.master_port or (free_port() if options.hostfile is None else None)
+    if port is not None:
+        ds_args += ["--master_port", str(port)]
+    if not options.ssh_check:
+        ds_args.append("--no_ssh_check")
+    ds_args.append(f"--log_level={environ.get(LOG_LEVEL_VAR) or 'critical'}")
+
+    env: dict[str, str] = {}
+    if not machine.has_gpu:
+        if not environ.get("DS_ACCELERATOR"):
+            env["DS_ACCELERATOR"] = "cpu"  # no "unable to detect an accelerator" warning per process
+        if not environ.get("OMP_NUM_THREADS") and ranks is not None:
+            # Share the cores instead of every rank starting one thread per core.
+            env["OMP_NUM_THREADS"] = str(max(1, machine.cores // ranks))
+    # The ranks import the widenet_ds this process runs, also from a checkout the environment does not
+    # have installed (a second worktree).
+    source_root = str(Path(widenet_ds.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, environ.get("PYTHONPATH")) if p)
+    return LaunchPlan([runner, *ds_args, "--module", TRAIN_MODULE, options.task, *options.train_args], env)
+
+
+def run(plan: LaunchPlan) -> int:
+    """Start the runner, relay stop signals to the ranks, and return the run's exit status."""
+    print(f"{PROG}: {plan.echo()}", flush=True)
+    # Its own process group: a terminal's Ctrl-C reaches this process only, which relays it as a TERM
+    # (the ranks would otherwise die of the INT while deepspeed's launch.py kills the rest).
+    runner = subprocess.Popen(plan.command, env={**os.environ, **plan.env_changes}, process_group=0)
+
+    def relay(signum: int, frame) -> None:
+        message = forward(RELAYED[signal.Signals(signum)], runner.pid)
+        try:
+            print(f"{PROG}: {message}; the ranks save a checkpoint and exit", file=sys.stderr, flush=True)
+        except OSError:  # the terminal has gone (HUP)
+            pass
+
+    # A signal ignored when we started (`nohup`, a background job of a script) stays ignored.
+    previous = {sig: signal.signal(sig, relay) for sig in RELAYED if signal.getsignal(sig) is not signal.SIG_IGN}
+    try:
+        status = runner.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if status < 0:  # the runner itself was killed
+        status = 128 - status
+    # 2 is a user error the ranks printed once; anything else gets a line (their own output is above).
+    if status not in (0, 2):
+        print(f"{PROG}: the run ended with exit status {status} ({failure(status)})", file=sys.stderr, flush=True)
+    return status
+
+
+def failure(status: int) -> str:
+    """What an exit status of the runner says. deepspeed's launch.py exits with a killed rank's negative
+    return code, which the shell reads as 256 - N for signal N; a killed runner reads 128 + N."""
+    for signum, what in ((256 - status, "a rank was killed by"), (status - 128, "the deepspeed runner was killed by")):
+        if 0 < signum < 32 and signum in signal.valid_signals():
+            return f"{what} {signal.Signals(signum).name}"
+    return "a rank failed; its messages are above"
+
+
+def launch(options: LaunchOptions) -> int:
+    return run(plan_launch(options, this_machine(), runner=deepspeed_runner()))
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        # deepspeed would take 0 ranks silently and run 1
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number >= 1")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port; give one of 1024..65535")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG, allow_abbrev=False, usage=f"{PROG} {{{','.join(TASKS)}}} [launch options] -- [options of the task]",
+        description="Run `python -m widenet_ds.train TASK` on several ranks under the deepspeed launcher. "
+                    "Everything after `--` goes to the task unchanged (`python -m widenet_ds.train TASK --help` "
+                    "lists its options).",
+        epilog=f"Environment: {LOG_LEVEL_VAR} (default critical) sets the deepspeed runner's log level; "
+               "OMP_NUM_THREADS and DS_ACCELERATOR, when set, are kept. SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 to "
+               "this process: the ranks save a checkpoint and exit 0; continue with the same command plus --resume.")
+    p.add_argument("task", choices=TASKS, metavar="TASK",
+                   help="pretrain (MLM + SOP), glue or squad (finetuning), classify (images)")
+    p.add_argument("--num-ranks", "--num-gpus", dest="ranks_per_node", type=_positive_int, metavar="N",
+                   help="ranks per node (default: every GPU; without GPUs one CPU rank per core, at most 8)")
+    p.add_argument("--hostfile", type=Path, metavar="FILE",
+                   help="nodes to run on, deepspeed's format (`<host> slots=<N>` per line; passwordless ssh + "
+                        "pdsh); checked first: hosts must resolve and have the slots asked for")
+    p.add_argument("--num-nodes", type=_positive_int, metavar="N", help="the first N hosts of the hostfile")
+    p.add_argument("--master-addr", metavar="ADDR",
+                   help="rendezvous address (default: 127.0.0.1 locally; deepspeed asks the first host)")
+    p.add_argument("--master-port", type=_port, metavar="PORT",
+                   help="rendezvous port (default: a free one locally; 29500 with a hostfile)")
+    p.add_argument("--no-ssh-check", dest="ssh_check", action="store_false",
+                   help="skip deepspeed's ssh probe of the first host")
+    return p
+
+
+def parse_launch_args(argv: list[str]) -> LaunchOptions:
+    """Launch options before `--`, the task's options after it. argparse errors exit 2 with one line."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    launch_args, train_args = argv[:cut], argv[cut + 1:]
+    p = parser()
+    args, unknown = p.parse_known_args(launch_args)
+    if unknown:
+        known = ", ".join(a.option_strings[0] for a in p._actions if a.option_strings and a.dest != "help")
+        p.error(f"unknown launch option {unknown[0]!r}; the launch options are {known}, and the task's own "
+                f"options go after `--`")
+    return LaunchOptions(task=args.task, train_args=tuple(train_args), ranks_per_node=args.ranks_per_node,
+                         num_nodes=args.num_nodes, hostfile=args.hostfile, master_addr=args.master_addr,
+                         master_port=args.master_port, ssh_check=args.ssh_check)
+
+
+def cli(argv: list[str]) -> int:
+    return launch(parse_launch_args(argv))
