@@ -1,4 +1,4 @@
-"""Inputs for real launcher runs of pretrain/run_pretrain.py (mpiexec, deepspeed, Slurm): a small
+"""Inputs for real launcher runs of pretraining (mpiexec, deepspeed, Slurm): a small
 prepared corpus, a tiny MoE model config, and the run options."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """ParaFormer's compression curve: how a model cut to its first k branches (k = 1..N, no retraining) scores.
 
 - Image runs: the test accuracy per k that the trainer writes to results.json (`accuracy_by_branches`)
-  when a model with branches finishes: the accuracy of what `python -m widenet_ds.vision.export compress
-  --branches k` exports.
+  when a model with branches finishes: the accuracy of what `widenet-ds branches compress --branches k`
+  exports.
 - Pretraining runs: the held-out MLM loss per k that the trainer logs at its end
   (`valid_branches_k/mlm_loss`).
 
