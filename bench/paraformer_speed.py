@@ -3,7 +3,7 @@
 (a) forward latency and training throughput of the sequential model of the same total depth
     (paraformer-tiny-1x12) against ParaFormer layouts (3x4, 4x3) and WideNet x ParaFormer (3x4), one process;
 (b) the encoder's batched branch computation (one batched step per depth over all branches) against a
-    plain Python loop over the branches (the encoder's sequential `_block`, as tests/test_paraformer.py's
+    plain Python loop over the branches (the encoder's sequential `_block`, as tests/model/test_branches.py's
     reference), same weights, same process;
 (c) branch-parallel on 2 CPU ranks (gloo, 1 thread each, started here by torch.multiprocessing) against the
     same model on 1 rank with 1 thread and with 2 threads.

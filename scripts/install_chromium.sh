@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install Debian's headless-capable Chromium for tests/test_report.py (it opens the report page and keeps a
+# Install Debian's headless-capable Chromium for tests/integration/test_report.py (it opens the report page and keeps a
 # screenshot). Idempotent: does nothing when chromium is already on PATH. Needs root (CI runs as root).
 set -euo pipefail
 

@@ -1,5 +1,8 @@
 """The package's shape, checked from its own imports: no import cycles between modules, no package
-importing a package above it, and no function-local imports of our own modules (they hide cycles)."""
+importing a package above it, and no function-local imports of our own modules (they hide cycles). And the
+tests' shape: they mirror the package, `tests/<package>/test_<module>[_<aspect>].py` for each module (or a
+reason, in COVERED_BY, why another file covers it), with multi-rank, Slurm, golden-curve and end-to-end
+runs in `tests/integration/`."""
 
 from __future__ import annotations
 
@@ -102,3 +105,83 @@ def test_no_function_local_imports_of_our_modules():
     local = [f"{name} imports {dep} inside a function" for name, tree in trees.items()
              for dep, top in own_imports(tree, set(trees)) if not top]
     assert not local, "; ".join(local)
+
+
+# --- the tests mirror the package -----------------------------------------------------------------------
+TESTS = PACKAGE.parent / "tests"
+# A module without a test file of its own name, and the test files that cover it instead (with why).
+COVERED_BY = {
+    "widenet_ds/cli.py": ["integration/test_bad_inputs.py"],  # every `widenet-ds` command's errors, the dispatch
+    "widenet_ds/train.py": ["integration/test_golden_losses.py", "integration/test_bad_inputs.py"],  # every run
+    "widenet_ds/demo.py": ["integration/test_demo.py"],
+    "widenet_ds/writable.py": ["integration/test_bad_inputs.py"],  # the unwritable / file-blocked output rows
+    "widenet_ds/checkpoint/branches_cli.py": ["checkpoint/test_branches.py"],
+    "widenet_ds/checkpoint/deepspeed.py": ["checkpoint/test_cli.py", "checkpoint/test_load_image_models.py"],
+    "widenet_ds/checkpoint/reshard.py": ["checkpoint/test_cli.py", "checkpoint/test_load_image_models.py"],
+    "widenet_ds/checkpoint/tokenizer_check.py": ["integration/test_bad_inputs.py", "checkpoint/test_cli.py"],
+    "widenet_ds/model/grouped_experts.py": ["model/test_dropless.py"],  # the dropless path's expert GEMMs
+    "widenet_ds/report/branches.py": ["integration/test_report_images.py"],
+    "widenet_ds/report/cli.py": ["integration/test_report.py", "integration/test_report_images.py"],
+    "widenet_ds/report/metrics.py": ["integration/test_report.py", "integration/test_report_images.py"],
+    "widenet_ds/report/page.py": ["integration/test_report.py", "integration/test_report_images.py"],
+    "widenet_ds/report/plots.py": ["integration/test_report.py"],
+    "widenet_ds/runtime/distributed.py": ["runtime/test_parallel.py", "model/test_moe_expert_parallel.py"],
+    "widenet_ds/runtime/ds_sections.py": ["runtime/test_ds_config.py"],
+    "widenet_ds/runtime/launch_env.py": ["runtime/test_launch.py"],
+    "widenet_ds/runtime/quiet.py": ["runtime/test_signals.py"],  # the console of a real run, checked line by line
+    "widenet_ds/tasks/recipes.py": ["tasks/test_features.py", "training/test_finetuning.py"],
+    "widenet_ds/tasks/squad_features.py": ["tasks/test_squad.py"],
+    "widenet_ds/tasks/squad_postprocess.py": ["tasks/test_squad.py"],
+    "widenet_ds/training/branch_schedule.py": ["model/test_branches.py", "integration/test_paraformer_training.py"],
+    "widenet_ds/training/classification.py": ["integration/test_classify.py", "integration/test_golden_losses.py"],
+    "widenet_ds/training/console.py": ["runtime/test_signals.py", "integration/test_bad_inputs.py"],
+    "widenet_ds/training/finetune_tasks.py": ["integration/test_finetune_mnli.py", "integration/test_finetune.py"],
+    "widenet_ds/training/finetune_weights.py": ["training/test_finetuning.py"],
+    "widenet_ds/training/flags.py": ["training/test_command_line.py"],
+    "widenet_ds/training/model_source.py": ["training/test_pretraining.py", "integration/test_bad_inputs.py"],
+    "widenet_ds/training/plan.py": ["training/test_pretraining.py", "training/test_finetuning.py"],
+    "widenet_ds/training/predict.py": ["training/test_finetuning.py", "integration/test_finetune.py"],
+    "widenet_ds/training/preemption.py": ["checkpoint/test_training.py", "integration/test_pretrain_resume.py"],
+    "widenet_ds/training/run.py": ["training/test_pretraining.py", "training/test_finetuning.py"],
+    "widenet_ds/training/trainer.py": ["integration/test_golden_losses.py", "integration/test_pretrain_resume.py"],
+    "widenet_ds/vision/augment.py": ["vision/test_datasets.py"],
+    "widenet_ds/vision/config.py": ["vision/test_model.py", "model/test_config_presets.py"],
+    "widenet_ds/vision/loader.py": ["vision/test_datasets.py"],
+}
+
+
+def module_paths() -> list[str]:
+    return sorted(str(p.relative_to(PACKAGE.parent)) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py")
+
+
+def module_of_test(test_file: Path, modules: list[Path]) -> Path | None:
+    """The module a test file is named after: `<folder>/test_<module>[_<aspect>].py`, the longest such name
+    (tests/training/test_run_config.py is run_config's, not run's)."""
+    relative = test_file.relative_to(TESTS)
+    stem = test_file.stem.removeprefix("test_")
+    named = [m for m in modules if m.parent == relative.parent and (stem == m.name or stem.startswith(f"{m.name}_"))]
+    return max(named, key=lambda m: len(m.name), default=None)
+
+
+def own_test_files(module: str) -> list[Path]:
+    """tests/<package>/test_<module>[_<aspect>].py (a top-level module's: tests/test_<module>*.py)."""
+    modules = [Path(m).relative_to("widenet_ds").with_suffix("") for m in module_paths()]
+    target = Path(module).relative_to("widenet_ds").with_suffix("")
+    return [p for p in TESTS.joinpath(*target.parts[:-1]).glob("test_*.py") if module_of_test(p, modules) == target]
+
+
+def test_every_module_has_its_test_file_or_a_reason():
+    missing = [m for m in module_paths() if not own_test_files(m) and m not in COVERED_BY]
+    assert not missing, f"modules without tests/<package>/test_<module>.py or a COVERED_BY entry: {missing}"
+    stale = [m for m in COVERED_BY if m not in module_paths() or own_test_files(m)]
+    assert not stale, f"COVERED_BY entries of modules that are gone or have their own test file now: {stale}"
+    absent = [t for files in COVERED_BY.values() for t in files if not (TESTS / t).is_file()]
+    assert not absent, f"COVERED_BY names test files that do not exist: {absent}"
+
+
+def test_every_test_file_is_named_after_a_module_of_its_folder():
+    modules = [Path(m).relative_to("widenet_ds").with_suffix("") for m in module_paths()]
+    stray = [str(p.relative_to(TESTS)) for p in TESTS.rglob("test_*.py")
+             if p.relative_to(TESTS).parts[0] not in ("integration", "scripts") and p.name != "test_layout.py"
+             and module_of_test(p, modules) is None]
+    assert not stray, f"test files named after no module of their package (move them, or to integration/): {stray}"

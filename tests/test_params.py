@@ -35,7 +35,7 @@ def test_cli_prints_the_spec_counts(capsys):
     assert counts["widenet-base-e8"]["total"] == widenet_by_hand(8) == 44_910_770
     assert counts["widenet-base-e16"]["total"] == widenet_by_hand(16) == 82_696_370
     assert widenet_by_hand(4) == 26_017_970
-    # The paper's image models with the text ones, exact (the tests/test_vision_model.py figures).
+    # The paper's image models with the text ones, exact (the tests/vision/test_model.py figures).
     assert counts["widenet-vit-b16"]["total"] == 29_691_369 and counts["widenet-vit-l16"]["total"] == 40_942_569
     assert counts["widenet-vit-h16"]["total"] == 63_343_081 and counts["vit-moe-b16"]["total"] == 128_090_089
     assert len(counts) == 5 + 8

@@ -1,6 +1,6 @@
 """Run by the deepspeed launcher: every rank builds the same ParaFormer-layout model, computes only its
 branches (`BranchParallel.contiguous`), and saves its logits and, after the backward of a cross-entropy and
-the shared gradients' all-reduce, every gradient it holds. tests/test_branch_parallel.py compares them with
+the shared gradients' all-reduce, every gradient it holds. tests/model/test_branches_parallel.py compares them with
 the one-process model. The cases are defined here and imported by the test, so both build the same models."""
 
 from __future__ import annotations

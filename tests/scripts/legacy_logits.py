@@ -1,6 +1,6 @@
 """`legacy_logits.py INPUTS OUT`: load tests/assets/legacy_folder with today's code, compute the MLM/SOP
 logits of the fixed input in INPUTS (a safetensors file) and save them, with the load report, to OUT.
-Run in its own process under tests/portable_arithmetic.py's switches (tests/test_legacy_folder.py)."""
+Run in its own process under tests/portable_arithmetic.py's switches (tests/checkpoint/test_load_legacy.py)."""
 
 import json
 import sys

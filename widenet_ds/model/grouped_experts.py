@@ -10,7 +10,7 @@ Two layouts reach the experts:
   size is static. On CUDA one batched GEMM with the bias fused (`torch.baddbmm`).
 
 On CPU the batched form runs `F.linear` per expert on the very views DeepSpeed's `Experts` module
-hands its experts, so the capacity path's numbers are unchanged to the bit (tests/test_golden_losses.py).
+hands its experts, so the capacity path's numbers are unchanged to the bit (tests/integration/test_golden_losses.py).
 
 `torch._grouped_mm`'s constraints (torch 2.13): int32 offsets (group ends), every row stride a multiple
 of 16 bytes (H and F multiples of 8 in bf16), no bias argument (added here from the expert id of each
@@ -141,7 +141,7 @@ def _grouped_mm_backward(ctx, grad: Tensor):
 grouped_mm_by_group.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup_context)
 
 
-# FLOPs for torch.utils.flop_counter.FlopCounterMode (tests/test_flops.py counts the model with it): every
+# FLOPs for torch.utils.flop_counter.FlopCounterMode (tests/model/test_counts.py counts the model with it): every
 # row meets one group's matrix, 2 N K M in all, whatever the grouping.
 @register_flop_formula([torch.ops.widenet_ds.grouped_mm, torch.ops.widenet_ds.grouped_mm_weight_grad])
 def _grouped_mm_flops(a_shape, b_shape, group_ends_shape, out_shape=None, **kwargs) -> int:

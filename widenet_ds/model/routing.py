@@ -6,7 +6,7 @@ one call's decisions and the tests can compare it with DeepSpeed's `top2gating` 
 
 It never synchronises with the host: every size (the capacity included) follows from the logits' shape
 and the config, never from their values, so `torch.compile(route_tokens, fullgraph=True)` traces it whole
-and a GPU never waits for the CPU to read a routing decision (tests/test_compile.py checks both).
+and a GPU never waits for the CPU to read a routing decision (tests/runtime/test_compile.py checks both).
 """
 
 from __future__ import annotations

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from launching import REPO
 from widenet_ds.checkpoint.training import config_sha256
 from widenet_ds.model.config import PRESETS, ModelConfig
 from widenet_ds.vision.config import VISION_PRESETS, VisionConfig
 
-RECORDED = json.loads((Path(__file__).parent / "assets" / "preset_configs.json").read_text())
+RECORDED = json.loads((REPO / "tests" / "assets" / "preset_configs.json").read_text())
 FAMILIES = {"text": (ModelConfig, PRESETS), "image": (VisionConfig, VISION_PRESETS)}
 CASES = [(family, name) for family, (_, presets) in FAMILIES.items() for name in presets]
 

@@ -7,7 +7,7 @@ The runs: pretraining (WideNet, ALBERT, WideNet with expert parallelism 2), imag
 ep 2). Each is a real `deepspeed`-launched process per rank with portable arithmetic
 (tests/portable_arithmetic.py: one thread, one kernel path on every x86-64 CPU), so the curves hold on any
 machine. Pretraining needs no shared data (the embedded default corpus); SST-2 is skipped without it.
-To record new curves after an intended change: `WIDENET_UPDATE_GOLDEN=1 pytest tests/test_golden_losses.py`,
+To record new curves after an intended change: `WIDENET_UPDATE_GOLDEN=1 pytest tests/integration/test_golden_losses.py`,
 and say why in the commit.
 """
 
@@ -23,16 +23,11 @@ import pytest
 
 from launching import REPO
 from portable_arithmetic import run_portable
+from golden_curves import ASSETS, SEED, STEPS, VOCAB, read_asset
 from pretrain_support import prepare_data, train_losses
 
 pytestmark = pytest.mark.multirank
 
-ASSETS = Path(__file__).parent / "assets" / "losses"
-# A fixed WordPiece vocabulary: training one is not deterministic (the tokenizers trainer orders equal-count
-# alphabet entries by hash), and the curves must depend on nothing but the code under test.
-VOCAB = Path(__file__).parent / "assets" / "golden_vocab.txt"
-STEPS = 20
-SEED = 1234
 
 # The trainers' entries: "-m", module, task.
 PRETRAIN = ["-m", "widenet_ds.train", "pretrain"]
@@ -75,11 +70,6 @@ FIXTURES = {"data": "pretraining_data", "shared": "shared_data"}
 @pytest.fixture(scope="module")
 def pretraining_data(tmp_path_factory):
     return prepare_data(tmp_path_factory.mktemp("golden") / "data", [], tokenizer=str(VOCAB))
-
-
-def read_asset(path: Path) -> dict[int, float]:
-    rows = (line.split() for line in path.read_text().splitlines() if line and not line.startswith("#"))
-    return {int(step): float(loss) for step, loss in rows}
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))

@@ -232,7 +232,7 @@ def test_pretraining_with_compile_follows_the_eager_golden_curve(mode, tmp_path)
     the same graphs inductor would get, decomposed, so only float rounding may differ."""
     from launching import run_train
     from pretrain_support import CPU_CONFIG, prepare_data, train_losses
-    from test_golden_losses import ASSETS, SEED, VOCAB, read_asset
+    from golden_curves import ASSETS, SEED, VOCAB, read_asset
 
     data = prepare_data(tmp_path / "data", [], tokenizer=str(VOCAB))
     out = tmp_path / "run"

@@ -1,5 +1,5 @@
 """Checkpoint bookkeeping: RNG round trip, config differences, keep-last-K, partial checkpoints, signals.
-(Whole save/kill/resume runs are in test_pretrain_multirank.py.)"""
+(Whole save/kill/resume runs are in tests/integration/test_pretrain_resume.py.)"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """LAMB: the update rule against a written-out reference, and per-tensor trust ratios under real
 ZeRO 1/2 on 2 ranks (DeepSpeed launcher, gloo) against an unpartitioned reference.
 
-Run as a script (`deepspeed --num_gpus 2 tests/test_lamb.py --out DIR`) this file is the worker of
+Run as a script (`deepspeed --num_gpus 2 tests/runtime/test_lamb.py --out DIR`) this file is the worker of
 the multi-rank test: it trains a few steps through DeepSpeed engines and saves, per rank, the
 engine's parameters next to those of a plain per-tensor `Lamb` fed the same averaged gradients.
 """

@@ -20,7 +20,7 @@ from widenet_ds.checkpoint.load import load_pretrained
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification
 
-ASSETS = Path(__file__).parent / "assets"
+ASSETS = REPO / "tests" / "assets"
 LEGACY_LOGITS = REPO / "tests" / "scripts" / "legacy_logits.py"
 IMAGE_ASSET = ASSETS / "legacy_image_folder"
 

@@ -13,7 +13,6 @@ from launching import REPO
 from widenet_ds.errors import ConfigError
 from widenet_ds.runtime.ds_config import load_ds_config, validate_ds_config
 from widenet_ds.tasks.recipes import recipe_for
-from widenet_ds.training.epoch_batches import EpochBatches
 from widenet_ds.training.finetune_weights import finetune_model_config, load_tokenizer_for, model_overrides
 from widenet_ds.training.finetuning import FinetuneRun, median_over_seeds, recipe_mismatch, requested_steps
 from widenet_ds.training.plan import check_resume_changes, resolve_max_steps, resume_changes
@@ -227,41 +226,6 @@ def test_expert_parallel_batches_have_one_shape_on_every_rank():
 def test_the_median_is_taken_per_metric_over_seeds():
     runs = [{"metrics": {"dev": {"acc": a, "f1": f}}} for a, f in ((0.7, 0.1), (0.9, 0.3), (0.8, 0.2))]
     assert median_over_seeds(runs) == {"dev": {"acc": 0.8, "f1": 0.2}}
-
-
-class _Rows(torch.utils.data.Dataset):
-    pad_id = 0
-
-    def __len__(self):
-        return 22
-
-    def __getitem__(self, i):
-        return i
-
-    def collate(self, items):
-        return torch.tensor(items)
-
-
-def test_data_order_is_the_sampler_order_and_resumes_at_epoch_and_position():
-    """The micro-batches are DistributedSampler's epochs (what a DataLoader over it gives), and a copy
-    restored from a state taken mid-run continues with exactly the same batches, across epoch ends."""
-    dataset = _Rows()
-    sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=2, rank=1, shuffle=True, seed=5,
-                                                  drop_last=True)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=4, sampler=sampler, collate_fn=dataset.collate,
-                                         drop_last=True)
-    expected = []
-    for epoch in range(3):
-        sampler.set_epoch(epoch)
-        expected += [batch.tolist() for batch in loader]
-    batches = EpochBatches(dataset, 4, seed=5, rank=1, world=2)
-    got = [next(batches).tolist() for _ in range(4)]
-    state = batches.state_dict()
-    assert state == {"epoch": 1, "position": 2}  # 11 rows per rank -> 2 micro-batches per epoch
-    restored = EpochBatches(dataset, 4, seed=5, rank=1, world=2)
-    restored.load_state_dict(state)
-    got += [next(restored).tolist() for _ in range(2)]
-    assert got == expected[:6] and len(expected) == 6
 
 
 def test_resume_keeps_finished_seeds_and_leaves_a_complete_run_alone(shared_data, tmp_path, dist, capsys):

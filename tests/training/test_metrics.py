@@ -1,4 +1,6 @@
-"""PretrainMetrics on real model outputs; TrainingLog's TensorBoard and metrics.jsonl read back."""
+"""Window sums on real model outputs: losses averaged over micro-batches, accuracies counted, expert load per
+routing call, a new window after each reduction, no MoE scalars for a dense model, branch-parallel replicas
+counted once."""
 
 from __future__ import annotations
 
@@ -6,8 +8,6 @@ import pytest
 import torch
 
 from widenet_ds.model.config import ModelConfig
-from widenet_ds.run_folder import RunFolder, read_metrics
-from widenet_ds.training.log import TrainingLog
 from widenet_ds.training.metrics import PretrainMetrics
 
 
@@ -58,33 +58,15 @@ def test_dense_model_has_no_moe_scalars(dist):
                                                    "mlm_accuracy", "sop_accuracy")}
 
 
-def test_log_writes_tensorboard_and_jsonl_and_a_resume_rewrites_later_steps(tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    log = TrainingLog(RunFolder(tmp_path), enabled=True, tensorboard=True, progress_bar=False, start_step=0, max_steps=4)
-    for step in range(1, 5):
-        log.record(step, {"optim/lr": 0.1 * step, "x/y": 1.0 / 3.0 + step})
-    log.event(4, "checkpoint saved")
-    log.close()
-    metrics = read_metrics(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in metrics.records] == [1, 2, 3, 4] and [e["step"] for e in metrics.events] == [4]
-    assert metrics.records[0]["x/y"] == 1.0 / 3.0 + 1  # full float repr, bit for bit
-
-    # Resume from step 2: records of steps 3-4 of the interrupted run go, the new ones come after.
-    log = TrainingLog(RunFolder(tmp_path), enabled=True, tensorboard=True, progress_bar=False, start_step=2, max_steps=4)
-    log.record(3, {"optim/lr": 0.33, "x/y": 7.0})
-    log.close()
-    assert [(r["step"], r.get("optim/lr")) for r in read_metrics(tmp_path / "metrics.jsonl").records] == \
-        [(1, 0.1), (2, 0.2), (3, 0.33)]
-    accumulator = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
-    accumulator.Reload()
-    assert [(e.step, round(e.value, 6)) for e in accumulator.Scalars("optim/lr")] == [(1, 0.1), (2, 0.2), (3, 0.33)]
-
-
-def test_disabled_log_on_other_ranks_writes_nothing(tmp_path):
-    log = TrainingLog(RunFolder(tmp_path / "out"), enabled=False, tensorboard=True, progress_bar=True, start_step=0,
-                      max_steps=1)
-    log.record(1, {"optim/lr": 1.0})
-    log.event(1, "x")
-    log.close()
-    assert not (tmp_path / "out").exists()
+def test_the_ranks_of_a_branch_group_count_their_examples_once(dist):
+    """Branch parallelism: every rank of a group reduces the same examples' figures; counts are one copy's,
+    averages and expert loads as they are."""
+    model, batch = model_and_batch()
+    out = model(**batch)
+    once, replicated = PretrainMetrics([0, 1, 2, 3], 4), PretrainMetrics([0, 1, 2, 3], 4, replicas=2)
+    once.add(out, batch)
+    for _ in range(2):  # what two replicas contribute to the all-reduce
+        replicated.add(out, batch)
+    (scalars, counts), (scalars2, counts2) = once.reduce("train"), replicated.reduce("train")
+    assert counts2 == counts
+    assert scalars2 == pytest.approx(scalars)
