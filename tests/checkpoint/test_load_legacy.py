@@ -7,7 +7,6 @@ image model joined the shared folder format."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import torch
 from safetensors import safe_open

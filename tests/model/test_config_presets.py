@@ -6,7 +6,6 @@ equal."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

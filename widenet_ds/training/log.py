@@ -11,8 +11,6 @@ import json
 import resource
 import sys
 import time
-from pathlib import Path
-from typing import Any
 
 import torch
 
