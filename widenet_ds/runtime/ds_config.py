@@ -81,6 +81,17 @@ class DeepSpeedSettings:
     def uses_lamb(self) -> bool:
         return self.optimizer_type is not None and self.optimizer_type.lower() == "lamb"
 
+    def per_tensor_update_problems(self) -> list[str]:
+        """What keeps DeepSpeed from updating (and reducing) each parameter as its own tensor: ZeRO 1-2 and the
+        fp16/bf16 optimizers work on flat buffers, where a parameter without a gradient is still a slice of
+        the update; only fp32 ZeRO stage 0 leaves it alone. Each problem names its fix."""
+        problems = []
+        if self.zero_stage != 0:
+            problems.append(f"zero_optimization.stage is {self.zero_stage}: set it to 0")
+        if self.precision != "fp32":
+            problems.append(f"the JSON enables {self.precision}: remove its fp16/bf16 section (fp32)")
+        return problems
+
 
 def load_ds_config(path: str | Path) -> dict[str, Any]:
     """Read a DeepSpeed JSON file; a missing file or broken JSON names the file and the position."""

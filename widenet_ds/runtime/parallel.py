@@ -74,11 +74,7 @@ class ParallelPlan:
         optimizers' flat buffers do not."""
         if self.branch_parallel == 1:
             return
-        problems = []
-        if ds.zero_stage != 0:
-            problems.append(f"zero_optimization.stage is {ds.zero_stage}: set it to 0")
-        if ds.precision != "fp32":
-            problems.append(f"the JSON enables {ds.precision}: remove its fp16/bf16 section")
+        problems = ds.per_tensor_update_problems()
         if problems:
             raise ConfigError(f"--branch-parallel {self.branch_parallel} runs with fp32 ZeRO stage 0 only ("
                               + "; ".join(problems) + "), or drop --branch-parallel.")

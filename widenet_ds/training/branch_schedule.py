@@ -125,11 +125,7 @@ def check_branch_updates_isolated(ds: DeepSpeedSettings, kind: str) -> None:
     parameter, so that a branch without gradients is skipped whole by the optimizer; ZeRO 1-2 and DeepSpeed's
     fp16/bf16 optimizers update flat buffers, where a resting branch's zero gradients would still move its
     Adam/LAMB moments, its weight decay and the trust ratio of the flat piece."""
-    problems = []
-    if ds.zero_stage != 0:
-        problems.append(f"zero_optimization.stage is {ds.zero_stage}: set it to 0")
-    if ds.precision != "fp32":
-        problems.append(f"the JSON enables {ds.precision}: remove its fp16/bf16 section (fp32)")
+    problems = ds.per_tensor_update_problems()
     if problems:
         raise ConfigError(f"--branch-schedule {kind} trains some branches while others rest, and a resting branch must "
                           f"get no update of any kind; that holds only with fp32 ZeRO stage 0 ({'; '.join(problems)}), "

@@ -47,7 +47,7 @@ def _input_dtype(engine) -> torch.dtype:
 
 
 class ClassifyTask(Task):
-    name = "classify"
+    METRICS = ClassifyMetrics
     cfg: ClassifyConfig
 
     # -- before anything is built --------------------------------------------------------------------
@@ -122,11 +122,6 @@ class ClassifyTask(Task):
 
     def forward(self, engine, batch: dict[str, torch.Tensor], branches: int | None):
         return engine(batch["pixels"], batch["targets"], label_smoothing=self.cfg.label_smoothing, branches=branches)
-
-    def metrics(self) -> ClassifyMetrics:
-        model = self.plan.model_config
-        return ClassifyMetrics(model.routing_blocks, model.moe.num_experts if model.is_moe else 0,
-                               self.plan.parallel.branch_parallel)
 
     def train_scalars(self) -> dict[str, float]:
         return {"data/epoch": self.loader.epoch + self.loader.batch / self.loader.batches_per_epoch()}

@@ -37,7 +37,7 @@ from widenet_ds.training.finetune_weights import finetune_model_config, load_tok
     save_finetuned
 from widenet_ds.training.log import TrainingLog
 from widenet_ds.training.metrics import FinetuneMetrics
-from widenet_ds.training.plan import check_resume_changes, plan_layout, plan_run, resolve_max_steps, resume_changes
+from widenet_ds.training.plan import check_resume_changes, plan_layout, plan_task, resolve_max_steps, resume_changes
 from widenet_ds.training.predict import Batching, Prepared
 from widenet_ds.training.preemption import StopRequest
 from widenet_ds.training.run_config import FinetuneConfig
@@ -72,7 +72,7 @@ def requested_steps(cfg: FinetuneConfig, settings: DeepSpeedSettings, recipe: Fi
 class FinetuneSeedTask(Task):
     """One seed of a finetuning run."""
 
-    name = "finetune"
+    METRICS = FinetuneMetrics
     cfg: FinetuneConfig
 
     def __init__(self, cfg: FinetuneConfig, run: "FinetuneRun", seed: int) -> None:
@@ -128,14 +128,6 @@ class FinetuneSeedTask(Task):
     def micro_batch(self, batches, engine) -> dict[str, torch.Tensor]:
         batch = self.batching.shape(next(batches), self.run.data.train.pad_id)
         return {k: v.to(engine.device) for k, v in batch.items() if k != "feature_index"}
-
-    def forward(self, engine, batch: dict[str, torch.Tensor], branches: int | None):
-        return engine(**batch, branches=branches) if branches else engine(**batch)
-
-    def metrics(self) -> FinetuneMetrics:
-        model = self.plan.model_config
-        return FinetuneMetrics(model.routing_blocks, model.moe.num_experts if model.is_moe else 0,
-                               self.plan.parallel.branch_parallel)
 
     def train_line(self, s: dict[str, float]) -> str:
         return (f"loss {s['train/loss']:.4f} | task {s['train/task_loss']:.4f} | balance {s['train/balance_loss']:.4f}"
@@ -300,12 +292,7 @@ def run_finetune(cfg: FinetuneConfig, stop: StopRequest) -> dict[str, Any] | Non
                 per_seed.append(seed_folder.read_results())
                 continue
             task = FinetuneSeedTask(cfg, run, seed)
-            try:
-                plan = plan_run(cfg, task, seed_folder, world, rank)
-                task.plan = plan
-                task.prepare()
-            except WideNetError as err:
-                raise mark_same_on_every_rank(err)
+            plan = plan_task(cfg, task, seed_folder, world, rank, check_settings=False)  # compared once, above
             steps = plan.max_steps
             say(f"seed {seed}: building the model")
             finished, result = Trainer(cfg, task, plan, seed_folder, stop, console_label=f"seed {seed}").run()

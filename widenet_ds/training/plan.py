@@ -13,12 +13,13 @@ import torch
 
 from widenet_ds.checkpoint.training import (CheckpointMeta, check_resumable, check_same_model, latest_checkpoint,
                                            read_checkpoint_meta, resolve_tag_dir)
-from widenet_ds.errors import CheckpointError, ConfigError
+from widenet_ds.errors import CheckpointError, ConfigError, WideNetError
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.ds_config import DeepSpeedSettings, load_ds_config, trajectory_changes, validate_ds_config
 from widenet_ds.runtime.engine import OptimizerPlan, plan_optimizer
 from widenet_ds.runtime.parallel import ParallelPlan
 from widenet_ds.training.branch_schedule import BranchSchedule, plan_branch_schedule
+from widenet_ds.training.console import mark_same_on_every_rank
 from widenet_ds.training.run_config import LATEST, RunConfig, setting_changes
 
 
@@ -100,6 +101,23 @@ def check_resume_changes(cfg: RunConfig, where: Path, changes: list[str]) -> Non
                           + "\nThe resumed run would no longer be the same run. Resume with the run's settings (its "
                             "run_config.json holds them), or pass --accept-changed-settings to continue with these "
                             "changes (they are logged).")
+
+
+def plan_task(cfg: RunConfig, task, folder: RunFolder, world_size: int, rank: int, *,
+              check_settings: bool) -> RunPlan:
+    """Every check of a run of `task` into `folder`, then the task's loaders: errors of every rank alike
+    (they read the same inputs), printed once. `check_settings`: compare a resumed run's settings with
+    its run_config.json here (finetuning compares them once for all its seeds)."""
+    try:
+        plan = plan_run(cfg, task, folder, world_size, rank)
+        if check_settings and plan.resume_from is not None:
+            plan.changes = tuple(resume_changes(cfg, folder, plan.ds, plan.resume_meta))
+            check_resume_changes(cfg, cfg.output_dir, list(plan.changes))
+        task.plan = plan
+        task.prepare()
+    except WideNetError as err:
+        raise mark_same_on_every_rank(err)
+    return plan
 
 
 def plan_run(cfg: RunConfig, task, folder: RunFolder, world_size: int, rank: int) -> RunPlan:

@@ -34,7 +34,7 @@ def _to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor
 
 
 class PretrainTask(Task):
-    name = "pretrain"
+    METRICS = PretrainMetrics
     cfg: PretrainConfig
 
     # -- before anything is built --------------------------------------------------------------------
@@ -115,14 +115,6 @@ class PretrainTask(Task):
     # -- the step --------------------------------------------------------------------------------------
     def micro_batch(self, batches, engine) -> dict[str, torch.Tensor]:
         return _to_device(next(batches), engine.device)
-
-    def forward(self, engine, batch: dict[str, torch.Tensor], branches: int | None):
-        return engine(**batch, branches=branches) if branches else engine(**batch)
-
-    def metrics(self) -> PretrainMetrics:
-        model = self.plan.model_config
-        return PretrainMetrics(model.routing_blocks, model.moe.num_experts if model.is_moe else 0,
-                               self.plan.parallel.branch_parallel)
 
     def train_line(self, s: dict[str, float]) -> str:
         return (f"loss {s['train/loss']:.4f} | mlm {s['train/mlm_loss']:.4f} acc {s['train/mlm_accuracy']:.3f} | sop "

@@ -7,12 +7,11 @@ from typing import Any
 
 import torch.distributed as torch_dist
 
-from widenet_ds.errors import WideNetError
 from widenet_ds.runtime.distributed import init_distributed
 from widenet_ds.training.classification import ClassifyTask
-from widenet_ds.training.console import mark_same_on_every_rank, say
+from widenet_ds.training.console import say
 from widenet_ds.training.finetuning import run_finetune
-from widenet_ds.training.plan import check_resume_changes, plan_run, resume_changes
+from widenet_ds.training.plan import plan_task
 from widenet_ds.training.preemption import StopRequest
 from widenet_ds.training.pretraining import PretrainTask
 from widenet_ds.training.run_config import RunConfig
@@ -38,15 +37,7 @@ def run_task(cfg: RunConfig) -> Any:
 def run_single(cfg: RunConfig, task: Task, stop: StopRequest) -> Any:
     rank, world = torch_dist.get_rank(), torch_dist.get_world_size()
     say(f"{world} rank(s); checking the data, model config and DeepSpeed JSON")
-    try:  # every rank reads the same inputs: these errors are the same on all of them (printed once)
-        plan = plan_run(cfg, task, cfg.folder, world, rank)
-        if plan.resume_from is not None:
-            plan.changes = tuple(resume_changes(cfg, cfg.folder, plan.ds, plan.resume_meta))
-            check_resume_changes(cfg, cfg.output_dir, list(plan.changes))
-        task.plan = plan
-        task.prepare()
-    except WideNetError as err:
-        raise mark_same_on_every_rank(err)
+    plan = plan_task(cfg, task, cfg.folder, world, rank, check_settings=True)
     model = plan.model_config
     say(f"building the model ({model.num_layers} blocks, hidden {model.hidden_size})")
     finished, result = Trainer(cfg, task, plan, cfg.folder, stop).run()

@@ -41,7 +41,6 @@ from widenet_ds.training.run_config import RunConfig
 class Task:
     """What the loop asks of a training task. `plan` is set by the trainer before `build_model`."""
 
-    name: ClassVar[str]
     plan: RunPlan
 
     def __init__(self, cfg: RunConfig) -> None:
@@ -77,11 +76,17 @@ class Task:
         """The next micro-batch, on the engine's device, ready for `forward`."""
         raise NotImplementedError
 
+    METRICS: ClassVar[type[WindowSums]]
+
     def forward(self, engine, batch: dict[str, torch.Tensor], branches: int | None):
-        raise NotImplementedError
+        """The model's output for a micro-batch (with `branches`: the first k branches only)."""
+        return engine(**batch, branches=branches) if branches else engine(**batch)
 
     def metrics(self) -> WindowSums:
-        raise NotImplementedError
+        """Fresh window sums: the task's figures, per routing call of its model."""
+        model = self.plan.model_config
+        return self.METRICS(model.routing_blocks, model.moe.num_experts if model.is_moe else 0,
+                            self.plan.parallel.branch_parallel)
 
     def train_scalars(self) -> dict[str, float]:
         """Scalars of the task's own beside each training record (e.g. the data epoch)."""
