@@ -55,7 +55,7 @@ def test_config_differences_name_each_field_with_both_values():
     legacy = json.loads(json.dumps(widenet))  # a checkpoint written before 0.2 records run settings in its config
     legacy["activation_checkpointing"], legacy["moe"]["ep_size"] = True, 2
     del legacy["moe"]["capacity_rounding"]  # a field added later takes its default
-    check_same_model({"model_config": legacy}, widenet, "ckpt")  # they are not model differences
+    check_same_model(legacy, widenet, "ckpt")  # they are not model differences
     with pytest.raises(CheckpointError, match=r"another model config; differing fields:\n  moe.num_experts"):
         check_same_model({"model_config": widenet}, changed, "ckpt")
 

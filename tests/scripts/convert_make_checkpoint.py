@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from widenet_ds.checkpoint.load import load_pretrained
-from widenet_ds.checkpoint.training import CheckpointManager, TrainingState
+from widenet_ds.checkpoint.training import CheckpointManager, CheckpointMeta, TrainingState
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
 from widenet_ds.runtime.distributed import init_distributed
@@ -82,7 +82,8 @@ def save(out_dir: Path, ep_size: int, zero_stage: int) -> None:
         out = engine(**fixed_batch(rank, seed=500 + 10 * step))
         engine.backward(out.loss)
         engine.step()
-    meta = {"model_config": model_config().to_dict(), "ep_size": ep_size, "deepspeed_config": settings.config}
+    meta = CheckpointMeta(step=2, samples=0, world_size=world, ep_size=ep_size, model_config=model_config().to_dict(),
+                          deepspeed_config=settings.config, architecture="WideNetForPreTraining", task="pretrain")
     CheckpointManager(out_dir / "checkpoints", keep_last=2, rank=rank, world_size=world).save(
         engine, TrainingState(step=2, samples=2 * MICRO_BATCH * world), FixedBatchLoader(), meta)
     save_logits(engine, rank, str(out_dir / f"logits.rank{rank}.safetensors"))

@@ -79,14 +79,21 @@ class PretrainTask(Task):
         micro = self.plan.ds.batch.micro_batch_size
         rank, world = parallel.data_parallel_rank, parallel.data_parallel_size
         self.loader = PretrainingDataLoader(cfg.data, micro, rank, world, cfg.seed, split="train")
-        self.valid_loader = None
-        has_valid = "valid" in self.manifest["splits"]
-        if cfg.eval_interval and not has_valid:
-            raise DataError(f"{cfg.data} has no 'valid' split for --eval-interval; prepare the data with "
-                            f"--valid-fraction > 0, or pass --eval-interval 0.")
-        if has_valid:
+        self.valid_loader, self.no_evaluation = None, None
+        if "valid" not in self.manifest["splits"]:
+            if cfg.eval_interval:
+                raise DataError(f"{cfg.data} has no 'valid' split for --eval-interval; prepare the data with "
+                                f"--valid-fraction > 0, or pass --eval-interval 0.")
+            self.no_evaluation = f"{cfg.data} has no 'valid' split"
+            return
+        try:
             self.valid_loader = PretrainingDataLoader(cfg.data, micro, rank, world, cfg.seed, split="valid")
-            self.valid_start = self.valid_loader.state_dict()  # every evaluation reads the same batches
+        except DataError as err:
+            if cfg.eval_interval:  # asked for: an error; the end-of-run evaluation alone: a note
+                raise
+            self.no_evaluation = str(err)
+            return
+        self.valid_start = self.valid_loader.state_dict()  # every evaluation reads the same batches
 
     # -- building ------------------------------------------------------------------------------------
     def build_model(self) -> tuple[WideNetForPreTraining, list[str]]:
@@ -106,8 +113,8 @@ class PretrainTask(Task):
             for name in TOKENIZER_FILES:
                 if (self.cfg.data / name).is_file():
                     shutil.copy2(self.cfg.data / name, self.cfg.output_dir / name)
-        if self.valid_loader is None:
-            log.event(state.step, f"{self.cfg.data} has no 'valid' split: no held-out evaluation")
+        if self.no_evaluation:
+            log.event(state.step, f"no held-out evaluation: {self.no_evaluation}")
 
     def meta(self) -> dict[str, Any]:
         return {"data_manifest": {key: self.manifest[key] for key in MANIFEST_KEYS}}

@@ -28,8 +28,13 @@ def run_task(cfg: RunConfig) -> Any:
         say("starting: initialising the process group")
         init_distributed()
         if cfg.TASK in SINGLE_RUN_TASKS:
-            return run_single(cfg, SINGLE_RUN_TASKS[cfg.TASK](cfg), stop)
-        return run_finetune(cfg, stop)
+            result = run_single(cfg, SINGLE_RUN_TASKS[cfg.TASK](cfg), stop)
+        else:
+            result = run_finetune(cfg, stop)
+        # Every rank leaves together: a rank tearing its gloo group down while another still writes the
+        # results (rank 0) aborts at exit ("terminate called without an active exception").
+        torch_dist.barrier()
+        return result
     finally:
         stop.uninstall()
 
