@@ -174,16 +174,17 @@ def test_without_a_recorded_model_config_the_converter_asks_for_one(checkpoints,
 
 def test_a_marker_naming_its_architecture_is_read_and_an_unknown_one_refused(checkpoints, tmp_path):
     import shutil
-    old = read_deepspeed_checkpoint(checkpoints[1])  # this marker, as every text marker before, names none
-    assert "architecture" not in json.loads((checkpoints[1] / "checkpoints/step2/widenet_checkpoint.json").read_text())
-    assert old.architecture == "WideNetForPreTraining"  # read off the heads
-    named = tmp_path / "named"
-    shutil.copytree(checkpoints[1] / "checkpoints" / "step2", named)
-    marker = json.loads((named / "widenet_checkpoint.json").read_text())
-    (named / "widenet_checkpoint.json").write_text(json.dumps({**marker, "architecture": "WideNetForPreTraining"}))
-    new = read_deepspeed_checkpoint(named)
+    new = read_deepspeed_checkpoint(checkpoints[1])  # markers name their architecture
+    marker = json.loads((checkpoints[1] / "checkpoints/step2/widenet_checkpoint.json").read_text())
+    assert marker["architecture"] == new.architecture == "WideNetForPreTraining"
+    unnamed = tmp_path / "unnamed"  # as text markers before the one trainer: no architecture, read off the heads
+    shutil.copytree(checkpoints[1] / "checkpoints" / "step2", unnamed)
+    (unnamed / "widenet_checkpoint.json").write_text(json.dumps({k: v for k, v in marker.items()
+                                                                 if k != "architecture"}))
+    old = read_deepspeed_checkpoint(unnamed)
     assert new.architecture == old.architecture and new.config == old.config
     assert all(torch.equal(new.state[k], old.state[k]) for k in old.state)
+    named = unnamed
     (named / "widenet_checkpoint.json").write_text(json.dumps({**marker, "architecture": "GPTForCausalLM"}))
     with pytest.raises(CheckpointError, match="names architecture 'GPTForCausalLM', which widenet-ds does not know"):
         read_deepspeed_checkpoint(named)

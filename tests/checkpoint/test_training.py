@@ -57,7 +57,7 @@ def test_config_differences_name_each_field_with_both_values():
     del legacy["moe"]["capacity_rounding"]  # a field added later takes its default
     check_same_model(legacy, widenet, "ckpt")  # they are not model differences
     with pytest.raises(CheckpointError, match=r"another model config; differing fields:\n  moe.num_experts"):
-        check_same_model({"model_config": widenet}, changed, "ckpt")
+        check_same_model(widenet, changed, "ckpt")
 
 
 def make_tag(root, step, complete=True):
