@@ -121,7 +121,8 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_the_hf_config_holds_every_field_of_ours_with_our_defaults(ours, theirs):
     hf_fields = {f.name: f.default for f in dataclasses.fields(theirs)}
     expected = {f.name: f.default for f in dataclasses.fields(ours) if f.name != "moe"}
-    expected |= {("num_experts_per_tok" if f.name == "top_k" else f.name): f.default for f in dataclasses.fields(MoEConfig)}
+    expected |= {("num_experts_per_tok" if f.name == "top_k" else f.name): f.default
+                 for f in dataclasses.fields(MoEConfig)}
     assert {name: hf_fields.get(name, "<absent>") for name in expected} == expected
 
 
@@ -281,6 +282,24 @@ def test_to_hf_then_from_hf_is_bit_identical(arch, tmp_path):
         assert (tmp_path / "back" / "vocab.txt").read_text() == (source / "vocab.txt").read_text()
 
 
+def test_a_bf16_folder_stays_bf16_both_ways(tmp_path):
+    cfg = ModelConfig(**DIMS)
+    checkpoint = PortableCheckpoint(cfg, "WideNetForPreTraining", randomised(WideNetForPreTraining(cfg), 3).state_dict())
+    source = save_folder(checkpoint, tmp_path / "ours", dtype="bf16",
+                         tokenizer_files=(vocab_file(tmp_path, cfg.vocab_size),))
+    folder = write_hf_folder(read_folder(source), source, tmp_path / f"hf_bf16_{os.getpid()}",
+                             tokenizer_files=(source / "vocab.txt",))
+    assert json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
+    model = load("AutoModelForMaskedLM", folder)[0]
+    assert model.widenet.encoder.ffn[0].experts[0].fc_in.weight.dtype == torch.bfloat16
+    ids, types, mask = text_inputs(cfg)
+    with torch.no_grad():
+        assert torch.isfinite(model(input_ids=ids, attention_mask=mask, token_type_ids=types).logits).all()
+    from_hf(folder, tmp_path / "back")
+    back, original = (load_file(f / "model.safetensors") for f in (tmp_path / "back", source))
+    assert all(back[k].dtype == torch.bfloat16 and torch.equal(back[k], original[k]) for k in original)
+
+
 def test_from_hf_reads_a_folder_saved_by_transformers_after_finetuning(tmp_path):
     """save_pretrained writes only the fields that differ from the config class's defaults (and its own keys)."""
     cfg = ModelConfig(**DIMS)
@@ -294,8 +313,8 @@ def test_from_hf_reads_a_folder_saved_by_transformers_after_finetuning(tmp_path)
     back = read_folder(tmp_path / "back")
     assert back.config == cfg and back.num_labels == 3 and back.architecture == "WideNetForSequenceClassification"
     assert torch.equal(back.state["classifier.bias"], checkpoint.state["classifier.bias"] + 1.0)
-    assert torch.equal(back.state["widenet.encoder.ffn.0.moe.deepspeed_moe.experts.deepspeed_experts.3.fc_in.weight"],
-                       checkpoint.state["widenet.encoder.ffn.0.moe.deepspeed_moe.experts.deepspeed_experts.3.fc_in.weight"])
+    expert = "widenet.encoder.ffn.0.moe.deepspeed_moe.experts.deepspeed_experts.3.fc_in.weight"
+    assert torch.equal(back.state[expert], checkpoint.state[expert])
 
 
 # --- bad inputs -------------------------------------------------------------------------------------------

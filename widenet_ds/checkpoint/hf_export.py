@@ -21,12 +21,14 @@ own key list; a key outside it, either way, is an error. Neither direction needs
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from widenet_ds.atomic import atomic_folder
@@ -110,12 +112,12 @@ def _labels(checkpoint: PortableCheckpoint) -> dict[str, Any]:
         names = _CLASS_NAMES.get(provenance.get("dataset"))
         names = names if names and len(names) == cfg.num_classes else [f"LABEL_{i}" for i in range(cfg.num_classes)]
     elif checkpoint.architecture == "WideNetForSequenceClassification":
-        names = [f"LABEL_{i}" for i in range(checkpoint.num_labels)]
-        task = _glue_task(provenance.get("task"))
-        if task is not None and task.num_labels == checkpoint.num_labels and not task.is_regression:
-            names = list(_GLUE_LABEL_NAMES.get(task.name, task.labels))
         if checkpoint.num_labels == 1:
             return {"id2label": {"0": "score"}, "label2id": {"score": 0}, "problem_type": "regression"}
+        names = [f"LABEL_{i}" for i in range(checkpoint.num_labels)]
+        task = _glue_task(provenance.get("task"))
+        if task is not None and task.num_labels == checkpoint.num_labels:
+            names = list(_GLUE_LABEL_NAMES.get(task.name, task.labels))
     else:
         return {}
     return {"id2label": {str(i): name for i, name in enumerate(names)},
@@ -129,8 +131,11 @@ def _glue_task(name: Any):
         return None
 
 
-def hf_config(checkpoint: PortableCheckpoint, dtype: str = "float32") -> dict[str, Any]:
+def hf_config(checkpoint: PortableCheckpoint) -> dict[str, Any]:
     """config.json of the HF folder: every field of our config (MoE fields flat, top_k as num_experts_per_tok)."""
+    floating = {t.dtype for t in checkpoint.state.values() if t.is_floating_point()}
+    dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(floating.pop(), "float32") \
+        if len(floating) == 1 else "float32"  # a folder written with --dtype bf16 / fp16 stays so
     fields = checkpoint.config.to_dict()
     moe = fields.pop("moe")
     moe["num_experts_per_tok"] = moe.pop("top_k")
@@ -146,10 +151,8 @@ def _our_config(hf: dict[str, Any], where: str) -> ModelConfig | VisionConfig:
     """Our config from an HF config dict (fields save_pretrained left out as defaults take our defaults, which
     are the template's: tests/checkpoint/test_hf_export.py checks they agree)."""
     config_type = MODEL_TYPES[hf["model_type"]]
-    names = {f for f in config_type().to_dict() if f != "moe"}
-    fields = {name: hf[name] for name in names if name in hf}
-    moe_names = set(MoEConfig().__dict__) - {"top_k"}
-    moe = {name: hf[name] for name in moe_names if name in hf}
+    fields = {f.name: hf[f.name] for f in dataclasses.fields(config_type) if f.name != "moe" and f.name in hf}
+    moe = {f.name: hf[f.name] for f in dataclasses.fields(MoEConfig) if f.name != "top_k" and f.name in hf}
     if "num_experts_per_tok" in hf:
         moe["top_k"] = hf["num_experts_per_tok"]
     try:
@@ -254,7 +257,9 @@ def from_hf(source: Path, target: Path, *, overwrite: bool = False) -> Path:
     cfg = _our_config(hf, str(source / HF_CONFIG))
     if not isinstance(cfg, architecture(ours).config):
         raise CheckpointError(f"{source}: {hf_class} does not belong to model_type {hf['model_type']!r}.")
-    num_labels = len(hf.get("id2label") or {0: 0, 1: 1}) if ours == "WideNetForSequenceClassification" else None
+    num_labels = None
+    if ours == "WideNetForSequenceClassification":  # transformers' default: 2 labels when id2label is not saved
+        num_labels = len(hf["id2label"]) if hf.get("id2label") else 2
     hf_state = read_hf_weights(source)
     pairs = hf_key_pairs(ours, cfg, num_labels)
     unknown = sorted(set(hf_state) - {theirs for _, theirs in pairs})

@@ -20,7 +20,8 @@ from widenet_ds.run_folder import RunFolder, RunFolderError
 from widenet_ds.vision.config import VisionConfig
 
 # run_config.json settings that say what the run trained on, in the order shown.
-_DATA_SETTINGS = ("task", "dataset", "data", "version", "max_train_examples", "max_seq_length", "tokenizer")
+_DATA_SETTINGS = ("task", "glue_task", "version", "dataset", "data", "max_train_examples", "max_seq_length",
+                  "tokenizer")
 
 
 def find_run_folder(source: Path, provenance: dict[str, Any]) -> Path | None:
@@ -92,14 +93,19 @@ def model_card(checkpoint: PortableCheckpoint, source: Path, hf_state: dict[str,
     run_path = find_run_folder(Path(source), provenance)
     run = RunFolder(run_path) if run_path is not None else None
     settings: dict[str, Any] = {}
-    if run is not None and run.run_config.is_file():
-        try:
-            settings = run.read_run_config()
-        except RunFolderError:
-            settings = {}
+    # A finetuning seed's settings are its run's (<run>/run_config.json beside <run>/seed<N>/).
+    for folder in ([run, RunFolder(run.path.parent)] if run is not None else []):
+        if folder.run_config.is_file():
+            try:
+                settings = folder.read_run_config()
+            except RunFolderError:
+                pass
+            break
     data = [f"{key}: {settings[key]}" for key in _DATA_SETTINGS if settings.get(key) not in (None, "")]
     if not data:
         data = [f"{key}: {provenance[key]}" for key in ("task", "dataset") if provenance.get(key)]
+    if provenance.get("init"):  # a finetuned model: the weights it started from
+        data.append(f"initialised from: {provenance['init']}")
     steps = provenance.get("step", provenance.get("steps"))
     auto = "AutoModelForImageClassification" if image else {
         "WideNetForSequenceClassification": "AutoModelForSequenceClassification",
@@ -122,6 +128,7 @@ def model_card(checkpoint: PortableCheckpoint, source: Path, hf_state: dict[str,
     lines += (_scores(run) if run is not None else []) or ["- none recorded with this checkpoint"]
     lines += ["", "## Use", "", "Needs torch and transformers (>= 5); the model code is in this folder "
               "(`trust_remote_code=True`).", "", "```python", f"from transformers import {auto}",
+              "folder = \"path/to/this/folder\"  # or its name on the Hub",
               f"model = {auto}.from_pretrained(folder, trust_remote_code=True)  # eval routing = widenet-ds's",
               f"# every route kept: {auto}.from_pretrained(folder, trust_remote_code=True, dispatch=\"dropless\")"]
     if pipeline:

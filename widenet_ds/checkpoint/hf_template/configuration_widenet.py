@@ -75,7 +75,8 @@ class WideNetEncoderConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         for name, choices in _CHOICES.items():
             if hasattr(self, name) and getattr(self, name) not in choices:
-                raise ValueError(f"{type(self).__name__}.{name} = {getattr(self, name)!r}; pick one of {list(choices)}.")
+                raise ValueError(f"{type(self).__name__}.{name} = {getattr(self, name)!r}; pick one of "
+                                 f"{list(choices)}.")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}.")
         if self.num_layers % self.num_branches:

@@ -460,7 +460,8 @@ class WideNetForMaskedLM(WideNetTextPreTrainedModel):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 labels: Tensor | None = None, output_hidden_states: bool | None = None,
-                output_router_logits: bool | None = None, return_dict: bool | None = None) -> WideNetMaskedLMOutput | tuple:
+                output_router_logits: bool | None = None,
+                return_dict: bool | None = None) -> WideNetMaskedLMOutput | tuple:
         """labels: [B, S] token ids at the masked positions, -100 elsewhere."""
         body = self.widenet(input_ids, attention_mask, token_type_ids, output_hidden_states, output_router_logits,
                             return_dict=True)
@@ -606,7 +607,8 @@ class ViTWideNetModel(ViTWideNetPreTrainedModel):
         self.post_init()
 
     def forward(self, pixel_values: Tensor, output_hidden_states: bool | None = None,
-                output_router_logits: bool | None = None, return_dict: bool | None = None) -> WideNetModelOutput | tuple:
+                output_router_logits: bool | None = None,
+                return_dict: bool | None = None) -> WideNetModelOutput | tuple:
         size = self.config.image_size
         if tuple(pixel_values.shape[-3:]) != (self.config.num_channels, size, size):
             raise ValueError(f"pixel_values of shape {tuple(pixel_values.shape)}; the model takes [B, "
