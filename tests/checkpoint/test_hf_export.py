@@ -127,13 +127,16 @@ def test_the_hf_config_holds_every_field_of_ours_with_our_defaults(ours, theirs)
 
 
 # --- eval parity ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("dispatch", ["deepspeed", "dropless"])
-@pytest.mark.parametrize("case", list(TEXT_CASES))
+def with_dispatches(cases: dict, dense: set[str]) -> list[tuple[str, str]]:
+    """(case, dispatch): both dispatches of each MoE case, one of a dense case (no routing to dispatch)."""
+    return [(case, dispatch) for case in cases for dispatch in ("deepspeed", "dropless")
+            if case not in dense or dispatch == "deepspeed"]
+
+
+@pytest.mark.parametrize("case, dispatch", with_dispatches(TEXT_CASES, {"albert-dense", "bert-dense"}))
 def test_text_models_give_our_eval_outputs(case, dispatch, tmp_path):
     overrides = dict(TEXT_CASES[case])
     overrides["moe"] = {**overrides.get("moe", {}), "dispatch": dispatch}
-    if overrides.get("ffn") == "dense" and dispatch == "dropless":
-        pytest.skip("dense: no routing")
     cfg = ModelConfig(**DIMS, **overrides)
     ids, types, mask = text_inputs(cfg)
 
@@ -188,13 +191,11 @@ def test_text_models_give_our_eval_outputs(case, dispatch, tmp_path):
             assert abs(got.loss.item() - want.loss.item()) <= 1e-5
 
 
-@pytest.mark.parametrize("dispatch", ["deepspeed", "dropless"])
-@pytest.mark.parametrize("case", list(IMAGE_CASES))
+@pytest.mark.parametrize("case, dispatch", with_dispatches(IMAGE_CASES, {"paraformer-dense", "vit-dense"}))
 def test_image_models_give_our_eval_outputs(case, dispatch, tmp_path):
     preset, overrides = IMAGE_CASES[case]
     cfg = VisionConfig.from_preset(preset, **overrides, moe={"dispatch": dispatch})
-    if not cfg.is_moe and dispatch == "dropless":
-        pytest.skip("dense: no routing")
+    assert cfg.is_moe == (case not in ("paraformer-dense", "vit-dense"))
     torch.manual_seed(0)
     ours = randomised(ViTWideNetForImageClassification(cfg), seed=5)
     folder = export(tmp_path, f"{case}-{dispatch}",
@@ -369,6 +370,28 @@ def test_to_hf_of_a_text_model_needs_its_tokenizer(tmp_path, capsys):
     assert widenet_ds(["convert", "to-hf", str(source), str(tmp_path / "hf")]) == 2
     assert "no tokenizer was found with it; pass --tokenizer" in capsys.readouterr().err
     assert not (tmp_path / "hf").exists()
+
+
+# --- dense models: transformers' own classes stay their path ----------------------------------------------
+def test_dense_models_still_go_to_albert_and_hf_vit_and_to_hf_names_them(tmp_path, capsys):
+    text = _text_folder(tmp_path, ModelConfig(**DIMS, ffn="dense", share_layernorm=True))
+    assert widenet_ds(["convert", "to-albert", str(text), str(tmp_path / "albert")]) == 0
+    assert json.loads((tmp_path / "albert" / "config.json").read_text())["model_type"] == "albert"
+    capsys.readouterr()
+    assert widenet_ds(["convert", "to-hf", str(text), str(tmp_path / "hf_text")]) == 0
+    assert "can also write it as to-albert (transformers' own AlbertForPreTraining)" in capsys.readouterr().out
+    cfg = VisionConfig.from_preset("vit-digits", head="cls")  # a dense ViT that HF's ViT holds
+    image = save_folder(PortableCheckpoint(cfg, "ViTWideNetForImageClassification",
+                                           ViTWideNetForImageClassification(cfg).state_dict()), tmp_path / "image")
+    assert widenet_ds(["convert", "to-hf-vit", str(image), str(tmp_path / "vit")]) == 0
+    assert json.loads((tmp_path / "vit" / "config.json").read_text())["model_type"] == "vit"
+    capsys.readouterr()
+    assert widenet_ds(["convert", "to-hf", str(image), str(tmp_path / "hf_image")]) == 0
+    assert "can also write it as to-hf-vit (transformers' own ViTForImageClassification)" in capsys.readouterr().out
+    (tmp_path / "moe").mkdir()
+    moe = _text_folder(tmp_path / "moe", ModelConfig(**DIMS))
+    assert widenet_ds(["convert", "to-hf", str(moe), str(tmp_path / "hf_moe")]) == 0
+    assert "note:" not in capsys.readouterr().out  # a MoE model has no native class to name
 
 
 # --- inputs: tokenizer and image processor ----------------------------------------------------------------

@@ -57,10 +57,11 @@ def _check_exportable(cfg: ModelConfig) -> None:
     if cfg.is_moe:
         raise CheckpointError(
             "this model has a Mixture-of-Experts FFN (ffn = 'moe'); HF ALBERT has one dense FFN per layer, so "
-            "it cannot hold the experts. Export MoE models with `widenet-ds convert to-folder` instead.")
+            "it cannot hold the experts. Export MoE models with `widenet-ds convert to-hf` (an HF folder with its own "
+            "model code, for transformers' Auto classes) or `widenet-ds convert to-folder` instead.")
     if cfg.norm_position != "post":
         raise CheckpointError("ALBERT is post-LN; a pre-LN model (norm_position = 'pre') has no ALBERT layout. "
-                              "Export it with `widenet-ds convert to-folder`.")
+                              "Export it with `widenet-ds convert to-hf` or `widenet-ds convert to-folder`.")
 
 
 def num_hidden_groups(cfg: ModelConfig) -> int:
