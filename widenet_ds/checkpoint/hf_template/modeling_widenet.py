@@ -136,8 +136,12 @@ def gumbel(shape: torch.Size, device: torch.device) -> Tensor:
     return -torch.log(-torch.log(low + torch.rand(shape, device=device) * (high - low)))
 
 
-def route(logits: Tensor, config: WideNetEncoderConfig, training: bool) -> Routing:
-    """Top-k routing with capacity; logits: fp32 [T, E]."""
+def route_tokens(logits: Tensor, config: WideNetEncoderConfig, training: bool) -> Routing:
+    """Top-k routing with capacity; logits: fp32 [T, E], one row per token of the call.
+
+    The one place routing is decided, as `route_tokens` in widenet-ds's widenet_ds/model/routing.py is there:
+    every token of the call is routed and counts toward the capacity, padding included, as in widenet-ds's model.
+    A change to which tokens are routed belongs in both functions together (the parity tests compare them)."""
     num_tokens, num_experts = logits.shape
     k = config.num_experts_per_tok
     if training and config.noise == "gaussian":
@@ -208,7 +212,7 @@ class WideNetMoE(nn.Module):
         if self.training and self.config.noise == "jitter":  # DeepSpeed's multiplicative jitter, x * U(0.99, 1.01)
             low, high = torch.tensor(0.99, device=tokens.device), torch.tensor(1.01, device=tokens.device)
             tokens = tokens * (low + torch.rand(tokens.shape, device=tokens.device) * (high - low))
-        return route(F.linear(tokens, self.router.weight.float()), self.config, self.training)
+        return route_tokens(F.linear(tokens, self.router.weight.float()), self.config, self.training)
 
     def forward(self, hidden: Tensor, routing: Routing | None = None) -> tuple[Tensor, Routing]:
         tokens = hidden.reshape(-1, hidden.shape[-1])                   # [T, H]
