@@ -117,6 +117,14 @@ COVERED_BY = {
     "widenet_ds/writable.py": ["integration/test_bad_inputs.py"],  # the unwritable / file-blocked output rows
     "widenet_ds/checkpoint/branches_cli.py": ["checkpoint/test_branches.py"],
     "widenet_ds/checkpoint/deepspeed.py": ["checkpoint/test_cli.py", "checkpoint/test_load_image_models.py"],
+    # the model card of `convert to-hf`, read from real runs' folders
+    "widenet_ds/checkpoint/hf_model_card.py": ["integration/test_hf_fresh_venv.py", "checkpoint/test_hf_export.py"],
+    # the files `convert to-hf` writes into HF folders, loaded through transformers' Auto classes
+    "widenet_ds/checkpoint/hf_template/configuration_widenet.py": ["checkpoint/test_hf_export.py"],
+    "widenet_ds/checkpoint/hf_template/image_processing_widenet.py": ["checkpoint/test_hf_export.py",
+                                                                      "integration/test_hf_fresh_venv.py"],
+    "widenet_ds/checkpoint/hf_template/modeling_widenet.py": ["checkpoint/test_hf_export.py",
+                                                              "integration/test_hf_fresh_venv.py"],
     "widenet_ds/checkpoint/reshard.py": ["checkpoint/test_cli.py", "checkpoint/test_load_image_models.py"],
     "widenet_ds/checkpoint/tokenizer_check.py": ["integration/test_bad_inputs.py", "checkpoint/test_cli.py"],
     "widenet_ds/model/grouped_experts.py": ["model/test_dropless.py"],  # the dropless path's expert GEMMs

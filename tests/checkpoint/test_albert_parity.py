@@ -83,5 +83,5 @@ def test_from_albert_then_to_albert_is_identity_and_recovers_sharing(sharing):
 
 def test_moe_model_is_refused_by_the_albert_map():
     from widenet_ds.errors import CheckpointError
-    with pytest.raises(CheckpointError, match="Mixture-of-Experts"):
+    with pytest.raises(CheckpointError, match="Mixture-of-Experts.*`widenet-ds convert to-hf`"):
         albert_config(ModelConfig.from_preset("widenet-tiny-e4"))

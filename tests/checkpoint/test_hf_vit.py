@@ -57,7 +57,8 @@ def test_the_command_refuses_moe_and_text_models_and_writes_nothing(dist, tmp_pa
     save_folder(PortableCheckpoint(cfg, "ViTWideNetForImageClassification",
                                    ViTWideNetForImageClassification(cfg).state_dict()), tmp_path / "widenet")
     assert widenet_ds(["convert", "to-hf-vit", str(tmp_path / "widenet"), str(tmp_path / "out")]) == 2
-    assert "one unshared dense FFN per block" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "one unshared dense FFN per block" in err and "Export it with `widenet-ds convert to-hf`" in err
     text = ModelConfig.from_preset("albert-tiny", vocab_size=50, num_layers=2)
     save_folder(PortableCheckpoint(text, "WideNetForPreTraining", WideNetForPreTraining(text).state_dict()),
                 tmp_path / "text")

@@ -134,6 +134,25 @@ def flip_token(data: Path) -> None:
     tokens.tofile(shard)
 
 
+def hf_folder_of(tmp: Path, model_type: str) -> Path:
+    """A real HF folder that transformers itself saved: a tiny ALBERT or BERT (model types from-hf refuses)."""
+    import transformers
+
+    dims = dict(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24)
+    model = transformers.AlbertForPreTraining(transformers.AlbertConfig(embedding_size=8, **dims)) \
+        if model_type == "albert" else transformers.BertForMaskedLM(transformers.BertConfig(**dims))
+    model.save_pretrained(tmp / model_type)
+    return tmp / model_type
+
+
+def truncated_hf_folder(env, tmp: Path) -> Path:
+    """The earlier run's export through `convert to-hf`, its model.safetensors cut in half."""
+    assert widenet_ds(["convert", "to-hf", str(env["export"]), str(tmp / "hf")]) == 0
+    weights = tmp / "hf" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return tmp / "hf"
+
+
 def squad(tmp: Path, data, predictions, *extra: str) -> list[str]:
     return ["squad-eval", "--data", str(write(tmp / "dev.json", json.dumps(data))),
             "--predictions", str(write(tmp / "pred.json", json.dumps(predictions))), *extra]
@@ -293,9 +312,17 @@ CASES = [
     C("convert-unknown-tag", "widenet-ds", lambda e, t: ["convert", "to-folder", str(e["run"]), str(t / "o"), "--tag",
       "step99"], r"tag 'step99' does not exist.*step2"),
     C("convert-moe-to-albert", "widenet-ds", lambda e, t: ["convert", "to-albert", str(e["export"]), str(t / "o")],
-      r"Mixture-of-Experts.*to-folder"),
+      r"Mixture-of-Experts.*convert to-hf.*to-folder"),
     C("convert-from-albert-not-hf", "widenet-ds", lambda e, t: ["convert", "from-albert", str(e["data"]), str(t / "o")],
       r"has no config\.json"),
+    C("convert-from-hf-albert-folder", "widenet-ds", lambda e, t: ["convert", "from-hf", str(hf_folder_of(t, "albert")),
+      str(t / "o")], r"is an HF ALBERT folder \(AlbertForPreTraining\).*convert from-albert"),
+    C("convert-from-hf-other-model-type", "widenet-ds", lambda e, t: ["convert", "from-hf", str(hf_folder_of(t, "bert")),
+      str(t / "o")], r"holds model_type 'bert' \(BertForMaskedLM\), not a WideNet written by `widenet-ds convert to-hf`"),
+    C("convert-from-hf-truncated-safetensors", "widenet-ds", lambda e, t: ["convert", "from-hf",
+      str(truncated_hf_folder(e, t)), str(t / "o")], r"hf/model\.safetensors is not a readable safetensors file"),
+    C("convert-to-hf-other-tokenizer-same-size", "widenet-ds", lambda e, t: ["convert", "to-hf", str(e["run"]),
+      str(t / "o"), "--tokenizer", str(e["other_tokenizer"])], r"is not the tokenizer of the checkpoint"),
     C("convert-marker-not-json", "widenet-ds", lambda e, t: ["convert", "to-folder", str(run_copy(
       e, t, lambda r: write(r / "checkpoints/step2/widenet_checkpoint.json", "{"))), str(t / "o")],
       r"widenet_checkpoint\.json is not valid JSON"),

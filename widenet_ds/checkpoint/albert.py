@@ -57,10 +57,11 @@ def _check_exportable(cfg: ModelConfig) -> None:
     if cfg.is_moe:
         raise CheckpointError(
             "this model has a Mixture-of-Experts FFN (ffn = 'moe'); HF ALBERT has one dense FFN per layer, so "
-            "it cannot hold the experts. Export MoE models with `widenet-ds convert to-folder` instead.")
+            "it cannot hold the experts. Export MoE models with `widenet-ds convert to-hf` (an HF folder with its own "
+            "model code, for transformers' Auto classes) or `widenet-ds convert to-folder` instead.")
     if cfg.norm_position != "post":
         raise CheckpointError("ALBERT is post-LN; a pre-LN model (norm_position = 'pre') has no ALBERT layout. "
-                              "Export it with `widenet-ds convert to-folder`.")
+                              "Export it with `widenet-ds convert to-hf` or `widenet-ds convert to-folder`.")
 
 
 def num_hidden_groups(cfg: ModelConfig) -> int:
@@ -215,13 +216,13 @@ def to_albert(source: Path, target: Path, *, tag: str | None = None, model_confi
         for path in tokenizer_files:
             shutil.copyfile(path, tmp / tokenizer_file_name(path))
         if tokenizer_files:
-            _write_hf_tokenizer_config(tmp, checkpoint.config.max_position_embeddings)
+            write_hf_tokenizer_config(tmp, checkpoint.config.max_position_embeddings)
     return Path(target)
 
 
-def _write_hf_tokenizer_config(folder: Path, max_length: int) -> None:
-    """Our tokenizer is BERT's uncased WordPiece, not ALBERT's SentencePiece: without this file
-    `AutoTokenizer` follows config.json's model_type to AlbertTokenizer and fails to load it."""
+def write_hf_tokenizer_config(folder: Path, max_length: int) -> None:
+    """Our tokenizer is BERT's uncased WordPiece: without this file `AutoTokenizer` follows config.json's
+    model_type, to ALBERT's SentencePiece AlbertTokenizer (to-albert) or to none (to-hf), and fails to load it."""
     specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
                 "mask_token": "[MASK]"}
     (folder / "tokenizer_config.json").write_text(json.dumps(

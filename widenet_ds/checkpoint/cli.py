@@ -1,6 +1,7 @@
-"""`widenet-ds convert`: to-folder, reshard, to-albert, from-albert, to-hf-vit (docs/checkpoints.md).
+"""`widenet-ds convert`: to-folder, reshard, to-albert, from-albert, to-hf-vit, to-hf, from-hf (docs/checkpoints.md).
 
-Text and image checkpoints alike, except the HF mappings: ALBERT's for text models, ViT's for image ones."""
+Text and image checkpoints alike, except the native HF mappings: ALBERT's for dense text models, ViT's for dense
+image ones; `to-hf` / `from-hf` carry any model with its own transformers code (checkpoint/hf_export.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from widenet_ds.checkpoint.albert import from_albert, to_albert
 from widenet_ds.checkpoint.format import architecture, save_folder
+from widenet_ds.checkpoint.hf_export import from_hf, native_alternative, write_hf_folder
 from widenet_ds.checkpoint.hf_vit import to_hf_vit
 from widenet_ds.checkpoint.load import find_tokenizer_files, read_checkpoint
 from widenet_ds.data.tokenizer import TOKENIZER_FILES, tokenizer_files_in
@@ -119,6 +121,18 @@ def build_parser() -> argparse.ArgumentParser:
     to_hf_vit_parser = commands.add_parser("to-hf-vit", help="dense unshared image model (CLS head, no pre-logits) -> "
                                                              "HF ViTForImageClassification folder")
     _add_source(to_hf_vit_parser, tokenizer=False)
+
+    to_hf_parser = commands.add_parser("to-hf", help="any text or image model -> HF folder with its own model code "
+                                                     "(AutoModel... with trust_remote_code=True), tokenizer or image "
+                                                     "processor, and a model card")
+    _add_source(to_hf_parser)
+
+    from_hf_parser = commands.add_parser("from-hf", help="HF folder written by to-hf (or save_pretrained of its "
+                                                         "classes) -> checkpoint folder, weights bit for bit")
+    from_hf_parser.add_argument("source", help="HF folder with config.json (model_type widenet or vit_widenet) + "
+                                               "model.safetensors")
+    from_hf_parser.add_argument("output", help="the checkpoint folder to write")
+    from_hf_parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
     return parser
 
 
@@ -151,6 +165,24 @@ def cli(argv: list[str]) -> int:
         out = to_hf_vit(Path(args.source), Path(args.output), tag=args.tag, model_config=args.model_config,
                         overwrite=args.overwrite)
         print(f"wrote {out}: transformers.ViTForImageClassification.from_pretrained({str(out)!r}) loads it")
+    elif args.command == "to-hf":
+        checkpoint = read_checkpoint(Path(args.source), tag=args.tag, model_config=args.model_config)
+        tokenizers = ()
+        if architecture(checkpoint.architecture).tokenized:
+            tokenizers = _checked_tokenizers(args, checkpoint.config.vocab_size)[0]
+        elif args.tokenizer:
+            raise CheckpointError(f"{args.source} holds a {checkpoint.architecture}, an image model: it has no "
+                                  f"tokenizer; drop --tokenizer.")
+        out = write_hf_folder(checkpoint, Path(args.source), Path(args.output), tokenizer_files=tokenizers,
+                              overwrite=args.overwrite)
+        print(f"wrote {out}: transformers' Auto classes load it with trust_remote_code=True (README.md: the model "
+              f"card)")
+        if (native := native_alternative(checkpoint)) is not None:
+            print(f"note: this model is dense; `widenet-ds convert` can also write it as {native}, which needs "
+                  f"no remote code")
+    elif args.command == "from-hf":
+        out = from_hf(Path(args.source), Path(args.output), overwrite=args.overwrite)
+        print(f"wrote {out} (weights exact)")
     elif args.command == "to-albert":
         out = to_albert(Path(args.source), Path(args.output), tag=args.tag, model_config=args.model_config,
                         tokenizer_files=_checked_tokenizers(args, None)[0], overwrite=args.overwrite)

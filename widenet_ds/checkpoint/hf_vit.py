@@ -46,7 +46,8 @@ def check_hf_convertible(cfg: VisionConfig) -> None:
         problems.append("HF's ViT adds the sub-layer to the raw residual stream (residual = 'standard', not "
                         "ParaFormer's LN(x) + f(LN(x)))")
     if problems:
-        raise ConfigError(f"this model cannot become a Hugging Face ViTForImageClassification: {'; '.join(problems)}.")
+        raise ConfigError(f"this model cannot become a Hugging Face ViTForImageClassification: {'; '.join(problems)}. "
+                          f"Export it with `widenet-ds convert to-hf` (an HF folder with its own model code).")
 
 
 def hf_vit_config(cfg: VisionConfig) -> dict[str, Any]:

@@ -1,0 +1,294 @@
+"""WideNet models in the Hugging Face format: `widenet-ds convert to-hf` and `from-hf`.
+
+`to-hf` writes any text or image checkpoint (a portable folder or a DeepSpeed run of any ep_size; any sharing,
+router form, dispatch or branch layout) as a folder that `transformers` loads with `trust_remote_code=True`:
+
+    config.json                 model_type "widenet" (text) or "vit_widenet" (images), auto_map, every field of
+                                our config (hf_template/configuration_widenet.py names them), labels, and
+                                "widenet_ds": {architecture, format_version, provenance} for the way back
+    model.safetensors           the weights under the HF classes' names (`hf_key_pairs`), experts by global index
+    configuration_widenet.py, modeling_widenet.py   the model, self-contained (torch + transformers only)
+    tokenizer.json / vocab.txt, tokenizer_config.json, special_tokens_map.json   (text)
+    preprocessor_config.json, image_processing_widenet.py                         (images)
+    README.md                   the model card: architecture, parameters, data, steps, the run's scores
+
+`from-hf` reads such a folder (also after transformers' save_pretrained, e.g. once finetuned with the Trainer)
+back into a portable folder: the same weights, bit for bit. Folders of other architectures are refused by name.
+
+The weight map is explicit: every key of our architecture has one HF key (`hf_key_pairs`), built from the model's
+own key list; a key outside it, either way, is an error. Neither direction needs transformers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from widenet_ds.atomic import atomic_folder
+from widenet_ds.checkpoint.albert import write_hf_tokenizer_config
+from widenet_ds.checkpoint.format import (
+    FORMAT_VERSION,
+    PortableCheckpoint,
+    architecture,
+    expected_shapes,
+    read_safetensors,
+    save_folder,
+    tokenizer_file_name,
+    write_safetensors,
+)
+from widenet_ds.checkpoint.hf_model_card import model_card
+from widenet_ds.checkpoint.hf_vit import check_hf_convertible
+from widenet_ds.checkpoint.load import read_checkpoint
+from widenet_ds.data.tokenizer import tokenizer_files_in
+from widenet_ds.errors import CheckpointError, ConfigError
+from widenet_ds.model.config import ModelConfig, MoEConfig
+from widenet_ds.tasks.glue import get_glue_task
+from widenet_ds.vision.config import VisionConfig
+from widenet_ds.vision.datasets import FASHION_MNIST_CLASSES
+
+TEMPLATE = Path(__file__).resolve().parent / "hf_template"
+MODEL_FILES = ("configuration_widenet.py", "modeling_widenet.py")
+IMAGE_PROCESSOR_FILE = "image_processing_widenet.py"
+HF_CONFIG = "config.json"
+HF_WEIGHTS = "model.safetensors"
+HF_INDEX = "model.safetensors.index.json"
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
+MODEL_TYPES = {"widenet": ModelConfig, "vit_widenet": VisionConfig}
+
+# Our architecture -> (its HF class, the family's classes for the Auto factories).
+_TEXT_AUTO = {"AutoConfig": "configuration_widenet.WideNetConfig", "AutoModel": "modeling_widenet.WideNetModel",
+              "AutoModelForPreTraining": "modeling_widenet.WideNetForPreTraining",
+              "AutoModelForMaskedLM": "modeling_widenet.WideNetForMaskedLM",
+              "AutoModelForSequenceClassification": "modeling_widenet.WideNetForSequenceClassification",
+              "AutoModelForQuestionAnswering": "modeling_widenet.WideNetForQuestionAnswering"}
+_IMAGE_AUTO = {"AutoConfig": "configuration_widenet.ViTWideNetConfig", "AutoModel": "modeling_widenet.ViTWideNetModel",
+               "AutoModelForImageClassification": "modeling_widenet.ViTWideNetForImageClassification",
+               "AutoImageProcessor": "image_processing_widenet.WideNetImageProcessor"}
+HF_CLASSES = {"WideNetForPreTraining": "WideNetForPreTraining",
+              "WideNetForSequenceClassification": "WideNetForSequenceClassification",
+              "WideNetForQuestionAnswering": "WideNetForQuestionAnswering",
+              "ViTWideNetForImageClassification": "ViTWideNetForImageClassification"}
+# HF classes whose weights are exactly one of our architectures' (the reverse of HF_CLASSES).
+OUR_ARCHITECTURE = {hf: ours for ours, hf in HF_CLASSES.items()}
+
+# GLUE tasks whose TSV labels are 0/1: the names the GLUE datasets give those indices.
+_GLUE_LABEL_NAMES = {"CoLA": ("unacceptable", "acceptable"), "SST-2": ("negative", "positive"),
+                     "MRPC": ("not_equivalent", "equivalent"), "QQP": ("not_duplicate", "duplicate"),
+                     "WNLI": ("not_entailment", "entailment")}
+_CLASS_NAMES = {"digits": [str(i) for i in range(10)], "fashion-mnist": FASHION_MNIST_CLASSES}
+_MOE_KEY = re.compile(r"^(?P<ffn>(.*\.)?ffn\.\d+\.)moe\.deepspeed_moe\.(?:gate\.wg\.(?P<router>weight)|"
+                      r"experts\.deepspeed_experts\.(?P<expert>\d+\..+))$")
+
+
+# --- the weight map ---------------------------------------------------------------------------------------
+def _hf_key(key: str, image: bool) -> str:
+    match = _MOE_KEY.match(key)
+    if match:  # DeepSpeed's MoE container -> the HF model's router and experts
+        key = match["ffn"] + (f"router.{match['router']}" if match["router"] else f"experts.{match['expert']}")
+    if image and key.startswith(("embeddings.", "encoder.")):  # the body sits in the HF base model
+        key = "vit_widenet." + key
+    return key
+
+
+def hf_key_pairs(architecture_name: str, cfg: ModelConfig | VisionConfig,
+                 num_labels: int | None = None) -> list[tuple[str, str]]:
+    """(our key, HF key) for every tensor of the architecture (experts by global index)."""
+    image = isinstance(cfg, VisionConfig)
+    return [(key, _hf_key(key, image)) for key in expected_shapes(architecture_name, cfg, num_labels)]
+
+
+# --- the config -------------------------------------------------------------------------------------------
+def _labels(checkpoint: PortableCheckpoint) -> dict[str, Any]:
+    """id2label / label2id / problem_type for the classifiers' heads."""
+    cfg, provenance = checkpoint.config, checkpoint.provenance
+    if isinstance(cfg, VisionConfig):
+        names = _CLASS_NAMES.get(provenance.get("dataset"))
+        names = names if names and len(names) == cfg.num_classes else [f"LABEL_{i}" for i in range(cfg.num_classes)]
+    elif checkpoint.architecture == "WideNetForSequenceClassification":
+        if checkpoint.num_labels == 1:
+            return {"id2label": {"0": "score"}, "label2id": {"score": 0}, "problem_type": "regression"}
+        names = [f"LABEL_{i}" for i in range(checkpoint.num_labels)]
+        task = _glue_task(provenance.get("task"))
+        if task is not None and task.num_labels == checkpoint.num_labels:
+            names = list(_GLUE_LABEL_NAMES.get(task.name, task.labels))
+    else:
+        return {}
+    return {"id2label": {str(i): name for i, name in enumerate(names)},
+            "label2id": {name: i for i, name in enumerate(names)}}
+
+
+def _glue_task(name: Any):
+    try:
+        return get_glue_task(name) if isinstance(name, str) else None
+    except ConfigError:  # a SQuAD run, or a task of another program
+        return None
+
+
+def hf_config(checkpoint: PortableCheckpoint) -> dict[str, Any]:
+    """config.json of the HF folder: every field of our config (MoE fields flat, top_k as num_experts_per_tok)."""
+    floating = {t.dtype for t in checkpoint.state.values() if t.is_floating_point()}
+    dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(floating.pop(), "float32") \
+        if len(floating) == 1 else "float32"  # a folder written with --dtype bf16 / fp16 stays so
+    fields = checkpoint.config.to_dict()
+    moe = fields.pop("moe")
+    moe["num_experts_per_tok"] = moe.pop("top_k")
+    image = isinstance(checkpoint.config, VisionConfig)
+    return {"model_type": "vit_widenet" if image else "widenet", "architectures": [HF_CLASSES[checkpoint.architecture]],
+            "auto_map": dict(_IMAGE_AUTO if image else _TEXT_AUTO), **fields, **moe, **_labels(checkpoint),
+            "dtype": dtype,
+            "widenet_ds": {"format_version": FORMAT_VERSION, "architecture": checkpoint.architecture,
+                           "provenance": checkpoint.provenance}}
+
+
+def _our_config(hf: dict[str, Any], where: str) -> ModelConfig | VisionConfig:
+    """Our config from an HF config dict (fields save_pretrained left out as defaults take our defaults, which
+    are the template's: tests/checkpoint/test_hf_export.py checks they agree)."""
+    config_type = MODEL_TYPES[hf["model_type"]]
+    fields = {f.name: hf[f.name] for f in dataclasses.fields(config_type) if f.name != "moe" and f.name in hf}
+    moe = {f.name: hf[f.name] for f in dataclasses.fields(MoEConfig) if f.name != "top_k" and f.name in hf}
+    if "num_experts_per_tok" in hf:
+        moe["top_k"] = hf["num_experts_per_tok"]
+    try:
+        return config_type.from_dict({**fields, "moe": moe})
+    except ConfigError as err:
+        raise CheckpointError(f"{where}: {err}") from None
+
+
+# --- to-hf ------------------------------------------------------------------------------------------------
+def to_hf(source: Path, target: Path, *, tag: str | None = None, model_config: Path | None = None,
+          tokenizer_files: tuple[Path, ...] = (), overwrite: bool = False) -> Path:
+    """Any checkpoint (folder or DeepSpeed run) -> an HF folder loadable with trust_remote_code=True, atomically."""
+    checkpoint = read_checkpoint(Path(source), tag=tag, model_config=model_config)
+    return write_hf_folder(checkpoint, Path(source), Path(target), tokenizer_files=tokenizer_files,
+                           overwrite=overwrite)
+
+
+def write_hf_folder(checkpoint: PortableCheckpoint, source: Path, target: Path, *,
+                    tokenizer_files: tuple[Path, ...] = (), overwrite: bool = False) -> Path:
+    """`to_hf` of a checkpoint already read from `source` (which the model card looks beside for the run)."""
+    image = isinstance(checkpoint.config, VisionConfig)
+    if not image and not tokenizer_files:
+        raise CheckpointError(f"{source} holds a text model but no tokenizer was found with it; pass --tokenizer with "
+                              f"the run's tokenizer.json or vocab.txt (pipelines and users need it to make inputs).")
+    state = {theirs: checkpoint.state[ours]
+             for ours, theirs in hf_key_pairs(checkpoint.architecture, checkpoint.config, checkpoint.num_labels)}
+    with atomic_folder(target, overwrite, CheckpointError) as tmp:
+        write_safetensors(state, tmp / HF_WEIGHTS, metadata={"format": "pt"})
+        (tmp / HF_CONFIG).write_text(json.dumps(hf_config(checkpoint), indent=2) + "\n")
+        for name in MODEL_FILES + ((IMAGE_PROCESSOR_FILE,) if image else ()):
+            shutil.copyfile(TEMPLATE / name, tmp / name)
+        if image:
+            (tmp / PREPROCESSOR_CONFIG).write_text(json.dumps(image_processor_config(checkpoint.config), indent=2)
+                                                   + "\n")
+        else:
+            for path in tokenizer_files:
+                shutil.copyfile(path, tmp / tokenizer_file_name(path))
+            write_hf_tokenizer_config(tmp, checkpoint.config.max_position_embeddings)
+        (tmp / "README.md").write_text(model_card(checkpoint, Path(source), state))
+    return Path(target)
+
+
+def image_processor_config(cfg: VisionConfig) -> dict[str, Any]:
+    """Our evaluation preprocessing: resize to image_size (bilinear, antialiased), uint8 -> [-1, 1]."""
+    return {"image_processor_type": "WideNetImageProcessor",
+            "auto_map": {"AutoImageProcessor": _IMAGE_AUTO["AutoImageProcessor"]},
+            "size": cfg.image_size, "num_channels": cfg.num_channels, "do_resize": True, "resample": "bilinear",
+            "antialias": True, "rescale_factor": 1 / 255, "image_mean": [0.5] * cfg.num_channels,
+            "image_std": [0.5] * cfg.num_channels}
+
+
+def native_alternative(checkpoint: PortableCheckpoint) -> str | None:
+    """The command that writes this model as a class transformers ships (no remote code), when one holds it."""
+    cfg = checkpoint.config
+    if isinstance(cfg, VisionConfig):
+        try:
+            check_hf_convertible(cfg)
+        except ConfigError:
+            return None
+        return "to-hf-vit (transformers' own ViTForImageClassification)"
+    if checkpoint.architecture == "WideNetForPreTraining" and not cfg.is_moe and cfg.norm_position == "post":
+        return "to-albert (transformers' own AlbertForPreTraining)"
+    return None
+
+
+# --- from-hf ----------------------------------------------------------------------------------------------
+def read_hf_config(folder: Path) -> dict[str, Any]:
+    """config.json of an HF folder written by to-hf (or by save_pretrained of its classes); anything else is
+    refused, naming what it is."""
+    path = Path(folder) / HF_CONFIG
+    if not path.is_file():
+        raise CheckpointError(f"{folder} has no {HF_CONFIG}; pass a folder written by `widenet-ds convert to-hf` "
+                              f"(or by save_pretrained of a model loaded from one).")
+    try:
+        hf = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{path} is not valid JSON: {err}.") from None
+    model_type = hf.get("model_type") if isinstance(hf, dict) else None
+    names = ", ".join(hf.get("architectures") or []) if isinstance(hf, dict) else ""
+    if model_type == "albert":
+        raise CheckpointError(f"{folder} is an HF ALBERT folder ({names or 'model_type albert'}), not a WideNet "
+                              f"written by `convert to-hf`; convert it with `widenet-ds convert from-albert`.")
+    if model_type not in MODEL_TYPES:
+        raise CheckpointError(f"{folder} holds model_type {model_type!r}" + (f" ({names})" if names else "")
+                              + f", not a WideNet written by `widenet-ds convert to-hf` (model_type "
+                              f"{' or '.join(repr(t) for t in MODEL_TYPES)}); widenet-ds reads only those.")
+    return hf
+
+
+def from_hf(source: Path, target: Path, *, overwrite: bool = False) -> Path:
+    """An HF WideNet folder -> a portable folder with the same weights (bit for bit) and config."""
+    source = Path(source)
+    hf = read_hf_config(source)
+    hf_class = (hf.get("architectures") or [None])[0]
+    if hf_class not in OUR_ARCHITECTURE:
+        base = {"WideNetForMaskedLM": "AutoModelForPreTraining (its SOP head is then newly initialised)"}
+        raise CheckpointError(f"{source} holds a {hf_class}, which is none of widenet-ds's architectures "
+                              f"({', '.join(OUR_ARCHITECTURE)})"
+                              + (f"; load it with {base[hf_class]}, save_pretrained, and convert that"
+                                 if hf_class in base else "") + ".")
+    ours = OUR_ARCHITECTURE[hf_class]
+    cfg = _our_config(hf, str(source / HF_CONFIG))
+    if not isinstance(cfg, architecture(ours).config):
+        raise CheckpointError(f"{source}: {hf_class} does not belong to model_type {hf['model_type']!r}.")
+    num_labels = None
+    if ours == "WideNetForSequenceClassification":  # transformers' default: 2 labels when id2label is not saved
+        num_labels = len(hf["id2label"]) if hf.get("id2label") else 2
+    hf_state = read_hf_weights(source)
+    pairs = hf_key_pairs(ours, cfg, num_labels)
+    unknown = sorted(set(hf_state) - {theirs for _, theirs in pairs})
+    missing = sorted({theirs for _, theirs in pairs} - set(hf_state))
+    if unknown or missing:
+        raise CheckpointError(f"{source}: the weights do not fit a {hf_class} of its config.json -- "
+                              + "; ".join(part for part in (
+                                  f"{len(unknown)} unknown key(s): {', '.join(unknown[:6])}" if unknown else "",
+                                  f"{len(missing)} missing key(s): {', '.join(missing[:6])}" if missing else "")
+                                  if part) + ".")
+    state = {ours_key: hf_state[theirs] for ours_key, theirs in pairs}
+    saved = hf.get("widenet_ds") or {}
+    provenance = {**saved.get("provenance", {}), "converted_from_hf": str(source.resolve())}
+    checkpoint = PortableCheckpoint(cfg, ours, state, num_labels, provenance)
+    dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(str(hf.get("dtype", hf.get("torch_dtype"))), "fp32")
+    return save_folder(checkpoint, Path(target), dtype=dtype, tokenizer_files=tokenizer_files_in(source),
+                       overwrite=overwrite)
+
+
+def read_hf_weights(folder: Path) -> dict[str, Tensor]:
+    """model.safetensors, or the shards a model.safetensors.index.json names (save_pretrained of large models)."""
+    folder = Path(folder)
+    if (folder / HF_WEIGHTS).is_file() or not (folder / HF_INDEX).is_file():
+        return read_safetensors(folder / HF_WEIGHTS)  # refuses pickles and damaged files, naming them
+    try:
+        weight_map = json.loads((folder / HF_INDEX).read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{folder / HF_INDEX} is not a safetensors index ({err}).") from None
+    state: dict[str, Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        state.update(read_safetensors(folder / shard))
+    return state

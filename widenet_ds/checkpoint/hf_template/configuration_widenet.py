@@ -1,0 +1,158 @@
+"""WideNet configurations for transformers: `WideNetConfig` (text) and `ViTWideNetConfig` (images).
+
+Written into every folder that `widenet-ds convert to-hf` exports; needs only transformers (>= 5). Each field
+is a field of widenet-ds's own config under the same name (its encoder, MoE, text or image fields), with one
+exception: the experts per token, widenet-ds's `moe.top_k`, is `num_experts_per_tok` here (transformers
+reserves `top_k` for generation). The usual transformers names are aliases: `num_hidden_layers`,
+`num_attention_heads`, `hidden_act`, `hidden_dropout_prob`, `attention_probs_dropout_prob`,
+`router_aux_loss_coef`.
+
+Routing fields (docs/model.md of widenet-ds): `dispatch` "deepspeed" gives every expert B = ceil(K C T / E)
+slots per routing call (floor with `capacity_rounding` "floor", at least `min_capacity`; C is
+`capacity_factor` in training, `eval_capacity_factor` in eval) and drops the routes that overflow;
+"dropless" runs every route. Load either way: `from_pretrained(folder, trust_remote_code=True,
+dispatch="dropless")`.
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedConfig
+
+_CHOICES = {
+    "activation": ("gelu", "gelu_new"),
+    "ffn": ("moe", "dense"),
+    "residual": ("standard", "normed"),
+    "noise": ("gaussian", "jitter", "rsample", "none"),
+    "combine_weights": ("raw", "renormalize"),
+    "balance_loss": ("switch", "widenet_tf"),
+    "dispatch": ("deepspeed", "dropless"),
+    "capacity_rounding": ("ceil", "floor"),
+    "norm_position": ("post", "pre"),
+    "head": ("gap", "cls"),
+    "cls_token": ("zero", "learned"),
+}
+_ALIASES = {"num_hidden_layers": "num_layers", "num_attention_heads": "num_heads", "hidden_act": "activation",
+            "hidden_dropout_prob": "hidden_dropout", "attention_probs_dropout_prob": "attention_dropout",
+            "router_aux_loss_coef": "balance_loss_weight"}
+
+
+class WideNetEncoderConfig(PreTrainedConfig):
+    """The encoder both families share: dimensions, sharing, ParaFormer branches, and the shared MoE's router."""
+
+    attribute_map = _ALIASES
+
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    activation: str = "gelu"
+    share_attention: bool = True
+    share_ffn: bool = True
+    share_layernorm: bool = False
+    ffn: str = "moe"
+    num_branches: int = 1
+    residual: str = "standard"
+    qkv_bias: bool = True
+    # the shared MoE (widenet-ds's MoEConfig)
+    num_experts: int = 4
+    num_experts_per_tok: int = 2
+    capacity_factor: float = 1.2
+    eval_capacity_factor: float = 2.0
+    min_capacity: int = 4
+    drop_tokens: bool = True
+    noise: str = "gaussian"
+    second_expert_sampling: bool = False
+    combine_weights: str = "raw"
+    balance_loss: str = "switch"
+    balance_loss_weight: float = 0.01
+    dispatch: str = "deepspeed"
+    capacity_rounding: str = "ceil"
+
+    def __post_init__(self, **kwargs):
+        for name, choices in _CHOICES.items():
+            if hasattr(self, name) and getattr(self, name) not in choices:
+                raise ValueError(f"{type(self).__name__}.{name} = {getattr(self, name)!r}; pick one of "
+                                 f"{list(choices)}.")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}.")
+        if self.num_layers % self.num_branches:
+            raise ValueError(f"num_branches {self.num_branches} must divide num_layers {self.num_layers}.")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"num_experts_per_tok {self.num_experts_per_tok} exceeds num_experts {self.num_experts}.")
+        super().__post_init__(**kwargs)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.ffn == "moe"
+
+    @property
+    def layers_per_branch(self) -> int:
+        return self.num_layers // self.num_branches
+
+    @property
+    def blocks_per_routing_group(self) -> int:
+        """Consecutive blocks that reuse the routing of the group's first block (text: routing_groups)."""
+        groups = getattr(self, "routing_groups", None) or self.num_layers
+        return self.num_layers // groups if self.is_moe else 1
+
+    @property
+    def moe_block_indices(self) -> list[int]:
+        """Blocks whose FFN is an MoE: all of them, or the last `moe_blocks` (ViT-MoE)."""
+        if not self.is_moe:
+            return []
+        last = getattr(self, "moe_blocks", None) or self.num_layers
+        return list(range(self.num_layers - last, self.num_layers))
+
+    @property
+    def experts_width(self) -> int:
+        return getattr(self, "expert_intermediate_size", None) or self.intermediate_size
+
+
+class WideNetConfig(WideNetEncoderConfig):
+    """A WideNet / ALBERT / BERT text model with ALBERT's factorized embeddings (widenet-ds's ModelConfig)."""
+
+    model_type = "widenet"
+
+    vocab_size: int = 30000
+    embedding_size: int = 128
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    classifier_dropout: float = 0.1
+    norm_position: str = "post"
+    routing_groups: int | None = None
+
+
+class ViTWideNetConfig(WideNetEncoderConfig):
+    """A ViT body on the WideNet encoder with its classification head (widenet-ds's VisionConfig): always pre-LN
+    with a final LayerNorm; the defaults are the WideNet authors' ViT."""
+
+    model_type = "vit_widenet"
+    norm_position = "pre"  # a constant of the image family, not a field
+
+    intermediate_size: int = 4096
+    hidden_dropout: float = 0.1
+    layer_norm_eps: float = 1e-6
+    activation: str = "gelu_new"
+    image_size: int = 224
+    patch_size: int = 16
+    num_channels: int = 3
+    num_classes: int = 1001
+    expert_intermediate_size: int | None = None
+    moe_blocks: int | None = None
+    head: str = "gap"
+    pre_logits: bool = True
+    cls_token: str = "zero"
+
+    def __post_init__(self, **kwargs):
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size {self.image_size} is not divisible by patch_size {self.patch_size}.")
+        if self.id2label is None:  # the classes are the labels transformers' heads and pipelines read
+            self.id2label = {i: f"LABEL_{i}" for i in range(self.num_classes)}
+            self.label2id = {f"LABEL_{i}": i for i in range(self.num_classes)}
+        super().__post_init__(**kwargs)
+        if self.id2label is not None and len(self.id2label) != self.num_classes:
+            raise ValueError(f"id2label names {len(self.id2label)} classes, num_classes is {self.num_classes}.")
