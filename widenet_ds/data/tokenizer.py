@@ -70,8 +70,12 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
             raise DataError(f"{path} is not a valid tokenizers JSON file: {err}") from err
         vocab = set(tokenizer.get_vocab())
     else:
-        with open(path, encoding="utf-8") as handle:
-            vocab = {line.rstrip("\n") for line in handle}
+        try:
+            with open(path, encoding="utf-8") as handle:
+                vocab = {line.rstrip("\n") for line in handle}
+        except UnicodeDecodeError:
+            raise DataError(f"tokenizer {path} is not a vocab.txt (UTF-8 text, one token a line) nor a tokenizer.json; "
+                            "pass the tokenizer file or the data folder written by `widenet-ds prepare-data`") from None
         tokenizer = None
     missing = [token for token in SPECIAL_TOKENS if token not in vocab]
     if missing:
