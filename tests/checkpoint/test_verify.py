@@ -4,8 +4,11 @@ exported folder in its config.json; a truncated, replaced or missing file is nam
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +18,7 @@ from widenet_ds.checkpoint.training import (META_FILE, CheckpointManager, Checkp
                                             estimate_checkpoint_bytes, read_checkpoint_meta)
 from widenet_ds.checkpoint.verify import cli as verify_cli, verify_checkpoint
 from widenet_ds.checksums import total_size
+from widenet_ds.disk_space import DiskFullError
 from widenet_ds.errors import CheckpointError
 
 pytestmark = pytest.mark.usefixtures("dist")
@@ -33,11 +37,11 @@ def run(tmp_path_factory):
         engine.backward(out.loss)
         engine.step()
         manager.save(engine, TrainingState(step=step, samples=step * MICRO_BATCH), FixedBatchLoader(), meta)
-    return root, estimate_checkpoint_bytes(engine.module, ep_size=1)
+    return root, estimate_checkpoint_bytes(engine.module, ep_size=1), engine, manager, meta
 
 
 def test_a_checkpoint_records_every_file_and_is_renamed_into_place_when_complete(run, capsys):
-    root, estimate = run
+    root, estimate, *_ = run
     tags = sorted(p.name for p in (root / "checkpoints").iterdir() if p.is_dir())
     assert tags == ["step1", "step2"] and (root / "checkpoints" / "latest").read_text() == "step2"
     meta = read_checkpoint_meta(root / "checkpoints" / "step2")
@@ -99,3 +103,23 @@ def test_a_tag_left_half_written_is_no_checkpoint(run, tmp_path):
         verify_checkpoint(copy, "step3")
     CheckpointManager(copy, keep_last=3, rank=0, world_size=1)._prune(current_step=1)
     assert sorted(p.name for p in copy.iterdir() if p.is_dir()) == ["step1"]
+
+
+def test_a_disk_filling_up_while_deepspeed_writes_is_one_error_and_no_partial_tag(run, monkeypatch):
+    """Simulated ENOSPC in DeepSpeed's writer (tests/integration/test_world_failures.py fills a real tmpfs
+    under a 2-rank run): the partial tag is removed, the last complete checkpoint stays the latest."""
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    root, _, engine, manager, meta = run
+
+    def full(self, state_dict, path):
+        Path(path).write_bytes(b"\0" * 1000)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    monkeypatch.setattr(TorchCheckpointEngine, "save", full)
+    with pytest.raises(DiskFullError, match=rf"the checkpoint of step 3 could not be saved: there is not enough space "
+                                            rf"in {root}/checkpoints .*rank 0: the disk is full.*partial files were "
+                                            rf"removed.*last complete checkpoint is {root}/checkpoints/step2.*--resume"):
+        manager.save(engine, TrainingState(step=3, samples=3 * MICRO_BATCH), FixedBatchLoader(), meta)
+    assert sorted(p.name for p in (root / "checkpoints").iterdir() if p.is_dir()) == ["step1", "step2"]
+    assert (root / "checkpoints" / "latest").read_text() == "step2"
