@@ -19,7 +19,7 @@ from widenet_ds.checkpoint.tokenizer_check import (
     checkpoint_tokenizer,
     saved_tokenizer_problem,
 )
-from widenet_ds.data.shards import file_sha256
+from widenet_ds.checksums import file_sha256
 from widenet_ds.data.tokenizer import load_tokenizer
 from widenet_ds.checkpoint.training import resolve_tag_dir
 from widenet_ds.checkpoint.verify import verify_checkpoint

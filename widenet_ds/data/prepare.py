@@ -35,6 +35,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from widenet_ds.atomic import atomic_write_json
+from widenet_ds.checksums import file_sha256
 from widenet_ds.data.default_corpus import DefaultCorpusSource
 from widenet_ds.data.examples import ExampleConfig, PretrainingIds, create_examples, mask_tokens
 from widenet_ds.data.sentences import sentence_spans
@@ -49,7 +50,7 @@ from widenet_ds.data.shards import (
     token_dtype,
 )
 from widenet_ds.data.sources import DocumentStream, HFSource, SkipCounter, TextSource, WeightedSource, parse_source
-from widenet_ds.data.tokenizer import BatchEncoder, file_sha256, load_tokenizer, save_tokenizer, train_tokenizer
+from widenet_ds.data.tokenizer import BatchEncoder, load_tokenizer, save_tokenizer, train_tokenizer
 from widenet_ds.disk_space import check_free_space, disk_full_errors
 from widenet_ds.errors import DataError
 from widenet_ds.run_lock import LOCK_FILE, folder_lock

@@ -17,7 +17,8 @@ from tokenizers.implementations import BertWordPieceTokenizer
 
 from widenet_ds.atomic import atomic_write_text
 from widenet_ds.data.default_corpus import DefaultCorpusSource
-from widenet_ds.data.shards import file_sha256, read_manifest
+from widenet_ds.checksums import file_sha256
+from widenet_ds.data.shards import read_manifest
 from widenet_ds.data.sources import DocumentStream, SkipCounter, WeightedSource, parse_source
 from widenet_ds.errors import DataError
 
