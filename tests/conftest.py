@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import os
-import sys
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from widenet_ds.runtime.extensions import default_extensions_dir
+
 REPO = Path(__file__).resolve().parents[1]
-# DeepSpeed JIT-builds its shm op into TORCH_EXTENSIONS_DIR; one folder per environment, so that two
-# checkouts with different venvs never rebuild over each other's build (and its lock) in ~/.cache.
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+# DeepSpeed JIT-builds its shm op into TORCH_EXTENSIONS_DIR: the folder of this environment that real runs use
+# (widenet_ds/runtime/extensions.py), set here too so that the stale-lock clean-up below looks there.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(default_extensions_dir()))
 
 
 def shared_data_dir() -> Path:
@@ -24,6 +26,36 @@ def shared_data() -> Path:
     if not path.is_dir():
         pytest.skip(f"shared data not found at {path}; set WIDENET_SHARED_DATA to the shared/data folder")
     return path
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """`small_disk("20m")`: a real file system of that size (a tmpfs; mounting needs root, and where it is
+    refused the test is skipped with the reason). Unmounted at the end; `small_disk.resize(path, "40m")`
+    frees space the way a user deleting files elsewhere would."""
+    mounted: list[Path] = []
+
+    def make(size: str, skip: bool = True) -> Path | None:
+        """The mounted disk; where none can be mounted, the test skipped (or None with skip=False)."""
+        path = tmp_path / f"disk{len(mounted)}"
+        path.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            if not skip:
+                return None
+            pytest.skip(f"no small tmpfs can be mounted here ({(proc.stderr or 'mount refused').strip()}); the "
+                        f"simulated full-disk tests cover the same paths")
+        mounted.append(path)
+        return path
+
+    def resize(path: Path, size: str) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(path)], check=True)
+
+    make.resize = resize
+    yield make
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "widenet_ds"
 # `vision` is a domain package beside `model` (its config, model, datasets, loader, augmentation), which the
 # checkpoint stack registers; only its trainer, `vision.train`, sits with the training loops.
 LAYERS = [
-    {"widenet_ds", "widenet_ds.errors", "widenet_ds.atomic", "widenet_ds.writable", "widenet_ds.run_folder"},
+    {"widenet_ds", "widenet_ds.errors", "widenet_ds.atomic", "widenet_ds.writable", "widenet_ds.run_folder",
+     "widenet_ds.run_lock", "widenet_ds.disk_space", "widenet_ds.checksums"},
     {"widenet_ds.data", "widenet_ds.tasks", "widenet_ds.model", "widenet_ds.runtime", "widenet_ds.vision"},
     {"widenet_ds.checkpoint", "widenet_ds.params"},
     {"widenet_ds.training", "widenet_ds.report"},

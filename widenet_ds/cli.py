@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import sys
 
+from widenet_ds.disk_space import DiskFullError, full_disk_message
 from widenet_ds.errors import exit_status
 from widenet_ds.runtime.quiet import quiet_third_party
 
@@ -17,6 +18,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train-tokenizer": ("widenet_ds.data.tokenizer:cli", "train a WordPiece vocabulary over text sources"),
     "prepare-data": ("widenet_ds.data.prepare:cli", "build sharded MLM+SOP pretraining examples"),
     "verify-data": ("widenet_ds.data.verify:cli", "check every shard of a prepared data folder against its checksums"),
+    "verify": ("widenet_ds.checkpoint.verify:cli", "check every file of a checkpoint or exported folder against its "
+                                                   "recorded size and SHA-256"),
     "squad-eval": ("widenet_ds.tasks.squad_metrics:cli", "official SQuAD v1.1/v2.0 scores of a predictions file"),
     "glue-eval": ("widenet_ds.tasks.glue_metrics:cli", "GLUE metrics of a predictions file"),
     "convert": ("widenet_ds.checkpoint.cli:cli", "convert checkpoints: to-folder, reshard, to-albert, from-albert, "
@@ -59,7 +62,17 @@ def main(argv: list[str] | None = None) -> int:
             import deepspeed  # noqa: F401
     module_name, func_name = SUBCOMMANDS[name][0].split(":")
     func = getattr(importlib.import_module(module_name), func_name)
-    return exit_status(f"widenet-ds {name}", lambda: func(rest))
+    return exit_status(f"widenet-ds {name}", lambda: _full_disk_as_error(func, rest))
+
+
+def _full_disk_as_error(func, argv: list[str]) -> int | None:
+    try:
+        return func(argv)
+    except OSError as err:
+        message = full_disk_message(err)
+        if message is None:
+            raise
+        raise DiskFullError(message) from None
 
 
 if __name__ == "__main__":

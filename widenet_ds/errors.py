@@ -26,6 +26,13 @@ class LaunchError(WideNetError, RuntimeError):
     """A launch environment (hostfile, Slurm, MPI, world size) that cannot run the job."""
 
 
+def mark_same_on_every_rank(err: BaseException) -> BaseException:
+    """Tag an error raised alike on every rank (they read the same inputs, or agreed on it): printed once, by
+    rank 0 (widenet_ds/training/console.py)."""
+    err.same_on_every_rank = True  # type: ignore[attr-defined]
+    return err
+
+
 def raise_config_problems(problems: list[str], what: str) -> None:
     """One ConfigError naming every problem found (litgpt's `validate_args` style), so a user fixes all
     of them in one go; nothing when the list is empty."""

@@ -17,8 +17,9 @@ from widenet_ds.runtime.quiet import quiet_third_party
 
 quiet_third_party()  # before DeepSpeed is imported
 
-from widenet_ds.errors import WideNetError  # noqa: E402
-from widenet_ds.training.console import mark_same_on_every_rank, report_error  # noqa: E402
+from widenet_ds.disk_space import DiskFullError, full_disk_message  # noqa: E402
+from widenet_ds.errors import WideNetError, mark_same_on_every_rank  # noqa: E402
+from widenet_ds.training.console import report_error  # noqa: E402
 from widenet_ds.training.run import run_task  # noqa: E402
 from widenet_ds.training.command_line import CONFIGS, DESCRIPTIONS, parse  # noqa: E402
 
@@ -62,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         run_task(cfg)
     except WideNetError as err:
         report_error(f"{PROG} {task}", err)
+        return 2
+    except OSError as err:  # a full disk that no writer foresaw (a log line, a results file)
+        message = full_disk_message(err)
+        if message is None:
+            raise
+        report_error(f"{PROG} {task}", DiskFullError(message))
         return 2
     return 0
 

@@ -6,6 +6,7 @@ data is read, the model built and DeepSpeed initialised -- and reports it as a r
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -37,7 +38,19 @@ def check_output_folder(path: str | os.PathLike, flag: str, subfolders: tuple[st
     try:
         fd, probe = tempfile.mkstemp(dir=existing, prefix=".widenet-write-check.")
     except OSError as err:
-        raise error(f"{flag} {path} is not writable ({existing}: {err.strerror}); choose a folder you can write "
+        raise error(f"{flag} {path} is not writable ({existing}: {_reason(err)}); choose a folder you can write "
                     f"to, or fix its permissions.") from None
     os.close(fd)
     os.unlink(probe)
+
+
+def _reason(err: OSError) -> str:
+    """Why no file can be created in an existing folder, in words (a virtual file system such as /proc
+    answers "No such file or directory", which reads as if the folder were missing)."""
+    if err.errno == errno.ENOENT:
+        return "no files can be created there: it is on a virtual file system such as /proc or /sys"
+    if err.errno == errno.EROFS:
+        return "it is on a read-only file system"
+    if err.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    return err.strerror or str(err)

@@ -150,6 +150,12 @@ def test_a_missing_expert_file_is_an_error_naming_it(checkpoints, tmp_path):
     partial = tmp_path / "partial"
     shutil.copytree(checkpoints[1] / "checkpoints" / "step2", partial)
     (partial / "layer_0_expert_3_mp_rank_00_model_states.pt").unlink()
+    with pytest.raises(CheckpointError, match=r"layer_0_expert_3_mp_rank_00_model_states\.pt: missing"):
+        convert(["to-folder", str(partial), str(tmp_path / "out")])  # named by the marker's records, before reading
+    assert not (tmp_path / "out").exists()
+    marker = json.loads((partial / "widenet_checkpoint.json").read_text())
+    del marker["files"]  # a marker of a version before the records: the reader names the file
+    (partial / "widenet_checkpoint.json").write_text(json.dumps(marker))
     with pytest.raises(CheckpointError, match="layer_0_expert_3_mp_rank_00_model_states.pt does not exist"):
         convert(["to-folder", str(partial), str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -14,11 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from widenet_ds.data import shards
 from widenet_ds.data.examples import ExampleConfig
 from widenet_ds.data.loader import PretrainingDataLoader
 from widenet_ds.data.prepare import PrepareConfig, cli, prepare
 from widenet_ds.data.shards import read_manifest
 from widenet_ds.data.sources import parse_source
+from widenet_ds.disk_space import DiskFullError
 from widenet_ds.errors import DataError
 
 # Small partitions so a 1 MB input is several shards and two workers really split the work.
@@ -134,12 +137,44 @@ def test_missing_path_names_the_path(tmp_path):
         parse_source(str(tmp_path / "does-not-exist.txt"))
 
 
-def test_empty_corpus_is_an_error(tmp_path, vocab):
+def test_empty_corpus_is_an_error_that_leaves_nothing_behind(tmp_path, vocab):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n   \n")
     with pytest.raises(DataError, match="hold no documents"):
         prepare([parse_source(str(empty))], tmp_path / "out", PrepareConfig(), str(vocab), progress=False)
-    assert not (tmp_path / "out" / "manifest.json").exists()
+    assert not (tmp_path / "out").exists()  # no prepare_settings.json that would refuse the corrected command
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("the user's")  # a folder the run did not make is only cleaned
+    empty.write_text("one.\n")
+    with pytest.raises(DataError):
+        prepare([parse_source(str(empty))], tmp_path / "out", PrepareConfig(), "train", progress=False)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["notes.txt"]
+    (tmp_path / "out" / "notes.txt").unlink()
+    empty.write_bytes(GOOD_DOC * 40)  # the corrected source, same --output
+    assert prepare([parse_source(str(empty))], tmp_path / "out", PrepareConfig(ExampleConfig(seq_length=64)),
+                   str(vocab), progress=False)["splits"]["train"]["examples"] > 0
+
+
+def test_a_disk_filling_up_is_one_error_keeping_the_finished_shards_to_continue_from(tmp_path, wiki, vocab,
+                                                                                     monkeypatch):
+    """Simulated: the second shard's write meets a full disk (ENOSPC), as when another program fills it."""
+    real_write = shards.atomic_write_bytes
+
+    def write_until_full(path, data):
+        if "part-00001" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_write(path, data)
+
+    monkeypatch.setattr(shards, "atomic_write_bytes", write_until_full)
+    args = dict(sources=[parse_source(str(wiki))], output=tmp_path / "data", tokenizer=str(vocab), progress=False)
+    with pytest.raises(DiskFullError, match=rf"the disk holding {tmp_path / 'data'} filled up while writing the "
+                                            rf"prepared data .*about [\d.]+ MiB needed.*a re-run of the same command "
+                                            rf"keeps the shards already finished"):
+        prepare(config=PrepareConfig(**SMALL), **args)
+    assert sorted(p.name for p in (tmp_path / "data" / "train").iterdir()) == [
+        "part-00000.bin", "part-00000.idx.npy", "part-00000.json"]  # finished; nothing of part 1
+    monkeypatch.setattr(shards, "atomic_write_bytes", real_write)  # space freed: the same command continues
+    assert len(prepare(config=PrepareConfig(**SMALL), **args)["splits"]["train"]["shards"]) > 1
 
 
 def _prepare_text(tmp_path: Path, vocab: Path, text: bytes, **config) -> dict:

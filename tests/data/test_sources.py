@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import socket
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -86,3 +88,17 @@ def test_weights_repeat_or_subsample_deterministically(tmp_path):
     assert 160 < len(half[0]) < 240
     mixed = list(DocumentStream([WeightedSource(TextSource(path), 1.0), WeightedSource(TextSource(path), 0.25)], 3))
     assert 480 < len(mixed) < 520
+
+
+def test_a_hub_dataset_without_the_hub_is_refused_at_once(monkeypatch):
+    with socket.socket() as sock:  # a port nobody serves: the hub unreachable, as offline
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    start = time.monotonic()
+    with pytest.raises(DataError, match=r"hf:wikimedia/wikipedia needs the HF hub \(127\.0\.0\.1\).*HF_DATASETS_OFFLINE"):
+        parse_source("hf:wikipedia").source.check_reachable()
+    assert time.monotonic() - start < 5
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # the cache is used: nothing to reach
+    parse_source("hf:wikipedia").source.check_reachable()
+    HFSource("json", data_files="x.jsonl").check_reachable()  # local files through a builder

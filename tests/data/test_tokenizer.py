@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from widenet_ds.checksums import file_sha256
 from widenet_ds.data.sentences import split_sentences
-from widenet_ds.data.tokenizer import SPECIAL_TOKENS, cli, file_sha256, load_tokenizer, save_tokenizer, train_tokenizer
+from widenet_ds.data.tokenizer import SPECIAL_TOKENS, cli, load_tokenizer, save_tokenizer, train_tokenizer
 from widenet_ds.errors import DataError
 
 

@@ -17,9 +17,10 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -32,6 +33,7 @@ from pretrain_support import CPU_CONFIG, write_model_config
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.errors import WideNetError
 from widenet_ds.run_folder import read_metrics
+from widenet_ds.run_lock import LOCK_FILE, Holder, _process_start
 from widenet_ds.train import main as train
 
 pytestmark = pytest.mark.usefixtures("dist")
@@ -65,11 +67,20 @@ def earlier(tmp_path_factory, shared_data, dist):
     other = root / "other_tokenizer"  # same vocabulary size, other words
     assert widenet_ds(["train-tokenizer", "--source", str(books / "pg84.txt"), "--vocab-size", str(vocab),
                        "--output", str(other)]) == 0
+    # another program at work meanwhile: a process writing a folder (holding its lock), one listening on a port
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
     env = {"root": root, "data": data, "run": run, "model": model, "export": root / "export",
            "resharded": root / "resharded", "other_tokenizer": other, "vocab": vocab, "shared": shared_data,
-           "bert_vocab": shared_data / "vocab/bert-base-uncased-vocab.txt", "books": books}
+           "bert_vocab": shared_data / "vocab/bert-base-uncased-vocab.txt", "books": books, "writer": writer.pid,
+           "busy_port": listener.getsockname()[1]}
     env["digests"] = {name: digest(env[name]) for name in ("data", "run", "export", "resharded")}
-    return env
+    yield env
+    listener.close()
+    writer.kill()
+    writer.wait()
 
 
 # --- helpers that write one bad input into the row's own folder -----------------------------------
@@ -127,6 +138,51 @@ def data_of_other_tokenizer(env, tmp: Path) -> Path:
     return data
 
 
+def held(env, folder: Path, beside: bool = False) -> Path:
+    """`folder` with the lock of another live process (`env["writer"]`): inside it, or beside it for outputs
+    built elsewhere and moved in (convert, report)."""
+    lock = (folder.with_name(f".{folder.name}{LOCK_FILE}") if beside else folder / LOCK_FILE)
+    holder = Holder(socket.gethostname(), env["writer"], "2026-01-01 00:00:00", "widenet-ds (another run)",
+                    _process_start(env["writer"]))
+    write(lock, json.dumps(asdict(holder)))
+    return folder
+
+
+def mkdir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path
+
+
+def unrecord(tag_dir: Path) -> None:
+    """The marker as versions before checksums wrote it."""
+    marker = json.loads((tag_dir / "widenet_checkpoint.json").read_text())
+    del marker["files"]
+    write(tag_dir / "widenet_checkpoint.json", json.dumps(marker))
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def export_copy(env, tmp: Path, damage: Callable[[Path], None]) -> Path:
+    copy = tmp / "export"
+    shutil.copytree(env["export"], copy)
+    damage(copy)
+    return copy
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def flip_token(data: Path) -> None:
     shard = data / "train" / "part-00000.bin"
     tokens = np.fromfile(shard, dtype=np.uint16)
@@ -170,10 +226,12 @@ def pretrain(env, tmp: Path, *extra: str, ds: Path | None = None, data: Path | N
 
 
 def glue(env, tmp: Path, *extra: str, ds: Path | None = None, data: Path | None = None, task: str = "sst2",
-         model: tuple[str, str] = ("--model-config", "widenet-tiny-e4")) -> list[str]:
+         model: tuple[str, str] = ("--model-config", "widenet-tiny-e4"), tokenizer: Path | None = None,
+         out: Path | None = None) -> list[str]:
     return ["--task", task, "--data", str(data or env["shared"] / "glue/SST-2"), *model,
-            "--tokenizer", str(env["data"]), "--deepspeed_config", str(ds or REPO / "ds_configs/finetune_cpu_small.json"),
-            "--output-dir", str(tmp / "ft"), "--max-steps", "1", *extra]
+            "--tokenizer", str(tokenizer or env["data"]), "--deepspeed_config",
+            str(ds or REPO / "ds_configs/finetune_cpu_small.json"), "--output-dir", str(out or tmp / "ft"),
+            "--max-steps", "1", *extra]
 
 
 def classify(env, tmp: Path, *extra: str, out: Path | None = None) -> list[str]:
@@ -188,6 +246,8 @@ class Case:
     entry: str                                   # widenet-ds | pretrain | glue | squad | classify | launch | launcher
     argv: Callable[[dict, Path], list[str]]      # (earlier run, this row's folder) -> arguments
     pattern: str                                 # what the message must say (regex, case-insensitive)
+    env: tuple[tuple[str, str], ...] = ()        # environment of the row (a value "{closed_port}": a port nobody serves)
+    disk: str | None = None                      # a small real disk of this size, as the row's e["disk"] (tmpfs)
 
 
 C = Case
@@ -328,6 +388,10 @@ CASES = [
       r"widenet_checkpoint\.json is not valid JSON"),
     C("convert-damaged-pt", "widenet-ds", lambda e, t: ["convert", "to-folder", str(run_copy(
       e, t, lambda r: write(r / "checkpoints/step2/mp_rank_00_model_states.pt", os.urandom(4096)))), str(t / "o")],
+      r"step2 is damaged.*mp_rank_00_model_states\.pt: 4,096 bytes, written with [\d,]+ \(truncated\)"),
+    C("convert-damaged-pt-of-a-checkpoint-without-checksums", "widenet-ds", lambda e, t: ["convert", "to-folder",
+      str(run_copy(e, t, lambda r: (write(r / "checkpoints/step2/mp_rank_00_model_states.pt", os.urandom(4096)),
+                                    unrecord(r / "checkpoints/step2")))), str(t / "o")],
       r"refused to read .*mp_rank_00_model_states\.pt"),
     # ---- pretraining (items 6-10) ----
     C("pretrain-resume-resharded", "pretrain", lambda e, t: pretrain(e, t, "--resume", str(e["resharded"])),
@@ -361,7 +425,7 @@ CASES = [
     C("pretrain-checkpoints-is-a-file", "pretrain", lambda e, t: pretrain(e, t, out=write(t / "o" / "checkpoints", "x").parent),
       r"checkpoints is a file, where the run writes"),
     C("pretrain-output-unwritable", "pretrain", lambda e, t: pretrain(e, t, out=Path("/proc/widenet-out")),
-      r"/proc/widenet-out is not writable"),
+      r"/proc/widenet-out is not writable \(/proc: no files can be created there: it is on a virtual file system"),
     C("pretrain-into-earlier-run", "pretrain", lambda e, t: pretrain(e, t, out=e["run"]),
       r"already holds a run \(run_config\.json, results\.json, checkpoints/\); pass --resume"),
     C("pretrain-resume-with-another-seed", "pretrain", lambda e, t: pretrain(e, t, "--resume", "--seed", "9",
@@ -463,6 +527,68 @@ CASES = [
     C("launcher-unknown-command", "launcher", lambda e, t: ["pretrian"], r"unknown command 'pretrian'"),
     C("launcher-alias-zero-ranks", "launcher", lambda e, t: ["finetune", "--squad", "--num-gpus", "0", "--", "--x"],
       r"--num-ranks/--num-gpus: '0' must be a whole number >= 1"),
+    # ---- when the world, not the flags, goes wrong (issue 25) ----
+    # one writer per folder: another live process holds the folder's lock
+    C("pretrain-into-a-folder-another-run-writes", "pretrain", lambda e, t: pretrain(e, t, out=held(e, t / "out")),
+      r"out is being written by another process: PID \d+ on .*widenet-ds \(another run\).*wait for that one to end"),
+    C("pretrain-resume-while-another-run-writes", "pretrain", lambda e, t: pretrain(e, t, "--resume", out=held(
+      e, run_copy(e, t, lambda r: None))), r"run is being written by another process: PID \d+"),
+    C("classify-into-a-folder-another-run-writes", "classify", lambda e, t: classify(e, t, out=held(e, t / "out")),
+      r"out is being written by another process"),
+    C("glue-into-a-folder-another-run-writes", "glue", lambda e, t: glue(e, t, out=held(e, t / "ft")),
+      r"ft is being written by another process"),
+    C("prepare-into-a-folder-another-prepare-writes", "widenet-ds", lambda e, t: ["prepare-data", "--source",
+      str(e["books"] / "pg11.txt"), "--output", str(held(e, t / "o")), "--no-progress"],
+      r"o is being written by another process: PID \d+"),
+    C("convert-into-an-output-another-convert-writes", "widenet-ds", lambda e, t: ["convert", "to-folder", str(e["run"]),
+      str(held(e, t / "o", beside=True))], r"o is being written by another process"),
+    C("report-into-an-output-another-report-writes", "widenet-ds", lambda e, t: ["report", str(e["run"]), "--output",
+      str(held(e, t / "o", beside=True))], r"o is being written by another process"),
+    # a damaged checkpoint, named before anything loads it
+    C("pretrain-resume-a-truncated-checkpoint", "pretrain", lambda e, t: pretrain(e, t, "--resume", "--max-steps", "4",
+      out=run_copy(e, t, lambda r: truncate(r / "checkpoints/step2/zero_pp_rank_0_mp_rank_00_optim_states.pt"))),
+      r"step2 is damaged: 1 of its \d+ files.*zero_pp_rank_0_mp_rank_00_optim_states\.pt: [\d,]+ bytes, written with "
+      r"[\d,]+ \(truncated\).*Nothing was loaded"),
+    C("pretrain-init-from-a-damaged-export", "pretrain", lambda e, t: pretrain(e, t, "--init-from", str(export_copy(
+      e, t, lambda x: flip_byte(x / "model.safetensors")))), r"export is damaged.*model\.safetensors: content differs"),
+    C("classify-init-from-a-truncated-checkpoint", "classify", lambda e, t: classify(e, t, "--init-from", str(run_copy(
+      e, t, lambda r: truncate(r / "checkpoints/step2/mp_rank_00_model_states.pt")))),
+      r"step2 is damaged.*mp_rank_00_model_states\.pt.*truncated"),
+    C("convert-a-truncated-expert-file", "widenet-ds", lambda e, t: ["convert", "to-folder", str(run_copy(
+      e, t, lambda r: truncate(r / "checkpoints/step2/layer_0_expert_1_mp_rank_00_model_states.pt"))), str(t / "o")],
+      r"layer_0_expert_1_mp_rank_00_model_states\.pt: [\d,]+ bytes, written with [\d,]+ \(truncated\)"),
+    C("verify-a-truncated-checkpoint", "widenet-ds", lambda e, t: ["verify", str(run_copy(
+      e, t, lambda r: truncate(r / "checkpoints/step2/rank_00000_state.pt")))], r"rank_00000_state\.pt: .*truncated"),
+    C("verify-a-damaged-export", "widenet-ds", lambda e, t: ["verify", str(export_copy(
+      e, t, lambda x: flip_byte(x / "model.safetensors")))], r"model\.safetensors: content differs.*Restore it"),
+    C("verify-missing-checkpoint", "widenet-ds", lambda e, t: ["verify", str(t / "none")], r"none does not exist"),
+    # a disk too small for what is about to be written: refused before writing
+    C("pretrain-output-on-a-nearly-full-disk", "pretrain", lambda e, t: pretrain(e, t, out=e["disk"] / "out"),
+      r"not enough space in .*out/checkpoints for a checkpoint of this run: about 1\d\.\d MiB needed, [\d.]+ MiB free",
+      disk="6m"),
+    C("prepare-output-on-a-nearly-full-disk", "widenet-ds", lambda e, t: ["prepare-data", "--source",
+      str(e["books"] / "pg2701.txt"), "--output", str(e["disk"] / "o"), "--no-progress"],
+      r"not enough space in .*o for the prepared data .*: about 2\.\d MiB needed", disk="1m"),
+    C("convert-output-on-a-nearly-full-disk", "widenet-ds", lambda e, t: ["convert", "to-folder", str(e["run"]),
+      str(e["disk"] / "o")], r"not enough space in .* for the converted checkpoint .*o: about \d\.\d MiB needed",
+      disk="1m"),
+    # a busy port, an unreachable hub, a compile backend torch does not have, unusable tokenizers and outputs
+    C("launch-master-port-in-use", "launch", lambda e, t: ["pretrain", "--num-ranks", "2", "--master-port",
+      str(e["busy_port"]), "--", "--x"], r"--master-port \d+ is in use on this machine by PID \d+.*leave out --master-port"),
+    C("prepare-hf-source-offline", "widenet-ds", lambda e, t: ["prepare-data", "--source", "hf:wikipedia", "--output",
+      str(t / "o"), "--no-progress"], r"needs the HF hub \(127\.0\.0\.1\), which cannot be reached.*HF_DATASETS_OFFLINE",
+      env=(("HF_ENDPOINT", "http://127.0.0.1:{closed_port}"),)),
+    C("pretrain-compile-backend-unknown", "pretrain", lambda e, t: pretrain(e, t, "--compile", "--compile-backend",
+      "nonexistent"), r"--compile-backend 'nonexistent' is not a torch\.compile backend; choose one of .*inductor"),
+    C("prepare-tokenizer-empty-folder", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--tokenizer",
+      str(mkdir(t / "tok")), "--output", str(t / "o")], r"tok' is a folder holding neither tokenizer\.json nor vocab\.txt"),
+    C("prepare-tokenizer-binary-file", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--tokenizer",
+      str(write(t / "vocab.bin", bytes(range(256)))), "--output", str(t / "o")],
+      r"vocab\.bin is not a vocab\.txt \(UTF-8 text, one token a line\) nor a tokenizer\.json"),
+    C("glue-tokenizer-binary-file", "glue", lambda e, t: glue(e, t, tokenizer=write(t / "vocab.txt", bytes(range(256)))),
+      r"vocab\.txt is not a vocab\.txt \(UTF-8"),
+    C("report-output-below-a-file", "widenet-ds", lambda e, t: ["report", str(e["run"]), "--output",
+      str(write(t / "f", "x") / "page")], r"--output .*page is below .*f, which is a file"),
 ]
 
 
@@ -495,8 +621,13 @@ def test_the_table_covers_every_entry_with_60_distinct_cases():
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
-def test_bad_input_fails_with_one_clear_error_and_touches_no_earlier_file(case, earlier, tmp_path, capsys):
+def test_bad_input_fails_with_one_clear_error_and_touches_no_earlier_file(case, earlier, tmp_path, capsys,
+                                                                          monkeypatch, request):
     capsys.readouterr()
+    for name, value in case.env:
+        monkeypatch.setenv(name, value.format(closed_port=closed_port()))
+    if case.disk:
+        earlier = {**earlier, "disk": request.getfixturevalue("small_disk")(case.disk)}
     argv = case.argv(earlier, tmp_path)
     code, output = run_entry(case.entry, argv, capsys)
     assert code == 2, f"exit status {code}, expected 2 (a user error):\n{output[-3000:]}"
@@ -541,3 +672,21 @@ def test_resume_with_changed_settings_runs_when_accepted_and_logs_the_change(ear
     events = [r["event"] for r in read_metrics(run / "metrics.jsonl").events]
     assert any("changed since the checkpoint" in e and "optimizer.params.lr: 0.02 -> 0.01" in e for e in events), events
     assert (run / "checkpoints" / "latest").read_text() == "step3"
+
+
+def test_resume_of_a_finished_run_says_it_is_complete_and_changes_nothing(earlier, tmp_path, capsys):
+    run = run_copy(earlier, tmp_path, lambda r: None)
+    before = digest(run)
+    capsys.readouterr()
+    assert train(["pretrain", *pretrain(earlier, tmp_path, "--resume", out=run)]) == 0
+    output = capsys.readouterr().err
+    assert f"the run in {run} is complete (step 2)" in output and "training: steps" not in output, output[-2000:]
+    assert digest(run) == before
+
+
+def test_a_run_shorter_than_its_schedule_says_so(earlier):
+    """cpu_small.json's schedule decays over 300 steps; the earlier run stopped at step 2."""
+    notes = [e["event"] for e in read_metrics(earlier["run"] / "metrics.jsonl").events if "total_num_steps" in e["event"]]
+    assert notes == ["the run ends at step 2, before the DeepSpeed schedule's total_num_steps 300: the learning rate "
+                     "will not have decayed to its end value. For a complete schedule set total_num_steps to 2 in the "
+                     "DeepSpeed config."]

@@ -18,6 +18,8 @@ from safetensors.torch import load_file
 from launching import REPO, child_env, python_train_command, run_deepspeed, run_train, train_command
 from pretrain_support import events, train_losses
 
+from widenet_ds.run_lock import LOCK_FILE
+
 EP_FORWARD = REPO / "tests" / "scripts" / "vision_expert_parallel_forward.py"
 
 
@@ -98,8 +100,13 @@ def test_sigkill_then_resume_gives_identical_losses(tmp_path):
     killed_at = latest.read_text()
     assert killed_at != f"step{STEPS}", "the run finished before it was killed; the test proved nothing"
 
-    run_train("classify", resume_args(ds, out, "--resume"))
+    holder = json.loads((out / LOCK_FILE).read_text())["pid"]  # the killed run's lock, left behind
+    resumed = run_train("classify", resume_args(ds, out, "--resume"))
     assert any(e.startswith("resumed from") for e in events(out))
+    output = resumed.stdout + resumed.stderr
+    assert f"took over the lock of {out}: its holder, PID {holder} on" in output and "no longer runs" in output, \
+        output[-3000:]
+    assert not (out / LOCK_FILE).exists()
     for key in ("train/loss", "train/accuracy", "test/accuracy", "moe/block_01/expert_02_load"):
         expected, got = train_losses(reference, key), train_losses(out, key)
         assert sorted(got) == sorted(expected), key

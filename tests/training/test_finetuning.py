@@ -248,3 +248,22 @@ def test_resume_keeps_finished_seeds_and_leaves_a_complete_run_alone(shared_data
     assert more["per_seed"][0] == first["per_seed"][0] and more["per_seed"][1]["seed"] == 1235
     assert (out / "seed1234" / "metrics.jsonl").read_bytes() == seed1
     assert json.loads((out / "results.json").read_text())["seeds"] == 2
+
+
+def test_squad_dev_scores_on_the_training_file_come_with_a_note(shared_data, tmp_path):
+    from widenet_ds.data.tokenizer import load_tokenizer
+    from widenet_ds.training.finetune_tasks import SquadTaskRun
+
+    one = tmp_path / "squad.json"
+    one.write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": [{
+        "context": "The cat sat on the mat.", "qas": [{"id": "q1", "question": "Where did the cat sit?",
+                                                      "answers": [{"text": "on the mat", "answer_start": 12}]}]}]}]}))
+    tokenizer = load_tokenizer(shared_data / "vocab/bert-base-uncased-vocab.txt")
+    same = SquadTaskRun(_cfg(tmp_path, SquadConfig, version="1.1", data=str(tmp_path), train_file=str(one),
+                             dev_file=str(one))).prepare(tokenizer, 64)
+    assert any("the file the model trains on" in note for note in same.notes), same.notes
+    other = tmp_path / "dev.json"
+    other.write_text(one.read_text())
+    held_out = SquadTaskRun(_cfg(tmp_path, SquadConfig, version="1.1", data=str(tmp_path), train_file=str(one),
+                                 dev_file=str(other))).prepare(tokenizer, 64)
+    assert not any("the file the model trains on" in note for note in held_out.notes), held_out.notes

@@ -6,10 +6,11 @@ image ones; `to-hf` / `from-hf` carry any model with its own transformers code (
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from widenet_ds.checkpoint.albert import from_albert, to_albert
-from widenet_ds.checkpoint.format import architecture, save_folder
+from widenet_ds.checkpoint.format import WEIGHTS_FILE, architecture, save_folder
 from widenet_ds.checkpoint.hf_export import from_hf, native_alternative, write_hf_folder
 from widenet_ds.checkpoint.hf_vit import to_hf_vit
 from widenet_ds.checkpoint.load import find_tokenizer_files, read_checkpoint
@@ -20,9 +21,13 @@ from widenet_ds.checkpoint.tokenizer_check import (
     checkpoint_tokenizer,
     saved_tokenizer_problem,
 )
-from widenet_ds.data.shards import file_sha256
+from widenet_ds.checksums import file_sha256
 from widenet_ds.data.tokenizer import load_tokenizer
+from widenet_ds.checkpoint.training import resolve_tag_dir
+from widenet_ds.checkpoint.verify import verify_checkpoint
+from widenet_ds.disk_space import check_free_space, disk_full_errors
 from widenet_ds.errors import CheckpointError
+from widenet_ds.run_lock import output_lock
 from widenet_ds.writable import check_output_folder
 
 _SOURCE_HELP = ("a checkpoint folder, or a DeepSpeed checkpoint: a tag folder (<output>/checkpoints/step1000), a "
@@ -136,9 +141,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _weights_bytes(args) -> int:
+    """About what the output takes: the source's weights (their files), at the output's dtype."""
+    source = Path(args.source)
+    if (source / WEIGHTS_FILE).is_file():  # a checkpoint folder, or an HF one (from-albert)
+        size = (source / WEIGHTS_FILE).stat().st_size
+    elif args.command == "from-albert":
+        size = 0  # not an HF folder: from_albert says so
+    else:
+        tag_dir = resolve_tag_dir(source, args.tag, require_marker=False)
+        size = sum(p.stat().st_size for p in tag_dir.glob("*model_states.pt"))
+    return size // 2 if getattr(args, "dtype", "fp32") != "fp32" else size
+
+
 def cli(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     _check_output(args)
+    output = Path(args.output)
+    with output_lock(output, f"widenet-ds convert {args.command}") as lock:
+        if lock.takeover_message:
+            print(f"widenet-ds convert: {lock.takeover_message}", file=sys.stderr)
+        if args.command not in ("from-albert", "from-hf"):  # a damaged file is named before anything is read or written
+            # (HF folders: from_albert and from_hf name a truncated or foreign file themselves)
+            verify_checkpoint(Path(args.source), args.tag)
+        payload, fix = _weights_bytes(args), "Free space there, or write the output to another disk."
+        check_free_space(output.parent, payload, f"the converted checkpoint {output}", fix)
+        with disk_full_errors(output.parent, payload, f"the converted checkpoint {output}", fix):
+            return _convert(args)
+
+
+def _convert(args) -> int:
     if args.command == "to-folder":
         checkpoint = read_checkpoint(Path(args.source), tag=args.tag, model_config=args.model_config)
         if architecture(checkpoint.architecture).tokenized:

@@ -1,7 +1,8 @@
 """The portable checkpoint folder: what `widenet-ds convert to-folder` writes and `load_pretrained` reads.
 
     <folder>/config.json        {"format_version": 1, "architecture": ..., "model": config.to_dict(),
-                                 "num_labels": ..., "dtype": ..., "provenance": {...}}
+                                 "num_labels": ..., "dtype": ..., "provenance": {...},
+                                 "files": size and SHA-256 of every other file (`widenet-ds verify`)}
     <folder>/model.safetensors  our state-dict keys; experts under their GLOBAL index
     <folder>/tokenizer.json, vocab.txt   when known (text models)
     <folder>/README.md          where it came from (source checkpoint, step)
@@ -35,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from widenet_ds.atomic import atomic_folder, set_default_permissions
+from widenet_ds.checksums import record_files
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.model.config import EncoderConfig, ModelConfig
 from widenet_ds.model.moe import MoEFeedForward
@@ -242,8 +244,9 @@ def save_folder(checkpoint: PortableCheckpoint, target: Path, *, dtype: str = "f
         write_safetensors(state, tmp / WEIGHTS_FILE, metadata={"format": "pt", "widenet_format_version": "1"})
         for path in tokenizer_files:
             shutil.copyfile(path, tmp / tokenizer_file_name(path))
-        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         (tmp / README_FILE).write_text(_readme(checkpoint, dtype, [tokenizer_file_name(p) for p in tokenizer_files]))
+        config["files"] = record_files(tmp)  # every other file's size and SHA-256 (`widenet-ds verify`)
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return Path(target)
 
 

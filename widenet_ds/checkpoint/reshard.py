@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from widenet_ds.atomic import atomic_folder
+from widenet_ds.checksums import record_files
 from widenet_ds.checkpoint.deepspeed import expert_file, load_torch_file, read_deepspeed_checkpoint
 from widenet_ds.checkpoint.training import (FORMAT_VERSION, LATEST_FILE, META_FILE, MODEL_STATES, config_sha256,
                                             read_meta, resolve_tag_dir)
@@ -63,6 +64,7 @@ def reshard(source: Path, target: Path, *, ep_size: int, world_size: int, tag: s
             for layer in range(cfg.num_moe_layers):
                 for expert in range(cfg.moe.num_experts):
                     shutil.copyfile(expert_file(tag_dir, layer, expert), expert_file(out, layer, expert))
+        new_meta["files"] = record_files(out)  # this tag's files (the source's records describe the source's)
         (out / META_FILE).write_text(json.dumps(new_meta, indent=2, sort_keys=True) + "\n")
         (tmp / LATEST_FILE).write_text(tag_dir.name)
     return Path(target) / tag_dir.name

@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 from widenet_ds.checkpoint.format import CONFIG_FILE, is_folder
 from widenet_ds.checkpoint.load import find_tokenizer_files
 from widenet_ds.checkpoint.training import read_meta, resolve_tag_dir
-from widenet_ds.data.shards import file_sha256
+from widenet_ds.checksums import file_sha256
 from widenet_ds.data.tokenizer import load_tokenizer, tokenizer_files_in
 from widenet_ds.errors import CheckpointError, WideNetError
 

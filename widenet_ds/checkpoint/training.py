@@ -5,11 +5,17 @@ Layout of `<output>/checkpoints/`:
     step120/                      DeepSpeed's files (model, experts, ZeRO optimizer partitions)
         rank_00000_state.pt       per rank: data-loader state and RNG states (python, numpy, torch)
         widenet_checkpoint.json   written last, by rank 0, once every rank has finished: the
-                                  checkpoint is complete iff this exists (step, model config, ...)
+                                  checkpoint is complete iff this exists (step, model config, the
+                                  size and SHA-256 of every other file of the tag, ...)
     latest                        the newest complete tag, replaced atomically
 
+A tag is written as `step120.partial/` and renamed to `step120/` once complete, so a crash or a full disk
+never leaves a folder that looks like a checkpoint (DeepSpeed's `load_checkpoint(dir, tag)` only joins
+`dir/tag/`: the files read the same after the rename). Before writing, rank 0 checks the free space against
+the last checkpoint's size (or an estimate from the parameter count); a write that fails on any rank
+anyway is removed on every rank and stops the run with one error, the last complete checkpoint intact.
 DeepSpeed's own `latest` is written by rank 0 before the other ranks are known to be done and not
-atomically, so we save with `save_latest=False` and write it ourselves after the final barrier.
+atomically, so we save with `save_latest=False` and write it ourselves after the rename.
 Old tags are deleted only after the new one is complete.
 """
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import random
 import re
 import shutil
@@ -27,17 +34,21 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as torch_dist
 
 from widenet_ds.atomic import atomic_write_json, atomic_write_text
-from widenet_ds.errors import CheckpointError, ConfigError
-from widenet_ds.checkpoint.format import TEXT_DEFAULT, architecture
+from widenet_ds.checksums import FileRecords, file_problems, record_files, total_size
+from widenet_ds.disk_space import DiskFullError, check_free_space, free_bytes, is_disk_full, mib, needed_bytes
+from widenet_ds.errors import CheckpointError, ConfigError, mark_same_on_every_rank
+from widenet_ds.checkpoint.format import TEXT_DEFAULT, architecture, is_expert_key
 from widenet_ds.model.config import EncoderConfig, split_run_settings
+from widenet_ds.runtime.distributed import all_values, barrier, rank0_value
 
 META_FILE = "widenet_checkpoint.json"
 LATEST_FILE = "latest"
 FORMAT_VERSION = 1
 _TAG = re.compile(r"^step(\d+)$")
+PARTIAL = ".partial"  # a tag being written: step120.partial/, renamed to step120/ when complete
+OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master weight + two moments (Adam, LAMB), saved by every ZeRO stage
 MODEL_STATES = "mp_rank_00_model_states.pt"  # the rank-0 file of a DeepSpeed tag folder
 
 
@@ -77,6 +88,7 @@ class CheckpointMeta:
     task: str | None = None          # the training task ("pretrain", "glue", "squad", "classify")
     branch_schedule: str = "joint"
     optimizer_states: bool = True    # False: model states only (`widenet-ds convert reshard`)
+    files: FileRecords = field(default_factory=dict)  # every other file of the tag: size, SHA-256 ({}: not recorded)
     run: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -125,7 +137,8 @@ def read_meta(tag_dir: Path, required: bool = True) -> dict[str, Any] | None:
 
 
 def _tags(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if (p / MODEL_STATES).is_file()) if folder.is_dir() else []
+    return sorted(p.name for p in folder.iterdir()
+                  if (p / MODEL_STATES).is_file() and not p.name.endswith(PARTIAL)) if folder.is_dir() else []
 
 
 def resolve_tag_dir(source: Path, tag: str | None = None, *, require_marker: bool = True) -> Path:
@@ -177,6 +190,27 @@ def trained_ep_size(meta: dict[str, Any]) -> int:
     if "ep_size" in meta:
         return meta["ep_size"]
     return split_run_settings(meta.get("model_config") or {})[1].get("ep_size", 1)  # written before 0.2
+
+
+def check_checkpoint_files(tag_dir: Path, meta: CheckpointMeta) -> None:
+    """Every file the marker records is there, whole and unchanged; a damaged one is named before anything
+    loads it (a truncated ZeRO file would otherwise fail inside torch.load on one rank, mid-start-up)."""
+    problems = file_problems(tag_dir, meta.files)
+    if problems:
+        others = [t for t in complete_tags(Path(tag_dir).parent) if t != Path(tag_dir).name]
+        fix = (f"continue from another checkpoint of the run (--resume {Path(tag_dir).parent / others[-1]}; "
+               f"complete tags: {', '.join(others)})" if others else "restore the files from a copy")
+        raise CheckpointError(f"checkpoint {tag_dir} is damaged: {len(problems)} of its {len(meta.files)} files "
+                              f"differ from what was written:\n  " + "\n  ".join(problems) + f"\nNothing was loaded; "
+                              f"{fix}. `widenet-ds verify` checks a checkpoint without training.")
+
+
+def complete_tags(checkpoint_dir: Path) -> list[str]:
+    """The tags of a checkpoints folder with a marker, oldest first."""
+    checkpoint_dir = Path(checkpoint_dir)
+    steps = [(int(m.group(1)), p.name) for p in checkpoint_dir.iterdir()
+             if (m := _TAG.match(p.name)) and (p / META_FILE).is_file()] if checkpoint_dir.is_dir() else []
+    return [name for _, name in sorted(steps)]
 
 
 def check_resumable(tag_dir: Path, meta: CheckpointMeta) -> None:
@@ -256,6 +290,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 # --- save / load ------------------------------------------------------------------------------------
+def estimate_checkpoint_bytes(module: torch.nn.Module, ep_size: int) -> int:
+    """A checkpoint's size before the first one is written: each weight in its dtype plus the optimizer's
+    fp32 master copy and two moments. This rank's module holds 1/ep_size of the experts."""
+    total = 0
+    for name, param in module.named_parameters():
+        copies = ep_size if is_expert_key(name) else 1
+        total += copies * param.numel() * (param.element_size() + OPTIMIZER_BYTES_PER_PARAM)
+    return total
+
+
 class CheckpointManager:
     """Saves and loads complete checkpoints of a DeepSpeed engine plus our per-rank state."""
 
@@ -264,34 +308,121 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.rank = rank
         self.world_size = world_size
+        self.expected_bytes: int | None = None  # the last checkpoint's size (else estimated from the model)
 
+    # -- space -----------------------------------------------------------------------------------------
+    def expect(self, engine, ep_size: int, meta: CheckpointMeta | None = None) -> None:
+        """What the next checkpoint will take: the resumed one's size, else an estimate from the model."""
+        self.expected_bytes = (total_size(meta.files) if meta is not None and meta.files
+                               else estimate_checkpoint_bytes(engine.module, ep_size))
+
+    def check_space(self, what: str, fix: str) -> None:
+        """Collective: stop every rank with one error when rank 0 finds too little space for a checkpoint."""
+        problem = None
+        if self.rank == 0 and self.expected_bytes is not None:
+            try:
+                check_free_space(self.checkpoint_dir, self.expected_bytes, what, fix)
+            except DiskFullError as err:
+                problem = str(err)
+        problem = rank0_value(problem)
+        if problem:
+            raise mark_same_on_every_rank(DiskFullError(problem))
+
+    def _resume_hint(self) -> str:
+        latest = latest_checkpoint(self.checkpoint_dir) if (self.checkpoint_dir / LATEST_FILE).is_file() else None
+        return (f"The last complete checkpoint is {latest}: free at least {mib(needed_bytes(self.expected_bytes or 0))} "
+                f"in {self.checkpoint_dir} (or lower --keep-last), then continue with --resume."
+                if latest else f"No checkpoint of this run is saved yet: free at least "
+                               f"{mib(needed_bytes(self.expected_bytes or 0))} in {self.checkpoint_dir} (or choose "
+                               f"an --output-dir on a disk with more space) and start the run again.")
+
+    # -- save ------------------------------------------------------------------------------------------
     def save(self, engine, state: TrainingState, loader, meta: CheckpointMeta) -> Path:
         """Collective (all ranks). `meta` (its step and samples set here) is the tag's marker, written last."""
         tag = tag_for(state.step)
-        tag_dir = self.checkpoint_dir / tag
-        tag_dir.mkdir(parents=True, exist_ok=True)
-        torch.save({"loader": loader.state_dict(), "rng": rng_state(), "step": state.step},
-                   _rank_file(tag_dir, self.rank))
-        # Ends with a barrier: every rank's files are written when it returns.
-        engine.save_checkpoint(str(self.checkpoint_dir), tag=tag, save_latest=False)
+        final, partial = self.checkpoint_dir / tag, self.checkpoint_dir / f"{tag}{PARTIAL}"
         if self.rank == 0:
-            marker = dataclasses.replace(meta, step=state.step, samples=state.samples, world_size=self.world_size)
-            atomic_write_json(tag_dir / META_FILE, marker.to_json(), sort_keys=True)
-            atomic_write_text(self.checkpoint_dir / LATEST_FILE, tag)
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(partial, ignore_errors=True)  # left by an attempt that crashed while writing
+        self.check_space(f"the checkpoint of step {state.step}", f"The run stopped at step {state.step} without "
+                                                                  f"saving it. {self._resume_hint()}")
+        failure = None
+        try:
+            partial.mkdir(parents=True, exist_ok=True)
+            torch.save({"loader": loader.state_dict(), "rng": rng_state(), "step": state.step},
+                       _rank_file(partial, self.rank))
+        except Exception as err:
+            failure = err
+        self._agree(failure, partial, state.step)
+        try:
+            # Ends with a barrier: every rank's files are written when it returns. Its writes hold no
+            # collective after the tag check, so a rank whose write failed meets the others at that barrier.
+            engine.save_checkpoint(str(self.checkpoint_dir), tag=partial.name, save_latest=False)
+        except Exception as err:
+            failure = err
+            barrier()
+        self._agree(failure, partial, state.step)
+        if self.rank == 0:
+            try:
+                files = record_files(partial)
+                marker = dataclasses.replace(meta, step=state.step, samples=state.samples,
+                                             world_size=self.world_size, files=files)
+                atomic_write_json(partial / META_FILE, marker.to_json(), sort_keys=True)
+                self._move_into_place(partial, final)
+                atomic_write_text(self.checkpoint_dir / LATEST_FILE, tag)
+                self.expected_bytes = total_size(files)
+            except Exception as err:
+                failure = err
+        self._agree(failure, partial, state.step)
+        if self.rank == 0:
             self._prune(current_step=state.step)
-        if torch_dist.is_initialized():
-            torch_dist.barrier()
-        return tag_dir
+        barrier()
+        return final
+
+    @staticmethod
+    def _move_into_place(partial: Path, final: Path) -> None:
+        if final.exists():  # the same step saved by an earlier attempt of this run (resumed from before it)
+            old = final.with_name(f"{final.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(partial, final)
+            shutil.rmtree(old)
+        else:
+            os.replace(partial, final)
+
+    def _agree(self, failure: BaseException | None, partial: Path, step: int) -> None:
+        """Collective: when the write failed on any rank, remove the partial tag and raise one error on all."""
+        problem = None
+        if failure is not None:
+            full = is_disk_full(failure, self.checkpoint_dir)
+            problem = (f"rank {self.rank}: {'the disk is full' if full else 'writing failed'} "
+                       f"({type(failure).__name__}: {str(failure).strip()[:300]}; {mib(free_bytes(self.checkpoint_dir))} "
+                       f"free)", full)
+        problems = all_values(problem)
+        if not problems:
+            return
+        if self.rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+        barrier()
+        full = any(is_full for _, is_full in problems)
+        listed = "; ".join(text for text, _ in problems)
+        cause = (f"there is not enough space in {self.checkpoint_dir} (about "
+                 f"{mib(needed_bytes(self.expected_bytes or 0))} needed)" if full else "a rank could not write it")
+        error = (DiskFullError if full else CheckpointError)(
+            f"the checkpoint of step {step} could not be saved: {cause} [{listed}]. Its partial files were "
+            f"removed and the run stopped at step {step}. {self._resume_hint()}")
+        raise mark_same_on_every_rank(error)
 
     def _prune(self, current_step: int) -> None:
         """Keep the newest `keep_last` complete tags up to now; drop older ones, partial ones, and tags
         beyond `current_step` left by an interrupted earlier attempt of this run."""
         tags = []
         for child in self.checkpoint_dir.iterdir():
-            match = _TAG.match(child.name)
+            match = _TAG.match(child.name.removesuffix(PARTIAL).removesuffix(".old"))
             if match and child.is_dir():
                 tags.append((int(match.group(1)), child))
-        complete = sorted((step, d) for step, d in tags if step <= current_step and (d / META_FILE).is_file())
+        complete = sorted((step, d) for step, d in tags
+                          if step <= current_step and _TAG.match(d.name) and (d / META_FILE).is_file())
         keep = {d for _, d in complete[-self.keep_last:]}
         for _, tag_dir in tags:
             if tag_dir not in keep:

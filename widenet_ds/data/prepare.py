@@ -24,6 +24,7 @@ import json
 import multiprocessing
 import os
 import random
+import shutil
 import sys
 import time
 from collections import Counter
@@ -34,6 +35,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from widenet_ds.atomic import atomic_write_json
+from widenet_ds.checksums import file_sha256
 from widenet_ds.data.default_corpus import DefaultCorpusSource
 from widenet_ds.data.examples import ExampleConfig, PretrainingIds, create_examples, mask_tokens
 from widenet_ds.data.sentences import sentence_spans
@@ -47,9 +49,11 @@ from widenet_ds.data.shards import (
     shard_problems,
     token_dtype,
 )
-from widenet_ds.data.sources import DocumentStream, SkipCounter, WeightedSource, parse_source
-from widenet_ds.data.tokenizer import BatchEncoder, file_sha256, load_tokenizer, save_tokenizer, train_tokenizer
+from widenet_ds.data.sources import DocumentStream, HFSource, SkipCounter, TextSource, WeightedSource, parse_source
+from widenet_ds.data.tokenizer import BatchEncoder, load_tokenizer, save_tokenizer, train_tokenizer
+from widenet_ds.disk_space import check_free_space, disk_full_errors
 from widenet_ds.errors import DataError
+from widenet_ds.run_lock import LOCK_FILE, folder_lock
 from widenet_ds.writable import check_output_folder as check_writable
 
 SETTINGS_FILE = "prepare_settings.json"
@@ -254,8 +258,10 @@ def check_output_folder(output: Path) -> None:
     check_writable(output, "--output", subfolders=SPLITS, error=DataError)
     if not output.is_dir():
         return
-    # Our own temporary files (".name.xxxx.tmp") are left by an interrupted run and are harmless.
-    entries = sorted(p.name for p in output.iterdir() if not (p.name.startswith(".") and p.name.endswith(".tmp")))
+    # Our own temporary files (".name.xxxx.tmp") are left by an interrupted run and are harmless; the lock
+    # file is another prepare-data's, which the lock then names.
+    entries = sorted(p.name for p in output.iterdir()
+                     if not (p.name.startswith(".") and p.name.endswith(".tmp")) and p.name != LOCK_FILE)
     if not entries:
         return
     foreign = [name for name in entries if name not in DATA_FOLDER_ENTRIES]
@@ -278,8 +284,55 @@ def prepare(sources: list[WeightedSource], output: Path, config: PrepareConfig, 
     if workers < 1:
         raise DataError(f"--workers {workers} must be at least 1")
     check_output_folder(output)
-    output.mkdir(parents=True, exist_ok=True)
     given_sha = None if tokenizer == "train" else file_sha256(_tokenizer_file(Path(tokenizer)))
+    for weighted in sources:
+        if isinstance(weighted.source, HFSource):
+            weighted.source.check_reachable()
+    payload = expected_bytes(sources, config)
+    fix = ("Free space there, or pass an --output on a disk with more space; a re-run of the same command keeps the "
+           "shards already finished.")
+    check_free_space(output, payload, f"the prepared data in {output}", fix)
+    with folder_lock(output, "widenet-ds prepare-data") as lock:
+        if lock.takeover_message:
+            print(f"prepare-data: {lock.takeover_message}", file=sys.stderr)
+        before = set(os.listdir(output))
+        try:
+            with disk_full_errors(output, payload, f"the prepared data in {output}", fix):
+                return _prepare(sources, output, config, tokenizer, vocab_size, workers, overwrite, progress, given_sha)
+        except BaseException:
+            _remove_if_nothing_built(output, before)
+            raise
+
+
+def expected_bytes(sources: list[WeightedSource], config: PrepareConfig) -> int:
+    """About what the shards take: as many bytes as the local sources' text (2-4 bytes per token of ~4
+    characters, plus the index), once per static-masking copy; HF and the default corpus not counted."""
+    copies = config.dupe_factor if config.masking == "static" else 1
+    total = 0
+    for weighted in sources:
+        source = weighted.source
+        paths = source.files() if isinstance(source, TextSource) else [getattr(source, "path", None)]
+        total += int(weighted.weight * sum(p.stat().st_size for p in paths if p is not None and p.is_file()))
+    return total * copies
+
+
+def _remove_if_nothing_built(output: Path, before: set[str]) -> None:
+    """A run that failed before finishing any shard leaves the folder as it found it: no settings file that
+    would refuse the corrected command ("prepared with other settings"), no tokenizer of its own."""
+    if any(True for split in SPLITS for _ in (output / split).glob("part-*.json")):
+        return  # finished shards: a re-run of the same command continues from them
+    for name in (SETTINGS_FILE, MANIFEST_FILE, "tokenizer.json", "vocab.txt", *SPLITS):
+        path = output / name
+        if name in before or not path.exists():
+            continue
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def _prepare(sources: list[WeightedSource], output: Path, config: PrepareConfig, tokenizer: str, vocab_size: int,
+             workers: int, overwrite: bool, progress: bool, given_sha: str | None) -> dict:
     settings = _settings(sources, config, tokenizer, vocab_size, given_sha)
     _check_previous_settings(output, settings, overwrite)
     (output / MANIFEST_FILE).unlink(missing_ok=True)  # present only when the data is complete
@@ -336,6 +389,8 @@ def _tokenizer_file(path: Path) -> Path:
         for name in ("tokenizer.json", "vocab.txt"):
             if (path / name).is_file():
                 return path / name
+        raise DataError(f"--tokenizer {str(path)!r} is a folder holding neither tokenizer.json nor vocab.txt; pass "
+                        "'train', a tokenizer.json, a vocab.txt or a folder holding one")
     if not path.is_file():
         raise DataError(f"--tokenizer {str(path)!r} does not exist; pass 'train', a tokenizer.json, a "
                         "vocab.txt or a folder holding one")

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from widenet_ds.atomic import atomic_write_bytes
+from widenet_ds.checksums import file_sha256
 from widenet_ds.errors import DataError
 
 INDEX_COLUMNS = ("offset", "length", "a_length", "sop_label", "mask_offset", "mask_count")
@@ -118,14 +119,6 @@ def read_shard_meta(stem: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return meta if isinstance(meta, dict) and "bin_bytes" in meta else None
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def shard_problems(stem: Path, meta: dict) -> list[str]:

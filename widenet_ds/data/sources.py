@@ -14,11 +14,14 @@ from __future__ import annotations
 import collections
 import json
 import math
+import os
 import random
 import re
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 from widenet_ds.errors import DataError
 
@@ -28,6 +31,8 @@ PARQUET_SUFFIXES = (".parquet",)
 
 # Short names for the two corpora of the paper. BookCorpus rows are single sentences without book
 # boundaries, so consecutive rows are grouped into pseudo-documents to give SOP its sentence pairs.
+# `datasets` builders that read local files (`data_files`), not the hub.
+HF_LOCAL_BUILDERS = ("json", "parquet", "csv", "text", "arrow")
 HF_ALIASES: dict[str, dict] = {
     "wikipedia": {"name": "wikimedia/wikipedia", "config": "20231101.en"},
     "bookcorpus": {"name": "bookcorpus/bookcorpus", "config": None, "rows_per_document": 256},
@@ -168,11 +173,30 @@ class HFSource:
     rows_per_document: int = 1
     data_files: str | None = None
 
+    def check_reachable(self) -> None:
+        """Before anything is written: a hub dataset needs the hub (or HF's offline mode and its cache);
+        offline, `datasets` would retry for half a minute and end in a ConnectionError traceback."""
+        if (self.name in HF_LOCAL_BUILDERS or Path(self.name).exists() or os.environ.get("HF_DATASETS_OFFLINE") == "1"
+                or os.environ.get("HF_HUB_OFFLINE") == "1"):
+            return
+        endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+        try:
+            socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=10).close()
+        except OSError as err:
+            raise DataError(f"--source hf:{self.name} needs the HF hub ({endpoint.hostname}), which cannot be reached "
+                            f"from here ({err.strerror or err}). Pass the dataset's files instead (--source PATH: text, "
+                            f".jsonl or .parquet), or set HF_DATASETS_OFFLINE=1 to read a copy already in the HF "
+                            f"cache.") from None
+
     def documents(self, skipped: SkipCounter) -> Iterator[str]:
         import datasets
 
-        dataset = datasets.load_dataset(self.name, self.config, split=self.split, streaming=True,
-                                        data_files=self.data_files)
+        try:
+            dataset = datasets.load_dataset(self.name, self.config, split=self.split, streaming=True,
+                                            data_files=self.data_files)
+        except (OSError, ValueError) as err:  # ConnectionError, DatasetNotFoundError, a wrong config name
+            raise DataError(f"--source hf:{self.name}: HF datasets could not open it ({type(err).__name__}: "
+                            f"{str(err)[:300]}); check the name (and @CONFIG), or pass the dataset's files.") from None
         group: list[str] = []
         for record in dataset:
             for text in _record_text(record, self.text_field, skipped):

@@ -17,7 +17,8 @@ from tokenizers.implementations import BertWordPieceTokenizer
 
 from widenet_ds.atomic import atomic_write_text
 from widenet_ds.data.default_corpus import DefaultCorpusSource
-from widenet_ds.data.shards import file_sha256, read_manifest
+from widenet_ds.checksums import file_sha256
+from widenet_ds.data.shards import read_manifest
 from widenet_ds.data.sources import DocumentStream, SkipCounter, WeightedSource, parse_source
 from widenet_ds.errors import DataError
 
@@ -70,8 +71,12 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
             raise DataError(f"{path} is not a valid tokenizers JSON file: {err}") from err
         vocab = set(tokenizer.get_vocab())
     else:
-        with open(path, encoding="utf-8") as handle:
-            vocab = {line.rstrip("\n") for line in handle}
+        try:
+            with open(path, encoding="utf-8") as handle:
+                vocab = {line.rstrip("\n") for line in handle}
+        except UnicodeDecodeError:
+            raise DataError(f"tokenizer {path} is not a vocab.txt (UTF-8 text, one token a line) nor a tokenizer.json; "
+                            "pass the tokenizer file or the data folder written by `widenet-ds prepare-data`") from None
         tokenizer = None
     missing = [token for token in SPECIAL_TOKENS if token not in vocab]
     if missing:

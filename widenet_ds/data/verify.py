@@ -11,7 +11,8 @@ import argparse
 import time
 from pathlib import Path
 
-from widenet_ds.data.shards import file_sha256, read_manifest, shard_problems
+from widenet_ds.checksums import file_sha256
+from widenet_ds.data.shards import read_manifest, shard_problems
 from widenet_ds.errors import DataError
 
 TOKENIZER_FILE = "tokenizer.json"

@@ -19,6 +19,7 @@ from widenet_ds.report.branches import branch_curves, markdown_table
 from widenet_ds.report.metrics import load_runs
 from widenet_ds.report.page import render
 from widenet_ds.report.plots import draw_all
+from widenet_ds.run_lock import output_lock
 
 PAGE_FILE = "index.html"
 MARKER_FILE = "report.json"  # what this report holds; its presence marks the folder as ours to replace
@@ -70,6 +71,20 @@ def write_report(sources: list[Path], out: Path, title: str,
     check_output_dir(out)  # before any reading or drawing
     if branches_table is not None:
         check_table_file(branches_table)
+    try:
+        lock = output_lock(out, GENERATOR).acquire()  # two reports into one folder would swap in each other's
+    except OSError as err:
+        raise ConfigError(f"--output {out}: cannot create its parent folder ({err.strerror}).") from None
+    if lock.takeover_message:
+        print(f"{GENERATOR}: {lock.takeover_message}", file=sys.stderr)
+    try:
+        return _write_report(sources, out, title, branches_table)
+    finally:
+        lock.release()
+
+
+def _write_report(sources: list[Path], out: Path, title: str,
+                  branches_table: Path | None) -> tuple[Path | None, list[str]]:
     runs, problems = load_runs(sources)
     messages = [str(p) for p in problems] + [f"{run.path}: {note}" for run in runs for note in run.notes]
     if not runs:
@@ -79,10 +94,6 @@ def write_report(sources: list[Path], out: Path, title: str,
         raise ConfigError(f"--branches-table: none of the runs has a score per number of branches (image runs of "
                           f"models with num_branches > 1 write accuracy_by_branches to results.json when they "
                           f"finish; pretraining runs log valid_branches_k/mlm_loss at their end).")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"--output {out}: cannot create its parent folder ({err.strerror}).") from None
     with atomic_folder(out, overwrite=True) as built:
         plots = draw_all(runs, built)
         (built / PAGE_FILE).write_text(render(runs, problems, plots, title, [str(s) for s in sources]),

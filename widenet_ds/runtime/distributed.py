@@ -6,30 +6,38 @@ from __future__ import annotations
 import atexit
 import contextlib
 import io
+import os
 import random
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as torch_dist
 
 from widenet_ds.errors import ConfigError
-from widenet_ds.runtime.launch_env import resolve_launch_env
+from widenet_ds.runtime.extensions import pending_build, use_environment_extensions_dir
+from widenet_ds.runtime.launch_env import check_rendezvous_port, resolve_launch_env
 
 
-def init_distributed(backend: str | None = None) -> None:
+def init_distributed(backend: str | None = None, say: Callable[[str], None] | None = None) -> None:
     """Initialise torch.distributed through DeepSpeed, whatever started us.
 
     The `deepspeed` launcher, torchrun, `mpiexec`, Slurm's `srun` and a plain `python` are all
     resolved by `resolve_launch_env` into the `env://` variables first, so DeepSpeed never falls
-    back to its own MPI discovery (fixed port 29500).
+    back to its own MPI discovery (fixed port 29500). Rank 0 refuses a rendezvous port another program
+    holds. `say` gets a line when the start-up will wait for a JIT build of DeepSpeed's op.
     """
     if torch_dist.is_available() and torch_dist.is_initialized():
         return
+    extensions = use_environment_extensions_dir()  # before DeepSpeed builds anything
     import deepspeed
 
-    resolve_launch_env()
+    check_rendezvous_port(resolve_launch_env(), os.environ)
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "gloo" and say is not None and (line := pending_build(extensions)):
+        say(line)
     # DeepSpeed prints "... built successfully" for its shared-memory op on every rank: kept off the console.
     with contextlib.redirect_stdout(io.StringIO()):
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
@@ -41,6 +49,34 @@ def init_distributed(backend: str | None = None) -> None:
 def _destroy_process_groups() -> None:
     if torch_dist.is_initialized():
         torch_dist.destroy_process_group()
+
+
+# --- small collectives of Python values (gloo or NCCL alike), no-ops without a group of several ranks ---
+def _several_ranks() -> bool:
+    return torch_dist.is_initialized() and torch_dist.get_world_size() > 1
+
+
+def barrier() -> None:
+    if _several_ranks():
+        torch_dist.barrier()
+
+
+def rank0_value(value: Any) -> Any:
+    """Rank 0's `value`, on every rank (what rank 0 alone found out: a lock it could not take, a full disk)."""
+    if not _several_ranks():
+        return value
+    box = [value]
+    torch_dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_values(value: Any) -> list[Any]:
+    """Every rank's `value` that is not None, in rank order, on every rank (what went wrong where)."""
+    if not _several_ranks():
+        return [value] if value is not None else []
+    values: list[Any] = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(values, value)
+    return [v for v in values if v is not None]
 
 
 def check_ep_size(ep_size: int, world_size: int, num_experts: int | None) -> None:

@@ -2,7 +2,8 @@
 
 It starts `deepspeed [options] --module widenet_ds.train TASK ARGS` and adds what calling `deepspeed` by
 hand lacks:
-  - bad launch options and hostfiles stop the launch with one error before anything starts;
+  - bad launch options and hostfiles stop the launch with one error before anything starts; a local run
+    gets a free rendezvous port (a --master-port another program holds is refused, naming it);
   - without a GPU: one CPU rank per core, at most 8 (deepspeed's CPU default is one rank per NUMA node,
     often 1), OMP threads shared between them, and DS_ACCELERATOR=cpu chosen instead of guessed;
   - the runner's bookkeeping (cmd =, WORLD INFO, spawned ...) silenced: WIDENET_DEEPSPEED_LOG_LEVEL;
@@ -27,7 +28,8 @@ from pathlib import Path
 import widenet_ds
 from widenet_ds.errors import LaunchError
 from widenet_ds.run_folder import TASKS
-from widenet_ds.runtime.launch_env import check_hostfile, free_port
+from widenet_ds.runtime.launch_env import check_hostfile
+from widenet_ds.runtime.ports import free_port, port_holder, port_is_free
 from widenet_ds.runtime.signals import forward
 
 PROG = "widenet-ds launch"
@@ -113,8 +115,13 @@ def plan_launch(options: LaunchOptions, machine: Machine, environ: Mapping[str, 
         ds_args += ["--num_gpus", str(ranks)]
     if options.master_addr is not None:
         ds_args += ["--master_addr", options.master_addr]
-    # One machine: a free port, so that two runs on it do not both take deepspeed's 29500.
+    # One machine: a free port, so that two runs on it do not both take deepspeed's 29500; a port given for
+    # it must be free now (on several nodes rank 0 checks it on the first host).
     port = options.master_port or (free_port() if options.hostfile is None else None)
+    if options.master_port is not None and options.hostfile is None and not port_is_free(options.master_port):
+        raise LaunchError(f"--master-port {options.master_port} is in use on this machine by "
+                          f"{port_holder(options.master_port)}; pass another port (e.g. --master-port {free_port()}), "
+                          f"or leave out --master-port to have a free one picked")
     if port is not None:
         ds_args += ["--master_port", str(port)]
     if not options.ssh_check:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from widenet_ds.errors import LaunchError
+from widenet_ds.runtime.ports import free_port, port_holder, port_is_free
 
 TORCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # Slurm jobs share nodes: a port per job and per requeue (16 restarts before a job's ports repeat;
@@ -90,12 +91,6 @@ def _single(environ: MutableMapping[str, str], source: str) -> LaunchEnv:
 def _rendezvous_override(environ: MutableMapping[str, str]) -> tuple[str | None, int | None]:
     port = _int_var(environ, "MASTER_PORT", "the environment") if "MASTER_PORT" in environ else None
     return environ.get("MASTER_ADDR") or None, port
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 def _int_var(environ: MutableMapping[str, str], name: str, source: str) -> int:
@@ -226,6 +221,26 @@ def first_host(nodelist: str) -> str:
         return prefix
     first = ranges.split(",")[0].split("-")[0]
     return prefix + first
+
+
+# ---- the rendezvous port ---------------------------------------------------------------------
+
+def check_rendezvous_port(env: LaunchEnv, environ: MutableMapping[str, str]) -> None:
+    """On rank 0, before it serves the rendezvous: refuse a port another program listens on, naming it
+    (torch would fail in an EADDRINUSE traceback, or the other ranks would reach that program instead)."""
+    if env.rank != 0 or "TORCHELASTIC_RUN_ID" in environ:  # torchrun's agent serves the port itself
+        return
+    if port_is_free(env.master_port):
+        return
+    other = free_port()
+    how = {"launcher": f"it was given to the launcher (--master_port / --master-port, else deepspeed's default 29500): "
+                       f"start again with another port, e.g. `widenet-ds launch --master-port {other} ...` (without "
+                       f"--master-port widenet-ds launch picks a free one) or `deepspeed --master_port {other} ...`",
+           "slurm": f"it is derived from the Slurm job id: set MASTER_PORT={other} (a free port) in the batch script",
+           }.get(env.source, f"it was set by MASTER_PORT: set another (e.g. MASTER_PORT={other}), or unset it to "
+                             f"let a free port be chosen")
+    raise LaunchError(f"the rendezvous port {env.master_port} on {socket.gethostname()} is in use by "
+                      f"{port_holder(env.master_port)}; rank 0 cannot serve the process group there. The port: {how}.")
 
 
 # ---- checks before launching -----------------------------------------------------------------

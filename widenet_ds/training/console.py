@@ -31,12 +31,6 @@ def say(message: str) -> None:
         print(f"[widenet-ds {time.monotonic() - _START:5.1f}s] {message}", file=sys.stderr, flush=True)
 
 
-def mark_same_on_every_rank(err: BaseException) -> BaseException:
-    """Tag an error raised while every rank does the same thing with the same inputs."""
-    err.same_on_every_rank = True  # type: ignore[attr-defined]
-    return err
-
-
 def report_error(program: str, err: BaseException) -> None:
     """Print a user error once: rank 0 prints shared errors; another rank only its own, with its rank."""
     rank = process_rank()

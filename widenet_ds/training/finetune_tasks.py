@@ -179,6 +179,9 @@ class SquadTaskRun:
         notes = [f"train {train_file or 'hf'}: {len(train_examples)} questions; dev {dev_file or 'hf'}: "
                  f"{len(dev_examples)}; windows of {max_len} tokens, doc_stride {stride}",
                  f"train: {train.summary()}", f"dev: {dev.summary()}"]
+        if train_file is not None and dev_file is not None and train_file.resolve() == dev_file.resolve():
+            notes.append(f"note: the dev scores are on {dev_file}, the file the model trains on: they measure how "
+                         f"well it fits questions it has seen, not held-out ones (--dev-file names another file)")
         return Prepared(train, {"dev": dev}, notes)
 
     def evaluate(self, engine, split: str, features, batching: Batching, out_dir: Path) -> dict[str, float]:

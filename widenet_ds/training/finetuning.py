@@ -25,12 +25,12 @@ import torch.distributed as torch_dist
 
 from widenet_ds.checkpoint.load import load_into, read_checkpoint
 from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
-from widenet_ds.errors import CheckpointError, ConfigError, WideNetError, raise_config_problems
+from widenet_ds.errors import CheckpointError, ConfigError, WideNetError, mark_same_on_every_rank, raise_config_problems
 from widenet_ds.run_folder import read_metrics
 from widenet_ds.runtime.ds_config import DeepSpeedSettings
 from widenet_ds.tasks.features import check_max_length, check_tokenizer_matches
 from widenet_ds.tasks.recipes import FinetuneRecipe
-from widenet_ds.training.console import mark_same_on_every_rank, say
+from widenet_ds.training.console import say
 from widenet_ds.training.epoch_batches import EpochBatches
 from widenet_ds.training.finetune_tasks import GlueTaskRun, SquadTaskRun, TaskRun
 from widenet_ds.training.finetune_weights import finetune_model_config, load_tokenizer_for, model_overrides, \

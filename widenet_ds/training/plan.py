@@ -11,15 +11,14 @@ from typing import Any
 
 import torch
 
-from widenet_ds.checkpoint.training import (CheckpointMeta, check_resumable, check_same_model, latest_checkpoint,
-                                           read_checkpoint_meta, resolve_tag_dir)
-from widenet_ds.errors import CheckpointError, ConfigError, WideNetError
+from widenet_ds.checkpoint.training import (CheckpointMeta, check_checkpoint_files, check_resumable, check_same_model,
+                                           latest_checkpoint, read_checkpoint_meta, resolve_tag_dir)
+from widenet_ds.errors import CheckpointError, ConfigError, WideNetError, mark_same_on_every_rank
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.ds_config import DeepSpeedSettings, load_ds_config, trajectory_changes, validate_ds_config
 from widenet_ds.runtime.engine import OptimizerPlan, plan_optimizer
 from widenet_ds.runtime.parallel import ParallelPlan
 from widenet_ds.training.branch_schedule import BranchSchedule, plan_branch_schedule
-from widenet_ds.training.console import mark_same_on_every_rank
 from widenet_ds.training.run_config import LATEST, RunConfig, setting_changes
 
 
@@ -34,6 +33,7 @@ class RunPlan:
     resume_from: Path | None = None
     resume_meta: CheckpointMeta | None = None
     changes: tuple[str, ...] = ()  # settings changed since the checkpoint, accepted with --accept-changed-settings
+    notes: tuple[str, ...] = ()    # what the run does that a user may not expect (logged as events)
 
 
 def resolve_max_steps(requested: int | None, schedule_steps: int | None) -> int:
@@ -48,6 +48,16 @@ def resolve_max_steps(requested: int | None, schedule_steps: int | None) -> int:
                           f"the learning rate has decayed to its minimum; raise total_num_steps in the DeepSpeed "
                           f"config or lower --max-steps.")
     return requested
+
+
+def schedule_notes(max_steps: int, schedule_steps: int | None) -> tuple[str, ...]:
+    """A run shorter than its learning-rate schedule ends before the rate has decayed: said, not refused
+    (short runs are how a set-up is tried)."""
+    if schedule_steps is None or not 0 < max_steps < schedule_steps:  # (0: --eval-only trains no step)
+        return ()
+    return (f"the run ends at step {max_steps}, before the DeepSpeed schedule's total_num_steps {schedule_steps}: "
+            f"the learning rate will not have decayed to its end value. For a complete schedule set total_num_steps "
+            f"to {max_steps} in the DeepSpeed config.",)
 
 
 def plan_layout(cfg: RunConfig, model_config, world_size: int, rank: int) -> tuple[ParallelPlan, DeepSpeedSettings,
@@ -74,6 +84,7 @@ def find_resume_point(cfg: RunConfig, folder: RunFolder, model_config: dict[str,
     if source is None:
         return None  # nothing saved yet: a requeued job starts from step 0
     meta = read_checkpoint_meta(source)
+    check_checkpoint_files(source, meta)  # every rank, before any rank loads a file of it
     check_resumable(source, meta)
     check_same_model(meta.model_config, model_config, source, meta.architecture)
     if meta.ep_size != ep_size:
@@ -130,11 +141,12 @@ def plan_run(cfg: RunConfig, task, folder: RunFolder, world_size: int, rank: int
                                     cfg.stage_steps)
     max_steps = schedule.end_step(resolve_max_steps(task.requested_steps(ds), ds.total_num_steps))
     found = find_resume_point(cfg, folder, model_config.to_dict(), cfg.ep_size)
+    notes = schedule_notes(max_steps, ds.total_num_steps)
     if found is None:
-        return RunPlan(model_config, parallel, ds, optimizer, schedule, max_steps)
+        return RunPlan(model_config, parallel, ds, optimizer, schedule, max_steps, notes=notes)
     source, meta = found
     if meta.branch_schedule != schedule.kind:
         raise CheckpointError(f"checkpoint {source} was trained with --branch-schedule {meta.branch_schedule}; resume "
                               f"with the same schedule.")
     task.check_resume(meta, source)
-    return RunPlan(model_config, parallel, ds, optimizer, schedule, max_steps, source, meta)
+    return RunPlan(model_config, parallel, ds, optimizer, schedule, max_steps, source, meta, notes=notes)

@@ -1,13 +1,18 @@
 """Running a training task: the stop signals first (a preemption during start-up stops the run at its first
-step, saved), the process group, every check, then the one trainer (finetuning: one trainer per seed)."""
+step, saved), the process group, the output folder's lock (one writer per run folder), the checkpoint to
+start from checked file by file, every other check, then the one trainer (finetuning: one trainer per seed)."""
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import torch.distributed as torch_dist
 
-from widenet_ds.runtime.distributed import init_distributed
+from widenet_ds.checkpoint.verify import verify_checkpoint
+from widenet_ds.errors import WideNetError, mark_same_on_every_rank
+from widenet_ds.run_lock import FolderLockedError, folder_lock
+from widenet_ds.runtime.distributed import init_distributed, rank0_value
 from widenet_ds.training.classification import ClassifyTask
 from widenet_ds.training.console import say
 from widenet_ds.training.finetuning import run_finetune
@@ -26,17 +31,45 @@ def run_task(cfg: RunConfig) -> Any:
     stop.install()
     try:
         say("starting: initialising the process group")
-        init_distributed()
-        if cfg.TASK in SINGLE_RUN_TASKS:
-            result = run_single(cfg, SINGLE_RUN_TASKS[cfg.TASK](cfg), stop)
-        else:
-            result = run_finetune(cfg, stop)
-        # Every rank leaves together: a rank tearing its gloo group down while another still writes the
-        # results (rank 0) aborts at exit ("terminate called without an active exception").
-        torch_dist.barrier()
+        init_distributed(say=say)
+        with run_folder_lock(cfg):
+            if cfg.init_from is not None:
+                try:  # a damaged file is named before any rank reads the weights
+                    verify_checkpoint(cfg.init_from)
+                except WideNetError as err:
+                    raise mark_same_on_every_rank(err)
+            if cfg.TASK in SINGLE_RUN_TASKS:
+                result = run_single(cfg, SINGLE_RUN_TASKS[cfg.TASK](cfg), stop)
+            else:
+                result = run_finetune(cfg, stop)
+            # Every rank leaves together: a rank tearing its gloo group down while another still writes the
+            # results (rank 0) aborts at exit ("terminate called without an active exception").
+            torch_dist.barrier()
         return result
     finally:
         stop.uninstall()
+
+
+@contextmanager
+def run_folder_lock(cfg: RunConfig) -> Iterator[None]:
+    """Rank 0 holds the lock of --output-dir for the whole run (also on several nodes: one lock); every rank
+    learns whether it got it, so a refusal is one error on all of them, printed once."""
+    lock = folder_lock(cfg.output_dir, f"python -m widenet_ds.train {cfg.TASK}")
+    outcome = None
+    if torch_dist.get_rank() == 0:
+        try:
+            lock.acquire()
+        except FolderLockedError as err:
+            outcome = str(err)
+    outcome = rank0_value(outcome)
+    if outcome is not None:
+        raise mark_same_on_every_rank(FolderLockedError(outcome))
+    if lock.takeover_message:
+        say(lock.takeover_message)
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def run_single(cfg: RunConfig, task: Task, stop: StopRequest) -> Any:

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal
 
 from widenet_ds.errors import ConfigError, DataError, raise_config_problems
 from widenet_ds.run_folder import RunFolder
+from widenet_ds.run_lock import folder_lock
 from widenet_ds.runtime.compile import CompileMode
 from widenet_ds.tasks.glue import get_glue_task, glue_split_path
 from widenet_ds.training.branch_schedule import ScheduleKind
@@ -144,6 +145,8 @@ class RunConfig:
         if not self.deepspeed_config.is_file():
             problems.append(f"DeepSpeed config {self.deepspeed_config} does not exist; pass --deepspeed-config with a "
                             f"JSON file, e.g. ds_configs/{self.EXAMPLE_DS_CONFIG} (see ds_configs/README.md).")
+        if self.compile != "none":
+            problems += compile_backend_problems(self.compile_backend)
         return problems + self._output_dir_problems()
 
     POSITIVE: ClassVar[tuple[str, ...]] = ()  # the task's own settings that must be positive when given
@@ -155,6 +158,9 @@ class RunConfig:
             check_output_folder(self.output_dir, "--output-dir", subfolders=("checkpoints", "tensorboard"))
         except ConfigError as err:
             return [str(err)]
+        writer = folder_lock(self.output_dir, self.TASK).holder_problem()  # another run writes it now
+        if writer:
+            return [writer]
         held = self.folder.holds()
         if held and self.resume is None:
             return [f"--output-dir {self.output_dir} already holds a run ({', '.join(held)}); pass --resume to "
@@ -173,6 +179,18 @@ class RunConfig:
             value = getattr(self, f.name)
             record[f.name] = str(value) if isinstance(value, Path) else value
         return json.loads(json.dumps(record))  # as read back from the file (tuples as lists)
+
+
+def compile_backend_problems(backend: str) -> list[str]:
+    """torch.compile takes any string and fails on an unknown backend only at the first step, after the model
+    and the engine were built."""
+    import torch._dynamo  # only for runs that compile: the import takes seconds
+
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if backend in known:
+        return []
+    return [f"--compile-backend {backend!r} is not a torch.compile backend; choose one of "
+            f"{', '.join(b for b in known if 'TESTING' not in b)}."]
 
 
 def setting_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:

@@ -139,6 +139,10 @@ class Trainer:
         if state.step >= plan.max_steps and self.folder.results.is_file():
             say(f"the run in {self.folder.path} is complete (step {state.step}); its results: {self.folder.results}")
             return True, self.folder.read_results()
+        # Before the first step: room for a checkpoint (its size known from the resumed one, else estimated).
+        checkpoints.expect(engine, cfg.ep_size, plan.resume_meta)
+        checkpoints.check_space("a checkpoint of this run", "Free space there, or choose an --output-dir on a disk "
+                                                            "with more space.")
         log = TrainingLog(self.folder, enabled=rank == 0, tensorboard=cfg.tensorboard, progress_bar=cfg.progress_bar,
                           start_step=state.step, max_steps=plan.max_steps, console_label=self.console_label)
         try:
@@ -157,6 +161,8 @@ class Trainer:
             else:
                 for line in weight_lines:
                     log.event(state.step, line)
+            for note in plan.notes:
+                log.event(state.step, note)
             if rank == 0:  # from here on the folder holds this run: a new run there is refused, --resume continues
                 plan.model_config.to_json(self.folder.model_config)
                 cfg.folder.write_run_config({**cfg.record(), "deepspeed_settings": plan.ds.config})

@@ -1,0 +1,71 @@
+"""`widenet-ds verify`: read every byte of a checkpoint and check it against what was recorded when it was
+written, as `widenet-ds verify-data` does for a data folder.
+
+A training checkpoint's marker (`widenet_checkpoint.json`) records the size and SHA-256 of every other file
+of its tag; an exported folder's `config.json` those of the weights, tokenizer and README. Trainers check
+`--resume` and `--init-from` the same way before any rank builds an engine, and `widenet-ds convert` its
+source before writing anything: a truncated or replaced file is named up front instead of failing inside
+`torch.load` on one rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from widenet_ds.checksums import file_problems, total_size
+from widenet_ds.checkpoint.format import is_folder, read_folder_config
+from widenet_ds.checkpoint.training import (CheckpointMeta, check_checkpoint_files, read_meta, resolve_tag_dir)
+from widenet_ds.disk_space import mib
+from widenet_ds.errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class Verified:
+    path: Path   # the tag folder or exported folder checked
+    files: int   # files checked (0: none recorded -- written by an older widenet-ds or another program)
+    bytes: int
+
+
+def verify_checkpoint(source: Path, tag: str | None = None) -> Verified:
+    """Check the files of an exported folder, or of a DeepSpeed checkpoint's tag (`source` a tag folder, a
+    checkpoints folder or a run folder; `tag`, else the latest); raise CheckpointError naming each damaged one."""
+    source = Path(source)
+    if is_folder(source):
+        if tag is not None:
+            raise CheckpointError(f"{source} is a checkpoint folder, which has no tags; drop the tag {tag!r}.")
+        config = read_folder_config(source)
+        records = config.get("files", {}) if isinstance(config, dict) else {}
+        problems = file_problems(source, records)
+        if problems:
+            raise CheckpointError(f"checkpoint folder {source} is damaged: {len(problems)} of its {len(records)} files "
+                                  f"differ from what was written:\n  " + "\n  ".join(problems) + "\nRestore it from a "
+                                  f"copy, or write it again (`widenet-ds convert`).")
+        return Verified(source, len(records), total_size(records))
+    tag_dir = resolve_tag_dir(source, tag, require_marker=False)
+    data = read_meta(tag_dir, required=False)
+    if data is None:  # a DeepSpeed checkpoint of another program: nothing recorded to check against
+        return Verified(tag_dir, 0, 0)
+    meta = CheckpointMeta.from_json(data, tag_dir)
+    check_checkpoint_files(tag_dir, meta)
+    return Verified(tag_dir, len(meta.files), total_size(meta.files))
+
+
+def cli(argv: list[str]) -> int:
+    """`widenet-ds verify CHECKPOINT`: check every file of a checkpoint against its recorded SHA-256."""
+    parser = argparse.ArgumentParser(prog="widenet-ds verify", description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", type=Path, help="an exported checkpoint folder, or a DeepSpeed checkpoint: a tag "
+                                                      "folder, a checkpoints folder or a run folder")
+    parser.add_argument("--tag", help="checkpoint tag, e.g. step1000 (default: the latest complete one)")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    verified = verify_checkpoint(args.checkpoint, args.tag)
+    if not verified.files:
+        print(f"{verified.path}: no checksums recorded (written by an older widenet-ds or another program); "
+              f"nothing to check against")
+        return 0
+    print(f"{verified.path}: {verified.files} files ({mib(verified.bytes)}) match their recorded sizes and SHA-256 "
+          f"[{time.perf_counter() - start:.1f} s]")
+    return 0
