@@ -1,0 +1,47 @@
+"""The operator count of widenet_ds.runtime.op_count on small functions whose operators are known."""
+
+import torch
+import torch.nn.functional as F
+
+from widenet_ds.runtime.op_count import count_ops, launches_nothing, record_compiled_kernels
+
+
+def test_views_metadata_and_no_op_composites_launch_nothing():
+    for op in ("view", "transpose", "t", "expand", "detach", "slice", "to", "contiguous", "empty", "resolve_conj",
+               "dropout"):
+        assert launches_nothing(op), op
+    for op in ("add", "mm", "addmm", "copy_", "fill_", "cumsum", "index_select", "_grouped_mm", "gelu"):
+        assert not launches_nothing(op), op
+
+
+def test_counts_the_leaves_that_do_work():
+    x = torch.randn(4, 8)
+    w = torch.randn(6, 8)
+    assert count_ops(lambda: x.view(2, 16).t().unsqueeze(0).expand(3, 16, 2)[1:]).total == 0
+    assert count_ops(lambda: F.dropout(x, p=0.0, training=True)).total == 0
+    assert count_ops(lambda: (x + 1).tanh()).ops == {"aten::add": 1, "aten::tanh": 1}
+    # linear -> matmul -> mm: the leaf counts, not the composites around it
+    assert count_ops(lambda: F.linear(x, w)).ops == {"aten::mm": 1}
+    # a real copy counts; the 0-dim copy that wraps the Python number 2 for the CPU kernel does not
+    assert count_ops(lambda: x.t().contiguous() * 2).ops == {"aten::copy_": 1, "aten::mul": 1}
+
+
+def test_counts_the_backward_and_one_grouped_gemm_as_one():
+    a = torch.randn(12, 8, requires_grad=True)
+    b = torch.randn(3, 8, 8, requires_grad=True)
+    ends = torch.tensor([4, 4, 12], dtype=torch.int32)
+    grad = torch.randn(12, 8)
+    # CPU's _grouped_mm loops over the groups inside (one GEMM per group); on a GPU it is one kernel
+    forward = count_ops(lambda: torch._grouped_mm(a, b, offs=ends))
+    assert forward.ops == {"aten::_grouped_mm": 1}
+    both = count_ops(lambda: torch._grouped_mm(a, b, offs=ends).backward(grad))
+    assert both.ops == {"aten::_grouped_mm": 3}  # forward, input gradient, weight gradient
+
+
+def test_counts_the_kernels_torch_compile_generated():
+    record_compiled_kernels()
+    fn = torch.compile(lambda x: (x * 2).relu().sum(dim=1), backend="inductor")
+    x = torch.randn(4, 8)
+    fn(x)  # compiles
+    ops = count_ops(lambda: fn(x))
+    assert ops.ops == {"compiled kernel": 1}  # mul, relu and sum fused into one loop
