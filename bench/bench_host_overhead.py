@@ -122,7 +122,8 @@ def main() -> int:
 
     print(f"\n# Host overhead: {machine()}, 1 thread; tiny dims {TINY}, batch {args.batch} x {args.seq}, fp32; "
           f"host ms = median of {args.repeats} interleaved forward + backward; {time.strftime('%Y-%m-%d %H:%M')}")
-    print(f"{'checkout':<10}{'model':<26}{'mode':>7}{'fwd+bwd ops':>12}{'x HF':>7}{'opt ops':>9}{'host ms':>9}"
+    width = max(10, *(len(w.label) + 2 for w in workers))
+    print(f"{'checkout':<{width}}{'model':<26}{'mode':>7}{'fwd+bwd ops':>12}{'x HF':>7}{'opt ops':>9}{'host ms':>9}"
           f"{'x HF':>7}{'p25-p75 ms':>14}{'build s':>9}")
     for w in workers:
         for label, counts in w.info.items():
@@ -131,7 +132,7 @@ def main() -> int:
             median = w.median(label)
             hf_median = w.median(f"hf-albert {mode}") if hf else float("nan")
             quartiles = statistics.quantiles([t[label] for t in w.times], n=4)
-            print(f"{w.label:<10}{name:<26}{mode:>7}{counts['ops']:>12,}"
+            print(f"{w.label:<{width}}{name:<26}{mode:>7}{counts['ops']:>12,}"
                   f"{counts['ops'] / hf['ops'] if hf else float('nan'):>7.2f}{counts['optimizer_ops']:>9,}"
                   f"{median * 1e3:>9.1f}{median / hf_median:>7.2f}"
                   f"{quartiles[0] * 1e3:>7.1f}-{quartiles[2] * 1e3:<6.1f}{counts['build_seconds']:>9.1f}")

@@ -1,5 +1,6 @@
 """The operator count of widenet_ds.runtime.op_count on small functions whose operators are known."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -45,3 +46,26 @@ def test_counts_the_kernels_torch_compile_generated():
     fn(x)  # compiles
     ops = count_ops(lambda: fn(x))
     assert ops.ops == {"compiled kernel": 1}  # mul, relu and sum fused into one loop
+
+
+@pytest.mark.parametrize("dispatch", ["deepspeed", "dropless"])
+def test_widenet_step_runs_about_twice_albert_operators(dispatch, dist):
+    """The host overhead of issue 26: widenet-base-e4's structure (12 blocks, 4 experts, tiny dims) ran 4.6x
+    (capacity) and 3.6x (dropless) albert-base's operators per forward + backward before its routing and
+    dispatch were rewritten; now about 2x (bench/bench_host_overhead.py, docs/benchmarks.md)."""
+    from widenet_ds.model.config import ModelConfig
+    from widenet_ds.model.widenet import WideNetForPreTraining
+
+    tiny = dict(hidden_size=64, intermediate_size=128, num_heads=4, embedding_size=32, vocab_size=1000)
+    batch = dict(input_ids=torch.randint(5, 1000, (2, 32), generator=torch.Generator().manual_seed(0)),
+                 token_type_ids=torch.zeros(2, 32, dtype=torch.long), attention_mask=torch.ones(2, 32, dtype=torch.long),
+                 mlm_labels=torch.full((2, 32), -100).index_fill_(1, torch.tensor([3, 9]), 7),
+                 sop_labels=torch.tensor([0, 1]))
+    counts = {}
+    for preset, moe in (("albert-base", {}), ("widenet-base-e4", {"dispatch": dispatch})):
+        torch.manual_seed(0)
+        model = WideNetForPreTraining(ModelConfig.from_preset(preset, moe=moe, **tiny)).train()
+        step = lambda: model(**batch).loss.backward()  # noqa: E731
+        step()
+        counts[preset] = count_ops(step).total
+    assert counts["widenet-base-e4"] <= 2.1 * counts["albert-base"], counts
