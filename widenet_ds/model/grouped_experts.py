@@ -8,9 +8,9 @@ Two layouts reach the experts:
   `torch._grouped_mm` with device-side offsets, one kernel per GEMM for all experts.
 * `batched_expert_ffn(groups)`: groups [E, R, H], R rows each -- DeepSpeed's capacity buffers, whose
   size is static: one batched GEMM with the bias fused (`torch.baddbmm`) per layer of the FFN, on every
-  device. On CPU it gives the bits of DeepSpeed's per-expert `F.linear` calls (the same MKL GEMM per
-  expert, forward and backward) except below ~400 multiply-adds per expert, where ATen's batched GEMM
-  takes a naive kernel.
+  device. On CPU it gave the bits of DeepSpeed's per-expert `F.linear` calls on one rank (golden curves
+  unchanged), not with expert parallelism, where those calls saw strided [ep, C, H] views: 1 float32 ulp
+  in some losses (tests/assets/README.md).
 
 `torch._grouped_mm`'s constraints (torch 2.13): int32 offsets (group ends), every row stride a multiple
 of 16 bytes (H and F multiples of 8 in bf16, of 4 in fp32), no bias argument (added here from the expert id
