@@ -98,7 +98,8 @@ class RunConfig:
         "recompute each block in backward: less memory, more compute"))
     compile: CompileMode = field(default="none", metadata=flag(
         "torch.compile the model in place: 'model' (the default of a bare --compile), 'blocks' (the encoder's "
-        "distinct attention and MoE/FFN modules only: a faster build) or 'none'", const="model"))
+        "distinct attention and MoE/FFN modules only: a faster build) or 'none' (the default: on CPU neither mode "
+        "paid in pretraining, docs/benchmarks.md)", const="model"))
     compile_backend: str = field(default="inductor", metadata=flag(
         "torch.compile backend (inductor; aot_eager traces without generating kernels)"))
     optimizer: OptimizerChoice = field(default="auto", metadata=flag(
