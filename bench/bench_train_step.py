@@ -1,11 +1,13 @@
 """Training-step throughput, model FLOPs, MFU and peak memory per token: ours against HF ALBERT.
 
 Every model runs through the same DeepSpeed engine and the same LAMB (`--optimizer`: DeepSpeed's fused
-`Lamb`, the default on CUDA, or `widenet_ds.runtime.lamb.Lamb`, the only one on CPU), on the same random batch shape, one
-fresh subprocess per model (so peak memory is that model's). A step is forward + backward + optimizer
-step; tokens/s is micro-batch x seq_len over the median step time after warm-up. MFU is the model's
-training FLOPs (widenet_ds.model.counts: K routes per token, capacity padding NOT counted, MLM logits over all
-positions) per second over a large matmul's FLOP/s timed in the same run, in the same dtype.
+`Lamb`, the default on CUDA, or `widenet_ds.runtime.lamb.Lamb`, the only one on CPU), on the same random batch
+shape, in a worker process of its own (so peak memory is that model's). A step is forward + backward +
+optimizer step; tokens/s is micro-batch x seq_len over the median step time. The models' steps take turns
+(A B C D A B C D ..., bench/workers.py) after each has warmed up, so that a change of the machine's load falls
+on all of them alike. MFU is the model's training FLOPs (widenet_ds.model.counts: K routes per token, capacity
+padding NOT counted, MLM logits over all positions) per second over a large matmul's FLOP/s timed in the same
+run, in the same dtype.
 
     python bench/bench_train_step.py --batch 8 --seq 128 --warmup 3 --repeats 5          # CPU
     python bench/bench_train_step.py --batch 64 256 --seq 128 --dtype bf16 --warmup 5 --repeats 20 \
@@ -18,13 +20,13 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import gemm_peak_flops, init_single_rank, machine, median_seconds, sync  # noqa: E402
+from bench.common import gemm_peak_flops, init_single_rank, machine, sync  # noqa: E402
+from bench.workers import Worker, interleave, serve, timed  # noqa: E402
 
 # name -> (preset, MoEConfig overrides); "hf-albert" is transformers' AlbertForPreTraining.
 MODELS = {
@@ -38,11 +40,12 @@ MODELS = {
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def _build(name: str, compile_model: bool):
+def _build(name: str, compile_model: bool, **dims):
+    """(config, model, batch -> forward kwargs) of MODELS[name]; `dims` override the preset's fields."""
     from widenet_ds.model.config import ModelConfig
     from widenet_ds.model.widenet import WideNetForPreTraining
     preset, moe = MODELS[name]
-    cfg = ModelConfig.from_preset(preset, moe=moe)
+    cfg = ModelConfig.from_preset(preset, moe=moe, **dims)
     if name == "hf-albert":
         import transformers
         hf_cfg = transformers.AlbertConfig(
@@ -99,8 +102,9 @@ def _batch(vocab: int, batch: int, seq: int, dev: torch.device) -> dict[str, tor
     return {k: v.to(dev) for k, v in batch_.items()}
 
 
-def worker(args) -> dict:
-    """One model in this process: returns its step time, FLOPs and peak memory."""
+def worker(args) -> None:
+    """One model in this process: warms up, then times one step per request of the driver (bench/workers.py);
+    its closing result holds the FLOPs, peak memory and losses."""
     from widenet_ds.model.counts import flops_per_token
     init_single_rank()
     torch.manual_seed(0)
@@ -118,32 +122,34 @@ def worker(args) -> dict:
     if torch.cuda.is_available():
         step()  # allocator and kernels warm before the peak is tracked
         torch.cuda.reset_peak_memory_stats()
-    seconds = median_seconds(step, warmup=args.warmup, repeats=args.repeats)
-    sync()
-    if torch.cuda.is_available():
-        peak = torch.cuda.max_memory_allocated()
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # whole-process RSS, bytes
-    tokens = args.batch * args.seq
-    flops = flops_per_token(cfg, args.seq)
-    padded = flops_per_token(cfg, args.seq, capacity_padding=True, tokens_per_call=tokens) \
-        if cfg.is_moe and cfg.moe.dispatch == "deepspeed" else flops
-    return dict(model=args.worker, seconds=seconds, tokens_per_s=tokens / seconds,
-                train_flops_per_token=flops.training, padded_train_flops_per_token=padded.training,
-                peak_bytes=peak, final_loss=float(losses[-1]), finite=bool(all(torch.isfinite(l) for l in losses)))
+    for _ in range(args.warmup):
+        step()
+
+    def result() -> dict:
+        sync()
+        if torch.cuda.is_available():
+            peak = torch.cuda.max_memory_allocated()
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # whole-process RSS, bytes
+        flops = flops_per_token(cfg, args.seq)
+        padded = flops_per_token(cfg, args.seq, capacity_padding=True, tokens_per_call=args.batch * args.seq) \
+            if cfg.is_moe and cfg.moe.dispatch == "deepspeed" else flops
+        return dict(model=args.worker, train_flops_per_token=flops.training,
+                    padded_train_flops_per_token=padded.training, peak_bytes=peak, final_loss=float(losses[-1]),
+                    finite=bool(all(torch.isfinite(l) for l in losses)))
+
+    serve({}, lambda: timed(step, sync), result)
 
 
-def _run(args, name: str, batch: int, compiled: bool) -> dict | None:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--batch", str(batch),
-           "--seq", str(args.seq), "--dtype", args.dtype, "--warmup", str(args.warmup),
-           "--repeats", str(args.repeats), "--optimizer", args.optimizer] + (["--compile"] if compiled else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode or not lines:
-        print(f"{name} batch {batch}{' compiled' if compiled else ''}: FAILED (rc {proc.returncode})\n"
-              f"{proc.stderr[-3000:]}", file=sys.stderr)
+def _start(args, name: str, batch: int, compiled: bool) -> Worker | None:
+    argv = [os.path.abspath(__file__), "--worker", name, "--batch", str(batch), "--seq", str(args.seq),
+            "--dtype", args.dtype, "--warmup", str(args.warmup), "--optimizer", args.optimizer] + \
+        (["--compile"] if compiled else [])
+    try:
+        return Worker(f"{name} batch {batch}{' compiled' if compiled else ''}", argv)
+    except RuntimeError as err:  # the worker died during its set-up; the others still run
+        print(f"{err}: FAILED", file=sys.stderr)
         return None
-    return dict(json.loads(lines[-1][len("RESULT "):]), batch=batch, compiled=compiled)
 
 
 def main() -> int:
@@ -161,21 +167,34 @@ def main() -> int:
     parser.add_argument("--compile", action="store_true", help="torch.compile each model (ours and HF's)")
     parser.add_argument("--eager-and-compiled", action="store_true",
                         help="every model eager and compiled, side by side in the same run")
+    parser.add_argument("--one-at-a-time", action="store_true",
+                        help="run the models one after another instead of interleaved (when memory holds one only)")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--worker", choices=list(MODELS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         args.batch = args.batch[0]
-        print("RESULT " + json.dumps(worker(args)), flush=True)
+        worker(args)
         return 0
 
     peak = gemm_peak_flops(DTYPES[args.dtype])
     modes = [False, True] if args.eager_and_compiled else [args.compile]
-    results = [r for batch in args.batch for compiled in modes for name in args.models
-               if (r := _run(args, name, batch, compiled)) is not None]
+    # Groups of models resident at once, their steps interleaved: the models of one batch size and mode (each
+    # model alone with --one-at-a-time, where memory holds one only).
+    groups = [[(name, batch, compiled) for name in args.models] for batch in args.batch for compiled in modes]
+    if args.one_at_a_time:
+        groups = [[run] for group in groups for run in group]
+    results = []
+    for group in groups:
+        workers = {run: w for run in group if (w := _start(args, *run)) is not None}
+        interleave(list(workers.values()), args.repeats)
+        for (name, batch, compiled), w in workers.items():
+            seconds = w.median()
+            results.append(dict(w.finish(), batch=batch, compiled=compiled, seconds=seconds,
+                                tokens_per_s=batch * args.seq / seconds))
 
-    print(f"\n# Training step: {machine()}; {args.dtype}, seq {args.seq}, median of {args.repeats} steps after "
-          f"{args.warmup} warm-up; GEMM peak {peak / 1e12:.2f} TFLOP/s ({args.dtype}); optimizer {args.optimizer}, "
+    print(f"\n# Training step: {machine()}; {args.dtype}, seq {args.seq}, median of {args.repeats} interleaved "
+          f"steps after {args.warmup} warm-up; load average {os.getloadavg()[0]:.1f}; GEMM peak {peak / 1e12:.2f} TFLOP/s ({args.dtype}); optimizer {args.optimizer}, "
           f"ZeRO stage {zero_stage(args.dtype)}")
     print(f"{'model':<26}{'batch':>6}{'mode':>9}{'step ms':>10}{'tokens/s':>11}{'GFLOP/tok':>11}{'+padding':>10}"
           f"{'TFLOP/s':>9}{'MFU':>7}{'peak MiB':>10}{'KiB/tok':>9}{'loss':>8}")

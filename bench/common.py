@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 import statistics
 import time
 from collections.abc import Callable
@@ -62,5 +63,8 @@ def machine() -> str:
 def init_single_rank() -> None:
     """A 1-rank process group: DeepSpeed's MoE all-to-all and engine need one."""
     from widenet_ds.runtime.distributed import init_distributed
-    os.environ.setdefault("MASTER_PORT", str(29700 + os.getpid() % 200))
+    if "MASTER_PORT" not in os.environ:  # a free port: several benchmark workers may start at once
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
     init_distributed()

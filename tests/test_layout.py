@@ -127,7 +127,6 @@ COVERED_BY = {
                                                               "integration/test_hf_fresh_venv.py"],
     "widenet_ds/checkpoint/reshard.py": ["checkpoint/test_cli.py", "checkpoint/test_load_image_models.py"],
     "widenet_ds/checkpoint/tokenizer_check.py": ["integration/test_bad_inputs.py", "checkpoint/test_cli.py"],
-    "widenet_ds/model/grouped_experts.py": ["model/test_dropless.py"],  # the dropless path's expert GEMMs
     "widenet_ds/report/branches.py": ["integration/test_report_images.py"],
     "widenet_ds/report/cli.py": ["integration/test_report.py", "integration/test_report_images.py"],
     "widenet_ds/report/metrics.py": ["integration/test_report.py", "integration/test_report_images.py"],

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from deepspeed.moe.sharded_moe import _capacity, top2gating
+from deepspeed.moe.sharded_moe import _capacity, _route_slots, top2gating
 
 from widenet_ds.model.config import ModelConfig, MoEConfig
 from widenet_ds.model.moe import FeedForward, MoEFeedForward, WideNetGate
@@ -123,6 +123,7 @@ def test_matches_deepspeed_top2gating(tokens, experts, factor):
                                                              top2_2nd_expert_sampling=False, sparse_routes=True)
     assert ours.capacity == int(capacity)
     assert torch.equal(ours.expert_index, idx) and torch.equal(ours.location, loc)
+    assert torch.equal(ours.slot, _route_slots(idx, loc, experts, int(capacity)))
     assert torch.allclose(ours.weight, gates, atol=1e-7)
     assert torch.allclose(ours.balance_loss, l_aux) and torch.equal(ours.expert_counts, counts)
 

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from widenet_ds.errors import ConfigError
+from widenet_ds.model.grouped_experts import ExpertWeights
 from widenet_ds.model.moe import MoEFeedForward
 from widenet_ds.model.routing import Routing
 
@@ -165,13 +166,14 @@ def _attention(modules: nn.ModuleList, blocks: list[int], x: Tensor, attend: Ten
     return layers[0].dropout(_stacked_linear([m.output for m in layers], context))
 
 
-def _feed_forward(encoder: nn.Module, blocks: list[int], x: Tensor) -> tuple[Tensor, Routing | None]:
+def _feed_forward(encoder: nn.Module, blocks: list[int], x: Tensor,
+                  experts: ExpertWeights | None) -> tuple[Tensor, Routing | None]:
     k, batch, seq, hidden = x.shape
     modules = encoder.ffn
     if len(modules) == 1:
         flat = x.reshape(k * batch, seq, hidden)
         if isinstance(modules[0], MoEFeedForward):
-            out, routing = modules[0](flat)
+            out, routing = modules[0](flat, None, experts)
             return encoder.ffn_dropout(out).view_as(x), routing
         return encoder.ffn_dropout(modules[0](flat)).view_as(x), None
     layers = [modules[i] for i in blocks]  # dense FeedForwards (an MoE per block is refused by the config)
@@ -179,18 +181,19 @@ def _feed_forward(encoder: nn.Module, blocks: list[int], x: Tensor) -> tuple[Ten
     return encoder.ffn_dropout(_stacked_linear([m.fc_out for m in layers], inner)), None
 
 
-def depth_step(encoder: nn.Module, depth: int, branches: list[int], x: Tensor,
-               attend: Tensor | None) -> tuple[Tensor, Routing | None]:
-    """One block of every active branch. x: [k, B, S, H], stream i belonging to branches[i]."""
+def depth_step(encoder: nn.Module, depth: int, branches: list[int], x: Tensor, attend: Tensor | None,
+               experts: ExpertWeights | None = None) -> tuple[Tensor, Routing | None]:
+    """One block of every active branch. x: [k, B, S, H], stream i belonging to branches[i]; `experts`: the
+    shared MoE's stacked weights of this forward (`WideNetEncoder.shared_expert_weights`)."""
     cfg = encoder.cfg
     blocks = [b * cfg.layers_per_branch + depth for b in branches]
     if cfg.norm_position == "post":
         x = _norm(encoder.attention_norm, blocks, x + _attention(encoder.attention, blocks, x, attend))
-        out, routing = _feed_forward(encoder, blocks, x)
+        out, routing = _feed_forward(encoder, blocks, x, experts)
         return _norm(encoder.ffn_norm, blocks, x + out), routing
     normed = cfg.residual == "normed"
     h = _norm(encoder.attention_norm, blocks, x)
     x = (h if normed else x) + _attention(encoder.attention, blocks, h, attend)
     h = _norm(encoder.ffn_norm, blocks, x)
-    out, routing = _feed_forward(encoder, blocks, h)
+    out, routing = _feed_forward(encoder, blocks, h, experts)
     return (h if normed else x) + out, routing

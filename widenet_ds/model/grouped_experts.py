@@ -7,21 +7,23 @@ Two layouts reach the experts:
   a device tensor, so no size is read on the host: on CUDA in bf16 (Hopper and newer) this is
   `torch._grouped_mm` with device-side offsets, one kernel per GEMM for all experts.
 * `batched_expert_ffn(groups)`: groups [E, R, H], R rows each -- DeepSpeed's capacity buffers, whose
-  size is static. On CUDA one batched GEMM with the bias fused (`torch.baddbmm`).
-
-On CPU the batched form runs `F.linear` per expert on the very views DeepSpeed's `Experts` module
-hands its experts, so the capacity path's numbers are unchanged to the bit (tests/integration/test_golden_losses.py).
+  size is static: one batched GEMM with the bias fused (`torch.baddbmm`) per layer of the FFN, on every
+  device. On CPU it gives the bits of DeepSpeed's per-expert `F.linear` calls (the same MKL GEMM per
+  expert, forward and backward) except below ~400 multiply-adds per expert, where ATen's batched GEMM
+  takes a naive kernel.
 
 `torch._grouped_mm`'s constraints (torch 2.13): int32 offsets (group ends), every row stride a multiple
-of 16 bytes (H and F multiples of 8 in bf16), no bias argument (added here from the expert id of each
-row), output dtype = input dtype, and torch.compile accepts bf16 only (its meta function). Its fast
-kernel runs on sm90+; elsewhere it falls back to a loop that copies the offsets to the host. So it is
-used for bf16 on sm90+ only, sync-free; every other case (CPU, fp32, older GPUs, unaligned dims) runs
-`grouped_mm_by_group`, a custom op with one GEMM per group: opaque to torch.compile (its sizes are data),
-so the dropless path still compiles whole, and on CPU reading the sizes costs no sync. Group starts are
-padded to `GROUP_ALIGNMENT_CUDA` rows by the dropless layout on CUDA (the weight-gradient grouped GEMM
-splits the K dimension at the offsets); rows past the last group end would never be computed, so the
-layouts give the last expert every remaining (padding) row.
+of 16 bytes (H and F multiples of 8 in bf16, of 4 in fp32), no bias argument (added here from the expert id
+of each row), output dtype = input dtype, and torch.compile takes it in bf16 only (its meta function). Its
+fast kernel runs on sm90+; elsewhere it is a loop over the groups that reads the offsets on the host (on CPU
+in C++: one operator for all groups, and no sync). It runs directly (`native`) where it can: bf16 on sm90+
+CUDA (sync-free), and on CPU in eager mode or in bf16. The other cases take the custom op
+`widenet_ds::grouped_mm`, opaque to torch.compile (its sizes are data), so the dropless path still compiles
+whole: it calls `torch._grouped_mm` itself when the rows are aligned, else one GEMM per group
+(`grouped_mm_per_group`, also the reference the tests hold both against). Group starts are padded to
+`GROUP_ALIGNMENT_CUDA` rows by the dropless layout on CUDA (the weight-gradient grouped GEMM splits the K
+dimension at the offsets); rows past the last group end would never be computed, so the layouts give the
+last expert every remaining (padding) row.
 
 The expert weights stay in DeepSpeed's `Experts` module (per-expert `fc_in` / `fc_out` Linear layers:
 checkpoints and the engine's expert handling are unchanged) and are stacked on the fly; `torch.stack`
@@ -68,21 +70,36 @@ def group_alignment(device: torch.device) -> int:
     return GROUP_ALIGNMENT_CUDA if device.type == "cuda" else 1
 
 
+def grouped_mm_aligned(a: Tensor, b: Tensor) -> bool:
+    """Whether `torch._grouped_mm` takes a [N, K] @ b [G, K, M] (16-byte row strides)."""
+    return (a.shape[1] * a.element_size()) % 16 == 0 and (b.shape[-1] * b.element_size()) % 16 == 0
+
+
 def native_grouped_mm_usable(rows: Tensor, weights: ExpertWeights) -> bool:
-    """Whether `torch._grouped_mm` itself runs these shapes sync-free and traceably: bf16 (its only dtype
-    under torch.compile) on a CUDA device of compute capability 9.0 or newer, 16-byte aligned rows."""
+    """Whether `torch._grouped_mm` runs the experts' GEMMs directly, without a host sync and traceably:
+    16-byte aligned rows (H and F), and bf16 on a CUDA device of compute capability 9.0+, or on CPU eager
+    (any dtype) or in bf16 (the only dtype torch.compile takes it in)."""
     hidden, inner = weights.w_in.shape[2], weights.w_in.shape[1]
-    return (rows.is_cuda and rows.dtype == torch.bfloat16 and hidden % 8 == 0 and inner % 8 == 0
-            and torch.cuda.get_device_capability(rows.device)[0] >= 9)
+    if (hidden * rows.element_size()) % 16 or (inner * rows.element_size()) % 16:
+        return False
+    if rows.is_cuda:
+        return rows.dtype == torch.bfloat16 and torch.cuda.get_device_capability(rows.device)[0] >= 9
+    return rows.device.type == "cpu" and (rows.dtype == torch.bfloat16 or not torch.compiler.is_compiling())
 
 
-def grouped_expert_ffn(rows: Tensor, group_ends: Tensor, weights: ExpertWeights) -> Tensor:
+def grouped_expert_ffn(rows: Tensor, group_ends: Tensor, weights: ExpertWeights,
+                       native: bool | None = None) -> Tensor:
     """fc_out(gelu(fc_in(x))) of expert e for the rows of group e; rows [N, H], group_ends int32 [E] with
-    group_ends[-1] == N (every row belongs to a group). Returns [N, H] in the rows' dtype."""
+    group_ends[-1] == N (every row belongs to a group). Returns [N, H] in the rows' dtype.
+
+    `native`: run `torch._grouped_mm` directly (True) or the custom op (False); None: directly where it can
+    (`native_grouped_mm_usable`). Forcing it on CPU runs the GPU's code path there (tests)."""
     weights = weights.cast(rows.dtype)
     expert_of_row = torch.searchsorted(group_ends, torch.arange(rows.shape[0], device=rows.device,
                                                                  dtype=group_ends.dtype), right=True)
-    grouped_mm = _native_grouped_mm if native_grouped_mm_usable(rows, weights) else grouped_mm_by_group
+    if native is None:
+        native = native_grouped_mm_usable(rows, weights)
+    grouped_mm = _native_grouped_mm if native else grouped_mm_by_group
     hidden = grouped_mm(rows, weights.w_in.transpose(1, 2), group_ends)
     hidden = F.gelu(hidden + weights.b_in.index_select(0, expert_of_row), approximate=weights.approximate)
     out = grouped_mm(hidden, weights.w_out.transpose(1, 2), group_ends)
@@ -94,17 +111,23 @@ def _native_grouped_mm(a: Tensor, b: Tensor, group_ends: Tensor) -> Tensor:
     return _DenseGrad.apply(torch._grouped_mm(a, b, offs=group_ends))
 
 
-@torch.library.custom_op("widenet_ds::grouped_mm", mutates_args=())
-def grouped_mm_by_group(a: Tensor, b: Tensor, group_ends: Tensor) -> Tensor:
-    """a [N, K] @ b[g] [K, M] for the rows of each group g: one GEMM per group, any dtype and device.
-
-    An opaque op to torch.compile (its sizes are data, which the compiler cannot trace), so the dropless
-    path compiles whole where `torch._grouped_mm` cannot (fp32; the compiler only takes it in bf16). On
-    CPU the groups' sizes are read from host memory (no sync); on CUDA that read is a sync, which the
-    sync-free bf16 path avoids."""
+def grouped_mm_per_group(a: Tensor, b: Tensor, group_ends: Tensor) -> Tensor:
+    """a [N, K] @ b[g] [K, M] for the rows of each group g: one GEMM per group, any dtype, device and alignment
+    (the group sizes are read on the host: a sync on a GPU)."""
     ends = group_ends.tolist()
     starts = [0] + ends[:-1]
     return torch.cat([a[s:e] @ b[g] for g, (s, e) in enumerate(zip(starts, ends))])
+
+
+@torch.library.custom_op("widenet_ds::grouped_mm", mutates_args=())
+def grouped_mm_by_group(a: Tensor, b: Tensor, group_ends: Tensor) -> Tensor:
+    """a [N, K] @ b[g] [K, M] for the rows of each group g, as one operator opaque to torch.compile (its sizes
+    are data, which the compiler cannot trace), so the dropless path compiles whole where `torch._grouped_mm`
+    cannot (fp32: the compiler only takes it in bf16). `torch._grouped_mm` inside when the rows are aligned
+    (on CPU its C++ loop over the groups), else one GEMM per group."""
+    if grouped_mm_aligned(a, b):
+        return torch._grouped_mm(a, b, offs=group_ends)
+    return grouped_mm_per_group(a, b, group_ends)
 
 
 @grouped_mm_by_group.register_fake
@@ -115,6 +138,8 @@ def _(a: Tensor, b: Tensor, group_ends: Tensor) -> Tensor:
 @torch.library.custom_op("widenet_ds::grouped_mm_weight_grad", mutates_args=())
 def grouped_mm_weight_grad(a: Tensor, grad: Tensor, group_ends: Tensor) -> Tensor:
     """[G, K, M]: a[group g]^T @ grad[group g] for each group g (the weight gradient of grouped_mm)."""
+    if grouped_mm_aligned(a, grad):
+        return torch._grouped_mm(a.t(), grad, offs=group_ends)
     ends = group_ends.tolist()
     starts = [0] + ends[:-1]
     return torch.stack([a[s:e].t() @ grad[s:e] for s, e in zip(starts, ends)])
@@ -149,12 +174,15 @@ def _grouped_mm_flops(a_shape, b_shape, group_ends_shape, out_shape=None, **kwar
     return 2 * rows * inner * (b_shape[-1])
 
 
+@register_flop_formula(torch.ops.aten._grouped_mm)
+def _native_grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    # [N, K] @ [G, K, M] (rows by group) or [K, N] @ [N, M] -> [G, K, M] (weight gradient, N split by group).
+    rows, inner = a_shape
+    return 2 * rows * inner * b_shape[-1]
+
+
 def batched_expert_ffn(groups: Tensor, weights: ExpertWeights) -> Tensor:
     """groups [E, ..., H]: expert e on groups[e]. Returns the same shape, contiguous."""
-    if groups.device.type == "cpu":
-        # F.linear per expert on the same views DeepSpeed's `Experts` hands its experts (for ep > 1 a strided
-        # [ep, C, H] view): the same kernels on the same data, so bit-identical results.
-        return torch.stack([_expert_ffn(groups[e], weights, e) for e in range(groups.shape[0])])
     weights = weights.cast(groups.dtype)
     flat = groups.reshape(groups.shape[0], -1, groups.shape[-1])
     hidden = torch.baddbmm(weights.b_in.unsqueeze(1), flat, weights.w_in.transpose(1, 2))
@@ -166,11 +194,6 @@ def batched_expert_ffn(groups: Tensor, weights: ExpertWeights) -> Tensor:
 def reference_expert_ffn(rows: Tensor, sizes: list[int], experts: nn.ModuleList) -> Tensor:
     """The experts' own modules on consecutive row chunks: what the grouped forms must equal (tests)."""
     return torch.cat([expert(chunk) for expert, chunk in zip(experts, rows.split(sizes))])
-
-
-def _expert_ffn(x: Tensor, weights: ExpertWeights, e: int) -> Tensor:
-    hidden = F.gelu(F.linear(x, weights.w_in[e], weights.b_in[e]), approximate=weights.approximate)
-    return F.linear(hidden, weights.w_out[e], weights.b_out[e])
 
 
 class _DenseGrad(torch.autograd.Function):

@@ -11,7 +11,8 @@ We replace two pieces:
   one layer D times per forward; DeepSpeed's `MOELayer` keeps `l_aux` in an attribute that each call
   overwrites, and routing groups need to reuse a routing computed earlier, so state must not live in
   the module. Both dispatches run the experts as grouped GEMMs over the stacked expert weights
-  (widenet_ds/model/grouped_experts.py); the weights stay in DeepSpeed's `Experts` module.
+  (widenet_ds/model/grouped_experts.py); the weights stay in DeepSpeed's `Experts` module, and the encoder
+  stacks them once per forward for all D calls (`MoEFeedForward.expert_weights`).
 
 The forward never synchronises with the host (ep_size 1; dropless with ep_size > 1 copies its all-to-all
 split sizes once, see dropless.py) and traces whole under `torch.compile(fullgraph=True)`.
@@ -29,7 +30,6 @@ from deepspeed.moe.sharded_moe import (
     MOELayer,
     TopKGate,
     _AllToAll,
-    _route_slots,
     _sparse_decode,
     _sparse_encode,
 )
@@ -63,19 +63,20 @@ class WideNetGate(TopKGate):
 class SharedMOELayer(MOELayer):
     """DeepSpeed's MOELayer with the routing passed in and returned instead of kept in attributes."""
 
-    def forward(self, hidden: Tensor, routing: Routing | None = None) -> tuple[Tensor, Routing]:  # type: ignore[override]
+    def forward(self, hidden: Tensor, routing: Routing | None = None,  # type: ignore[override]
+                weights: ExpertWeights | None = None) -> tuple[Tensor, Routing]:
         # hidden: [..., M]; tokens: [T, M]
         model_dim = hidden.shape[-1]
         tokens = hidden.reshape(-1, model_dim)
         if routing is None:
             routing = self.gate(tokens)
-        weights = ExpertWeights.stack(self.experts.deepspeed_experts)
+        if weights is None:
+            weights = ExpertWeights.stack(self.experts.deepspeed_experts)
         if self.gate.cfg.dispatch == "dropless":
             combined = dropless_experts(tokens, routing, weights, self.ep_size, self.ep_group)
             return combined.reshape(hidden.shape), routing
         num_experts = self.ep_size * self.num_local_experts
-        slots = _route_slots(routing.expert_index, routing.location, num_experts, routing.capacity)
-        dispatched = _sparse_encode(tokens, slots, num_experts, routing.capacity)      # [E, C, M]
+        dispatched = _sparse_encode(tokens, routing.slot, num_experts, routing.capacity)      # [E, C, M]
         if self.ep_size > 1:
             dispatched = _AllToAll.apply(self.ep_group, dispatched)
         # After the all-to-all each rank holds its local experts' slots from every rank: [ep, E_local, C, M];
@@ -84,7 +85,7 @@ class SharedMOELayer(MOELayer):
         expert_out = batched_expert_ffn(local, weights).transpose(0, 1).reshape(num_experts, -1, model_dim)
         if self.ep_size > 1:
             expert_out = _AllToAll.apply(self.ep_group, expert_out)
-        combined = _sparse_decode(expert_out.reshape(-1, model_dim), slots, routing.weight, tokens.shape[0])
+        combined = _sparse_decode(expert_out.reshape(-1, model_dim), routing.slot, routing.weight, tokens.shape[0])
         return combined.reshape(hidden.shape), routing
 
 
@@ -147,5 +148,13 @@ class MoEFeedForward(nn.Module):
                 with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed prints "No existing process group ..."
                     self.moe.set_deepspeed_parallelism()
 
-    def forward(self, hidden: Tensor, routing: Routing | None = None) -> tuple[Tensor, Routing]:
-        return self.moe.deepspeed_moe(hidden, routing)
+    def expert_weights(self) -> ExpertWeights:
+        """This rank's experts' weights, stacked: once per forward for the D calls of a shared layer (D stacks
+        and their D gradient sums per expert tensor would be 4 D operators instead of 4)."""
+        return ExpertWeights.stack(self.experts)
+
+    def forward(self, hidden: Tensor, routing: Routing | None = None,
+                weights: ExpertWeights | None = None) -> tuple[Tensor, Routing]:
+        """`routing`: reuse an earlier call's decisions (routing groups); `weights`: `expert_weights()` of
+        this forward (None: stacked here)."""
+        return self.moe.deepspeed_moe(hidden, routing, weights)

@@ -30,8 +30,22 @@ class Routing:
     expert_index: Tensor      # int32 [k, T], -1 where the route overflowed its expert and was dropped
     location: Tensor          # int32 [k, T], slot inside the expert's buffer
     weight: Tensor            # float [k, T], combine weight of each route
-    expert_counts: Tensor     # int [E], routes assigned to each expert before capacity dropping
-    dropped_routes: Tensor    # int scalar, routes dropped by capacity
+    expert_counts: Tensor     # int32 [E], routes assigned to each expert before capacity dropping
+    slot: Tensor | None       # int64 [k, T], slot in the [E * capacity] buffer, E * capacity where dropped
+                              # (DeepSpeed's `_route_slots`); None with dropless dispatch
+
+    @property
+    def dropped_routes(self) -> Tensor:
+        """Routes dropped by capacity (int scalar)."""
+        return dropped_routes(self.expert_counts, self.capacity)
+
+
+def dropped_routes(expert_counts: Tensor, capacity: int) -> Tensor:
+    """Routes dropped by capacity, from the counts [..., E] before dropping: every route past an expert's
+    `capacity` slots (0: unbounded, nothing dropped). Sums the last dim."""
+    if capacity == 0:
+        return expert_counts.new_zeros(expert_counts.shape[:-1])
+    return (expert_counts - capacity).clamp_(min=0).sum(dim=-1)
 
 
 def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: float,
@@ -66,78 +80,78 @@ def multiplicative_jitter(x: Tensor, epsilon: float = 1e-2) -> Tensor:
     return x * (low + torch.rand(x.shape, device=x.device) * (high - low))
 
 
-def _cumsum_over_tokens(mask: Tensor) -> Tensor:
-    """cumsum(mask, dim=0) for mask [T, E], scanned along the contiguous dim: on GPU the outer-dim scan
-    of a [T, E] with few experts runs nearly serially (1.3 ms at T = 8192, E = 4 on an H100, over 40% of a
-    WideNet training step's GPU time); the transposed scan is parallel."""
-    return torch.cumsum(mask.t().contiguous(), dim=1).t()
-
-
 def route_tokens(logits: Tensor, cfg: MoEConfig, *, training: bool) -> Routing:
     """Top-k routing with capacity (paper eq. 1-5, 8; GShard-style slot assignment as DeepSpeed's).
 
     logits: fp32 [T, E] router outputs f(x). Choice j of every token is placed after all choices < j
-    (DeepSpeed's order), so with k = 2, C and drop rules equal, this is DeepSpeed's `top2gating`.
-    Sync-free (no `.item()`, no size read from a tensor), see the module docstring.
+    (DeepSpeed's order), so with k = 2, C and drop rules equal, this is DeepSpeed's `top2gating` (up to ties:
+    of two equally probable experts either may be chosen). Sync-free (no `.item()`, no size read from a
+    tensor), see the module docstring.
+
+    Few operators (each a kernel launch on a GPU, ~20 in all): one top-k gives the choices and their
+    probabilities, and one scan over the routes' one-hot gives every route's slot, the expert counts
+    and the top-1 counts of the balance loss.
     """
     num_tokens, num_experts = logits.shape
     k = cfg.top_k
     if training and cfg.noise == "gaussian":
         # Paper: g(x) = TopK(softmax(f(x) + eps)), eps ~ N(0, 1/E^2).
-        logits = logits + torch.randn_like(logits) / num_experts
+        logits = logits + torch.empty_like(logits).normal_(0.0, 1.0 / num_experts)
     probs = F.softmax(logits, dim=1)
+    weight, choice = _choices(logits, probs, cfg, training)                  # [T, k] each
 
-    first_scores = probs
-    if training and cfg.noise == "rsample":
-        first_scores = logits + gumbel_noise(logits.shape, logits.device)
-    later_scores = logits
-    if training and cfg.second_expert_sampling:
-        later_scores = logits + gumbel_noise(logits.shape, logits.device)
-
-    masks, indices = [], []
-    taken = torch.zeros_like(probs, dtype=torch.bool)
-    experts = torch.arange(num_experts, device=logits.device)
-    for choice in range(k):
-        scores = first_scores if choice == 0 else later_scores.masked_fill(taken, float("-inf"))
-        index = torch.argmax(scores, dim=1)
-        # one_hot(index) without one_hot's range check, which reads the indices on the host on CPU.
-        hit = index.unsqueeze(1) == experts
-        mask = hit.long()
-        taken |= hit
-        masks.append(mask)
-        indices.append(index)
-
-    # Slots: choice j of a token goes after every choice < j of all tokens (DeepSpeed's top2 order).
-    locations, offset = [], torch.zeros(num_experts, dtype=masks[0].dtype, device=logits.device)
-    for mask in masks:
-        locations.append(_cumsum_over_tokens(mask) - 1 + offset)
-        offset = offset + mask.sum(dim=0)
+    # Route j * T + t is token t's choice j: every 1st choice before any 2nd choice (DeepSpeed's slot order).
+    route_expert = choice.t().reshape(-1)                                     # [k T]
+    # hits[e, r]: route r goes to expert e. Expert-major, so that the scan runs along the contiguous dim: on a
+    # GPU the outer-dim scan of a [k T, E] with few experts runs nearly serially (1.3 ms at T = 8192, E = 4 on
+    # an H100). A token mask (routes that must not run) would clear its routes here.
+    hits = torch.arange(num_experts, device=logits.device).unsqueeze(1) == route_expert
+    seen = torch.cumsum(hits, dim=1, dtype=torch.int32)                       # [E, k T]: routes so far, per expert
+    position = seen.gather(0, route_expert.unsqueeze(0)).squeeze(0)           # [k T]: 1 + the route's slot
+    expert_counts = seen[:, -1]                                               # routes per expert, before dropping
 
     mean_prob = probs.mean(dim=0)
     if cfg.balance_loss == "switch":
-        # l = E * sum_i m_i P_i with m_i the fraction of tokens whose top-1 is expert i.
-        routed_fraction = masks[0].float().mean(dim=0)
+        # l = E * sum_i m_i P_i with m_i the fraction of tokens whose top-1 is expert i (the first T routes).
+        routed_fraction = seen[:, num_tokens - 1] / num_tokens
     else:
         # The authors' TF code: both choices counted, divided by k.
-        routed_fraction = torch.stack(masks).float().sum(dim=0).mean(dim=0) / k
+        routed_fraction = expert_counts / num_tokens / k
     balance_loss = num_experts * torch.sum(mean_prob * routed_fraction)
 
-    expert_counts = torch.stack(masks).sum(dim=(0, 1)).detach()
-    if cfg.dispatch == "dropless":
-        # Every route runs on its expert: no capacity to compute, no route to drop.
-        capacity, kept = 0, masks
-    else:
+    expert_index = route_expert.to(torch.int32)
+    location = position - 1
+    weight = weight.t()                                                       # [k, T]
+    # Dropless: every route runs on its expert, no capacity to compute, no route to drop.
+    capacity, slot = 0, None
+    if cfg.dispatch != "dropless":
         capacity = _capacity(cfg, num_tokens, num_experts, training)
-        kept = [mask * torch.lt(loc, capacity) for mask, loc in zip(masks, locations)]
-
-    weights = torch.stack([(probs * mask.float()).sum(dim=1) for mask in kept])
+        dropped = position > capacity
+        slot = (route_expert * capacity + location).masked_fill_(dropped, num_experts * capacity).view(k, num_tokens)
+        expert_index = expert_index.masked_fill_(dropped, -1)
+        location = location.masked_fill_(dropped, 0)                          # 0 for a dropped route, as DeepSpeed
+        weight = weight.masked_fill(dropped.view(k, num_tokens), 0.0)
     if cfg.combine_weights == "renormalize":
-        weights = weights / torch.clamp(weights.sum(dim=0, keepdim=True), min=torch.finfo(weights.dtype).eps)
-    expert_index = torch.stack([torch.where(mask.any(dim=1), index, torch.full_like(index, -1))
-                                for mask, index in zip(kept, indices)]).to(torch.int32)
-    location = torch.stack([(loc * mask).sum(dim=1) for loc, mask in zip(locations, kept)]).to(torch.int32)
-    dropped = (num_tokens * k - sum(mask.sum() for mask in kept)).detach()
-    return Routing(balance_loss, capacity, expert_index, location, weights, expert_counts, dropped)
+        weight = weight / torch.clamp(weight.sum(dim=0, keepdim=True), min=torch.finfo(weight.dtype).eps)
+    return Routing(balance_loss, capacity, expert_index.view(k, num_tokens), location.view(k, num_tokens), weight,
+                   expert_counts, slot)
+
+
+def _choices(logits: Tensor, probs: Tensor, cfg: MoEConfig, training: bool) -> tuple[Tensor, Tensor]:
+    """(probability, expert) of each token's k choices, [T, k] each, choice 0 first: the k most probable
+    experts; with DeepSpeed's sampling policies (training only) the first choice by its own scores (`rsample`:
+    Gumbel-perturbed logits) and the later ones by Gumbel-perturbed logits (`second_expert_sampling`)."""
+    rsample = training and cfg.noise == "rsample"
+    sampled = training and cfg.second_expert_sampling
+    if not (rsample or sampled):
+        return probs.topk(cfg.top_k, dim=1)
+    first_scores = logits + gumbel_noise(logits.shape, logits.device) if rsample else probs
+    choice = first_scores.argmax(dim=1, keepdim=True)
+    if cfg.top_k > 1:
+        later_scores = logits + gumbel_noise(logits.shape, logits.device) if sampled else logits
+        later = later_scores.scatter(1, choice, float("-inf")).topk(cfg.top_k - 1, dim=1).indices
+        choice = torch.cat([choice, later], dim=1)
+    return probs.gather(1, choice), choice
 
 
 def _capacity(cfg: MoEConfig, num_tokens: int, num_experts: int, training: bool) -> int:

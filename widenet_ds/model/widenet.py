@@ -16,8 +16,9 @@ from torch.utils.checkpoint import checkpoint
 from widenet_ds.errors import ConfigError
 from widenet_ds.model.branches import BranchParallel, active_branches, branch_blocks, depth_step
 from widenet_ds.model.config import EncoderConfig, ModelConfig
+from widenet_ds.model.grouped_experts import ExpertWeights
 from widenet_ds.model.moe import FeedForward, MoEFeedForward
-from widenet_ds.model.routing import Routing
+from widenet_ds.model.routing import Routing, dropped_routes
 
 
 # --- outputs ----------------------------------------------------------------------------------------
@@ -110,7 +111,8 @@ class SelfAttention(nn.Module):
         return context.transpose(1, 2).reshape(batch, seq, hidden)
 
     def forward(self, x: Tensor, attend: Tensor | None) -> Tensor:
-        # x: [B, S, H]; attend: bool [B, 1, 1, S], True where a key may be attended (None: every key)
+        # x: [B, S, H]; attend: [B, 1, 1, S], additive (0 where a key may be attended, -inf where not) or bool
+        # (True where it may); None: every key
         return self.dropout(self.output(self.context(self.query(x), self.key(x), self.value(x), attend)))
 
 
@@ -159,15 +161,15 @@ class WideNetEncoder(nn.Module):
         # Set by the caller to run this rank's share of the branches (widenet_ds/model/branches.py).
         self.branch_parallel: BranchParallel | None = None
 
-    def _block(self, i: int, x: Tensor, attend: Tensor | None,
-               routing: Routing | None) -> tuple[Tensor, Routing | None]:
+    def _block(self, i: int, x: Tensor, attend: Tensor | None, routing: Routing | None,
+               experts: ExpertWeights | None = None) -> tuple[Tensor, Routing | None]:
         pick = lambda modules: modules[0 if len(modules) == 1 else i]  # noqa: E731
         attention, ffn, ln_att, ln_ffn = (pick(self.attention), pick(self.ffn),
                                           pick(self.attention_norm), pick(self.ffn_norm))
 
         def feed_forward(h: Tensor) -> tuple[Tensor, Routing | None]:
             if isinstance(ffn, MoEFeedForward):
-                out, used = ffn(h, routing)
+                out, used = ffn(h, routing, experts)
                 return self.ffn_dropout(out), used
             return self.ffn_dropout(ffn(h)), None
 
@@ -205,6 +207,12 @@ class WideNetEncoder(nn.Module):
             for module in self.branch_modules(branch):
                 module.requires_grad_(branch < branches)
 
+    def shared_expert_weights(self) -> ExpertWeights | None:
+        """The shared MoE's expert weights stacked once for the whole forward (None: no shared MoE)."""
+        if len(self.ffn) == 1 and isinstance(self.ffn[0], MoEFeedForward):
+            return self.ffn[0].expert_weights()
+        return None
+
     def _run_branches(self, x: Tensor, attend: Tensor | None,
                       branches: int | None) -> tuple[Tensor, list[Routing]]:
         active = active_branches(self.cfg.num_branches, branches)
@@ -217,11 +225,13 @@ class WideNetEncoder(nn.Module):
             if attend is not None:
                 attend = attend.repeat(len(active), 1, 1, 1)
             streams = x.unsqueeze(0).expand(len(active), *x.shape)
+            experts = self.shared_expert_weights()
             for depth in range(self.cfg.layers_per_branch):
                 if self.activation_checkpointing and self.training:
-                    streams, used = checkpoint(depth_step, self, depth, active, streams, attend, use_reentrant=False)
+                    streams, used = checkpoint(depth_step, self, depth, active, streams, attend, experts,
+                                               use_reentrant=False)
                 else:
-                    streams, used = depth_step(self, depth, active, streams, attend)
+                    streams, used = depth_step(self, depth, active, streams, attend, experts)
                 if used is not None:
                     routings.append(used)
             out = streams.sum(dim=0)
@@ -234,8 +244,12 @@ class WideNetEncoder(nn.Module):
     def forward(self, x: Tensor, attention_mask: Tensor | None,
                 branches: int | None = None) -> tuple[Tensor, Tensor, RoutingStats | None]:
         """`branches`: run the first k branches only (None: all; must be None without branches)."""
-        # attention_mask None: every token attends to every token (images have no padding).
-        attend = attention_mask.bool()[:, None, None, :] if attention_mask is not None else None
+        # attention_mask None: every token attends to every token (images have no padding). The additive form
+        # SDPA would make of a boolean mask in every call, made once: 0 where a key may be attended, else -inf.
+        attend = None
+        if attention_mask is not None:
+            attend = x.new_zeros(attention_mask.shape).masked_fill_(attention_mask == 0, float("-inf"))
+            attend = attend[:, None, None, :]
         if self.cfg.num_branches > 1:
             x, routings = self._run_branches(x, attend, branches)
             return self._finish(x, routings)
@@ -243,15 +257,16 @@ class WideNetEncoder(nn.Module):
             raise ConfigError(f"branches = {branches}, but this model has one branch (num_branches = 1).")
         routings: list[Routing] = []
         routing = None
+        experts = self.shared_expert_weights()
         for i in range(self.cfg.num_layers):
             # Routing groups: the group's first block routes, the others reuse its decisions.
             reuse = routing if i % self.blocks_per_routing_group else None
             if self.activation_checkpointing and self.training:
                 # Non-reentrant: shared weights are used by every block, which reentrant checkpointing under
                 # ZeRO 2 reports as "gradient computed twice".
-                x, used = checkpoint(self._block, i, x, attend, reuse, use_reentrant=False)
+                x, used = checkpoint(self._block, i, x, attend, reuse, experts, use_reentrant=False)
             else:
-                x, used = self._block(i, x, attend, reuse)
+                x, used = self._block(i, x, attend, reuse, experts)
             if used is not None and reuse is None:
                 routings.append(used)
             routing = used
@@ -263,9 +278,10 @@ class WideNetEncoder(nn.Module):
         if not routings:
             return x, x.new_zeros(()), None
         balance = torch.stack([r.balance_loss for r in routings]).sum()
-        stats = RoutingStats(
-            expert_counts=torch.stack([r.expert_counts for r in routings]),
-            dropped_fraction=torch.stack([r.dropped_routes.float() / r.expert_index.numel() for r in routings]))
+        # Every call routes the same number of routes (k T) with the same capacity: one reduction for all calls.
+        counts = torch.stack([r.expert_counts for r in routings])
+        dropped = dropped_routes(counts, routings[0].capacity) / routings[0].expert_index.numel()
+        stats = RoutingStats(expert_counts=counts, dropped_fraction=dropped)
         return x, balance, stats
 
 

@@ -1,0 +1,120 @@
+"""The experts' grouped GEMMs against the experts' own modules, forward and backward: the GPU's native
+`torch._grouped_mm` path forced on CPU (fp32 and bf16), the custom op torch.compile sees (aligned and not), and
+the batched GEMMs of the capacity buffers."""
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from widenet_ds.model.grouped_experts import (
+    ExpertWeights,
+    batched_expert_ffn,
+    grouped_expert_ffn,
+    grouped_mm_by_group,
+    grouped_mm_per_group,
+    native_grouped_mm_usable,
+    reference_expert_ffn,
+)
+from widenet_ds.model.moe import FeedForward
+
+SIZES = [5, 0, 9, 2]  # uneven groups, one empty
+
+
+def _experts(hidden: int, inner: int, count: int = len(SIZES), dtype=torch.float32) -> torch.nn.ModuleList:
+    torch.manual_seed(0)
+    experts = torch.nn.ModuleList(FeedForward(hidden, inner, "gelu") for _ in range(count))
+    with torch.no_grad():
+        for expert in experts:  # non-zero biases: the per-row bias of the grouped path is checked too
+            expert.fc_in.bias.normal_()
+            expert.fc_out.bias.normal_()
+    return experts.to(dtype)
+
+
+def _ends(sizes: list[int]) -> torch.Tensor:
+    return torch.tensor(sizes).cumsum(0).to(torch.int32)
+
+
+def _forward_backward(fn, rows: torch.Tensor, experts: torch.nn.ModuleList):
+    rows = rows.detach().clone().requires_grad_(True)
+    experts.zero_grad(set_to_none=True)
+    out = fn(rows)
+    (out.float() * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+    return out.detach(), rows.grad, {n: p.grad.clone() for n, p in experts.named_parameters()}
+
+
+def _assert_same(got, want, **tolerance):
+    torch.testing.assert_close(got[0], want[0], **tolerance)
+    torch.testing.assert_close(got[1], want[1], **tolerance)
+    assert got[2].keys() == want[2].keys()
+    for name in want[2]:
+        torch.testing.assert_close(got[2][name], want[2][name], msg=name, **tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_native_grouped_mm_forced_on_cpu_equals_the_per_group_path(dtype):
+    """The code path an sm90 GPU runs (torch._grouped_mm with device offsets, _DenseGrad, per-row biases)
+    equals one GEMM per group with the experts' own modules, forward and backward."""
+    experts = _experts(16, 32, dtype=dtype)
+    rows = torch.randn(sum(SIZES), 16, generator=torch.Generator().manual_seed(1)).to(dtype)
+    ends = _ends(SIZES)
+    native = _forward_backward(lambda x: grouped_expert_ffn(x, ends, ExpertWeights.stack(experts), native=True),
+                               rows, experts)
+    per_group = _forward_backward(lambda x: reference_expert_ffn(x, SIZES, experts), rows, experts)
+    custom_op = _forward_backward(lambda x: grouped_expert_ffn(x, ends, ExpertWeights.stack(experts), native=False),
+                                  rows, experts)
+    tolerance = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    _assert_same(native, per_group, **tolerance)
+    _assert_same(custom_op, per_group, **tolerance)
+
+
+def test_native_path_is_the_cpu_eager_default_where_aligned():
+    weights = ExpertWeights.stack(_experts(16, 32))
+    assert native_grouped_mm_usable(torch.zeros(4, 16), weights)
+    assert native_grouped_mm_usable(torch.zeros(4, 16, dtype=torch.bfloat16), weights.cast(torch.bfloat16))
+    unaligned = ExpertWeights.stack(_experts(6, 10))  # 24-byte fp32 rows: torch._grouped_mm refuses them
+    assert not native_grouped_mm_usable(torch.zeros(4, 6), unaligned)
+
+
+def test_unaligned_rows_take_one_gemm_per_group():
+    experts = _experts(6, 10)
+    rows = torch.randn(sum(SIZES), 6, generator=torch.Generator().manual_seed(2))
+    got = _forward_backward(lambda x: grouped_expert_ffn(x, _ends(SIZES), ExpertWeights.stack(experts)), rows, experts)
+    want = _forward_backward(lambda x: reference_expert_ffn(x, SIZES, experts), rows, experts)
+    _assert_same(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
+def test_custom_op_equals_one_gemm_per_group(aligned):
+    width = 8 if aligned else 6
+    a = torch.randn(sum(SIZES), width, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    b = torch.randn(len(SIZES), width, 12, generator=torch.Generator().manual_seed(4), requires_grad=True)
+    ends = _ends(SIZES)
+    grad = torch.randn(sum(SIZES), 12, generator=torch.Generator().manual_seed(5))
+    out = grouped_mm_by_group(a, b, ends)
+    grads = torch.autograd.grad(out, (a, b), grad)
+    want = grouped_mm_per_group(a, b, ends)
+    want_grads = torch.autograd.grad(want, (a, b), grad)
+    torch.testing.assert_close(out, want)
+    for got_grad, want_grad in zip(grads, want_grads):
+        torch.testing.assert_close(got_grad, want_grad)
+
+
+def test_batched_experts_equal_the_experts_modules():
+    """The capacity buffers [E, B, H] through two batched GEMMs with fused biases."""
+    experts = _experts(16, 32, count=3)
+    buffers = torch.randn(3, 1, 7, 16, generator=torch.Generator().manual_seed(6))
+    got = _forward_backward(lambda x: batched_expert_ffn(x, ExpertWeights.stack(experts)), buffers, experts)
+    want = _forward_backward(lambda x: torch.stack([expert(x[e]) for e, expert in enumerate(experts)]),
+                             buffers, experts)
+    _assert_same(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_flop_counter_counts_the_native_grouped_gemm():
+    """2 N K M per GEMM whatever the grouping, forward (rows x weights) and backward (weight gradient too)."""
+    a = torch.randn(16, 8, requires_grad=True)
+    b = torch.randn(len(SIZES), 8, 12, requires_grad=True)
+    ends = torch.tensor([5, 5, 14, 16], dtype=torch.int32)
+    with FlopCounterMode(display=False) as counter:
+        out = torch._grouped_mm(a, b, offs=ends)
+        out.backward(torch.ones_like(out))
+    assert counter.get_total_flops() == 3 * 2 * 16 * 8 * 12
