@@ -31,7 +31,7 @@ def build(ep_size: int, dispatch: str) -> WideNetForSequenceClassification:
     torch.manual_seed(2024)
     cfg = ModelConfig.from_preset("widenet-tiny-e4", vocab_size=300, hidden_dropout=0.0, attention_dropout=0.0,
                                   classifier_dropout=0.0,
-                                  moe={"dispatch": dispatch, "noise": "none", "capacity_factor": 1.0, "min_capacity": 0})
+                                  moe={"dispatch": dispatch, "noise": "none", "capacity_factor": 0.5, "min_capacity": 0})
     model = WideNetForSequenceClassification(cfg, num_labels=2, ep_size=ep_size)
     model.ensure_process_groups()
     return model.train()
