@@ -125,20 +125,23 @@ def route_tokens(logits: Tensor, cfg: MoEConfig, *, training: bool, token_mask: 
     # GPU the outer-dim scan of a [k T, E] with few experts runs nearly serially (1.3 ms at T = 8192, E = 4 on
     # an H100). Padding's routes are cleared here: they take no slot and no count.
     hits = torch.arange(num_experts, device=logits.device).unsqueeze(1) == route_expert
+    padding = None                                                            # [k T]: padding's routes
     if token_mask is not None:
-        hits &= token_mask.repeat(k)
+        real_routes = token_mask.repeat(k)
+        hits &= real_routes
+        padding = ~real_routes
     seen = torch.cumsum(hits, dim=1, dtype=torch.int32)                       # [E, k T]: routes so far, per expert
     position = seen.gather(0, route_expert.unsqueeze(0)).squeeze(0)           # [k T]: 1 + the route's slot
     expert_counts = seen[:, -1]                                               # routes per expert, before dropping
 
-    if token_mask is None:
+    if padding is None:
         mean_prob = probs.mean(dim=0)
         real_tokens = num_tokens
     else:
         # Over the real tokens only (a tensor: counting them on the host would sync); an all-padding batch
         # has a zero loss.
         real_tokens = token_mask.sum().clamp(min=1)
-        mean_prob = probs.masked_fill(~token_mask.unsqueeze(1), 0.0).sum(dim=0) / real_tokens
+        mean_prob = probs.masked_fill(padding[:num_tokens].unsqueeze(1), 0.0).sum(dim=0) / real_tokens
     if cfg.balance_loss == "switch":
         # l = E * sum_i m_i P_i with m_i the fraction of tokens whose top-1 is expert i (the first T routes).
         routed_fraction = seen[:, num_tokens - 1] / real_tokens
@@ -150,18 +153,18 @@ def route_tokens(logits: Tensor, cfg: MoEConfig, *, training: bool, token_mask: 
     expert_index = route_expert.to(torch.int32)
     location = position - 1
     weight = weight.t()                                                       # [k, T]
-    # Dropless: every route runs on its expert, no capacity to compute, no route to drop.
+    # Dropless: every route runs on its expert, no capacity to compute, no route to drop (padding has none).
     capacity, slot = 0, None
-    padding = None if token_mask is None else ~token_mask.repeat(k)          # [k T]
-    if padding is not None:
-        expert_index = expert_index.masked_fill_(padding, -1)
-        location = location.masked_fill_(padding, 0)
-        weight = weight.masked_fill(padding.view(k, num_tokens), 0.0)
-    if cfg.dispatch != "dropless":
+    if cfg.dispatch == "dropless":
+        if padding is not None:
+            expert_index = expert_index.masked_fill_(padding, -1)
+            location = location.masked_fill_(padding, 0)
+            weight = weight.masked_fill(padding.view(k, num_tokens), 0.0)
+    else:
         capacity = _capacity(cfg, num_tokens, num_experts, training)
         dropped = position > capacity
         if padding is not None:
-            dropped |= padding
+            dropped |= padding                                                # no route, as a dropped one
         slot = (route_expert * capacity + location).masked_fill_(dropped, num_experts * capacity).view(k, num_tokens)
         expert_index = expert_index.masked_fill_(dropped, -1)
         location = location.masked_fill_(dropped, 0)                          # 0 for a dropped route, as DeepSpeed
