@@ -88,16 +88,19 @@ def test_upcycling_copies_albert_into_every_expert(tmp_path):
     assert convert(["to-albert", str(tmp_path / "albert"), str(tmp_path / "hf")]) == 0
     assert convert(["from-albert", str(tmp_path / "hf"), str(tmp_path / "wide0"), "--upcycle-experts", "4",
                     "--upcycle-noise", "0"]) == 0
-    # Noise 0, renormalised top-2 weights, no dropping: every token gets ALBERT's FFN -> ALBERT's logits.
+    # Noise 0, renormalised top-2 weights, no dropping: every token gets ALBERT's FFN -> ALBERT's logits (at the
+    # real tokens: padding gets no route, so its positions skip the FFN that ALBERT runs on them).
     exact = {"moe": {"combine_weights": "renormalize", "drop_tokens": False}}
     wide, report = load_pretrained(WideNetForPreTraining, tmp_path / "wide0", model_overrides=exact)
     assert wide.cfg.is_moe and wide.cfg.moe.num_experts == 4 and not wide.cfg.share_layernorm
     assert report.new == [] and report.unused == []
     wide.ensure_process_groups()
     ids, types, mask = inputs()
+    real = mask.bool()
+    assert not real.all()
     with torch.no_grad():
-        torch.testing.assert_close(wide.eval()(ids, types, mask).mlm_logits, albert(ids, types, mask).mlm_logits,
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(wide.eval()(ids, types, mask).mlm_logits[real],
+                                   albert(ids, types, mask).mlm_logits[real], atol=1e-5, rtol=1e-5)
     assert convert(["from-albert", str(tmp_path / "hf"), str(tmp_path / "wide"), "--upcycle-experts", "4"]) == 0
     state = read_folder(tmp_path / "wide").state
     ffn = albert.widenet.encoder.ffn[0].fc_in.weight

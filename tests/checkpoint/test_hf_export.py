@@ -54,6 +54,7 @@ TEXT_CASES = {
     "moe-per-block": dict(share_ffn=False, share_attention=False, moe={"eval_capacity_factor": 0.8, "num_experts": 3}),
     "top1-no-dropping": dict(moe={"top_k": 1, "drop_tokens": False}),
     "branches": dict(num_branches=2, moe={"eval_capacity_factor": 0.8}),
+    "route-padding": dict(moe={"eval_capacity_factor": 0.5, "route_padding": True}),  # the paper-literal routing
     "albert-dense": dict(ffn="dense", share_layernorm=True),
     "bert-dense": dict(ffn="dense", share_attention=False, share_ffn=False),
 }
@@ -218,7 +219,7 @@ def test_image_models_give_our_eval_outputs(case, dispatch, tmp_path):
 # --- training mode ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("moe", [dict(noise="gaussian"), dict(noise="jitter", combine_weights="renormalize"),
                                  dict(noise="rsample", top_k=1), dict(second_expert_sampling=True),
-                                 dict(noise="gaussian", dispatch="dropless")])
+                                 dict(noise="gaussian", dispatch="dropless"), dict(route_padding=True)])
 def test_training_mode_routing_draws_the_same_noise_as_ours(moe, tmp_path):
     """Same RNG state, same noise, same routing: the same loss and router gradient (dropouts 0)."""
     cfg = ModelConfig(**DIMS, moe=moe)

@@ -42,8 +42,9 @@ def test_one_routing_call_per_block_and_the_balance_loss_is_their_sum(dist):
     with torch.no_grad():
         out = model(ids, attention_mask=mask, labels=labels)
     assert out.routing.expert_counts.shape == (cfg.num_layers, cfg.moe.num_experts)
-    # each routing call gives every token top_k routes
-    assert out.routing.expert_counts.sum(dim=1).tolist() == [ids.numel() * cfg.moe.top_k] * cfg.num_layers
+    # each routing call gives every real token top_k routes (padding none)
+    assert 0 < mask.sum() < mask.numel()
+    assert out.routing.expert_counts.sum(dim=1).tolist() == [int(mask.sum()) * cfg.moe.top_k] * cfg.num_layers
     assert out.loss == pytest.approx((out.task_loss + cfg.moe.balance_loss_weight * out.balance_loss).item())
     assert out.task_loss == pytest.approx(F.cross_entropy(out.logits, labels).item())
 

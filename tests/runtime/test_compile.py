@@ -132,6 +132,25 @@ def test_route_tokens_compiles_whole_and_equals_eager(moe, training):
     torch.testing.assert_close(compiled.balance_loss, eager.balance_loss, atol=1e-7, rtol=1e-6)
 
 
+@pytest.mark.parametrize("dispatch", ["deepspeed", "dropless"])
+def test_routing_without_padding_compiles_whole_reads_nothing_and_equals_eager(dispatch):
+    """Padding kept out of the experts (a token mask) adds no host read: the real-token count stays a tensor."""
+    cfg = MoEConfig(noise="none", dispatch=dispatch, capacity_factor=1.0)
+    logits = torch.randn(24, cfg.num_experts, generator=torch.Generator().manual_seed(0))
+    mask = torch.arange(24) % 5 != 0
+    routing = lambda x, m: route_tokens(x, cfg, training=True, token_mask=m)  # noqa: E731
+    assert _host_reads(routing, logits, mask) == []
+    compiled, eager = _compile(routing)(logits, mask), routing(logits, mask)
+    for field in ("expert_index", "location", "expert_counts", "dropped_routes"):
+        assert torch.equal(getattr(compiled, field), getattr(eager, field)), field
+    torch.testing.assert_close(compiled.balance_loss, eager.balance_loss, atol=1e-7, rtol=1e-6)
+    torch._dynamo.reset()
+    layer = _layer(dispatch)
+    tokens_mask = (torch.arange(16) < 11).repeat(2, 1)
+    call = lambda x: layer(x, token_mask=tokens_mask)  # noqa: E731
+    assert _host_reads(call, torch.randn(2, 8 * 2, 16, requires_grad=True), backward=True) == []
+
+
 @pytest.mark.parametrize("moe", [dict(noise="gaussian"), dict(noise="jitter", second_expert_sampling=True),
                                  dict(top_k=1, noise="rsample")], ids=["gaussian", "jitter-gumbel", "rsample"])
 def test_noisy_routing_compiles_whole_with_eager_random_numbers(moe):

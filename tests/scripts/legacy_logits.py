@@ -1,5 +1,7 @@
 """`legacy_logits.py INPUTS OUT`: load tests/assets/legacy_folder with today's code, compute the MLM/SOP
-logits of the fixed input in INPUTS (a safetensors file) and save them, with the load report, to OUT.
+logits of the fixed input in INPUTS (a safetensors file) with the old code's routing (padding routed,
+`moe.route_padding = true`) and with today's default (prefix "masked."), and save them, with the load
+report, to OUT.
 Run in its own process under tests/portable_arithmetic.py's switches (tests/checkpoint/test_load_legacy.py)."""
 
 import json
@@ -23,14 +25,18 @@ FOLDER = Path(__file__).resolve().parents[1] / "assets" / "legacy_folder"
 def main(inputs: Path, out: Path) -> None:
     init_distributed()  # DeepSpeed's MoE all-to-all needs a (1-rank) process group
     batch = load_file(inputs)
-    model, report = load_pretrained(WideNetForPreTraining, FOLDER)
-    model.eval()
-    with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                       attention_mask=batch["attention_mask"])
+    results = {}
+    # The old code routed padding like a token (moe.route_padding = true); today's default keeps it out.
+    for prefix, overrides in (("", {"moe": {"route_padding": True}}), ("masked.", None)):
+        model, report = load_pretrained(WideNetForPreTraining, FOLDER, model_overrides=overrides)
+        model.eval()
+        with torch.no_grad():
+            logits = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                           attention_mask=batch["attention_mask"])
+        results.update({f"{prefix}mlm_logits": logits.mlm_logits.contiguous(),
+                        f"{prefix}sop_logits": logits.sop_logits.contiguous()})
     report = {"new": sorted(report.new), "unused": sorted(report.unused), "saved_ep_size": report.saved_ep_size}
-    save_file({"mlm_logits": logits.mlm_logits.contiguous(), "sop_logits": logits.sop_logits.contiguous()}, out,
-              metadata={"report": json.dumps(report)})
+    save_file(results, out, metadata={"report": json.dumps(report)})
 
 
 if __name__ == "__main__":

@@ -166,14 +166,14 @@ def _attention(modules: nn.ModuleList, blocks: list[int], x: Tensor, attend: Ten
     return layers[0].dropout(_stacked_linear([m.output for m in layers], context))
 
 
-def _feed_forward(encoder: nn.Module, blocks: list[int], x: Tensor,
-                  experts: ExpertWeights | None) -> tuple[Tensor, Routing | None]:
+def _feed_forward(encoder: nn.Module, blocks: list[int], x: Tensor, experts: ExpertWeights | None,
+                  token_mask: Tensor | None = None) -> tuple[Tensor, Routing | None]:
     k, batch, seq, hidden = x.shape
     modules = encoder.ffn
     if len(modules) == 1:
         flat = x.reshape(k * batch, seq, hidden)
         if isinstance(modules[0], MoEFeedForward):
-            out, routing = modules[0](flat, None, experts)
+            out, routing = modules[0](flat, None, experts, token_mask)
             return encoder.ffn_dropout(out).view_as(x), routing
         return encoder.ffn_dropout(modules[0](flat)).view_as(x), None
     layers = [modules[i] for i in blocks]  # dense FeedForwards (an MoE per block is refused by the config)
@@ -182,18 +182,20 @@ def _feed_forward(encoder: nn.Module, blocks: list[int], x: Tensor,
 
 
 def depth_step(encoder: nn.Module, depth: int, branches: list[int], x: Tensor, attend: Tensor | None,
-               experts: ExpertWeights | None = None) -> tuple[Tensor, Routing | None]:
+               experts: ExpertWeights | None = None,
+               token_mask: Tensor | None = None) -> tuple[Tensor, Routing | None]:
     """One block of every active branch. x: [k, B, S, H], stream i belonging to branches[i]; `experts`: the
-    shared MoE's stacked weights of this forward (`WideNetEncoder.shared_expert_weights`)."""
+    shared MoE's stacked weights of this forward (`WideNetEncoder.shared_expert_weights`); `token_mask`:
+    bool [k B, S], False for padding (routed by nobody, see widenet_ds/model/routing.py)."""
     cfg = encoder.cfg
     blocks = [b * cfg.layers_per_branch + depth for b in branches]
     if cfg.norm_position == "post":
         x = _norm(encoder.attention_norm, blocks, x + _attention(encoder.attention, blocks, x, attend))
-        out, routing = _feed_forward(encoder, blocks, x, experts)
+        out, routing = _feed_forward(encoder, blocks, x, experts, token_mask)
         return _norm(encoder.ffn_norm, blocks, x + out), routing
     normed = cfg.residual == "normed"
     h = _norm(encoder.attention_norm, blocks, x)
     x = (h if normed else x) + _attention(encoder.attention, blocks, h, attend)
     h = _norm(encoder.ffn_norm, blocks, x)
-    out, routing = _feed_forward(encoder, blocks, h, experts)
+    out, routing = _feed_forward(encoder, blocks, h, experts, token_mask)
     return (h if normed else x) + out, routing

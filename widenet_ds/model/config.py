@@ -151,6 +151,12 @@ class MoEConfig:
 
     `capacity_rounding`: "ceil" (DeepSpeed's B = ceil(K * C * T / E)) or "floor" (the authors' vision code,
     int(T * C * K // E)).
+
+    `route_padding`: False (default) keeps padding out of the experts: a padding position gets no route, no
+    capacity slot, and no share of the balance loss or the routing statistics (widenet_ds/model/routing.py);
+    True routes it like a real token, as the paper (and every run before this switch) did. A stored config
+    records the field only when true, so configs, markers and folders written before still read and hash the
+    same; they load with the masked default (the same weights; only padding's routes change).
     """
 
     num_experts: int = 4
@@ -166,6 +172,7 @@ class MoEConfig:
     balance_loss_weight: float = 0.01
     dispatch: Dispatch = "deepspeed"
     capacity_rounding: CapacityRounding = "ceil"
+    route_padding: bool = False
 
     def __post_init__(self) -> None:
         check_positive(self, "num_experts", "top_k", "capacity_factor", "eval_capacity_factor")
@@ -178,6 +185,8 @@ class MoEConfig:
                 f"lower top_k or add experts.")
         if self.min_capacity < 0:
             raise ConfigError(f"MoEConfig.min_capacity = {self.min_capacity} must be >= 0.")
+        if not isinstance(self.route_padding, bool):
+            raise ConfigError(f"MoEConfig.route_padding = {self.route_padding!r} must be true or false.")
         if self.balance_loss_weight < 0:
             raise ConfigError(f"MoEConfig.balance_loss_weight = {self.balance_loss_weight} must be >= 0.")
         for name, literal in (("noise", NoisePolicy), ("combine_weights", CombineWeights),
@@ -338,7 +347,11 @@ class EncoderConfig:
         raise NotImplementedError
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        # Written only when set: configs from before the switch hash and compare the same (MoEConfig).
+        if not data["moe"]["route_padding"]:
+            del data["moe"]["route_padding"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:

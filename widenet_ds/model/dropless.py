@@ -57,13 +57,22 @@ def sorted_route_order(routing: Routing, align: int = 1) -> tuple[Tensor, Tensor
     choice j.
 
     A route's row is its expert's first row plus its slot `location`, the slot order DeepSpeed's gate
-    gives (choice j of every token after all choices < j), so no sort is needed.
+    gives (choice j of every token after all choices < j), so no sort is needed. Padding routes (a routing
+    with `padded`) follow the real rows.
     """
     k, num_tokens = routing.expert_index.shape
     num_routes = k * num_tokens
     total = padded_rows(num_routes, routing.expert_counts.numel(), align)
     starts, ends = aligned_groups(routing.expert_counts.to(torch.long), align, total)
-    row_of_route = starts[routing.expert_index.long()] + routing.location.long()    # [k, T]
+    expert = routing.expert_index.long()
+    row_of_route = starts[expert] + routing.location.long()                          # [k, T]
+    if routing.padded:
+        # Padding's routes (expert -1) run nowhere: they take the rows after the last expert's real ones, in
+        # route order, which no peer is sent and whose results their zero weight discards.
+        counts = routing.expert_counts.to(torch.long)
+        padding = expert < 0
+        tail = starts[-1] + counts[-1] + torch.cumsum(padding.reshape(-1), dim=0).view_as(expert) - 1
+        row_of_route = torch.where(padding, tail, row_of_route)
     route_of_row = torch.full((total,), num_routes, dtype=torch.long, device=row_of_route.device)
     route_of_row[row_of_route.reshape(-1)] = torch.arange(num_routes, device=row_of_route.device)
     return row_of_route, route_of_row, ends
@@ -144,8 +153,9 @@ def dropless_experts(tokens: Tensor, routing: Routing, weights: ExpertWeights, e
                      ep_group=None) -> Tensor:
     """sum_j w_j(t) * expert_{e_j(t)}(x_t) for every token, with no capacity and no dropped route.
 
-    tokens: [T, M]; routing: from `route_tokens` with dispatch "dropless" (capacity 0 = unbounded, so no
-    -1 in expert_index); weights: this rank's experts (E / ep_size of them), stacked.
+    tokens: [T, M]; routing: from `route_tokens` with dispatch "dropless" (capacity 0 = unbounded, so -1 in
+    expert_index only for padding, whose weight is 0); weights: this rank's experts (E / ep_size of them),
+    stacked.
     """
     k, num_tokens = routing.expert_index.shape
     # Locally the rows only need grouping when the experts run here; with ep > 1 they are sent unpadded.
@@ -185,7 +195,9 @@ def _expert_parallel_ffn(rows: Tensor, expert_counts: Tensor, weights: ExpertWei
     recv_counts = torch.empty_like(send_counts)
     dist.all_to_all_single(recv_counts, send_counts, group=ep_group)           # on the device
     send_splits, recv_splits = _host_split_sizes(send_counts, recv_counts)
-    received = _AllToAllRows.apply(rows, send_splits, recv_splits, ep_group)  # by (source rank, local expert)
+    # Padding's routes (rows past the counted ones) are sent nowhere; their zero rows come back in place.
+    sent = sum(send_splits)
+    received = _AllToAllRows.apply(rows[:sent], send_splits, recv_splits, ep_group)  # by (source rank, local expert)
 
     # Regroup by local expert: chunk (r, l) of the received rows goes after the chunks (r' < r, l) in group l.
     num_received = sum(recv_splits)
@@ -203,4 +215,7 @@ def _expert_parallel_ffn(rows: Tensor, expert_counts: Tensor, weights: ExpertWei
     grouped = _PlaceRows.apply(received, target, total)
     out = grouped_expert_ffn(grouped, ends, weights)
     out_received = _TakeRows.apply(out, target)
-    return _AllToAllRows.apply(out_received, recv_splits, send_splits, ep_group)
+    returned = _AllToAllRows.apply(out_received, recv_splits, send_splits, ep_group)
+    if sent == rows.shape[0]:
+        return returned
+    return torch.cat([returned, returned.new_zeros(rows.shape[0] - sent, returned.shape[1])])

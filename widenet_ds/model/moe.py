@@ -52,24 +52,25 @@ class WideNetGate(TopKGate):
                          top2_2nd_expert_sampling=cfg.second_expert_sampling)
         self.cfg = cfg
 
-    def forward(self, tokens: Tensor) -> Routing:  # type: ignore[override]
+    def forward(self, tokens: Tensor, token_mask: Tensor | None = None) -> Routing:  # type: ignore[override]
+        """tokens [T, M]; token_mask: bool [T], False for padding (None: all real; see `route_tokens`)."""
         tokens = tokens.float()
         if self.training and self.cfg.noise == "jitter":
             tokens = multiplicative_jitter(tokens)
         logits = F.linear(tokens, self.wg.weight.float())
-        return route_tokens(logits, self.cfg, training=self.training)
+        return route_tokens(logits, self.cfg, training=self.training, token_mask=token_mask)
 
 
 class SharedMOELayer(MOELayer):
     """DeepSpeed's MOELayer with the routing passed in and returned instead of kept in attributes."""
 
     def forward(self, hidden: Tensor, routing: Routing | None = None,  # type: ignore[override]
-                weights: ExpertWeights | None = None) -> tuple[Tensor, Routing]:
-        # hidden: [..., M]; tokens: [T, M]
+                weights: ExpertWeights | None = None, token_mask: Tensor | None = None) -> tuple[Tensor, Routing]:
+        # hidden: [..., M]; tokens: [T, M]; token_mask: bool [...] (hidden's leading dims), False for padding
         model_dim = hidden.shape[-1]
         tokens = hidden.reshape(-1, model_dim)
         if routing is None:
-            routing = self.gate(tokens)
+            routing = self.gate(tokens, None if token_mask is None else token_mask.reshape(-1))
         if weights is None:
             weights = ExpertWeights.stack(self.experts.deepspeed_experts)
         if self.gate.cfg.dispatch == "dropless":
@@ -154,7 +155,8 @@ class MoEFeedForward(nn.Module):
         return ExpertWeights.stack(self.experts)
 
     def forward(self, hidden: Tensor, routing: Routing | None = None,
-                weights: ExpertWeights | None = None) -> tuple[Tensor, Routing]:
+                weights: ExpertWeights | None = None, token_mask: Tensor | None = None) -> tuple[Tensor, Routing]:
         """`routing`: reuse an earlier call's decisions (routing groups); `weights`: `expert_weights()` of
-        this forward (None: stacked here)."""
-        return self.moe.deepspeed_moe(hidden, routing, weights)
+        this forward (None: stacked here); `token_mask`: bool, hidden's leading shape, False where a position
+        is padding (no route, no capacity, no balance loss: `route_tokens`); None: every position routes."""
+        return self.moe.deepspeed_moe(hidden, routing, weights, token_mask)

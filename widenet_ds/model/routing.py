@@ -7,6 +7,21 @@ one call's decisions and the tests can compare it with DeepSpeed's `top2gating` 
 It never synchronises with the host: every size (the capacity included) follows from the logits' shape
 and the config, never from their values, so `torch.compile(route_tokens, fullgraph=True)` traces it whole
 and a GPU never waits for the CPU to read a routing decision (tests/runtime/test_compile.py checks both).
+
+Padding (`token_mask`, on unless `MoEConfig.route_padding`): a padding position is no token of the batch,
+so it gets no route (expert_index -1, weight 0: its MoE output is 0 and the residual carries it through),
+takes no capacity slot (the real tokens' slots are numbered among real routes only), and does not enter
+the balance loss (me = mean router probability and ce = fraction routed, both over the real tokens) or the
+routing statistics (`expert_counts`, hence the dropped routes, count real routes only). DeepSpeed's
+`top1gating` has the same `used_token` mask for the routes and slots, but keeps padding in its balance
+loss (me over all positions, ce divided by all positions); Mesh-TF / T5X-style routers keep it out.
+
+The capacity stays B = ceil(K * C * T / E) with T the number of positions (padding included): a size read
+from the shape, so routing never waits for the host to count the real tokens, torch.compile keeps one
+graph per shape, and every expert-parallel rank sizes the same all-to-all buffers. The real tokens of a
+padded batch therefore get more room than C promises (C * T / T_real per real token), never less.
+With `route_padding = True` padding routes as a real token, the paper-literal behaviour (and
+the numbers of every run before the mask, bit for bit).
 """
 
 from __future__ import annotations
@@ -33,6 +48,7 @@ class Routing:
     expert_counts: Tensor     # int32 [E], routes assigned to each expert before capacity dropping
     slot: Tensor | None       # int64 [k, T], slot in the [E * capacity] buffer, E * capacity where dropped
                               # (DeepSpeed's `_route_slots`); None with dropless dispatch
+    padded: bool = False      # some positions may be padding (expert_index -1 without a dropped route)
 
     @property
     def dropped_routes(self) -> Tensor:
@@ -80,13 +96,16 @@ def multiplicative_jitter(x: Tensor, epsilon: float = 1e-2) -> Tensor:
     return x * (low + torch.rand(x.shape, device=x.device) * (high - low))
 
 
-def route_tokens(logits: Tensor, cfg: MoEConfig, *, training: bool) -> Routing:
+def route_tokens(logits: Tensor, cfg: MoEConfig, *, training: bool, token_mask: Tensor | None = None) -> Routing:
     """Top-k routing with capacity (paper eq. 1-5, 8; GShard-style slot assignment as DeepSpeed's).
 
     logits: fp32 [T, E] router outputs f(x). Choice j of every token is placed after all choices < j
     (DeepSpeed's order), so with k = 2, C and drop rules equal, this is DeepSpeed's `top2gating` (up to ties:
     of two equally probable experts either may be chosen). Sync-free (no `.item()`, no size read from a
     tensor), see the module docstring.
+
+    token_mask: bool [T], True for a real token, False for padding (None: every position is a token). A
+    padding position gets no route, no slot and no share of the balance loss or the counts (module docstring).
 
     Few operators (each a kernel launch on a GPU, ~20 in all): one top-k gives the choices and their
     probabilities, and one scan over the routes' one-hot gives every route's slot, the expert counts
@@ -104,29 +123,48 @@ def route_tokens(logits: Tensor, cfg: MoEConfig, *, training: bool) -> Routing:
     route_expert = choice.t().reshape(-1)                                     # [k T]
     # hits[e, r]: route r goes to expert e. Expert-major, so that the scan runs along the contiguous dim: on a
     # GPU the outer-dim scan of a [k T, E] with few experts runs nearly serially (1.3 ms at T = 8192, E = 4 on
-    # an H100). A token mask (routes that must not run) would clear its routes here.
+    # an H100). Padding's routes are cleared here: they take no slot and no count.
     hits = torch.arange(num_experts, device=logits.device).unsqueeze(1) == route_expert
+    padding = None                                                            # [k T]: padding's routes
+    if token_mask is not None:
+        real_routes = token_mask.repeat(k)
+        hits &= real_routes
+        padding = ~real_routes
     seen = torch.cumsum(hits, dim=1, dtype=torch.int32)                       # [E, k T]: routes so far, per expert
     position = seen.gather(0, route_expert.unsqueeze(0)).squeeze(0)           # [k T]: 1 + the route's slot
     expert_counts = seen[:, -1]                                               # routes per expert, before dropping
 
-    mean_prob = probs.mean(dim=0)
+    if padding is None:
+        mean_prob = probs.mean(dim=0)
+        real_tokens = num_tokens
+    else:
+        # Over the real tokens only (a tensor: counting them on the host would sync); an all-padding batch
+        # has a zero loss.
+        real_tokens = token_mask.sum().clamp(min=1)
+        mean_prob = probs.masked_fill(padding[:num_tokens].unsqueeze(1), 0.0).sum(dim=0) / real_tokens
     if cfg.balance_loss == "switch":
         # l = E * sum_i m_i P_i with m_i the fraction of tokens whose top-1 is expert i (the first T routes).
-        routed_fraction = seen[:, num_tokens - 1] / num_tokens
+        routed_fraction = seen[:, num_tokens - 1] / real_tokens
     else:
         # The authors' TF code: both choices counted, divided by k.
-        routed_fraction = expert_counts / num_tokens / k
+        routed_fraction = expert_counts / real_tokens / k
     balance_loss = num_experts * torch.sum(mean_prob * routed_fraction)
 
     expert_index = route_expert.to(torch.int32)
     location = position - 1
     weight = weight.t()                                                       # [k, T]
-    # Dropless: every route runs on its expert, no capacity to compute, no route to drop.
+    # Dropless: every route runs on its expert, no capacity to compute, no route to drop (padding has none).
     capacity, slot = 0, None
-    if cfg.dispatch != "dropless":
+    if cfg.dispatch == "dropless":
+        if padding is not None:
+            expert_index = expert_index.masked_fill_(padding, -1)
+            location = location.masked_fill_(padding, 0)
+            weight = weight.masked_fill(padding.view(k, num_tokens), 0.0)
+    else:
         capacity = _capacity(cfg, num_tokens, num_experts, training)
         dropped = position > capacity
+        if padding is not None:
+            dropped |= padding                                                # no route, as a dropped one
         slot = (route_expert * capacity + location).masked_fill_(dropped, num_experts * capacity).view(k, num_tokens)
         expert_index = expert_index.masked_fill_(dropped, -1)
         location = location.masked_fill_(dropped, 0)                          # 0 for a dropped route, as DeepSpeed
@@ -134,7 +172,7 @@ def route_tokens(logits: Tensor, cfg: MoEConfig, *, training: bool) -> Routing:
     if cfg.combine_weights == "renormalize":
         weight = weight / torch.clamp(weight.sum(dim=0, keepdim=True), min=torch.finfo(weight.dtype).eps)
     return Routing(balance_loss, capacity, expert_index.view(k, num_tokens), location.view(k, num_tokens), weight,
-                   expert_counts, slot)
+                   expert_counts, slot, padded=token_mask is not None)
 
 
 def _choices(logits: Tensor, probs: Tensor, cfg: MoEConfig, training: bool) -> tuple[Tensor, Tensor]:

@@ -26,8 +26,8 @@ from widenet_ds.model.routing import Routing, dropped_routes
 class RoutingStats:
     """Per routing call (one per block, or per routing group): how the shared MoE spread the tokens."""
 
-    expert_counts: Tensor      # [calls, E] routes assigned per expert (before capacity dropping)
-    dropped_fraction: Tensor   # [calls] fraction of routes dropped by capacity
+    expert_counts: Tensor      # [calls, E] routes assigned per expert (before capacity dropping); real tokens'
+    dropped_fraction: Tensor   # [calls] fraction of the (real tokens') routes dropped by capacity
 
 
 @dataclass
@@ -162,14 +162,15 @@ class WideNetEncoder(nn.Module):
         self.branch_parallel: BranchParallel | None = None
 
     def _block(self, i: int, x: Tensor, attend: Tensor | None, routing: Routing | None,
-               experts: ExpertWeights | None = None) -> tuple[Tensor, Routing | None]:
+               experts: ExpertWeights | None = None,
+               token_mask: Tensor | None = None) -> tuple[Tensor, Routing | None]:
         pick = lambda modules: modules[0 if len(modules) == 1 else i]  # noqa: E731
         attention, ffn, ln_att, ln_ffn = (pick(self.attention), pick(self.ffn),
                                           pick(self.attention_norm), pick(self.ffn_norm))
 
         def feed_forward(h: Tensor) -> tuple[Tensor, Routing | None]:
             if isinstance(ffn, MoEFeedForward):
-                out, used = ffn(h, routing, experts)
+                out, used = ffn(h, routing, experts, token_mask)
                 return self.ffn_dropout(out), used
             return self.ffn_dropout(ffn(h)), None
 
@@ -213,8 +214,8 @@ class WideNetEncoder(nn.Module):
             return self.ffn[0].expert_weights()
         return None
 
-    def _run_branches(self, x: Tensor, attend: Tensor | None,
-                      branches: int | None) -> tuple[Tensor, list[Routing]]:
+    def _run_branches(self, x: Tensor, attend: Tensor | None, branches: int | None,
+                      token_mask: Tensor | None) -> tuple[Tensor, list[Routing]]:
         active = active_branches(self.cfg.num_branches, branches)
         if self.branch_parallel is not None:
             x = self.branch_parallel.input(x)
@@ -224,14 +225,16 @@ class WideNetEncoder(nn.Module):
         if active:
             if attend is not None:
                 attend = attend.repeat(len(active), 1, 1, 1)
+            if token_mask is not None:
+                token_mask = token_mask.repeat(len(active), 1)                # [k B, S], as the stacked streams
             streams = x.unsqueeze(0).expand(len(active), *x.shape)
             experts = self.shared_expert_weights()
             for depth in range(self.cfg.layers_per_branch):
                 if self.activation_checkpointing and self.training:
                     streams, used = checkpoint(depth_step, self, depth, active, streams, attend, experts,
-                                               use_reentrant=False)
+                                               token_mask, use_reentrant=False)
                 else:
-                    streams, used = depth_step(self, depth, active, streams, attend, experts)
+                    streams, used = depth_step(self, depth, active, streams, attend, experts, token_mask)
                 if used is not None:
                     routings.append(used)
             out = streams.sum(dim=0)
@@ -250,8 +253,13 @@ class WideNetEncoder(nn.Module):
         if attention_mask is not None:
             attend = x.new_zeros(attention_mask.shape).masked_fill_(attention_mask == 0, float("-inf"))
             attend = attend[:, None, None, :]
+        # Padding gets no route, no capacity and no share of the balance loss (widenet_ds/model/routing.py)
+        # unless the config routes it as the paper does.
+        token_mask = None
+        if attention_mask is not None and self.cfg.is_moe and not self.cfg.moe.route_padding:
+            token_mask = attention_mask != 0
         if self.cfg.num_branches > 1:
-            x, routings = self._run_branches(x, attend, branches)
+            x, routings = self._run_branches(x, attend, branches, token_mask)
             return self._finish(x, routings)
         if branches not in (None, 1):
             raise ConfigError(f"branches = {branches}, but this model has one branch (num_branches = 1).")
@@ -264,9 +272,9 @@ class WideNetEncoder(nn.Module):
             if self.activation_checkpointing and self.training:
                 # Non-reentrant: shared weights are used by every block, which reentrant checkpointing under
                 # ZeRO 2 reports as "gradient computed twice".
-                x, used = checkpoint(self._block, i, x, attend, reuse, experts, use_reentrant=False)
+                x, used = checkpoint(self._block, i, x, attend, reuse, experts, token_mask, use_reentrant=False)
             else:
-                x, used = self._block(i, x, attend, reuse, experts)
+                x, used = self._block(i, x, attend, reuse, experts, token_mask)
             if used is not None and reuse is None:
                 routings.append(used)
             routing = used
@@ -278,9 +286,10 @@ class WideNetEncoder(nn.Module):
         if not routings:
             return x, x.new_zeros(()), None
         balance = torch.stack([r.balance_loss for r in routings]).sum()
-        # Every call routes the same number of routes (k T) with the same capacity: one reduction for all calls.
+        # Every call routes the same tokens with the same capacity: one reduction for all calls. The routes a
+        # call counts (k T, or k T_real with padding masked) are the sum of its expert counts.
         counts = torch.stack([r.expert_counts for r in routings])
-        dropped = dropped_routes(counts, routings[0].capacity) / routings[0].expert_index.numel()
+        dropped = dropped_routes(counts, routings[0].capacity) / counts.sum(dim=-1).clamp(min=1)
         stats = RoutingStats(expert_counts=counts, dropped_fraction=dropped)
         return x, balance, stats
 

@@ -11,7 +11,9 @@ Routing fields (docs/model.md of widenet-ds): `dispatch` "deepspeed" gives every
 slots per routing call (floor with `capacity_rounding` "floor", at least `min_capacity`; C is
 `capacity_factor` in training, `eval_capacity_factor` in eval) and drops the routes that overflow;
 "dropless" runs every route. Load either way: `from_pretrained(folder, trust_remote_code=True,
-dispatch="dropless")`.
+dispatch="dropless")`. `route_padding` false (default): padding positions (attention_mask 0) get no route,
+take no slot and stay out of the balance loss and the routing counts; true routes them like tokens (the
+paper's, and widenet-ds's before the switch).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class WideNetEncoderConfig(PreTrainedConfig):
     balance_loss_weight: float = 0.01
     dispatch: str = "deepspeed"
     capacity_rounding: str = "ceil"
+    route_padding: bool = False
 
     def __post_init__(self, **kwargs):
         for name, choices in _CHOICES.items():

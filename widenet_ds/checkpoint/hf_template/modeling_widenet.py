@@ -15,7 +15,8 @@ Routing (paper eq. 1-5, 8), once per block (or per routing group, or per depth o
     choice j of a token = argmax of p over the experts its choices < j did not take;
     capacity B = ceil(K C T / E) slots per expert (T tokens of the call); slots go to every token's first
     choice before any second choice, in token order, and routes past B are dropped (the token keeps its
-    residual only); `dispatch = "dropless"` keeps every route;
+    residual only); `dispatch = "dropless"` keeps every route; padding (attention_mask 0) gets no route,
+    no slot and no share of the balance loss or counts unless `route_padding` (B keeps T = all positions);
     output = sum_j w_j * expert_{e_j}(x), w = the kept routes' p (or renormalised to sum to 1);
     balance loss = E * sum_e m_e P_e (m: top-1 fraction, P: mean probability); `aux_loss` in the outputs,
     `loss` = task loss + balance_loss_weight * aux_loss, so transformers' Trainer optimises both.
@@ -136,11 +137,14 @@ def gumbel(shape: torch.Size, device: torch.device) -> Tensor:
     return -torch.log(-torch.log(low + torch.rand(shape, device=device) * (high - low)))
 
 
-def route_tokens(logits: Tensor, config: WideNetEncoderConfig, training: bool) -> Routing:
-    """Top-k routing with capacity; logits: fp32 [T, E], one row per token of the call.
+def route_tokens(logits: Tensor, config: WideNetEncoderConfig, training: bool,
+                 token_mask: Tensor | None = None) -> Routing:
+    """Top-k routing with capacity; logits: fp32 [T, E], one row per position of the call; token_mask: bool [T],
+    False for padding (None: every position is a token).
 
     The one place routing is decided, as `route_tokens` in widenet-ds's widenet_ds/model/routing.py is there:
-    every token of the call is routed and counts toward the capacity, padding included, as in widenet-ds's model.
+    a padding position gets no route and no slot, and the balance loss (mean probability, top-1 fraction) and
+    the counts are over the real tokens; the capacity still counts every position (a size from the shape).
     A change to which tokens are routed belongs in both functions together (the parity tests compare them)."""
     num_tokens, num_experts = logits.shape
     k = config.num_experts_per_tok
@@ -159,6 +163,8 @@ def route_tokens(logits: Tensor, config: WideNetEncoderConfig, training: bool) -
         index = scores.argmax(dim=1)
         hit = F.one_hot(index, num_experts).bool()
         taken |= hit
+        if token_mask is not None:
+            hit &= token_mask[:, None]
         masks.append(hit.long())
         indices.append(index)
 
@@ -168,9 +174,16 @@ def route_tokens(logits: Tensor, config: WideNetEncoderConfig, training: bool) -
         locations.append(torch.cumsum(mask, dim=0) - 1 + offset)
         offset = offset + mask.sum(dim=0)
 
-    top1_fraction = masks[0].float().mean(dim=0) if config.balance_loss == "switch" \
-        else torch.stack(masks).float().sum(dim=0).mean(dim=0) / k  # the authors' TF code: every choice / k
-    balance_loss = num_experts * torch.sum(probs.mean(dim=0) * top1_fraction)
+    if token_mask is None:
+        top1_fraction = masks[0].float().mean(dim=0) if config.balance_loss == "switch" \
+            else torch.stack(masks).float().sum(dim=0).mean(dim=0) / k  # the authors' TF code: every choice / k
+        balance_loss = num_experts * torch.sum(probs.mean(dim=0) * top1_fraction)
+    else:  # over the real tokens
+        real = token_mask.sum().clamp(min=1)
+        routed = masks[0] if config.balance_loss == "switch" else torch.stack(masks).sum(dim=0)
+        top1_fraction = routed.sum(dim=0) / real if config.balance_loss == "switch" else routed.sum(dim=0) / real / k
+        balance_loss = num_experts * torch.sum(probs.masked_fill(~token_mask[:, None], 0.0).sum(dim=0) / real
+                                               * top1_fraction)
 
     capacity = expert_capacity(config, num_tokens, training)
     kept = masks if capacity is None else [mask * (location < capacity) for mask, location in zip(masks, locations)]
@@ -179,7 +192,7 @@ def route_tokens(logits: Tensor, config: WideNetEncoderConfig, training: bool) -
         weight = weight / torch.clamp(weight.sum(dim=0, keepdim=True), min=torch.finfo(weight.dtype).eps)
     expert_index = torch.stack([torch.where(mask.any(dim=1), index, torch.full_like(index, -1))
                                 for mask, index in zip(kept, indices)])
-    dropped = (num_tokens * k - sum(mask.sum() for mask in kept)).detach()
+    dropped = (sum(mask.sum() for mask in masks) - sum(mask.sum() for mask in kept)).detach()
     return Routing(expert_index, weight, balance_loss, logits, torch.stack(masks).sum(dim=(0, 1)).detach(), dropped)
 
 
@@ -207,17 +220,19 @@ class WideNetMoE(nn.Module):
         self.experts = nn.ModuleList(FeedForward(config.hidden_size, config.experts_width, config.activation)
                                      for _ in range(config.num_experts))
 
-    def route(self, tokens: Tensor) -> Routing:
+    def route(self, tokens: Tensor, token_mask: Tensor | None = None) -> Routing:
         tokens = tokens.float()
         if self.training and self.config.noise == "jitter":  # DeepSpeed's multiplicative jitter, x * U(0.99, 1.01)
             low, high = torch.tensor(0.99, device=tokens.device), torch.tensor(1.01, device=tokens.device)
             tokens = tokens * (low + torch.rand(tokens.shape, device=tokens.device) * (high - low))
-        return route_tokens(F.linear(tokens, self.router.weight.float()), self.config, self.training)
+        return route_tokens(F.linear(tokens, self.router.weight.float()), self.config, self.training, token_mask)
 
-    def forward(self, hidden: Tensor, routing: Routing | None = None) -> tuple[Tensor, Routing]:
+    def forward(self, hidden: Tensor, routing: Routing | None = None,
+                token_mask: Tensor | None = None) -> tuple[Tensor, Routing]:
+        # token_mask: bool, hidden's leading shape, False for padding
         tokens = hidden.reshape(-1, hidden.shape[-1])                   # [T, H]
         if routing is None:
-            routing = self.route(tokens)
+            routing = self.route(tokens, None if token_mask is None else token_mask.reshape(-1))
         k, num_tokens = routing.expert_index.shape
         flat_expert = routing.expert_index.reshape(-1)                  # route r = j * T + t
         token_of_route = torch.arange(k * num_tokens, device=tokens.device) % num_tokens
@@ -290,29 +305,31 @@ class WideNetEncoder(nn.Module):
             return modules[0](streams.reshape(n * batch, *streams.shape[2:]), *args).view_as(streams)
         return torch.stack([modules[block](stream, *args) for block, stream in zip(blocks, streams)])
 
-    def _feed_forward(self, blocks: list[int], h: Tensor, routing: Routing | None) -> tuple[Tensor, Routing | None]:
+    def _feed_forward(self, blocks: list[int], h: Tensor, routing: Routing | None,
+                      token_mask: Tensor | None = None) -> tuple[Tensor, Routing | None]:
         if len(self.ffn) == 1 and isinstance(self.ffn[0], WideNetMoE):
             # The shared MoE routes the tokens of every stream in one call.
-            out, routing = self.ffn[0](h.reshape(-1, *h.shape[2:]), routing)
+            mask = None if token_mask is None else token_mask.repeat(h.shape[0], 1)
+            out, routing = self.ffn[0](h.reshape(-1, *h.shape[2:]), routing, mask)
             return self.ffn_dropout(out.view_as(h)), routing
         if len(self.ffn) > 1 and isinstance(self.ffn[blocks[0]], WideNetMoE):  # an MoE per block: one stream
-            out, routing = self.ffn[blocks[0]](h[0], routing)
+            out, routing = self.ffn[blocks[0]](h[0], routing, token_mask)
             return self.ffn_dropout(out[None]), routing
         return self.ffn_dropout(self._per_stream(self.ffn, blocks, h)), None
 
-    def _depth(self, blocks: list[int], x: Tensor, attend: Tensor | None,
-               routing: Routing | None) -> tuple[Tensor, Routing | None]:
+    def _depth(self, blocks: list[int], x: Tensor, attend: Tensor | None, routing: Routing | None,
+               token_mask: Tensor | None = None) -> tuple[Tensor, Routing | None]:
         """One block of every stream; x: [N, B, S, H]."""
         norm = self._per_stream
         if self.config.norm_position == "post":
             x = norm(self.attention_norm, blocks, x + norm(self.attention, blocks, x, attend))
-            out, routing = self._feed_forward(blocks, x, routing)
+            out, routing = self._feed_forward(blocks, x, routing, token_mask)
             return norm(self.ffn_norm, blocks, x + out), routing
         h = norm(self.attention_norm, blocks, x)
         normed = self.config.residual == "normed"  # ParaFormer's sub-layer: LN(x) + f(LN(x))
         x = (h if normed else x) + norm(self.attention, blocks, h, attend)
         h = norm(self.ffn_norm, blocks, x)
-        out, routing = self._feed_forward(blocks, h, routing)
+        out, routing = self._feed_forward(blocks, h, routing, token_mask)
         return (h if normed else x) + out, routing
 
     def forward(self, x: Tensor, attention_mask: Tensor | None, output_hidden_states: bool = False,
@@ -325,12 +342,14 @@ class WideNetEncoder(nn.Module):
             attend = attention_mask.bool()[:, None, None, :]
             if config.num_branches > 1 and len(self.attention) == 1:
                 attend = attend.repeat(config.num_branches, 1, 1, 1)
+        # [B, S], False for padding: no route, no slot, no balance loss (route_tokens) unless route_padding
+        token_mask = None if attention_mask is None or config.route_padding else attention_mask.bool()
         hidden_states, routings, routing = [x], [], None
         for depth in range(config.layers_per_branch):
             blocks = [branch * config.layers_per_branch + depth for branch in range(config.num_branches)]
             # Routing groups: the group's first block routes, the others reuse its decisions.
             reuse = routing if depth % config.blocks_per_routing_group else None
-            streams, routing = self._depth(blocks, streams, attend, reuse)
+            streams, routing = self._depth(blocks, streams, attend, reuse, token_mask)
             if routing is not None and reuse is None:
                 routings.append(routing)
             if output_hidden_states:
@@ -343,7 +362,8 @@ class WideNetEncoder(nn.Module):
         if routings:
             result.aux_loss = torch.stack([r.balance_loss for r in routings]).sum()
             result.expert_counts = torch.stack([r.expert_counts for r in routings])
-            result.dropped_fraction = torch.stack([r.dropped.float() / r.expert_index.numel() for r in routings])
+            result.dropped_fraction = torch.stack([r.dropped.float() / r.expert_counts.sum().clamp(min=1)
+                                                   for r in routings])
             if output_router_logits:
                 result.router_logits = tuple(r.logits for r in routings)
         return result
