@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -81,10 +82,20 @@ def _remove_orphaned_shm_buffers() -> None:
     """DeepSpeed's CPU shm all-reduce keeps ~60 MB per rank in /dev/shm (RAM), named by port; a SIGKILLed
     rank never unlinks its buffer. A buffer still mapped by a live process belongs to a run of another
     session (or checkout) and is left alone."""
-    in_use = _mapped_files()
-    for buffer in Path("/dev/shm").glob("deepspeed_allreduce_buffer_*"):
+    # A rank creates its buffer by writing ~64 MB and maps it only then: a buffer younger than a minute may
+    # be one a live run is still creating (deleting it left the other rank spinning, waiting for it).
+    buffers = [b for b in Path("/dev/shm").glob("deepspeed_allreduce_buffer_*") if _age_seconds(b) > 60]
+    in_use = _mapped_files()  # read after the listing: a buffer mapped in between is kept
+    for buffer in buffers:
         if str(buffer) not in in_use:
             buffer.unlink(missing_ok=True)
+
+
+def _age_seconds(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def _mapped_files() -> set[str]:
