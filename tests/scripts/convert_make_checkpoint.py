@@ -110,3 +110,5 @@ if __name__ == "__main__":
         save(Path(args[1]), int(args[2]), int(args[3]))
     else:
         load(Path(args[1]), int(args[2]), args[3], args[4] if len(args) > 4 else None)
+    # Every rank exits together: a gloo group torn down while a peer still writes aborts that peer at exit.
+    torch.distributed.barrier()

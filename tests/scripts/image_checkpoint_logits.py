@@ -54,3 +54,5 @@ def main(tag_dir: Path, folder: Path, out_prefix: str) -> None:
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds --local_rank
     main(Path(args[0]), Path(args[1]), args[2])
+    # Every rank exits together: a gloo group torn down while a peer still writes aborts that peer at exit.
+    torch.distributed.barrier()

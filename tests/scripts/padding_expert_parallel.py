@@ -66,3 +66,5 @@ def main(out_prefix: str, ep_size: int) -> None:
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds --local_rank
     main(args[0], int(args[1]))
+    # Every rank exits together: a gloo group torn down while a peer still writes aborts that peer at exit.
+    torch.distributed.barrier()

@@ -33,3 +33,5 @@ def main(out_prefix: str, preset: str, ep_size: int) -> None:
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds --local_rank
     main(args[0], args[1], int(args[2]))
+    # Every rank exits together: a gloo group torn down while a peer still writes aborts that peer at exit.
+    torch.distributed.barrier()
