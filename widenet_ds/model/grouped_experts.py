@@ -185,10 +185,18 @@ def batched_expert_ffn(groups: Tensor, weights: ExpertWeights) -> Tensor:
     """groups [E, ..., H]: expert e on groups[e]. Returns the same shape, contiguous."""
     weights = weights.cast(groups.dtype)
     flat = groups.reshape(groups.shape[0], -1, groups.shape[-1])
-    hidden = torch.baddbmm(weights.b_in.unsqueeze(1), flat, weights.w_in.transpose(1, 2))
+    hidden = _bmm_bias(flat, weights.w_in.transpose(1, 2), weights.b_in.unsqueeze(1))
     hidden = F.gelu(hidden, approximate=weights.approximate)
-    out = torch.baddbmm(weights.b_out.unsqueeze(1), hidden, weights.w_out.transpose(1, 2))
+    out = _bmm_bias(hidden, weights.w_out.transpose(1, 2), weights.b_out.unsqueeze(1))
     return out.view(groups.shape)
+
+
+def _bmm_bias(x: Tensor, w: Tensor, bias: Tensor) -> Tensor:
+    # Eager: the GEMM accumulates onto the bias (one operator, F.linear's bits on CPU). Compiled: the bias add
+    # fuses into the kernel that follows (GELU, the combine) instead of a copy of the bias before the GEMM.
+    if torch.compiler.is_compiling():
+        return torch.bmm(x, w) + bias
+    return torch.baddbmm(bias, x, w)
 
 
 def reference_expert_ffn(rows: Tensor, sizes: list[int], experts: nn.ModuleList) -> Tensor:

@@ -88,6 +88,15 @@ def gumbel_noise(shape: torch.Size, device: torch.device) -> Tensor:
     return -torch.log(-torch.log(uniform))
 
 
+def gaussian_noise(like: Tensor, std: float) -> Tensor:
+    """N(0, std^2) samples of `like`'s shape. Eager: `normal_(0, std)`, one operator. Compiled: `randn * std`,
+    which the compiler generates inside the kernel that adds it (one seed per graph for all blocks, where
+    `normal_` stays a call of its own per block plus a copy); the same numbers under a non-inductor backend."""
+    if torch.compiler.is_compiling():
+        return torch.randn_like(like) * std
+    return torch.empty_like(like).normal_(0.0, std)
+
+
 def multiplicative_jitter(x: Tensor, epsilon: float = 1e-2) -> Tensor:
     """x * U(1 - epsilon, 1 + epsilon): DeepSpeed's `multiplicative_jitter` (same numbers for the same RNG
     state), traceable by torch.compile."""
@@ -115,7 +124,7 @@ def route_tokens(logits: Tensor, cfg: MoEConfig, *, training: bool, token_mask: 
     k = cfg.top_k
     if training and cfg.noise == "gaussian":
         # Paper: g(x) = TopK(softmax(f(x) + eps)), eps ~ N(0, 1/E^2).
-        logits = logits + torch.empty_like(logits).normal_(0.0, 1.0 / num_experts)
+        logits = logits + gaussian_noise(logits, 1.0 / num_experts)
     probs = F.softmax(logits, dim=1)
     weight, choice = _choices(logits, probs, cfg, training)                  # [T, k] each
 
