@@ -99,7 +99,7 @@ class RunConfig:
     compile: CompileMode = field(default="none", metadata=flag(
         "torch.compile the model in place: 'model' (the default of a bare --compile), 'blocks' (the encoder's "
         "distinct attention and MoE/FFN modules only: a faster build) or 'none' (the default: on CPU neither mode "
-        "paid in pretraining, docs/benchmarks.md)", const="model"))
+        "paid in pretraining or finetuning, docs/benchmarks.md)", const="model"))
     compile_backend: str = field(default="inductor", metadata=flag(
         "torch.compile backend (inductor; aot_eager traces without generating kernels)"))
     optimizer: OptimizerChoice = field(default="auto", metadata=flag(
