@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -76,6 +77,13 @@ VARIANTS = (
             "Table 3 (ImageNet): w/o MoE: NaN (diverged) / -2.6 / -1.1 top-1"),
     Variant("widenet-no-sharing", "widenet-tiny-e4", {"share_attention": False, "share_ffn": False},
             "Table 3 (ImageNet): w/o parameter sharing +0.4 / -2.1 / OOM top-1, 4-10x the parameters"),
+    # Table 2's expert-count trend: the tiny WideNet with more experts (no tiny e8/e16 preset: E overridden).
+    Variant("widenet-e8", "widenet-tiny-e4", {"moe": {"num_experts": 8}}, "Table 2: WideNet 8 experts, 45M, avg 85.4"),
+    Variant("widenet-e16", "widenet-tiny-e4", {"moe": {"num_experts": 16}},
+            "Table 2: WideNet 16 experts, 84M, avg 85.5"),
+    # The routing-groups ablation: one routing decision (at the first block) reused by all four blocks.
+    Variant("widenet-routing-g1", "widenet-tiny-e4", {"routing_groups": 1},
+            "not in the paper: every block reuses the first block's routing (routing_groups 1)"),
 )
 GLUE_TASKS = ("SST-2", "MRPC", "RTE", "STS-B", "CoLA")
 
@@ -141,6 +149,14 @@ def prepare(shared: Path, out: Path, workers: int) -> Path:
     return data
 
 
+def git_commit() -> str:
+    """The commit the stage ran at (with "+dirty" when the work tree had changes)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True).stdout.strip()
+    commit = git("rev-parse", "HEAD") or "unknown"
+    return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def pretrain(variant: Variant, steps: int, budget: str, data: Path, out: Path, seed: int = FIRST_SEED) -> dict:
     # The first seed's folder has no suffix (and is the one finetuned); further seeds only pretrain.
     run_dir = out / "pretrain" / (f"{variant.name}-{budget}" + ("" if seed == FIRST_SEED else f"-seed{seed}"))
@@ -166,7 +182,7 @@ def pretrain(variant: Variant, steps: int, budget: str, data: Path, out: Path, s
                "train_flops_per_token": training_flops_per_token(cfg), "seconds": time.perf_counter() - start,
                "train_mlm_loss": train["train/mlm_loss"], "valid_mlm_loss": valid["valid/mlm_loss"],
                "valid_mlm_accuracy": valid["valid/mlm_accuracy"], "valid_sop_accuracy": valid["valid/sop_accuracy"],
-               "run_dir": str(run_dir)}
+               "run_dir": str(run_dir), "commit": git_commit()}
     done.write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -331,15 +347,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shared-data", type=Path,
                         default=Path(os.environ.get("WIDENET_SHARED_DATA", REPO.parent / "shared" / "data")))
     parser.add_argument("--variants", nargs="+", choices=[v.name for v in VARIANTS],
-                        help="a subset of the models (default: all six)")
+                        help="a subset of the models (default: all)")
     parser.add_argument("--tasks", nargs="+", choices=[*GLUE_TASKS, "SQuAD1.1"], help="a subset of the tasks")
     parser.add_argument("--pretrain-seeds", type=int, default=1,
                         help="pretrain each model with this many seeds (the first one is finetuned; the others "
                              "give the spread of the held-out MLM loss). Further seeds found on disk from an "
                              "earlier invocation are reported too")
-    parser.add_argument("--finetune-budgets", nargs="+", choices=("steps", "flops"), default=["steps", "flops"],
+    parser.add_argument("--budgets", nargs="+", choices=("steps", "flops"), default=["steps", "flops"],
+                        help="pretraining budgets: equal steps, and equal training FLOPs (WideNet's) for the models "
+                             "that cost less per token (default both)")
+    parser.add_argument("--finetune-budgets", nargs="*", choices=("steps", "flops"), default=["steps", "flops"],
                         help="finetune the models pretrained at these budgets (default both; the others are "
-                             "compared on held-out MLM loss only)")
+                             "compared on held-out MLM loss only; none: pretraining only)")
     args = parser.parse_args(argv)
     if args.scale <= 0:
         parser.error("--scale must be positive")
@@ -366,9 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     # Equal FLOPs: WideNet's training FLOPs at its step count is the budget of every model.
     reference = training_flops_per_token(model_config(VARIANTS[0], vocab))
     runs = []
-    for variant in variants:
+    for variant in variants if "steps" in args.budgets else ():
         runs.append((variant, sizes["pretrain_steps"], "steps"))
-    for variant in variants:
+    for variant in variants if "flops" in args.budgets else ():
         flops_steps = round(sizes["pretrain_steps"] * reference / training_flops_per_token(model_config(variant, vocab)))
         if flops_steps != sizes["pretrain_steps"]:
             runs.append((variant, flops_steps, "flops"))
@@ -405,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "tables.md").write_text(tables(study))
     study_plots = plots(study, out / "plots", [v.name for v in variants])
 
-    finetune_dirs = sorted(p for p in (out / "finetune").iterdir() if p.is_dir())
+    finetune_dirs = sorted(p for p in (out / "finetune").glob("*") if p.is_dir())
     page, _ = write_report([out / "pretrain", *finetune_dirs], out / "report", "WideNet study: pretraining and finetuning")
     log(f"done in {study['seconds'] / 60:.1f} min: {out / 'tables.md'}, plots {study_plots}, report {page}", out)
     print((out / "tables.md").read_text())
