@@ -342,7 +342,8 @@ def compare(study: dict, budget: str) -> list[dict]:
             mine = {s: f for s, f in by_seed([f for f in study["finetune"] if f["task"] == task],
                                               comparison.variant, budget).items()}
             if set(mine) & set(other):
-                metrics.append(("median", f"{task} {next(iter(mine.values()))['metric']} (x100)", mine, other, False))
+                unit = "(%)" if task == "SQuAD1.1" else "(x100)"
+                metrics.append(("median", f"{task} {next(iter(mine.values()))['metric']} {unit}", mine, other, False))
         for key, label, mine, other, lower in metrics:
             common = sorted(set(mine) & set(other))
             if not common:
@@ -426,14 +427,16 @@ def tables(study: dict) -> str:
         lines += ["", f"(uniform guess: ln {study.get('vocab_size', VOCAB_SIZE)} = "
                       f"{math.log(study.get('vocab_size', VOCAB_SIZE)):.2f})", ""]
         lines += finetune_table(study, budget, title)
-        lines += [f"### Paired differences, {title}: variant minus reference, mean over seeds "
-                  f"[{CONFIDENCE:.0%} interval]", "",
-                  "| claim | variant − reference | metric | paper | ours | seeds | verdict |",
-                  "|---|---|---|---|---:|---:|---|"]
-        for row in study["analysis"][budget]["comparisons"]:
-            lines.append(f"| {row['claim']} | {row['variant']} − {row['reference']} | {row['metric']} | "
-                         f"{row['paper']} | {interval(row)} | {len(row['seeds'])} | {verdict(row)} |")
-        lines += ["", "(better / worse: for the variant, in the metric's own direction: lower MLM loss is better)", ""]
+        lines += [f"### The paper's claims, {title}: variant minus reference, paired by pretraining seed, mean "
+                  f"[{CONFIDENCE:.0%} interval]", ""]
+        comparisons = study["analysis"][budget]["comparisons"]
+        for claim in dict.fromkeys(row["claim"] for row in comparisons):
+            rows = [row for row in comparisons if row["claim"] == claim]
+            lines += [f"#### {claim}: {rows[0]['variant']} − {rows[0]['reference']}", "",
+                      f"Paper: {rows[0]['paper']}.", "", "| metric | ours | seeds | verdict |", "|---|---:|---:|---|"]
+            lines += [f"| {row['metric']} | {interval(row)} | {len(row['seeds'])} | {verdict(row)} |" for row in rows]
+            lines.append("")
+        lines += ["(better / worse: for the variant, in the metric's own direction: lower MLM loss is better)", ""]
         lines += layernorm_table(study["analysis"][budget]["layernorm"], title)
     return "\n".join(lines)
 
