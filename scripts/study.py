@@ -272,11 +272,14 @@ def squad_split(shared: Path, out: Path) -> tuple[Path, Path]:
 
 
 def finetune(pre: dict, task: str, shared: Path, data: Path, out: Path, sizes: dict[str, int],
-             finetune_seeds: int) -> dict:
-    """Finetunes one pretraining run (one pretraining seed); the median over the finetuning seeds."""
+             finetune_seeds: int, run: bool = True) -> dict | None:
+    """Finetunes one pretraining run (one pretraining seed); the median over the finetuning seeds. With `run`
+    false, only a finetuning already on disk is read (None when there is none)."""
     run_dir = (out / "finetune" / f"{pre['variant']}-{pre['budget']}{seed_suffix(pre['seed'])}"
                / task.lower().replace("-", ""))
     folder = RunFolder(run_dir)
+    if not folder.results.is_file() and not run:
+        return None
     if not folder.results.is_file():
         run_dir.mkdir(parents=True, exist_ok=True)
         steps = sizes["finetune_steps"]
@@ -604,8 +607,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="pretraining budgets: equal steps, and equal training FLOPs (WideNet's) for the models "
                              "that cost less per token (default both)")
     parser.add_argument("--finetune-budgets", nargs="*", choices=("steps", "flops"), default=["steps", "flops"],
-                        help="finetune the models pretrained at these budgets (default both; the others are "
-                             "compared on held-out MLM loss only; none: pretraining only)")
+                        help="finetune the models pretrained at these budgets (default both; none: pretraining "
+                             "only). Finetunings already on disk are reported at every budget")
     parser.add_argument("--archive", type=Path,
                         help="also copy study.json, tables.md and the plots into this folder (docs/reproduction)")
     args = parser.parse_args(argv)
@@ -651,9 +654,12 @@ def main(argv: list[str] | None = None) -> int:
             study["pretrain"].append(summary)
             log(f"pretrained {variant.name} ({budget}, {steps} steps, seed {seed}): held-out MLM loss "
                 f"{summary['valid_mlm_loss']:.3f} in {summary['seconds']:.0f} s", out)
-            for task in tasks if budget in args.finetune_budgets else ():
-                result = {"variant": variant.name, "budget": budget, "seed": seed,
-                          **finetune(summary, task, args.shared_data, data, out, sizes, args.finetune_seeds)}
+            for task in tasks:  # at the other budgets, finetunings of an earlier invocation are still reported
+                found = finetune(summary, task, args.shared_data, data, out, sizes, args.finetune_seeds,
+                                 run=budget in args.finetune_budgets)
+                if found is None:
+                    continue
+                result = {"variant": variant.name, "budget": budget, "seed": seed, **found}
                 study["finetune"].append(result)
                 log(f"  {task}: {result['metric']} median {result['median']:.1f} (finetuning seeds "
                     f"{', '.join(f'{s:.1f}' for s in result['scores'])})", out)
