@@ -1,3 +1,4 @@
+import json
 import math
 
 import pytest
@@ -25,6 +26,7 @@ def test_a_hand_computed_interval_resolves_only_when_it_excludes_zero():
     tight = paired_difference([2.0, 2.1, 1.9], [0.0, 0.0, 0.0])
     assert tight.resolved and tight.low > 0 and tight.verdict() == "resolved"
     assert mean_interval([2.0, 2.1, 1.9]) == tight
+    assert json.loads(json.dumps({**vars(tight), "resolved": tight.resolved})) == {**vars(tight), "resolved": True}
 
 
 def test_one_seed_has_no_interval_and_unpaired_input_is_refused():

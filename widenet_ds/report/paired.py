@@ -27,7 +27,7 @@ class PairedDifference:
 
     @property
     def resolved(self) -> bool:
-        return self.seeds >= 2 and (self.low > 0 or self.high < 0)
+        return bool(self.seeds >= 2 and (self.low > 0 or self.high < 0))
 
     def verdict(self) -> str:
         return "resolved" if self.resolved else "not resolved"
@@ -49,7 +49,8 @@ def paired_difference(values: Sequence[float], reference: Sequence[float],
     mean = statistics.fmean(differences)
     if len(differences) < 2:
         return PairedDifference(mean, math.nan, math.nan, len(differences), confidence)
-    half = student_t.ppf((1 + confidence) / 2, len(differences) - 1) * statistics.stdev(differences)
+    # float(): scipy answers numpy scalars, which json cannot write
+    half = float(student_t.ppf((1 + confidence) / 2, len(differences) - 1)) * statistics.stdev(differences)
     half /= math.sqrt(len(differences))
     return PairedDifference(mean, mean - half, mean + half, len(differences), confidence)
 
