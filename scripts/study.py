@@ -453,8 +453,9 @@ def finetune_table(study: dict, budget: str, title: str) -> list[str]:
     tasks = [t for t in [*GLUE_TASKS, "SQuAD1.1"] if any(f["task"] == t for f in scores)]
     if not tasks:
         return []
+    counts = " or ".join(str(n) for n in sorted({len(f["scores"]) for f in scores}))  # the runs', not this call's
     lines = [f"### Finetuning, pretrained at {title}: per pretraining seed the median over "
-             f"{study['finetune_seeds']} finetuning seed(s); mean over pretraining seeds [{CONFIDENCE:.0%} interval]",
+             f"{counts} finetuning seed(s); mean over pretraining seeds [{CONFIDENCE:.0%} interval]",
              "", "| model | " + " | ".join(f"{t} ({_metric(t, scores)})" for t in tasks) + " |",
              "|---|" + "---:|" * len(tasks)]
     for variant in dict.fromkeys(f["variant"] for f in scores):
