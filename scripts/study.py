@@ -56,7 +56,7 @@ from widenet_ds.model.counts import count_parameters  # noqa: E402
 from widenet_ds.model.counts import flops_per_token  # noqa: E402
 from widenet_ds.model.layernorm_divergence import layernorm_divergence  # noqa: E402
 from widenet_ds.report.cli import write_report  # noqa: E402
-from widenet_ds.report.paired import mean_interval, paired_difference  # noqa: E402
+from widenet_ds.report.paired import format_interval, mean_interval, paired_difference  # noqa: E402
 from widenet_ds.run_folder import RunFolder  # noqa: E402
 from widenet_ds.runtime.distributed import init_distributed  # noqa: E402
 from widenet_ds.training.command_line import parse  # noqa: E402
@@ -396,10 +396,7 @@ def verdict(row: dict) -> str:
 
 
 def interval(row: dict, digits: int = 3, signed: bool = True) -> str:
-    sign = "+" if signed else ""
-    if math.isnan(row["low"]):
-        return f"{row['mean']:{sign}.{digits}f} (1 seed, no interval)"
-    return f"{row['mean']:{sign}.{digits}f} [{row['low']:{sign}.{digits}f}, {row['high']:{sign}.{digits}f}]"
+    return format_interval(row["mean"], row["low"], row["high"], digits, signed)
 
 
 # --- tables and plots ---------------------------------------------------------------------------------
@@ -425,7 +422,7 @@ def tables(study: dict) -> str:
                 f"| {variant} | {first['params'] / 1e6:.2f}M | {first['train_flops_per_token'] / 1e6:.2f} | "
                 f"{first['steps']} | {', '.join(str(s) for s in sorted(seeds))} | "
                 f"{', '.join(format(p['valid_mlm_loss'], '.3f') for p in ordered)} | "
-                f"{interval(vars_of(loss), signed=False)} | {interval(vars_of(accuracy), signed=False)} | "
+                f"{loss.format(signed=False)} | {accuracy.format(signed=False)} | "
                 f"{statistics.mean(p['seconds'] for p in ordered) / 60:.1f} |")
         lines += ["", f"(uniform guess: ln {study.get('vocab_size', VOCAB_SIZE)} = "
                       f"{math.log(study.get('vocab_size', VOCAB_SIZE)):.2f})", ""]
@@ -444,10 +441,6 @@ def tables(study: dict) -> str:
     return "\n".join(lines)
 
 
-def vars_of(difference) -> dict:
-    return {"mean": difference.mean, "low": difference.low, "high": difference.high}
-
-
 def finetune_table(study: dict, budget: str, title: str) -> list[str]:
     scores = [f for f in study["finetune"] if f["budget"] == budget]
     tasks = [t for t in [*GLUE_TASKS, "SQuAD1.1"] if any(f["task"] == t for f in scores)]
@@ -463,7 +456,7 @@ def finetune_table(study: dict, budget: str, title: str) -> list[str]:
         for task in tasks:
             runs = by_seed([f for f in scores if f["task"] == task], variant, budget)
             values = [runs[s]["median"] for s in sorted(runs)]
-            cells.append(interval(vars_of(mean_interval(values, CONFIDENCE)), digits=1, signed=False) if values
+            cells.append(mean_interval(values, CONFIDENCE).format(digits=1, signed=False) if values
                          else "–")
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     baselines = {f["task"]: f["baseline"] for f in scores}

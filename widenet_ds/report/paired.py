@@ -32,11 +32,18 @@ class PairedDifference:
     def verdict(self) -> str:
         return "resolved" if self.resolved else "not resolved"
 
-    def format(self, digits: int = 3) -> str:
-        """`+0.012 [-0.004, +0.028]`: the mean and its interval, signed."""
-        if math.isnan(self.low):
-            return f"{self.mean:+.{digits}f} [no interval: {self.seeds} seed]"
-        return f"{self.mean:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
+    def format(self, digits: int = 3, signed: bool = True) -> str:
+        """`+0.012 [-0.004, +0.028]`: the mean and its interval."""
+        return format_interval(self.mean, self.low, self.high, digits, signed)
+
+
+def format_interval(mean: float, low: float, high: float, digits: int = 3, signed: bool = True) -> str:
+    """`+0.012 [-0.004, +0.028]` (signed) or `6.240 [6.113, 6.367]`; `... (1 seed, no interval)` when low is nan.
+    Also for the numbers read back from a study's JSON."""
+    sign = "+" if signed else ""
+    if math.isnan(low):
+        return f"{mean:{sign}.{digits}f} (1 seed, no interval)"
+    return f"{mean:{sign}.{digits}f} [{low:{sign}.{digits}f}, {high:{sign}.{digits}f}]"
 
 
 def paired_difference(values: Sequence[float], reference: Sequence[float],
