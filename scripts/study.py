@@ -574,10 +574,11 @@ def layernorm_plot(study: dict, budget: str, folder: Path) -> list[str]:
     return [file]
 
 
-def archive(out: Path, target: Path, plot_files: list[str]) -> None:
-    """study.json, tables.md and the plots into `target` (docs/reproduction/), under their own names."""
+def archive(out: Path, target: Path, plot_files: list[str], files: tuple[str, ...] = ("study.json", "tables.md")
+            ) -> None:
+    """`files` (study.json, tables.md) and the plots into `target` (docs/reproduction/), under their own names."""
     target.mkdir(parents=True, exist_ok=True)
-    for source in [out / "study.json", out / "tables.md", *(out / "plots" / f for f in plot_files)]:
+    for source in [*(out / f for f in files), *(out / "plots" / f for f in plot_files)]:
         shutil.copyfile(source, target / source.name)
 
 
