@@ -543,9 +543,16 @@ def plots(study: dict, folder: Path) -> list[str]:
             if baseline is not None:
                 ax.axvline(baseline, color="black", linestyle="--", linewidth=0.8, label="trivial baseline")
                 ax.legend(fontsize="x-small", loc="lower right")
-            ax.set_xlim(left=min(0, *(d.mean for d in values)))
+            ends = [d.mean if math.isnan(end) else end for d in values for end in (d.low, d.high)]
+            if min(ends) < 0:  # a correlation (STS-B, CoLA's MCC) below 0: symmetric around 0, nothing clipped
+                edge = 1.05 * max(abs(end) for end in ends)
+                ax.set_xlim(-edge, edge)
+                ax.axvline(0, color="black", linewidth=0.8)
+            else:
+                ax.set_xlim(left=0)
             ax.invert_yaxis()
-            ax.set_xlabel(f"{task} dev {_metric(task, scores)} x100 (axis from 0)")
+            axis = "axis symmetric around 0" if min(ends) < 0 else "axis from 0"
+            ax.set_xlabel(f"{task} dev {_metric(task, scores)} x100 ({axis})")
             ax.set_title(f"mean over pretraining seeds\n{CONFIDENCE:.0%} intervals", fontsize="small")
         fig.suptitle("equal pretraining steps" if budget == "steps" else "equal pretraining FLOPs")
         file = f"study_{budget}.png"
@@ -582,6 +589,18 @@ def archive(out: Path, target: Path, plot_files: list[str], files: tuple[str, ..
         shutil.copyfile(source, target / source.name)
 
 
+def redraw(study_json: Path, out: Path, target: Path | None) -> int:
+    """tables.md and the plots of an archived study.json, e.g. after a change to how they are drawn."""
+    study = json.loads(study_json.read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tables.md").write_text(tables(study))
+    study_plots = plots(study, out / "plots")
+    if target:
+        archive(out, target, study_plots, files=("tables.md",))
+    print(f"redrew {out / 'tables.md'} and {', '.join(study_plots)} from {study_json}")
+    return 0
+
+
 # --- main -------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -606,7 +625,11 @@ def main(argv: list[str] | None = None) -> int:
                              "only). Finetunings already on disk are reported at every budget")
     parser.add_argument("--archive", type=Path,
                         help="also copy study.json, tables.md and the plots into this folder (docs/reproduction)")
+    parser.add_argument("--from-json", type=Path, metavar="STUDY_JSON",
+                        help="only redraw tables.md and the plots into --output from an archived study.json (no runs)")
     args = parser.parse_args(argv)
+    if args.from_json:
+        return redraw(args.from_json, args.output.absolute(), args.archive)
     if args.scale <= 0:
         parser.error("--scale must be positive")
     if args.pretrain_seeds < 1 or args.finetune_seeds < 1:

@@ -141,6 +141,16 @@ def test_plots_report_and_archive_are_written(study):
     assert "widenet-steps-seed1235" in page and "albert-flops" in page
 
 
+def test_tables_and_plots_are_redrawn_from_an_archived_study_json_alone(study, tmp_path):
+    module, out, _ = study
+    assert module.main(["--output", str(tmp_path / "redrawn"), "--from-json", str(out / "archive" / "study.json"),
+                        "--archive", str(tmp_path / "archive")]) == 0
+    assert (tmp_path / "redrawn" / "tables.md").read_text() == (out / "tables.md").read_text()
+    assert sorted(p.name for p in (tmp_path / "archive").iterdir()) == sorted(
+        ["tables.md", "study_steps.png", "study_flops.png", "study_layernorm_steps.png", "study_layernorm_flops.png"])
+    assert not (tmp_path / "redrawn" / "pretrain").exists()  # nothing trained
+
+
 def test_a_rerun_continues_instead_of_redoing_finished_stages(study, shared_data):
     module, out, result = study
     written = {p: p.stat().st_mtime_ns for p in out.glob("pretrain/*/metrics.jsonl")}
