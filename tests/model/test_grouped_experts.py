@@ -8,6 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from widenet_ds.model.grouped_experts import (
     ExpertWeights,
+    _expert_of_row,
     batched_expert_ffn,
     grouped_expert_ffn,
     grouped_mm_by_group,
@@ -118,3 +119,24 @@ def test_flop_counter_counts_the_native_grouped_gemm():
         out = torch._grouped_mm(a, b, offs=ends)
         out.backward(torch.ones_like(out))
     assert counter.get_total_flops() == 3 * 2 * 16 * 8 * 12
+
+
+@pytest.mark.parametrize("align", [1, 16])
+def test_compiled_group_layout_equals_eager(align):
+    # Under torch.compile the group ends and each row's group are masked sums that inductor generates in a
+    # kernel (cumsum and searchsorted stay ATen calls): the same integers as eager's, empty groups included.
+    from widenet_ds.model.dropless import aligned_groups, padded_rows
+
+    counts = torch.tensor(SIZES + [7, 0, 0, 3], dtype=torch.long)
+    total = padded_rows(int(counts.sum()), counts.numel(), align)
+
+    def layout(counts: torch.Tensor):
+        starts, ends = aligned_groups(counts, align, total)
+        return starts, ends, _expert_of_row(ends, total)
+
+    torch._dynamo.reset()
+    eager = layout(counts)
+    compiled = torch.compile(layout, backend="inductor", fullgraph=True)(counts)
+    for got, want in zip(compiled, eager):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    assert torch.equal(eager[2], torch.searchsorted(eager[1], torch.arange(total, dtype=torch.int32), right=True))

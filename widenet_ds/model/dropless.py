@@ -40,7 +40,13 @@ def aligned_groups(counts: Tensor, align: int, total_rows: int) -> tuple[Tensor,
     after the other, each starting on a multiple of `align`, the last group running to `total_rows`
     (rows past the real ones belong to it as padding). total_rows must be >= the padded sum."""
     padded = (counts + (align - 1)) // align * align if align > 1 else counts
-    ends = torch.cumsum(padded, dim=0)
+    if torch.compiler.is_compiling():
+        # a running sum over the E groups as a masked sum, which inductor generates in a kernel (exact on
+        # integers); cumsum would stay an ATen call
+        group = torch.arange(padded.numel(), device=padded.device)
+        ends = (padded.unsqueeze(0) * (group.unsqueeze(0) <= group.unsqueeze(1))).sum(dim=1)
+    else:
+        ends = torch.cumsum(padded, dim=0)
     starts = ends - padded
     ends = torch.cat([ends[:-1], ends.new_full((1,), total_rows)])
     return starts, ends.to(torch.int32)

@@ -95,8 +95,7 @@ def grouped_expert_ffn(rows: Tensor, group_ends: Tensor, weights: ExpertWeights,
     `native`: run `torch._grouped_mm` directly (True) or the custom op (False); None: directly where it can
     (`native_grouped_mm_usable`). Forcing it on CPU runs the GPU's code path there (tests)."""
     weights = weights.cast(rows.dtype)
-    expert_of_row = torch.searchsorted(group_ends, torch.arange(rows.shape[0], device=rows.device,
-                                                                 dtype=group_ends.dtype), right=True)
+    expert_of_row = _expert_of_row(group_ends, rows.shape[0])
     if native is None:
         native = native_grouped_mm_usable(rows, weights)
     grouped_mm = _native_grouped_mm if native else grouped_mm_by_group
@@ -104,6 +103,15 @@ def grouped_expert_ffn(rows: Tensor, group_ends: Tensor, weights: ExpertWeights,
     hidden = F.gelu(hidden + weights.b_in.index_select(0, expert_of_row), approximate=weights.approximate)
     out = grouped_mm(hidden, weights.w_out.transpose(1, 2), group_ends)
     return out + weights.b_out.index_select(0, expert_of_row)
+
+
+def _expert_of_row(group_ends: Tensor, num_rows: int) -> Tensor:
+    """The group of each row: how many group ends are <= the row (searchsorted, right side)."""
+    rows = torch.arange(num_rows, device=group_ends.device, dtype=group_ends.dtype)
+    if torch.compiler.is_compiling():
+        # inductor generates this count inside the bias-add kernel; searchsorted would stay an ATen call
+        return (rows.unsqueeze(1) >= group_ends.unsqueeze(0)).sum(dim=1)
+    return torch.searchsorted(group_ends, rows, right=True)
 
 
 def _native_grouped_mm(a: Tensor, b: Tensor, group_ends: Tensor) -> Tensor:
