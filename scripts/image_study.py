@@ -119,9 +119,22 @@ def schedule_flags(model: ImageModel, steps: int) -> list[str]:
     return []
 
 
+def run_folder(out: Path, part: str, model: ImageModel, seed: int) -> Path:
+    return out / part / f"{model.name}-seed{seed}"
+
+
+def steps_on_disk(run_dir: Path) -> int | None:
+    """The --max-steps a finished run was started with (None: not finished)."""
+    done = run_dir / "study_done.json"
+    if not done.is_file():
+        return None
+    command = json.loads(done.read_text())["command"]
+    return int(command[command.index("--max-steps") + 1])
+
+
 def train(model: ImageModel, part: str, steps: int, seed: int, out: Path, data: str | None,
           eval_examples: int | None = None) -> dict:
-    run_dir = out / part / f"{model.name}-seed{seed}"
+    run_dir = run_folder(out, part, model, seed)
     done = run_dir / "study_done.json"
     if done.is_file():
         return json.loads(done.read_text())
@@ -321,6 +334,11 @@ def main(argv: list[str] | None = None) -> int:
     parts = {"table3": (TABLE3, args.steps), "paraformer": (PARAFORMER, args.paraformer_steps)}
     runs = [(model, part, parts[part][1], seed) for part in args.parts for seed in seeds
             for model in parts[part][0] if not args.models or model.name in args.models]
+    for model, part, steps, seed in runs:  # one step count per folder: never a table of mixed runs
+        ran = steps_on_disk(run_folder(out, part, model, seed))
+        if ran not in (None, steps):
+            parser.error(f"{run_folder(out, part, model, seed)} holds a run of {ran} steps, this study asks for "
+                         f"{steps}: give the study another --output folder (one step count per folder)")
     start = time.perf_counter()
     log(f"{len(runs)} runs, {args.jobs} at a time; seeds {seeds}; output {out}", out)
 

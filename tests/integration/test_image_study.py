@@ -117,3 +117,13 @@ def test_a_rerun_continues_without_training_again(study):
     again = json.loads((out / "image_study.json").read_text())
     assert {p: p.stat().st_mtime_ns for p in out.glob("*/*-seed*/metrics.jsonl")} == before
     assert again["runs"] == data["runs"] and again["comparisons"] == data["comparisons"]
+
+
+def test_a_folder_of_other_step_counts_is_refused_before_anything_runs(study, capsys):
+    module, out, _ = study
+    before = sorted(p.name for p in (out / "table3").iterdir())
+    with pytest.raises(SystemExit):
+        module.main(["--output", str(out), "--steps", str(2 * STEPS), "--seeds", "1", "--models", "vit", "widenet"])
+    error = capsys.readouterr().err
+    assert f"holds a run of {STEPS} steps, this study asks for {2 * STEPS}" in error and "another --output" in error
+    assert sorted(p.name for p in (out / "table3").iterdir()) == before  # vit (not run before) did not start
