@@ -13,7 +13,8 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from widenet_ds.run_lock import LOCK_FILE, FolderLockedError, Holder, _process_start, folder_lock, output_lock, read_holder
+from widenet_ds.run_lock import (LOCK_FILE, FolderLockedError, Holder, _command_line, _process_start, folder_lock,
+                                  output_lock, read_holder)
 
 
 def sleeper() -> subprocess.Popen:
@@ -103,3 +104,15 @@ def test_a_folder_built_elsewhere_and_moved_in_is_locked_beside_it(tmp_path):
         with pytest.raises(FolderLockedError, match=rf"{target} is being written"):
             output_lock(target, "widenet-ds convert to-folder").acquire()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv, what, expected", [
+    (["train.py", "classify", "--seed", "3"], "python -m widenet_ds.train classify",
+     "python -m widenet_ds.train classify --seed 3"),  # the task named once, though it is argv[1] too
+    (["widenet-ds", "prepare-data", "--source", "a.txt"], "widenet-ds prepare-data",
+     "widenet-ds prepare-data --source a.txt"),
+    (["study.py", "--output", "x"], "python -m widenet_ds.train pretrain",
+     "python -m widenet_ds.train pretrain --output x")])
+def test_the_holder_command_names_the_task_once(monkeypatch, argv, what, expected):
+    monkeypatch.setattr(sys, "argv", argv)
+    assert _command_line(what) == expected

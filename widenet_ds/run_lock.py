@@ -50,7 +50,10 @@ def _slurm_job() -> str | None:
 
 def _command_line(what: str) -> str:
     """`what` (the command, e.g. "widenet-ds prepare-data") and this process's arguments, for people."""
-    return f"{what} {' '.join(sys.argv[1:])}".strip()[:300]
+    args = sys.argv[1:]
+    if args and args[0] == what.split()[-1]:  # `python -m widenet_ds.train classify`: the task is argv[1] too
+        args = args[1:]
+    return " ".join([what, *args])[:300]
 
 
 @dataclass(frozen=True)
