@@ -165,13 +165,13 @@ def train(model: ImageModel, part: str, steps: int, seed: int, out: Path, data: 
     for record in folder.read_metrics().records:  # the final evaluation repeats the last interval's: one per step
         if "test/accuracy" in record:
             curve[record["step"]] = 100 * record["test/accuracy"]
-    by_branches = {int(k): 100 * v for k, v in (results.get("accuracy_by_branches") or {}).items()}
+    by_branches = {k: 100 * v for k, v in (results.get("accuracy_by_branches") or {}).items()}  # "k": as in JSON
     summary = {"part": part, "model": model.name, "preset": model.preset, "overrides": model.overrides,
                "schedule": model.schedule, "branches": config.num_branches, "seed": seed, "steps": results["step"],
                "params": count_trainable_parameters(build_model(config, device="meta")),
                "test_accuracy": 100 * results["test/accuracy"], "test_loss": results["test/task_loss"],
                "curve": sorted(curve.items()), "accuracy_by_branches": by_branches,
-               "first_branch_accuracy": by_branches.get(1), "seconds": time.perf_counter() - start,
+               "first_branch_accuracy": by_branches.get("1"), "seconds": time.perf_counter() - start,
                "run_dir": str(run_dir), "command": command[1:], **git}
     done.write_text(json.dumps(summary, indent=2))
     return summary
@@ -210,13 +210,13 @@ def model_rows(runs: list[dict], models: tuple[ImageModel, ...]) -> list[dict]:
         steps = [step for step, _ in ordered[0]["curve"]]
         curve = [sum(dict(r["curve"])[step] for r in ordered) / len(ordered) for step in steps
                  if all(step in dict(r["curve"]) for r in ordered)]
-        branches = sorted(ordered[0]["accuracy_by_branches"])
+        branches = sorted(ordered[0]["accuracy_by_branches"], key=int)  # JSON keys: "1", "2", …, "10" in order
         compression = [mean_interval([r["accuracy_by_branches"][k] for r in ordered], CONFIDENCE) for k in branches]
         rows.append({"model": model.name, "schedule": model.schedule, "branches": ordered[0]["branches"],
                      "params": ordered[0]["params"], "steps": ordered[0]["steps"], "seeds": sorted(seeds),
                      "per_seed": [r["test_accuracy"] for r in ordered], "mean": accuracy.mean, "low": accuracy.low,
                      "high": accuracy.high, "curve_steps": steps[:len(curve)], "curve": curve,
-                     "compression": [{"k": k, "mean": c.mean, "low": c.low, "high": c.high}
+                     "compression": [{"k": int(k), "mean": c.mean, "low": c.low, "high": c.high}
                                      for k, c in zip(branches, compression)],
                      "minutes": sum(r["seconds"] for r in ordered) / len(ordered) / 60})
     return rows

@@ -127,3 +127,14 @@ def test_a_folder_of_other_step_counts_is_refused_before_anything_runs(study, ca
     error = capsys.readouterr().err
     assert f"holds a run of {STEPS} steps, this study asks for {2 * STEPS}" in error and "another --output" in error
     assert sorted(p.name for p in (out / "table3").iterdir()) == before  # vit (not run before) did not start
+
+
+def test_compression_curves_are_ordered_by_branch_count_past_nine(study):
+    # results.json keys are strings: "10" must follow "9", not "1"
+    module, _, data = study
+    runs = [{**run, "model": "pf-12x1-joint", "branches": 12,
+             "accuracy_by_branches": {str(k): float(k) for k in range(1, 13)}}
+            for run in data["runs"] if run["model"] == "pf-3x4-joint"]
+    rows = module.model_rows(runs, module.PARAFORMER)
+    assert [c["k"] for c in rows[0]["compression"]] == list(range(1, 13))
+    assert [c["mean"] for c in rows[0]["compression"]] == [float(k) for k in range(1, 13)]
