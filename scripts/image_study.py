@@ -42,6 +42,7 @@ from study import CONFIDENCE, FIRST_SEED, REPO, archive, git_state, interval, lo
 
 from widenet_ds.report.paired import mean_interval, paired_difference  # noqa: E402
 from widenet_ds.run_folder import RunFolder  # noqa: E402
+from widenet_ds.runtime.launch_env import TORCH_VARS  # noqa: E402
 from widenet_ds.vision.config import VisionConfig  # noqa: E402
 from widenet_ds.vision.model import build_model, count_trainable_parameters  # noqa: E402
 
@@ -154,7 +155,9 @@ def train(model: ImageModel, part: str, steps: int, seed: int, out: Path, data: 
         command += ["--max-eval-examples", str(eval_examples)]
     git = git_state()
     start = time.perf_counter()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    # a job of its own: never the rendezvous of whatever started the study (a launcher's or a test's MASTER_PORT)
+    env = {**{k: v for k, v in os.environ.items() if k not in TORCH_VARS}, "PYTHONPATH": str(REPO),
+           "OMP_NUM_THREADS": "1"}
     with open(run_dir / "console.log", "a") as console:
         finished = subprocess.run(command, cwd=REPO, env=env, stdout=console, stderr=subprocess.STDOUT)
     if finished.returncode:
