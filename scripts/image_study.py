@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -38,7 +37,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from study import CONFIDENCE, FIRST_SEED, REPO, archive, git_state, interval, log, verdict, write_ds_config
+from study import (CONFIDENCE, FIRST_SEED, REPO, archive, error_spans, git_state, interval, log, verdict,
+                   write_ds_config)
 
 from widenet_ds.report.paired import mean_interval, paired_difference  # noqa: E402
 from widenet_ds.run_folder import RunFolder  # noqa: E402
@@ -283,7 +283,7 @@ def plots(study: dict, folder: Path) -> list[str]:
             for row in (r for r in rows if r["branches"] == n):
                 ks = [c["k"] for c in row["compression"]]
                 means = [c["mean"] for c in row["compression"]]
-                spans = _spans(row["compression"])
+                spans = error_spans(row["compression"])
                 ax.errorbar(ks, means, yerr=spans, marker="o", capsize=3, label=row["schedule"])
             if sequential:
                 ax.axhline(sequential["mean"], color="black", linestyle="--", linewidth=0.8, label="ViT12 (1x12)")
@@ -295,15 +295,10 @@ def plots(study: dict, folder: Path) -> list[str]:
     return written
 
 
-def _spans(rows: list[dict]) -> list[list[float]]:
-    return [[0 if math.isnan(r["low"]) else r["mean"] - r["low"] for r in rows],
-            [0 if math.isnan(r["high"]) else r["high"] - r["mean"] for r in rows]]
-
-
 def _difference_bars(ax, rows: list[dict], label: str) -> None:
     colors = ["#55a868" if r["resolved"] and r["mean"] > 0 else "#c44e52" if r["resolved"] else "#8c8c8c"
               for r in rows]
-    ax.barh([r["variant"] for r in rows], [r["mean"] for r in rows], xerr=_spans(rows), color=colors, capsize=3)
+    ax.barh([r["variant"] for r in rows], [r["mean"] for r in rows], xerr=error_spans(rows), color=colors, capsize=3)
     ax.axvline(0, color="black", linewidth=0.8)
     ax.invert_yaxis()
     ax.set_xlabel(label)

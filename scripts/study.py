@@ -39,7 +39,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -498,6 +498,12 @@ def layernorm_table(rows: list[dict], title: str) -> list[str]:
             ""]
 
 
+def error_spans(rows: list[dict]) -> list[list[float]]:
+    """matplotlib's xerr / yerr (below, above) from rows of mean, low, high; none where low is nan (1 seed)."""
+    return [[0 if math.isnan(r["low"]) else r["mean"] - r["low"] for r in rows],
+            [0 if math.isnan(r["high"]) else r["high"] - r["mean"] for r in rows]]
+
+
 def plots(study: dict, folder: Path) -> list[str]:
     """Per budget: held-out MLM loss minus WideNet's (paired, with intervals, around 0) and the finetuning scores
     (mean over pretraining seeds with intervals, on an axis from 0, the trivial baseline marked); the eq. 9
@@ -521,8 +527,7 @@ def plots(study: dict, folder: Path) -> list[str]:
         ax = axes[0]
         names = [r["name"] for r in against]
         means = [r["mean"] for r in against]
-        errors = [[0 if math.isnan(r["low"]) else r["mean"] - r["low"] for r in against],
-                  [0 if math.isnan(r["high"]) else r["high"] - r["mean"] for r in against]]
+        errors = error_spans(against)
         colors = ["#55a868" if r["resolved"] and r["mean"] > 0 else "#c44e52" if r["resolved"] else "#8c8c8c"
                   for r in against]
         ax.barh(names, means, xerr=errors, color=colors, capsize=3)
@@ -536,8 +541,7 @@ def plots(study: dict, folder: Path) -> list[str]:
             values = [mean_interval([f["median"] for f in sorted(by_seed(
                 [g for g in scores if g["task"] == task], v, budget).values(), key=lambda f: f["seed"])], CONFIDENCE)
                 for v in variants]
-            spans = [[0 if math.isnan(d.low) else d.mean - d.low for d in values],
-                     [0 if math.isnan(d.high) else d.high - d.mean for d in values]]
+            spans = error_spans([asdict(d) for d in values])
             ax.barh(variants, [d.mean for d in values], xerr=spans, color="#4c72b0", capsize=3)
             baseline = next((f["baseline"] for f in scores if f["task"] == task and f["baseline"] is not None), None)
             if baseline is not None:
@@ -569,8 +573,7 @@ def layernorm_plot(study: dict, budget: str, folder: Path) -> list[str]:
     fig = Figure(figsize=(10, 4), layout="constrained")
     for ax, name in zip(fig.subplots(1, 2), ("gamma", "beta")):
         cells = [r for r in rows if r["parameter"] == name]
-        spans = [[0 if math.isnan(r["low"]) else r["mean"] - r["low"] for r in cells],
-                 [0 if math.isnan(r["high"]) else r["high"] - r["mean"] for r in cells]]
+        spans = error_spans(cells)
         ax.barh([r["variant"] for r in cells], [r["mean"] for r in cells], xerr=spans, color="#8172b2", capsize=3)
         ax.set_xlim(left=0)
         ax.invert_yaxis()
