@@ -35,7 +35,20 @@ setup() {
   # torch first, pinned: an unpinned `torch` from another package would pull the multi-GB CUDA build.
   "$PY" -m pip install --quiet "torch==2.13.0"
   "$PY" -m pip install --quiet -e "$ROOT[test]"
+  install_tcmalloc || true
   echo "$want" > "$stamp"
+}
+
+install_tcmalloc() {
+  # Debian's libtcmalloc-minimal4: the allocator `widenet-ds launch` gives CPU ranks where it is installed
+  # (widenet_ds/runtime/host_allocator.py); without it they get glibc's malloc, tuned.
+  ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal && return 0
+  if [[ "$(id -u)" != "0" ]]; then
+    echo "[setup] not root: cannot install tcmalloc for CPU runs; 'sudo apt-get install libtcmalloc-minimal4'" \
+         "makes them use less memory (optional)" >&2
+    return 1
+  fi
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4; } >&2
 }
 
 install_fashion_mnist() {

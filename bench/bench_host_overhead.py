@@ -2,8 +2,15 @@
 
 What made WideNet launch-bound on an H100 (issue 26: 4,749 kernel launches and 41 ms of GPU work in a 96 ms
 step) is the number of operators and the host time each costs (Python, dispatcher), which are the same on any
-host. So the models run at tiny dimensions (H 64, F 128, 4 heads, E_emb 32, vocab 1,000; batch 2 x 32) where
-compute is ~0, with the base presets' structure (12 blocks, 4 or 8 experts, K 2, C 1.2, the paper's noise):
+host. So the models run at tiny dimensions with the base presets' structure (12 blocks, 4 or 8 experts, K 2,
+C 1.2, the paper's noise), `--dims`:
+
+* `tiny` (issue 26's): H 64, F 128, 4 heads, E_emb 32, vocab 1,000; batch 2 x 32. Compute is small but not
+  ~0 for the MoE: its 72 expert GEMMs per step (2.4x the FFN's FLOPs) take ~20 us each on a 2020s x86 core,
+  ~1.5-2 ms of a ~11 ms step.
+* `compute-free`: H 16, F 32, 2 heads, E_emb 16, vocab 1,000; batch 1 x 16: every operator is at its
+  fixed cost, so the times are host time only.
+
 
 * ops: operators of one forward + backward (loss.backward(), gradients None before), and of one optimizer
   step (our LAMB, multi-tensor), counted by `widenet_ds.runtime.op_count.count_ops` (leaves of the aten
@@ -29,7 +36,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.workers import Worker, interleave, serve, use_checkout  # noqa: E402
 
-TINY = dict(hidden_size=64, intermediate_size=128, num_heads=4, embedding_size=32, vocab_size=1000)
+# --dims: (model dimensions, batch, seq)
+DIMS = {
+    "tiny": (dict(hidden_size=64, intermediate_size=128, num_heads=4, embedding_size=32, vocab_size=1000), 2, 32),
+    "compute-free": (dict(hidden_size=16, intermediate_size=32, num_heads=2, embedding_size=16, vocab_size=1000),
+                     1, 16),
+}
 DEFAULT_MODELS = ("hf-albert", "albert-base", "widenet-base-e4", "widenet-base-e4-dropless", "widenet-base-e8",
                   "widenet-base-e8-dropless")
 MODES = ("eager", "model", "blocks")
@@ -38,7 +50,7 @@ MODES = ("eager", "model", "blocks")
 class Variant:
     """One model in one mode, in a worker: its step functions and its counts."""
 
-    def __init__(self, name: str, mode: str, batch: int, seq: int) -> None:
+    def __init__(self, name: str, mode: str, dims: dict, batch: int, seq: int) -> None:
         import torch
 
         from bench.bench_train_step import _batch, _build
@@ -47,7 +59,7 @@ class Variant:
         from widenet_ds.runtime.op_count import count_ops
         self.label = f"{name} {mode}"
         torch.manual_seed(0)
-        cfg, self.model, kwargs = _build(name, compile_model=False, **TINY)
+        cfg, self.model, kwargs = _build(name, compile_model=False, **dims)
         self.model.train()
         if mode != "eager":
             if name == "hf-albert":
@@ -87,7 +99,8 @@ def worker(args) -> None:
     torch._dynamo.config.cache_size_limit = 64  # several models of one class compiled in one process
     record_compiled_kernels()
     init_single_rank()
-    variants = [Variant(name, mode, args.batch, args.seq) for mode in args.modes for name in args.models]
+    variants = [Variant(name, mode, DIMS[args.dims][0], args.batch, args.seq)
+                for mode in args.modes for name in args.models]
     serve({v.label: v.counts for v in variants}, lambda: {v.label: v.time_step() for v in variants}, dict)
 
 
@@ -96,8 +109,10 @@ def main() -> int:
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
     parser.add_argument("--modes", nargs="+", default=["eager", "model"], choices=MODES,
                         help="eager and torch.compile modes (HF ALBERT: any compile mode is its model.compile())")
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--seq", type=int, default=32)
+    parser.add_argument("--dims", choices=list(DIMS), default="tiny",
+                        help="model dimensions (and batch x seq): issue 26's tiny ones, or compute-free")
+    parser.add_argument("--batch", type=int, help="default: the --dims' batch")
+    parser.add_argument("--seq", type=int, help="default: the --dims' sequence length")
     parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument("--checkout", action="append", metavar="LABEL=DIR",
                         help="compare checkouts of the code (widenet_ds imported from DIR), interleaved; "
@@ -105,6 +120,8 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=0, help="also print the N most frequent operators per variant")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    _, default_batch, default_seq = DIMS[args.dims]
+    args.batch, args.seq = args.batch or default_batch, args.seq or default_seq
     if args.worker:
         worker(args)
         return 0
@@ -112,7 +129,7 @@ def main() -> int:
     from bench.common import machine
     checkouts = [c.split("=", 1) for c in args.checkout] if args.checkout else [["", None]]
     argv = [os.path.abspath(__file__), "--worker", "--models", *args.models, "--modes", *args.modes,
-            "--batch", str(args.batch), "--seq", str(args.seq)]
+            "--dims", args.dims, "--batch", str(args.batch), "--seq", str(args.seq)]
     # One compile thread: no pool of compile processes per worker.
     workers = [Worker(label, argv, checkout, env={"TORCHINDUCTOR_COMPILE_THREADS": "1"})
                for label, checkout in checkouts]
@@ -120,7 +137,7 @@ def main() -> int:
     for w in workers:
         w.finish()
 
-    print(f"\n# Host overhead: {machine()}, 1 thread; tiny dims {TINY}, batch {args.batch} x {args.seq}, fp32; "
+    print(f"\n# Host overhead: {machine()}, 1 thread; {args.dims} dims {DIMS[args.dims][0]}, batch {args.batch} x {args.seq}, fp32; "
           f"host ms = median of {args.repeats} interleaved forward + backward; {time.strftime('%Y-%m-%d %H:%M')}")
     width = max(10, *(len(w.label) + 2 for w in workers))
     print(f"{'checkout':<{width}}{'model':<26}{'mode':>7}{'fwd+bwd ops':>12}{'x HF':>7}{'opt ops':>9}{'host ms':>9}"

@@ -5,7 +5,8 @@ hand lacks:
   - bad launch options and hostfiles stop the launch with one error before anything starts; a local run
     gets a free rendezvous port (a --master-port another program holds is refused, naming it);
   - without a GPU: one CPU rank per core, at most 8 (deepspeed's CPU default is one rank per NUMA node,
-    often 1), OMP threads shared between them, and DS_ACCELERATOR=cpu chosen instead of guessed;
+    often 1), OMP threads shared between them, DS_ACCELERATOR=cpu chosen instead of guessed, and an allocator
+    that keeps freed memory for the next step (runtime/host_allocator.py);
   - the runner's bookkeeping (cmd =, WORLD INFO, spawned ...) silenced: WIDENET_DEEPSPEED_LOG_LEVEL;
   - this process stays the one a user or scheduler signals: SIGTERM, SIGINT and SIGUSR1 go to the ranks
     themselves (runtime/signals.py says why), which save, agree on the step and exit 0;
@@ -28,6 +29,7 @@ from pathlib import Path
 import widenet_ds
 from widenet_ds.errors import LaunchError
 from widenet_ds.run_folder import TASKS
+from widenet_ds.runtime.host_allocator import allocator_env, find_tcmalloc
 from widenet_ds.runtime.launch_env import check_hostfile
 from widenet_ds.runtime.ports import free_port, port_holder, port_is_free
 from widenet_ds.runtime.signals import forward
@@ -66,6 +68,7 @@ class Machine:
 
     cores: int
     has_gpu: bool
+    tcmalloc: str | None = None  # its library, where installed (host_allocator.find_tcmalloc)
 
 
 @dataclass(frozen=True)
@@ -82,10 +85,10 @@ def this_machine(environ: Mapping[str, str] = os.environ) -> Machine:
     cores = len(os.sched_getaffinity(0))
     accelerator = environ.get("DS_ACCELERATOR")
     if accelerator:  # the user's choice stands
-        return Machine(cores, has_gpu=accelerator != "cpu")
+        return Machine(cores, has_gpu=accelerator != "cpu", tcmalloc=find_tcmalloc())
     nvidia_smi = shutil.which("nvidia-smi")
     has_gpu = nvidia_smi is not None and subprocess.run([nvidia_smi, "-L"], capture_output=True).returncode == 0
-    return Machine(cores, has_gpu)
+    return Machine(cores, has_gpu, find_tcmalloc())
 
 
 def deepspeed_runner() -> str:
@@ -135,6 +138,7 @@ def plan_launch(options: LaunchOptions, machine: Machine, environ: Mapping[str, 
         if not environ.get("OMP_NUM_THREADS") and ranks is not None:
             # Share the cores instead of every rank starting one thread per core.
             env["OMP_NUM_THREADS"] = str(max(1, machine.cores // ranks))
+        env.update(allocator_env(environ, machine.tcmalloc))
     # The ranks import the widenet_ds this process runs, also from a checkout the environment does not
     # have installed (a second worktree).
     source_root = str(Path(widenet_ds.__file__).resolve().parents[1])
