@@ -69,6 +69,7 @@ run_tests() {
     bash "$ROOT/scripts/install_chromium.sh" >&2 || echo "[test] Chromium install failed; the report's browser test will skip" >&2
   fi
   install_fashion_mnist || echo "[test] Fashion-MNIST not installed; its test will skip" >&2
+  install_tcmalloc || echo "[test] tcmalloc not installed; CPU ranks get glibc's malloc, tuned; its test will skip" >&2
   cd "$ROOT"
   "$PY" -m pytest "$@"
 }

@@ -17,7 +17,7 @@ import torch
 
 from widenet_ds.errors import ConfigError, LaunchError
 from widenet_ds.runtime.distributed import check_ep_size
-from widenet_ds.runtime.host_allocator import GLIBC_KEEP_FREED, allocator_env, find_tcmalloc
+from widenet_ds.runtime.host_allocator import GLIBC_KEEP_FREED
 from widenet_ds.runtime.launch import LaunchOptions, Machine, failure, parse_launch_args, plan_launch
 from widenet_ds.runtime.launch_env import (
     SLURM_PORT_BASE,
@@ -208,45 +208,6 @@ def test_cpu_ranks_get_an_allocator_that_keeps_freed_memory_unless_the_user_chos
     for users in ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, {"LD_PRELOAD": "libjemalloc.so.2"}):
         _, env = plan(Machine(cores=2, has_gpu=False, tcmalloc="libtcmalloc_minimal.so.4"), users)
         assert "LD_PRELOAD" not in env and "GLIBC_TUNABLES" not in env  # theirs stays in the runner's environment
-
-
-# A 64 MiB block written and freed five times: the minor page faults of the last four rounds.
-REFAULTS = """
-import ctypes, resource
-libc = ctypes.CDLL(None)
-libc.malloc.restype = ctypes.c_void_p
-libc.free.argtypes = [ctypes.c_void_p]
-def write_and_free():
-    block = libc.malloc(64 * 2 ** 20)
-    ctypes.memset(block, 1, 64 * 2 ** 20)
-    libc.free(block)
-write_and_free()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(4):
-    write_and_free()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-"""
-
-
-def refaults(allocator: dict[str, str]) -> int:
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "LD_PRELOAD")} | allocator
-    proc = subprocess.run([sys.executable, "-c", REFAULTS], env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return int(proc.stdout.split()[-1])
-
-
-def test_glibc_fallback_reuses_a_freed_large_block_instead_of_faulting_in_new_pages():
-    """What the allocator setting is for: glibc's default maps a block this size afresh each time (16,384 page
-    faults of 4 KiB per round, fewer with transparent huge pages); kept, it is reused."""
-    default, kept = refaults({}), refaults(allocator_env({}, tcmalloc=None))
-    assert default >= 4 * 32 and kept * 32 < default, (default, kept)
-
-
-@pytest.mark.skipif(find_tcmalloc() is None, reason="tcmalloc not installed (Debian: libtcmalloc-minimal4; "
-                                                    "./launcher.sh test installs it as root)")
-def test_tcmalloc_where_installed_reuses_a_freed_large_block():
-    default, kept = refaults({}), refaults(allocator_env({}, tcmalloc=find_tcmalloc()))
-    assert default >= 4 * 32 and kept * 32 < default, (default, kept)
 
 
 def test_gpu_machine_leaves_the_rank_count_and_threads_to_deepspeed():
