@@ -67,9 +67,9 @@ run_tests() {
   if [[ "$(id -u)" == "0" ]]; then
     bash "$ROOT/scripts/install_slurm.sh" >&2 || echo "[test] Slurm install failed; Slurm tests will skip" >&2
     bash "$ROOT/scripts/install_chromium.sh" >&2 || echo "[test] Chromium install failed; the report's browser test will skip" >&2
+    install_tcmalloc || echo "[test] tcmalloc install failed; CPU ranks get glibc's malloc, tuned; its test will skip" >&2
   fi
   install_fashion_mnist || echo "[test] Fashion-MNIST not installed; its test will skip" >&2
-  install_tcmalloc || echo "[test] tcmalloc not installed; CPU ranks get glibc's malloc, tuned; its test will skip" >&2
   cd "$ROOT"
   "$PY" -m pytest "$@"
 }
