@@ -42,7 +42,7 @@ setup() {
 install_tcmalloc() {
   # Debian's libtcmalloc-minimal4: the allocator `widenet-ds launch` gives CPU ranks where it is installed
   # (widenet_ds/runtime/host_allocator.py); without it they get glibc's malloc, tuned.
-  ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal && return 0
+  "$PY" -c "import ctypes.util, sys; sys.exit(ctypes.util.find_library('tcmalloc_minimal') is None)" && return 0
   if [[ "$(id -u)" != "0" ]]; then
     echo "[setup] not root: cannot install tcmalloc for CPU runs; 'sudo apt-get install libtcmalloc-minimal4'" \
          "makes them use less memory (optional)" >&2
