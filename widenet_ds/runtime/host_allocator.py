@@ -2,12 +2,12 @@
 
 glibc's malloc maps every block over 32 MiB on its own and unmaps it when it is freed, so the large tensors
 of a training step (widenet-base-e8's shared-expert weight gradients: 75 MB each, 24 a step) fault in fresh
-zeroed pages every step; a CPU step of albert-base or widenet-base ran 7-35% slower that way than with the
-memory reused (docs/benchmarks.md, issue 26). `widenet-ds launch` gives its CPU ranks
+zeroed pages every step; with the memory reused, a CPU step of albert-base or widenet-base ran 1.07-1.36x as
+fast (docs/benchmarks.md, issue 26). `widenet-ds launch` gives its CPU ranks
 
 * tcmalloc where it is installed (Debian's libtcmalloc-minimal4), as PyTorch's CPU performance guide
   recommends: the same speed as the next, and the lowest peak memory of the three; else
-* glibc's malloc without per-block maps and without trimming (GLIBC_TUNABLES): the same speed, ~10-15% more
+* glibc's malloc without per-block maps and without trimming (GLIBC_TUNABLES): the same speed, 6-13% more
   peak memory than glibc's default.
 
 A user's own LD_PRELOAD or GLIBC_TUNABLES means the allocator is theirs to choose: nothing is added then.
