@@ -227,7 +227,11 @@ def test_output_below_a_file_and_bad_table_paths_are_one_clear_error(runs, tmp_p
 def text_branches(runs, dist):
     """A real pretraining of WideNet x ParaFormer (2 branches of 2 blocks): its log ends with the held-out MLM
     loss of the first k branches."""
-    model = write_model_config(runs["root"] / "pf_model.json", "widenet-tiny-e4", norm_position="pre", num_branches=2)
+    # A wide initialisation: with pre-norm blocks at the default 0.02, each branch adds so little to the residual
+    # stream that the final LayerNorm of 1 and of 2 summed branches agrees to ~1e-6 after 4 steps (equal to the
+    # bit in one full-suite run), and the report's two columns could not be told apart.
+    model = write_model_config(runs["root"] / "pf_model.json", "widenet-tiny-e4", norm_position="pre", num_branches=2,
+                               initializer_range=0.5)
     out = runs["root"] / "pf-text"
     assert train_in_process("pretrain", [
         "--model-config", str(model), "--deepspeed_config", str(CPU_CONFIG), "--data", str(runs["root"] / "data"),
@@ -241,7 +245,7 @@ def test_text_paraformer_shows_the_mlm_loss_of_the_first_k_branches(text_branche
     proc = report(text_branches, "--output", out, "--branches-table", table)
     assert proc.returncode == 0, proc.stderr
     per_k = {k: RunFolder(text_branches).read_metrics().series(f"valid_branches_{k}/mlm_loss")[4] for k in (1, 2)}
-    assert per_k[1] != per_k[2]
+    assert abs(per_k[1] - per_k[2]) > 1e-3  # distinct in the table's 4 decimals
     cells = parse_page(out / "index.html")
     assert "ParaFormer compression: the first k branches" in cells.headings
     for k, loss in per_k.items():
