@@ -146,8 +146,7 @@ def worker(args) -> None:
     serve({}, lambda: timed(step, sync), result)
 
 
-def _start(args, name: str, batch: int, compiled: bool, malloc: str) -> Worker | None:
-    env = {} if torch.cuda.is_available() else _malloc_env(malloc)
+def _start(args, name: str, batch: int, compiled: bool, malloc: str, env: dict[str, str]) -> Worker | None:
     argv = [os.path.abspath(__file__), "--worker", name, "--batch", str(batch), "--seq", str(args.seq),
             "--dtype", args.dtype, "--warmup", str(args.warmup), "--optimizer", args.optimizer] + \
         (["--compile"] if compiled else [])
@@ -206,7 +205,7 @@ def main() -> int:
         groups = [[run] for group in groups for run in group]
     results = []
     for group in groups:
-        workers = {run: w for run in group if (w := _start(args, *run)) is not None}
+        workers = {run: w for run in group if (w := _start(args, *run, malloc_env[run[-1]])) is not None}
         interleave(list(workers.values()), args.repeats)
         for (name, batch, compiled, malloc), w in workers.items():
             seconds = w.median()
