@@ -30,7 +30,7 @@ def main() -> int:
     init_single_rank()
     print(f"# sync check: {machine()}; {args.preset} bf16, batch {args.batch} x seq {args.seq}")
     failures = 0
-    for dispatch in ("deepspeed", "dropless"):
+    for dispatch in ("deepspeed", "compact", "dropless"):
         torch.manual_seed(0)
         cfg = ModelConfig.from_preset(args.preset, moe={"dispatch": dispatch})
         model = WideNetForPreTraining(cfg)

@@ -52,6 +52,6 @@ print(f'GEMM peak 8192^3: bf16 {g(torch.bfloat16)/1e12:.1f} TFLOP/s')"
         --repeats ${MOE_REPEATS:-10} --compile
     run step_bf16_64_256 bench/bench_train_step.py --batch 64 256 --seq 128 --dtype bf16 --warmup 5 --repeats 20 \
         --eager-and-compiled --optimizer $opt --json "$OUT/step_bf16_64_256.json" --one-at-a-time \
-        --models ${STEP_MODELS:-hf-albert albert-base widenet-base-e4 widenet-base-e4-dropless}
+        --models ${STEP_MODELS:-hf-albert albert-base widenet-base-e4 widenet-base-e4-compact widenet-base-e4-dropless}
     ;;
 esac

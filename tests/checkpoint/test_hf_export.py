@@ -129,8 +129,8 @@ def test_the_hf_config_holds_every_field_of_ours_with_our_defaults(ours, theirs)
 
 # --- eval parity ------------------------------------------------------------------------------------------
 def with_dispatches(cases: dict, dense: set[str]) -> list[tuple[str, str]]:
-    """(case, dispatch): both dispatches of each MoE case, one of a dense case (no routing to dispatch)."""
-    return [(case, dispatch) for case in cases for dispatch in ("deepspeed", "dropless")
+    """(case, dispatch): every dispatch of each MoE case, one of a dense case (no routing to dispatch)."""
+    return [(case, dispatch) for case in cases for dispatch in ("deepspeed", "compact", "dropless")
             if case not in dense or dispatch == "deepspeed"]
 
 
@@ -161,7 +161,7 @@ def test_text_models_give_our_eval_outputs(case, dispatch, tmp_path):
     if cfg.is_moe:
         assert torch.equal(got.dropped_fraction, want.routing.dropped_fraction)
         assert torch.equal(got.expert_counts, want.routing.expert_counts)
-        drops = dispatch == "deepspeed" and cfg.moe.drop_tokens
+        drops = dispatch != "dropless" and cfg.moe.drop_tokens
         assert (want.routing.dropped_fraction.sum() > 0) == drops  # the case does exercise dropping
 
     if case in ("widenet", "branches", "bert-dense"):  # the finetuning heads, on the same body
@@ -213,7 +213,7 @@ def test_image_models_give_our_eval_outputs(case, dispatch, tmp_path):
     assert abs(got.loss.item() - want.loss.item()) <= 1e-5
     if cfg.is_moe:
         assert torch.equal(got.dropped_fraction, want.routing.dropped_fraction)
-        assert (want.routing.dropped_fraction.sum() > 0) == (dispatch == "deepspeed")
+        assert (want.routing.dropped_fraction.sum() > 0) == (dispatch != "dropless")
 
 
 # --- training mode ----------------------------------------------------------------------------------------

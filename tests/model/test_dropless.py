@@ -1,4 +1,5 @@
-"""Dropless dispatch: DeepSpeed's capacity path when nothing overflows, and no dropped route when skewed."""
+"""Expert-sorted dispatches: dropless equals DeepSpeed's capacity path when nothing overflows and drops no route
+when skewed; compact equals the capacity path with its drops, on one rank and with expert parallelism."""
 
 import pytest
 import torch
@@ -113,17 +114,52 @@ def test_dropless_pretraining_model_matches_the_capacity_path():
         torch.testing.assert_close(grads_b[name], grads_a[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("capacity_factor", [0.5, 1.2])
+def test_compact_equals_the_capacity_path_with_its_drops(capacity_factor):
+    """The same routing decisions (slots, drops, weights, balance loss) and the same outputs and gradients as
+    DeepSpeed's buffers, with padding in the batch; at C 0.5 a third of the routes are dropped."""
+    torch.manual_seed(2)
+    moe = dict(capacity_factor=capacity_factor, min_capacity=0)
+    stock, compact = _layer("deepspeed", **moe), _layer("compact", **moe)
+    compact.load_state_dict(stock.state_dict())
+    x = torch.randn(3, 20, 16)
+    mask = torch.ones(3, 20, dtype=torch.bool)
+    mask[1, 13:] = False
+    results = []
+    for layer in (stock, compact):
+        xx = x.clone().requires_grad_(True)
+        out, routing = layer.train()(xx, token_mask=mask)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        results.append((out, routing, xx.grad, {name: p.grad.clone() for name, p in layer.named_parameters()}))
+    (out_a, routing_a, dx_a, grads_a), (out_b, routing_b, dx_b, grads_b) = results
+    if capacity_factor < 1:
+        assert int(routing_a.dropped_routes) > 20
+    for field in ("expert_index", "location", "weight", "expert_counts", "slot", "balance_loss"):
+        assert torch.equal(getattr(routing_a, field), getattr(routing_b, field)), field
+    assert torch.all(out_b[1, 13:] == 0), "padding gets no expert output"
+    torch.testing.assert_close(out_b, out_a, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(dx_b, dx_a, atol=1e-6, rtol=1e-5)
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
 @pytest.mark.multirank
-def test_dropless_ep2_over_two_ranks_matches_ep1_forward_and_gradients(tmp_path):
-    """Variable-size all-to-all of the routed rows: ep_size 2 on 2 launcher ranks equals ep_size 1 in one
-    process, logits and gradients (experts see both ranks' tokens; everything else this rank's own)."""
-    run_deepspeed(REPO / "tests/scripts/dropless_expert_parallel.py", [str(tmp_path / "ep2"), "2"], num_ranks=2)
+@pytest.mark.parametrize("dispatch, reference", [("dropless", "dropless"), ("compact", "deepspeed")])
+def test_expert_parallel_over_two_ranks_matches_ep1_forward_and_gradients(tmp_path, dispatch, reference):
+    """Variable-size all-to-all of the kept rows: ep_size 2 on 2 launcher ranks equals ep_size 1 in one
+    process, logits and gradients (experts see both ranks' tokens; everything else this rank's own). Compact
+    (capacity factor 0.5: routes dropped on both ranks) against DeepSpeed's capacity buffers at ep_size 1."""
+    run_deepspeed(REPO / "tests/scripts/dropless_expert_parallel.py", [str(tmp_path / "ep2"), "2", dispatch],
+                  num_ranks=2)
     got = [load_file(tmp_path / f"ep2.rank{rank}.safetensors") for rank in (0, 1)]
-    want = [dropless_expert_parallel.run(dropless_expert_parallel.build(ep_size=1), rank) for rank in (0, 1)]
+    want = [dropless_expert_parallel.run(dropless_expert_parallel.build(1, reference), rank) for rank in (0, 1)]
     for rank in (0, 1):
         torch.testing.assert_close(got[rank]["mlm_logits"], want[rank]["mlm_logits"], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(got[rank]["loss"], want[rank]["loss"], atol=1e-6, rtol=1e-6)
         assert torch.equal(got[rank]["expert_counts"], want[rank]["expert_counts"])
+        assert torch.equal(got[rank]["dropped_fraction"], want[rank]["dropped_fraction"])
+        assert bool(torch.all(got[rank]["dropped_fraction"] > 0)) == (dispatch == "compact")
         expert_grads = [n for n in got[rank] if ".expert" in n]
         assert len(expert_grads) == 4 * 2, "each rank holds 2 of the 4 experts' 4 tensors"
         for name, grad in got[rank].items():

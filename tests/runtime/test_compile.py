@@ -6,7 +6,7 @@ Two checks of "no host sync", both runnable without a GPU:
 * eager, on the meta device: tensors there have shapes but no values, so every host read of a value
   (`.item()`, `.tolist()`, `int(t)`, a Python branch on a tensor) and every op whose output size depends
   on data (`nonzero`, boolean-mask indexing) raises. The whole pretraining model's forward and backward
-  run there, both dispatch modes;
+  run there, every dispatch;
 * compiled: the ATen graphs that AOT autograd captures (forward and backward) hold no
   `_local_scalar_dense` (a host read) and no tensor whose size is data (an unbacked symbol).
 
@@ -92,7 +92,8 @@ def test_the_checks_catch_host_reads(fn):
     assert reads
 
 
-@pytest.mark.parametrize("moe", [dict(), dict(dispatch="dropless")], ids=["capacity", "dropless"])
+@pytest.mark.parametrize("moe", [dict(), dict(dispatch="compact"), dict(dispatch="dropless")],
+                         ids=["capacity", "compact", "dropless"])
 def test_eager_training_forward_backward_reads_nothing_on_the_host(moe):
     """Whole pretraining model, eager, on the meta device (values absent: any host read raises)."""
     cfg = ModelConfig.from_preset("widenet-tiny-e4", vocab_size=200, routing_groups=2, moe=moe)
@@ -106,8 +107,8 @@ def test_eager_training_forward_backward_reads_nothing_on_the_host(moe):
     assert model.widenet.encoder.ffn[0].experts[0].fc_in.weight.grad.device.type == "meta"
 
 
-@pytest.mark.parametrize("moe", [dict(), dict(drop_tokens=False), dict(dispatch="dropless")],
-                         ids=["capacity", "no-drop", "dropless"])
+@pytest.mark.parametrize("moe", [dict(), dict(drop_tokens=False), dict(dispatch="dropless"), dict(dispatch="compact")],
+                         ids=["capacity", "no-drop", "dropless", "compact"])
 def test_compiled_routing_and_moe_layer_read_nothing_on_the_host(moe):
     cfg = MoEConfig(**moe)
     assert _host_reads(lambda x: route_tokens(x, cfg, training=True), torch.randn(24, 4)) == []
@@ -187,14 +188,14 @@ def _forward_backward(layer, x: torch.Tensor, call=None):
     return out.detach(), x.grad, {n: p.grad.clone() for n, p in layer.named_parameters()}, routing
 
 
-@pytest.mark.parametrize("dispatch", ["deepspeed", "dropless"])
+@pytest.mark.parametrize("dispatch", ["deepspeed", "compact", "dropless"])
 def test_moe_layer_compiles_whole_forward_and_backward(dispatch):
     """Routing + dispatch + grouped experts + combine in one graph, gradients included."""
     layer = _layer(dispatch)
     x = torch.randn(3, 8, 16, generator=torch.Generator().manual_seed(2))
     eager = _forward_backward(layer, x)
     compiled = _forward_backward(layer, x, call=_compile(layer))
-    if dispatch == "deepspeed":
+    if dispatch != "dropless":
         assert int(eager[3].dropped_routes) > 0, "capacity 1.0 should drop some routes: the test covers dropping"
     torch.testing.assert_close(compiled[0], eager[0], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(compiled[1], eager[1], atol=1e-6, rtol=1e-5)
@@ -224,7 +225,7 @@ def test_pretraining_model_compiles_whole(moe):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="the sync-free grouped GEMM (torch._grouped_mm in bf16) needs an sm90+ CUDA device")
-@pytest.mark.parametrize("dispatch", ["deepspeed", "dropless"])
+@pytest.mark.parametrize("dispatch", ["deepspeed", "compact", "dropless"])
 def test_training_step_has_no_host_sync_on_cuda(dispatch):
     cfg = ModelConfig.from_preset("widenet-tiny-e4", vocab_size=256, moe={"dispatch": dispatch})
     torch.manual_seed(0)

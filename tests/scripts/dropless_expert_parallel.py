@@ -1,6 +1,7 @@
-"""Run by the deepspeed launcher: a dropless WideNet with a given ep_size, one training forward + backward on
-this rank's slice of a fixed batch (no engine: gradients are this rank's own, not all-reduced); saves the
-logits, the loss and every gradient this rank holds (experts under their global index)."""
+"""Run by the deepspeed launcher: a WideNet with a given ep_size and dispatch (dropless; compact or deepspeed
+at capacity factor 0.5, so that every rank drops routes), one training forward + backward on this rank's slice
+of a fixed batch (no engine: gradients are this rank's own, not all-reduced); saves the logits, the loss, the
+routing counts and every gradient this rank holds (experts under their global index)."""
 
 import sys
 
@@ -22,10 +23,11 @@ def fixed_batch(rank: int):
     return ids, mask, labels, torch.tensor([1, 0, 1, 0])
 
 
-def build(ep_size: int) -> WideNetForPreTraining:
+def build(ep_size: int, dispatch: str = "dropless") -> WideNetForPreTraining:
     torch.manual_seed(4321)
+    capacity = {} if dispatch == "dropless" else {"capacity_factor": 0.5}
     cfg = ModelConfig.from_preset("widenet-tiny-e4", vocab_size=300, classifier_dropout=0.0, routing_groups=2,
-                                  moe={"dispatch": "dropless", "noise": "none"})
+                                  moe={"dispatch": dispatch, "noise": "none", **capacity})
     model = WideNetForPreTraining(cfg, ep_size=ep_size)
     model.ensure_process_groups()
     return model.train()
@@ -49,18 +51,18 @@ def run(model: WideNetForPreTraining, rank: int) -> dict[str, torch.Tensor]:
     out = model(ids, None, mask, labels, sop)
     out.loss.backward()
     return {"mlm_logits": out.mlm_logits.detach().contiguous(), "loss": out.loss.detach().reshape(1),
-            "expert_counts": out.routing.expert_counts,
+            "expert_counts": out.routing.expert_counts, "dropped_fraction": out.routing.dropped_fraction,
             **{f"grad.{n}": g.contiguous() for n, g in gradients(model).items()}}
 
 
-def main(out_prefix: str, ep_size: int) -> None:
+def main(out_prefix: str, ep_size: int, dispatch: str) -> None:
     init_distributed()
     rank = torch.distributed.get_rank()
-    save_file(run(build(ep_size), rank), f"{out_prefix}.rank{rank}.safetensors")
+    save_file(run(build(ep_size, dispatch), rank), f"{out_prefix}.rank{rank}.safetensors")
 
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds --local_rank
-    main(args[0], int(args[1]))
+    main(args[0], int(args[1]), args[2] if len(args) > 2 else "dropless")
     # Every rank exits together: a gloo group torn down while a peer still writes aborts that peer at exit.
     torch.distributed.barrier()

@@ -22,7 +22,7 @@ FORMAT_VERSION = 1
 NoisePolicy = Literal["gaussian", "jitter", "rsample", "none"]
 CombineWeights = Literal["raw", "renormalize"]
 BalanceLoss = Literal["switch", "widenet_tf"]
-Dispatch = Literal["deepspeed", "dropless"]
+Dispatch = Literal["deepspeed", "compact", "dropless"]
 CapacityRounding = Literal["ceil", "floor"]
 Activation = Literal["gelu", "gelu_new"]
 NormPosition = Literal["post", "pre"]
@@ -146,8 +146,10 @@ class MoEConfig:
     only here) and `combine_weights = "renormalize"` (top-k weights rescaled to sum to 1).
 
     `dispatch`: "deepspeed" runs DeepSpeed's capacity buffers (B = ceil(K * C * T / E) slots per expert,
-    overflow dropped); "dropless" runs every route on exactly its tokens (no capacity, nothing dropped,
-    capacity factors and drop_tokens unused; any ep_size), see widenet_ds/model/dropless.py.
+    overflow dropped; the empty slots are computed too: 2.4 T rows for 2 T routes at K 2, C 1.2);
+    "compact" makes the same routing decisions (capacity, drops, combine weights) and runs only the kept
+    routes, sorted by expert; "dropless" runs every route on exactly its tokens (no capacity, nothing
+    dropped, capacity factors and drop_tokens unused). Any ep_size; see widenet_ds/model/dropless.py.
 
     `capacity_rounding`: "ceil" (DeepSpeed's B = ceil(K * C * T / E)) or "floor" (the authors' vision code,
     int(T * C * K // E)).

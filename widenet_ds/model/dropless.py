@@ -1,16 +1,21 @@
-"""Dropless dispatch for the shared MoE: every route runs, on exactly the tokens routed to it.
+"""Expert-sorted dispatch for the shared MoE: each expert runs on exactly the routes it keeps.
 
 DeepSpeed's path (`SharedMOELayer` with `dispatch = "deepspeed"`) copies the tokens into an [E, B, M]
 buffer of B = ceil(K * C * T / E) slots per expert, runs every expert on all B rows -- empty slots are
 zero rows that still cost a GEMM row each -- and drops the routes that overflow. With K = 2 and C = 1.2
 the buffer holds 2.4 T rows for 2 T routes.
 
+Two dispatches run here: "dropless" keeps every route (`route_tokens` gives it no capacity), and
+"compact" keeps DeepSpeed's routing decisions -- the same capacity, the same dropped routes, the same
+combine weights -- and computes the kept routes only: DeepSpeed's numbers up to float rounding, without
+the empty slots' GEMM rows (tests/model/test_dropless.py holds it against the capacity path).
+
 Here the routes are laid out sorted by expert in one buffer (one gather), the experts run as one grouped
 GEMM over their contiguous row groups (widenet_ds/model/grouped_experts.py), and the results are gathered
 back into route order and summed over the K routes with the combine weights. Forward and backward are
 gathers and plain indexed copies (no scatter-add, whose atomics are slow in bf16 on GPU). The routing is
-the same as DeepSpeed's path (same gate, same balance loss), only without a capacity: `route_tokens`
-keeps every route when `MoEConfig.dispatch = "dropless"`.
+the same as DeepSpeed's path (same gate, same balance loss); a dropped route (compact) is laid out like
+a padding position's route: after the last expert's rows, sent to no peer, its result discarded.
 
 No host synchronisation with ep_size 1: the buffer has a static size, K * T rows plus, on CUDA, room to
 start every expert's group on a multiple of `GROUP_ALIGNMENT_CUDA` rows (the grouped GEMM's alignment);
@@ -63,25 +68,32 @@ def sorted_route_order(routing: Routing, align: int = 1) -> tuple[Tensor, Tensor
     choice j.
 
     A route's row is its expert's first row plus its slot `location`, the slot order DeepSpeed's gate
-    gives (choice j of every token after all choices < j), so no sort is needed. Padding routes (a routing
-    with `padded`) follow the real rows.
+    gives (choice j of every token after all choices < j), so no sort is needed. Routes without an expert
+    (padding's, and with a capacity the dropped ones) follow the kept rows.
     """
     k, num_tokens = routing.expert_index.shape
     num_routes = k * num_tokens
-    total = padded_rows(num_routes, routing.expert_counts.numel(), align)
-    starts, ends = aligned_groups(routing.expert_counts.to(torch.long), align, total)
+    counts = kept_counts(routing).to(torch.long)
+    total = padded_rows(num_routes, counts.numel(), align)
+    starts, ends = aligned_groups(counts, align, total)
     expert = routing.expert_index.long()
     row_of_route = starts[expert] + routing.location.long()                          # [k, T]
-    if routing.padded:
-        # Padding's routes (expert -1) run nowhere: they take the rows after the last expert's real ones, in
+    if routing.padded or routing.capacity:
+        # Routes without an expert (-1) run nowhere: they take the rows after the last expert's kept ones, in
         # route order, which no peer is sent and whose results their zero weight discards.
-        counts = routing.expert_counts.to(torch.long)
         padding = expert < 0
         tail = starts[-1] + counts[-1] + torch.cumsum(padding.reshape(-1), dim=0).view_as(expert) - 1
         row_of_route = torch.where(padding, tail, row_of_route)
     route_of_row = torch.full((total,), num_routes, dtype=torch.long, device=row_of_route.device)
     route_of_row[row_of_route.reshape(-1)] = torch.arange(num_routes, device=row_of_route.device)
     return row_of_route, route_of_row, ends
+
+
+def kept_counts(routing: Routing) -> Tensor:
+    """Routes each expert runs [E]: all of them without a capacity, at most `capacity` with one."""
+    if routing.capacity:
+        return routing.expert_counts.clamp(max=routing.capacity)
+    return routing.expert_counts
 
 
 class _GatherRoutes(torch.autograd.Function):
@@ -155,13 +167,14 @@ class _AllToAllRows(torch.autograd.Function):
         return _AllToAllRows.apply(grad_out, recv_splits, send_splits, ctx.group), None, None, None
 
 
-def dropless_experts(tokens: Tensor, routing: Routing, weights: ExpertWeights, ep_size: int = 1,
-                     ep_group=None) -> Tensor:
-    """sum_j w_j(t) * expert_{e_j(t)}(x_t) for every token, with no capacity and no dropped route.
+def sorted_experts(tokens: Tensor, routing: Routing, weights: ExpertWeights, ep_size: int = 1,
+                   ep_group=None) -> Tensor:
+    """sum_j w_j(t) * expert_{e_j(t)}(x_t) for every token over its kept routes, the experts running on
+    expert-sorted rows.
 
-    tokens: [T, M]; routing: from `route_tokens` with dispatch "dropless" (capacity 0 = unbounded, so -1 in
-    expert_index only for padding, whose weight is 0); weights: this rank's experts (E / ep_size of them),
-    stacked.
+    tokens: [T, M]; routing: from `route_tokens` (dispatch "dropless": capacity 0 = unbounded, -1 in
+    expert_index only for padding; "compact": -1 also for a dropped route; either way weight 0 there);
+    weights: this rank's experts (E / ep_size of them), stacked.
     """
     k, num_tokens = routing.expert_index.shape
     # Locally the rows only need grouping when the experts run here; with ep > 1 they are sent unpadded.
@@ -174,7 +187,7 @@ def dropless_experts(tokens: Tensor, routing: Routing, weights: ExpertWeights, e
     if ep_size == 1:
         out_rows = grouped_expert_ffn(rows, ends, weights)
     else:
-        out_rows = _expert_parallel_ffn(rows, routing.expert_counts, weights, ep_size, ep_group)
+        out_rows = _expert_parallel_ffn(rows, kept_counts(routing), weights, ep_size, ep_group)
     # Back to route order [K, T, M].
     per_route = _TakeRows.apply(out_rows, row_of_route.reshape(-1)).view(k, num_tokens, -1)
     # Weighted sum over the K routes in fp32, like DeepSpeed's `_sparse_decode` (combine weights are fp32).
@@ -191,7 +204,8 @@ def _host_split_sizes(send_counts: Tensor, recv_counts: Tensor) -> tuple[list[in
 
 def _expert_parallel_ffn(rows: Tensor, expert_counts: Tensor, weights: ExpertWeights, ep_size: int,
                          ep_group) -> Tensor:
-    """Run rows [K * T, M] sorted by global expert on the ranks that hold those experts; same layout back.
+    """Run rows [K * T, M] sorted by global expert (expert_counts [E] kept rows each, then the routes without
+    an expert) on the ranks that hold those experts; same layout back.
 
     Experts are placed as DeepSpeed places them: rank r of the expert-parallel group holds global experts
     [r * E_local, (r + 1) * E_local).
@@ -201,7 +215,7 @@ def _expert_parallel_ffn(rows: Tensor, expert_counts: Tensor, weights: ExpertWei
     recv_counts = torch.empty_like(send_counts)
     dist.all_to_all_single(recv_counts, send_counts, group=ep_group)           # on the device
     send_splits, recv_splits = _host_split_sizes(send_counts, recv_counts)
-    # Padding's routes (rows past the counted ones) are sent nowhere; their zero rows come back in place.
+    # Routes without an expert (rows past the counted ones) are sent nowhere; zero rows come back in place.
     sent = sum(send_splits)
     received = _AllToAllRows.apply(rows[:sent], send_splits, recv_splits, ep_group)  # by (source rank, local expert)
 

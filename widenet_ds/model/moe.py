@@ -7,7 +7,8 @@ We replace two pieces:
 * the gate (`WideNetGate`): the paper's Gaussian logit noise, raw or renormalised combine weights, two
   balance-loss forms, no Gumbel sampling in eval, per-call routing statistics;
 * the layer's forward (`SharedMOELayer`): it takes and returns the routing explicitly, and with
-  `dispatch = "dropless"` runs the experts on exactly their routed tokens (widenet_ds/model/dropless.py). WideNet calls the
+  `dispatch = "dropless"` or `"compact"` runs the experts on exactly the routes they keep, sorted by expert
+  (widenet_ds/model/dropless.py). WideNet calls the
   one layer D times per forward; DeepSpeed's `MOELayer` keeps `l_aux` in an attribute that each call
   overwrites, and routing groups need to reuse a routing computed earlier, so state must not live in
   the module. Both dispatches run the experts as grouped GEMMs over the stacked expert weights
@@ -37,7 +38,7 @@ from deepspeed.utils import groups
 from torch import Tensor, nn
 
 from widenet_ds.model.config import EncoderConfig, MoEConfig
-from widenet_ds.model.dropless import dropless_experts
+from widenet_ds.model.dropless import sorted_experts
 from widenet_ds.model.grouped_experts import ExpertWeights, batched_expert_ffn
 from widenet_ds.model.routing import Routing, multiplicative_jitter, route_tokens
 
@@ -73,8 +74,8 @@ class SharedMOELayer(MOELayer):
             routing = self.gate(tokens, None if token_mask is None else token_mask.reshape(-1))
         if weights is None:
             weights = ExpertWeights.stack(self.experts.deepspeed_experts)
-        if self.gate.cfg.dispatch == "dropless":
-            combined = dropless_experts(tokens, routing, weights, self.ep_size, self.ep_group)
+        if self.gate.cfg.dispatch != "deepspeed":
+            combined = sorted_experts(tokens, routing, weights, self.ep_size, self.ep_group)
             return combined.reshape(hidden.shape), routing
         num_experts = self.ep_size * self.num_local_experts
         dispatched = _sparse_encode(tokens, routing.slot, num_experts, routing.capacity)      # [E, C, M]

@@ -9,8 +9,9 @@ reserves `top_k` for generation). The usual transformers names are aliases: `num
 
 Routing fields (docs/model.md of widenet-ds): `dispatch` "deepspeed" gives every expert B = ceil(K C T / E)
 slots per routing call (floor with `capacity_rounding` "floor", at least `min_capacity`; C is
-`capacity_factor` in training, `eval_capacity_factor` in eval) and drops the routes that overflow;
-"dropless" runs every route. Load either way: `from_pretrained(folder, trust_remote_code=True,
+`capacity_factor` in training, `eval_capacity_factor` in eval) and drops the routes that overflow
+("compact", widenet-ds's faster layout of the same routing, runs here as "deepspeed"); "dropless" runs
+every route. Load either way: `from_pretrained(folder, trust_remote_code=True,
 dispatch="dropless")`. `route_padding` false (default): padding positions (attention_mask 0) get no route,
 take no slot and stay out of the balance loss and the routing counts; true routes them like tokens (the
 paper's, and widenet-ds's before the switch).
@@ -27,7 +28,7 @@ _CHOICES = {
     "noise": ("gaussian", "jitter", "rsample", "none"),
     "combine_weights": ("raw", "renormalize"),
     "balance_loss": ("switch", "widenet_tf"),
-    "dispatch": ("deepspeed", "dropless"),
+    "dispatch": ("deepspeed", "compact", "dropless"),
     "capacity_rounding": ("ceil", "floor"),
     "norm_position": ("post", "pre"),
     "head": ("gap", "cls"),
