@@ -48,14 +48,17 @@ def test_counts_the_kernels_torch_compile_generated():
     assert ops.ops == {"compiled kernel": 1}  # mul, relu and sum fused into one loop
 
 
-@pytest.mark.parametrize("dispatch, mask_ops_per_call", [("deepspeed", 16), ("dropless", 27)])
-def test_widenet_step_runs_about_twice_albert_operators(dispatch, mask_ops_per_call, dist):
+@pytest.mark.parametrize("dispatch, bound, mask_ops_per_call", [("deepspeed", 2.1, 16), ("dropless", 2.2, 27)])
+def test_widenet_step_runs_about_twice_albert_operators(dispatch, bound, mask_ops_per_call, dist):
     """The host overhead of issue 26: widenet-base-e4's structure (12 blocks, 4 experts, tiny dims) ran 4.6x
     (capacity) and 3.6x (dropless) albert-base's operators per forward + backward before its routing and
     dispatch were rewritten; now about 2x (bench/bench_host_overhead.py, docs/benchmarks.md), with the routing
     of that issue (padding routed, `moe.route_padding = true`). Keeping padding out of the experts (issue 24,
     the default) costs a bounded number of operators per routing call on top (measured 14 capacity, 25
-    dropless: the mask's repeat and count, the masked balance loss, the dropless tail rows)."""
+    dropless: the mask's repeat and count, the masked balance loss, the dropless tail rows). Dropless on CPU
+    sums the experts' weight gradients in place, one `addmm_` per expert where autograd ran one grouped GEMM
+    and one sum (grouped_experts.SharedWeightGrad): 2 more operators per expert GEMM call with 4 experts, 50 a
+    step (1,532 -> 1,582 with padding routed), for 2-4% more tokens/s at batch 8 x 128."""
     from widenet_ds.model.config import ModelConfig
     from widenet_ds.model.widenet import WideNetForPreTraining
 
@@ -74,5 +77,5 @@ def test_widenet_step_runs_about_twice_albert_operators(dispatch, mask_ops_per_c
         step = lambda: model(**batch).loss.backward()  # noqa: E731
         step()
         counts[name] = count_ops(step).total
-    assert counts["literal"] <= 2.1 * counts["albert"], counts
+    assert counts["literal"] <= bound * counts["albert"], counts
     assert counts["masked"] - counts["literal"] <= mask_ops_per_call * cfg.num_routing_calls, counts

@@ -28,6 +28,14 @@ last expert every remaining (padding) row.
 The expert weights stay in DeepSpeed's `Experts` module (per-expert `fc_in` / `fc_out` Linear layers:
 checkpoints and the engine's expert handling are unchanged) and are stacked on the fly; `torch.stack`
 of parameters is differentiable, its backward hands each expert its slice of the gradient.
+
+WideNet's D blocks share the experts, so each stacked weight gets D weight gradients per backward, which
+autograd would compute as D fresh [E, out, in] tensors and sum (75 MB each for widenet-base-e8's fc_in).
+On CPU, in eager training, the expert-sorted path (`_SharedWeightGroupedLinear`) sums them in place instead
+(`SharedWeightGrad`, Megatron's gradient-accumulation fusion for a weight used D times): one buffer per
+weight and backward, in the weight's own layout, so the experts' gradient slices also reach the parameters
+without a copy. Its numbers differ from autograd's sums by float rounding only (summation order); the
+capacity path (`batched_expert_ffn`, the default dispatch, whose bits the golden curves pin) is unchanged.
 """
 
 from __future__ import annotations
@@ -52,17 +60,80 @@ class ExpertWeights:
     w_out: Tensor
     b_out: Tensor
     approximate: str  # GELU: "none" (exact erf) or "tanh" (gelu_new)
+    # In-place sums of w_in's / w_out's weight gradients over the calls of one backward (CPU, eager); None:
+    # autograd sums them.
+    w_in_grad: "SharedWeightGrad | None" = None
+    w_out_grad: "SharedWeightGrad | None" = None
 
     @classmethod
     def stack(cls, experts: nn.ModuleList) -> "ExpertWeights":
         """Stack the `FeedForward` experts of DeepSpeed's `Experts.deepspeed_experts`."""
-        return cls(torch.stack([e.fc_in.weight for e in experts]), torch.stack([e.fc_in.bias for e in experts]),
+        w_in = torch.stack([e.fc_in.weight for e in experts])
+        shared = w_in.device.type == "cpu" and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        return cls(w_in, torch.stack([e.fc_in.bias for e in experts]),
                    torch.stack([e.fc_out.weight for e in experts]), torch.stack([e.fc_out.bias for e in experts]),
-                   experts[0].approximate)
+                   experts[0].approximate, *((SharedWeightGrad(), SharedWeightGrad()) if shared else ()))
 
     def cast(self, dtype: torch.dtype) -> "ExpertWeights":
+        if dtype == self.w_in.dtype:
+            return self
+        # Gradients through the cast: autograd's sums, in the weights' dtype.
         return ExpertWeights(self.w_in.to(dtype), self.b_in.to(dtype), self.w_out.to(dtype), self.b_out.to(dtype),
                              self.approximate)
+
+
+class SharedWeightGrad:
+    """The weight gradient [G, out, in] of one stacked weight used by several calls, summed in place over the
+    calls of one backward pass: the first call's backward hands autograd a fresh buffer, the later ones add
+    their groups into it (`addmm_`) and hand back nothing, so autograd neither allocates nor sums one full
+    gradient per call. Autograd runs the stacking's backward, which reads the buffer, only after every call's
+    backward in that pass. Keyed by the pass (the engine's graph task): a second backward over a retained
+    graph, or a partial one (`torch.autograd.grad` of an input), starts a sum of its own."""
+
+    def __init__(self) -> None:
+        self._task: int | None = None
+        self._sum: Tensor | None = None
+
+    def add(self, grad_out: Tensor, inputs: Tensor, group_ends: Tensor) -> Tensor | None:
+        """Add grad_out[rows of g]^T @ inputs[rows of g] to group g's gradient; the buffer on a pass's first call."""
+        task = torch._C._current_graph_task_id()
+        fresh = self._sum is None or task != self._task
+        if fresh:
+            self._task = task
+            self._sum = grad_out.new_empty(group_ends.shape[0], grad_out.shape[1], inputs.shape[1])
+        ends = group_ends.tolist()  # CPU only: no device to wait for
+        for group, (start, end) in enumerate(zip([0] + ends[:-1], ends)):
+            if fresh:
+                torch.mm(grad_out[start:end].t(), inputs[start:end], out=self._sum[group])
+            else:
+                self._sum[group].addmm_(grad_out[start:end].t(), inputs[start:end])
+        return self._sum if fresh else None
+
+
+class _SharedWeightGroupedLinear(torch.autograd.Function):
+    """rows[group g] @ w[g]^T (w [G, out, in], nn.Linear's layout): the grouped GEMM of `grouped_expert_ffn`,
+    its weight gradient summed by a `SharedWeightGrad`. Forward and input gradient are `torch._grouped_mm`'s
+    own operators (one GEMM per group where the rows are not aligned)."""
+
+    @staticmethod
+    def forward(ctx, rows: Tensor, w: Tensor, group_ends: Tensor, shared: SharedWeightGrad) -> Tensor:
+        ctx.save_for_backward(rows, w, group_ends)
+        ctx.shared = shared
+        return _grouped_mm_eager(rows, w.transpose(1, 2), group_ends)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        rows, w, group_ends = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_rows = _grouped_mm_eager(grad, w, group_ends) if ctx.needs_input_grad[0] else None
+        grad_w = ctx.shared.add(grad, rows, group_ends) if ctx.needs_input_grad[1] else None
+        return grad_rows, grad_w, None, None
+
+
+def _grouped_mm_eager(a: Tensor, b: Tensor, group_ends: Tensor) -> Tensor:
+    if grouped_mm_aligned(a, b):
+        return torch._grouped_mm(a, b, offs=group_ends)
+    return grouped_mm_per_group(a, b, group_ends)
 
 
 def group_alignment(device: torch.device) -> int:
@@ -96,12 +167,20 @@ def grouped_expert_ffn(rows: Tensor, group_ends: Tensor, weights: ExpertWeights,
     (`native_grouped_mm_usable`). Forcing it on CPU runs the GPU's code path there (tests)."""
     weights = weights.cast(rows.dtype)
     expert_of_row = _expert_of_row(group_ends, rows.shape[0])
+    # CPU training, eager: the weight gradients summed in place (a forced path, in the tests, runs as asked)
+    in_place_sums = native is None and weights.w_in_grad is not None and torch.is_grad_enabled()
     if native is None:
         native = native_grouped_mm_usable(rows, weights)
     grouped_mm = _native_grouped_mm if native else grouped_mm_by_group
-    hidden = grouped_mm(rows, weights.w_in.transpose(1, 2), group_ends)
+
+    def linear(x: Tensor, w: Tensor, grad_sum: SharedWeightGrad | None) -> Tensor:
+        if in_place_sums and w.requires_grad:
+            return _SharedWeightGroupedLinear.apply(x, w, group_ends, grad_sum)
+        return grouped_mm(x, w.transpose(1, 2), group_ends)
+
+    hidden = linear(rows, weights.w_in, weights.w_in_grad)
     hidden = F.gelu(hidden + weights.b_in.index_select(0, expert_of_row), approximate=weights.approximate)
-    out = grouped_mm(hidden, weights.w_out.transpose(1, 2), group_ends)
+    out = linear(hidden, weights.w_out, weights.w_out_grad)
     return out + weights.b_out.index_select(0, expert_of_row)
 
 
