@@ -1,5 +1,5 @@
 """The model: config and presets, the WideNet encoder and its task heads, routing, the shared MoE layer
-(capacity and dropless dispatch), parameter and FLOP counts. Written for one device; expert parallelism
+(capacity, compact and dropless dispatch), parameter and FLOP counts. Written for one device; expert parallelism
 is a run setting passed in by the trainer.
 
 `from widenet_ds.model import WideNetForPreTraining` works (resolved lazily, so that importing

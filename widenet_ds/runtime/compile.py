@@ -8,8 +8,8 @@ Modes (`--compile`):
   shared modules D times per forward, so the build is one graph per module, as fast as one block's; the
   embeddings, LayerNorms and heads stay eager.
 The MoE layer (routing, dispatch, grouped experts) traces whole in both modes (tests/runtime/test_compile.py
-checks `fullgraph=True`); expert parallelism with dropless dispatch breaks the graph at its all-to-all
-split sizes (host integers, see widenet_ds/model/dropless.py).
+checks `fullgraph=True`); expert parallelism with the expert-sorted dispatches (dropless, compact) breaks the
+graph at its all-to-all split sizes (host integers, see widenet_ds/model/dropless.py).
 """
 
 from __future__ import annotations
