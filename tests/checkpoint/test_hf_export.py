@@ -128,13 +128,14 @@ def test_the_hf_config_holds_every_field_of_ours_with_our_defaults(ours, theirs)
 
 
 # --- eval parity ------------------------------------------------------------------------------------------
-def with_dispatches(cases: dict, dense: set[str]) -> list[tuple[str, str]]:
-    """(case, dispatch): every dispatch of each MoE case, one of a dense case (no routing to dispatch)."""
-    return [(case, dispatch) for case in cases for dispatch in ("deepspeed", "compact", "dropless")
-            if case not in dense or dispatch == "deepspeed"]
+def with_dispatches(cases: dict, dense: set[str], compact: str) -> list[tuple[str, str]]:
+    """(case, dispatch): both routing forms (capacity, dropless) of each MoE case, one of a dense case (no
+    routing to dispatch), and compact (the capacity routing computed another way) for the `compact` case."""
+    return [(case, dispatch) for case in cases for dispatch in ("deepspeed", "dropless")
+            if case not in dense or dispatch == "deepspeed"] + [(compact, "compact")]
 
 
-@pytest.mark.parametrize("case, dispatch", with_dispatches(TEXT_CASES, {"albert-dense", "bert-dense"}))
+@pytest.mark.parametrize("case, dispatch", with_dispatches(TEXT_CASES, {"albert-dense", "bert-dense"}, "widenet"))
 def test_text_models_give_our_eval_outputs(case, dispatch, tmp_path):
     overrides = dict(TEXT_CASES[case])
     overrides["moe"] = {**overrides.get("moe", {}), "dispatch": dispatch}
@@ -192,7 +193,8 @@ def test_text_models_give_our_eval_outputs(case, dispatch, tmp_path):
             assert abs(got.loss.item() - want.loss.item()) <= 1e-5
 
 
-@pytest.mark.parametrize("case, dispatch", with_dispatches(IMAGE_CASES, {"paraformer-dense", "vit-dense"}))
+@pytest.mark.parametrize("case, dispatch",
+                         with_dispatches(IMAGE_CASES, {"paraformer-dense", "vit-dense"}, "widenet-vit-digits"))
 def test_image_models_give_our_eval_outputs(case, dispatch, tmp_path):
     preset, overrides = IMAGE_CASES[case]
     cfg = VisionConfig.from_preset(preset, **overrides, moe={"dispatch": dispatch})
