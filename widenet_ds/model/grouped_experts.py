@@ -167,8 +167,10 @@ def grouped_expert_ffn(rows: Tensor, group_ends: Tensor, weights: ExpertWeights,
     (`native_grouped_mm_usable`). Forcing it on CPU runs the GPU's code path there (tests)."""
     weights = weights.cast(rows.dtype)
     expert_of_row = _expert_of_row(group_ends, rows.shape[0])
-    # CPU training, eager: the weight gradients summed in place (a forced path, in the tests, runs as asked)
-    in_place_sums = native is None and weights.w_in_grad is not None and torch.is_grad_enabled()
+    # CPU training, eager: the weight gradients summed in place (a forced path, in the tests, runs as asked; a
+    # compiled MoE layer, `--compile blocks`, gets weights stacked in eager code: autograd sums them there)
+    in_place_sums = (native is None and weights.w_in_grad is not None and torch.is_grad_enabled()
+                     and not torch.compiler.is_compiling())
     if native is None:
         native = native_grouped_mm_usable(rows, weights)
     grouped_mm = _native_grouped_mm if native else grouped_mm_by_group
