@@ -2,7 +2,8 @@
 `torch._grouped_mm` path forced on CPU (fp32 and bf16), the custom op torch.compile sees (aligned and not), and
 the batched GEMMs of the capacity buffers. And the experts' weight gradients summed in place over WideNet's D
 calls of the shared MoE (CPU, eager, expert-sorted dispatches): the same gradients as autograd's own sums, in
-every way a backward can run."""
+every way a backward can run. And the experts' parameters packed so that stacking them is a view: the bits
+of a copy."""
 
 import dataclasses
 
@@ -21,6 +22,7 @@ from widenet_ds.model.grouped_experts import (
     grouped_mm_per_group,
     native_grouped_mm_usable,
     reference_expert_ffn,
+    stack_parameters,
 )
 from widenet_ds.model.moe import FeedForward
 from widenet_ds.model.widenet import WideNetForPreTraining
@@ -265,3 +267,62 @@ def test_activation_checkpointing_gives_the_same_sums(add_calls):
     assert len(add_calls) == 6
     for name, grad in _expert_grads(model).items():
         torch.testing.assert_close(grad, plain[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+# --- stacking the experts' parameters without a copy ----------------------------------------------------------
+def _loss_and_grads(model: WideNetForPreTraining):
+    model.zero_grad(set_to_none=True)
+    loss = model(**_batch()).loss
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.usefixtures("dist")
+@pytest.mark.parametrize("dispatch", ["deepspeed", "compact", "dropless"])
+def test_packed_experts_stack_as_a_view_with_the_bits_of_a_copy(dispatch, monkeypatch):
+    model = _model(dispatch)
+    experts = model.widenet.encoder.ffn[0].experts
+    weights = ExpertWeights.stack(experts)
+    for stacked, name in [(weights.w_in, "fc_in.weight"), (weights.b_in, "fc_in.bias"),
+                          (weights.w_out, "fc_out.weight"), (weights.b_out, "fc_out.bias")]:
+        params = [expert.get_parameter(name) for expert in experts]
+        assert stacked.data_ptr() == params[0].data_ptr(), f"{name}: stacked by a copy"
+        assert torch.equal(stacked, torch.stack(params)), name
+    viewed = _loss_and_grads(model)
+    monkeypatch.setattr(grouped_experts, "_evenly_spaced", lambda tensors: False)
+    copied = _loss_and_grads(model)
+    assert torch.equal(viewed[0], copied[0])
+    assert viewed[1].keys() == copied[1].keys() and len(viewed[1]) == len(list(model.parameters()))
+    for name in viewed[1]:
+        assert torch.equal(viewed[1][name], copied[1][name]), name
+
+
+@pytest.mark.usefixtures("dist")
+def test_an_expert_weight_changed_between_forward_and_backward_is_refused():
+    """The GEMMs saved a view of the weights, not a copy: changing one before the backward must not pass."""
+    model = _model("dropless")
+    loss = model(**_batch()).loss
+    with torch.no_grad():
+        model.widenet.encoder.ffn[0].experts[2].fc_out.weight.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_evenly_spaced_slices_of_a_flat_buffer_stack_as_a_view_and_others_by_copy():
+    """ZeRO's flat partitions hold each expert's tensors in a row: its weights are evenly spaced with the
+    biases between them. Tensors with storages of their own (after a per-tensor `.to()`) are copied."""
+    flat = torch.randn(3 * (12 + 4))
+    weights = [torch.nn.Parameter(flat[e * 16:e * 16 + 12].view(4, 3)) for e in range(3)]
+    stacked = stack_parameters(weights)
+    assert stacked.data_ptr() == flat.data_ptr() and stacked.shape == (3, 4, 3)
+    assert torch.equal(stacked, torch.stack([w.detach() for w in weights]))
+    scale = torch.randn(3, 4, 3)
+    (stacked * scale).sum().backward()
+    for e, w in enumerate(weights):
+        assert torch.equal(w.grad, scale[e])
+    separate = [torch.nn.Parameter(w.detach().double()) for w in weights]
+    copied = stack_parameters(separate)
+    assert copied.data_ptr() not in {w.data_ptr() for w in separate}
+    assert torch.equal(copied, torch.stack([w.detach() for w in separate]))
+    uneven = [weights[0], weights[2], weights[1]]
+    assert torch.equal(stack_parameters(uneven), torch.stack([w.detach() for w in uneven]))

@@ -26,8 +26,10 @@ dimension at the offsets); rows past the last group end would never be computed,
 last expert every remaining (padding) row.
 
 The expert weights stay in DeepSpeed's `Experts` module (per-expert `fc_in` / `fc_out` Linear layers:
-checkpoints and the engine's expert handling are unchanged) and are stacked on the fly; `torch.stack`
-of parameters is differentiable, its backward hands each expert its slice of the gradient.
+checkpoints and the engine's expert handling are unchanged) and are stacked on the fly, its backward
+handing each expert its slice of the gradient. Each parameter's E copies are laid out as slices of one
+tensor when the MoE is built (`pack_expert_parameters`), so in eager code that stack is a view, not a copy
+of every expert weight per forward.
 
 WideNet's D blocks share the experts, so each stacked weight gets D weight gradients per backward, which
 autograd would compute as D fresh [E, out, in] tensors and sum (75 MB each for widenet-base-e8's fc_in).
@@ -68,10 +70,11 @@ class ExpertWeights:
     @classmethod
     def stack(cls, experts: nn.ModuleList) -> "ExpertWeights":
         """Stack the `FeedForward` experts of DeepSpeed's `Experts.deepspeed_experts`."""
-        w_in = torch.stack([e.fc_in.weight for e in experts])
+        w_in = stack_parameters([e.fc_in.weight for e in experts])
         shared = w_in.device.type == "cpu" and torch.is_grad_enabled() and not torch.compiler.is_compiling()
-        return cls(w_in, torch.stack([e.fc_in.bias for e in experts]),
-                   torch.stack([e.fc_out.weight for e in experts]), torch.stack([e.fc_out.bias for e in experts]),
+        return cls(w_in, stack_parameters([e.fc_in.bias for e in experts]),
+                   stack_parameters([e.fc_out.weight for e in experts]),
+                   stack_parameters([e.fc_out.bias for e in experts]),
                    experts[0].approximate, *((SharedWeightGrad(), SharedWeightGrad()) if shared else ()))
 
     def cast(self, dtype: torch.dtype) -> "ExpertWeights":
@@ -80,6 +83,57 @@ class ExpertWeights:
         # Gradients through the cast: autograd's sums, in the weights' dtype.
         return ExpertWeights(self.w_in.to(dtype), self.b_in.to(dtype), self.w_out.to(dtype), self.b_out.to(dtype),
                              self.approximate)
+
+
+def pack_expert_parameters(experts: nn.ModuleList) -> None:
+    """Lay each of the experts' parameters (fc_in.weight, ...) out as slices of one [E, ...] tensor, so that
+    `stack_parameters` is a view instead of a copy of them all (151 MB a forward for widenet-base-e8's
+    weights). Values, names and Parameter objects are unchanged; a later per-tensor `.to()` (a GPU, another
+    dtype) gives them storages of their own again and stacking copies, while ZeRO's flat partitions keep them
+    evenly spaced (each expert's tensors in a row)."""
+    for name, _ in experts[0].named_parameters():
+        params = [expert.get_parameter(name) for expert in experts]
+        packed = torch.stack([p.detach() for p in params])
+        for p, slice_ in zip(params, packed.unbind()):
+            p.data = slice_
+
+
+def stack_parameters(tensors: list[Tensor]) -> Tensor:
+    """torch.stack(tensors), differentiable; without a copy (a view of their storage) where they lie evenly
+    spaced in one storage (`pack_expert_parameters`, ZeRO's flat partitions) and the code runs eagerly."""
+    if len(tensors) > 1 and not torch.compiler.is_compiling() and _evenly_spaced(tensors):
+        return _StackedView.apply(*tensors)
+    return torch.stack(tensors)
+
+
+def _evenly_spaced(tensors: list[Tensor]) -> bool:
+    first = tensors[0]
+    if not first.is_contiguous():
+        return False
+    step = tensors[1].storage_offset() - first.storage_offset()
+    return step >= first.numel() and all(
+        t.is_contiguous() and t.shape == first.shape and t.dtype == first.dtype and t.device == first.device
+        and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        and t.storage_offset() == first.storage_offset() + i * step
+        for i, t in enumerate(tensors))
+
+
+class _StackedView(torch.autograd.Function):
+    """[G, ...] view of G evenly spaced tensors of one storage; its backward hands each its slice, as stack's."""
+
+    @staticmethod
+    def forward(ctx, *tensors: Tensor) -> Tensor:
+        first = tensors[0]
+        # Saved so that the backward fails, as for any saved tensor, if one was changed in place since
+        # the forward: the GEMMs saved this view, not a copy.
+        ctx.save_for_backward(*tensors)
+        step = tensors[1].storage_offset() - first.storage_offset()
+        return first.as_strided((len(tensors), *first.shape), (step, *first.stride()), first.storage_offset())
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        ctx.saved_tensors  # noqa: B018 -- the version check
+        return grad.unbind(0)
 
 
 class SharedWeightGrad:

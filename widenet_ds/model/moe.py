@@ -13,7 +13,8 @@ We replace two pieces:
   overwrites, and routing groups need to reuse a routing computed earlier, so state must not live in
   the module. Both dispatches run the experts as grouped GEMMs over the stacked expert weights
   (widenet_ds/model/grouped_experts.py); the weights stay in DeepSpeed's `Experts` module, and the encoder
-  stacks them once per forward for all D calls (`MoEFeedForward.expert_weights`).
+  stacks them once per forward for all D calls (`MoEFeedForward.expert_weights`): a view, where they are
+  packed as built here, not a copy.
 
 The forward never synchronises with the host (ep_size 1; dropless with ep_size > 1 copies its all-to-all
 split sizes once, see dropless.py) and traces whole under `torch.compile(fullgraph=True)`.
@@ -39,7 +40,7 @@ from torch import Tensor, nn
 
 from widenet_ds.model.config import EncoderConfig, MoEConfig
 from widenet_ds.model.dropless import sorted_experts
-from widenet_ds.model.grouped_experts import ExpertWeights, batched_expert_ffn
+from widenet_ds.model.grouped_experts import ExpertWeights, batched_expert_ffn, pack_expert_parameters
 from widenet_ds.model.routing import Routing, multiplicative_jitter, route_tokens
 
 
@@ -126,6 +127,7 @@ class MoEFeedForward(nn.Module):
         stock = self.moe.deepspeed_moe
         self.moe.deepspeed_moe = SharedMOELayer(WideNetGate(cfg.hidden_size, moe_cfg), stock.experts,
                                                 stock.ep_group_name, stock.ep_size, stock.num_local_experts)
+        pack_expert_parameters(self.experts)
         self.num_experts = moe_cfg.num_experts
         self.ep_size = ep_size
 
