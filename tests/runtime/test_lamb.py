@@ -122,8 +122,9 @@ def test_flat_partition_layout_equals_per_tensor_lamb():
 @pytest.mark.parametrize("options", [dict(weight_decay=0.01), dict(eps_inside_sqrt=True, bias_correction=False)],
                          ids=["weight-decay", "eps-inside-sqrt-no-bias-correction"])
 def test_multi_tensor_step_equals_the_per_tensor_loop(options):
-    """foreach=True (the default) against foreach=False, fp32: whole tensors (one of them skipping a step,
-    so two step counts in one group; one zero tensor) and a flat ZeRO-style partition with gaps."""
+    """foreach=True (the GPU default) against foreach=False (the CPU default), fp32: whole tensors (one of them
+    skipping a step, so two step counts in one group; one zero tensor) and a flat ZeRO-style partition with
+    gaps. On CPU both run the same kernels: the same bits."""
     gen = torch.Generator().manual_seed(7)
     shapes = [(33, 17), (5,), (8, 3, 2), (64,), (1,)]
     inits = [torch.randn(s, generator=gen) for s in shapes]
@@ -146,10 +147,23 @@ def test_multi_tensor_step_equals_the_per_tensor_loop(options):
             opt.step()
         runs.append([p.detach() for p in params] + [flat.detach()])
     for i, (loop, multi) in enumerate(zip(*runs)):
-        torch.testing.assert_close(multi, loop, atol=1e-6, rtol=1e-6, msg=lambda m: f"tensor {i}: {m}")
+        assert torch.equal(multi, loop), f"tensor {i}: {(multi - loop).abs().max()}"
     assert torch.equal(runs[1][-1][:3], flat_init[:3]) and torch.equal(runs[1][-1][87:], flat_init[87:]), \
         "padding outside the segments is never touched"
     assert not torch.equal(runs[1][4], inits[4]), "a zero tensor moves (trust ratio 1)"
+
+
+def test_cpu_tensors_are_updated_one_after_the_other_by_default(monkeypatch):
+    """On CPU `_foreach_*` is a per-tensor loop: the default step takes the per-tensor path, which frees each
+    tensor's temporaries before the next tensor's (the multi-tensor path holds them all)."""
+    params = [nn.Parameter(torch.randn(4, 3)), nn.Parameter(torch.randn(5))]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = Lamb(params, lr=0.01)
+    monkeypatch.setattr(Lamb, "_update_tensors", lambda *args: pytest.fail("multi-tensor step on CPU"))
+    before = [p.detach().clone() for p in params]
+    opt.step()
+    assert all(not torch.equal(p, b) for p, b in zip(params, before))
 
 
 def test_bad_hyper_parameters_and_unknown_tensors_are_refused():
