@@ -8,6 +8,11 @@ those two costs take. Models take turns (A B C A B C ...) in one process; no Dee
 our LAMB only).
 
     python bench/step_parts.py --models albert-base widenet-base-e4 widenet-base-e8 --batch 8 --seq 128
+
+`--memory` adds each part's peak: the most bytes torch's CPU allocator held above the part's start, from the
+profiler's allocation records of one more step (exact and the same from run to run, unlike a process's max
+RSS, which moves in ~110 MiB steps between identical runs under tcmalloc). The forward + backward starts
+with no gradients (it allocates them), the optimizer step with them.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ def main() -> int:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per model after one warm-up step")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--memory", action="store_true", help="also each part's peak allocator bytes (CPU)")
     args = parser.parse_args()
 
     from widenet_ds.runtime.lamb import Lamb, build_param_groups
@@ -60,12 +66,36 @@ def main() -> int:
 
     print(f"# {machine()}, {args.threads} threads, fp32, batch {args.batch} x {args.seq}, median of "
           f"{args.repeats} interleaved steps, {time.strftime('%Y-%m-%d %H:%M')}")
-    print(f"{'model':<26}{'params M':>9}{'fwd+bwd s':>11}{'optimizer s':>13}{'step s':>8}")
+    peaks = {name: _peaks_mib(*run) for name, run in runs.items()} if args.memory else {}
+    print(f"{'model':<26}{'params M':>9}{'fwd+bwd s':>11}{'optimizer s':>13}{'step s':>8}"
+          + (f"{'fwd+bwd peak MiB':>18}{'optimizer peak MiB':>20}" if peaks else ""))
     for name, (model, _, _) in runs.items():
         forward_backward, step = (statistics.median(t) for t in times[name])
         params = sum(p.numel() for p in model.parameters()) / 1e6
-        print(f"{name:<26}{params:>9.1f}{forward_backward:>11.2f}{step:>13.2f}{forward_backward + step:>8.2f}")
+        print(f"{name:<26}{params:>9.1f}{forward_backward:>11.2f}{step:>13.2f}{forward_backward + step:>8.2f}"
+              + (f"{peaks[name][0]:>18.0f}{peaks[name][1]:>20.0f}" if peaks else ""))
     return 0
+
+
+def _peaks_mib(model, batch, optimizer) -> tuple[float, float]:
+    """Peak allocator MiB above the start of a forward + backward and of an optimizer step (one more step)."""
+    optimizer.zero_grad(set_to_none=True)
+    forward_backward = _peak_mib(lambda: model(**batch).loss.backward())
+    return forward_backward, _peak_mib(optimizer.step)
+
+
+def _peak_mib(fn) -> float:
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    # "[memory]" records: +bytes on allocation, -bytes on free, in time order
+    records = sorted(((r.start_ns(), r.nbytes()) for r in prof.profiler.kineto_results.events()
+                      if r.name() == "[memory]"), key=lambda record: record[0])
+    held = peak = 0
+    for _, nbytes in records:
+        held += nbytes
+        peak = max(peak, held)
+    return peak / 2**20
 
 
 if __name__ == "__main__":
