@@ -142,7 +142,7 @@ class Lamb(torch.optim.Optimizer):
                         "parameters by flat partitions): call widenet_ds.runtime.lamb.enable_per_tensor_trust_ratio"
                         "(engine) right after deepspeed.initialize, or the trust ratio would be per partition"
                     )
-                if not (self.foreach if self.foreach is not None else p.device.type != "cpu"):
+                if not self._multi_tensor(p):
                     self._update(p, group, layout)
                 elif layout is None:
                     whole.append(p)
@@ -151,6 +151,10 @@ class Lamb(torch.optim.Optimizer):
             if whole:
                 self._update_tensors(whole, group)
         return loss
+
+    def _multi_tensor(self, p: torch.Tensor) -> bool:
+        """`foreach` as asked; by default on GPUs only (on CPU `_foreach_*` is a per-tensor loop anyway)."""
+        return self.foreach if self.foreach is not None else p.device.type != "cpu"
 
     # ---- multi-tensor step ---------------------------------------------------------------------
     def _advance(self, params: list[torch.Tensor], group: dict) -> tuple[list, list, int]:
