@@ -19,6 +19,7 @@ quiet_third_party()  # before DeepSpeed is imported
 
 from widenet_ds.disk_space import DiskFullError, full_disk_message  # noqa: E402
 from widenet_ds.errors import WideNetError, mark_same_on_every_rank  # noqa: E402
+from widenet_ds.runtime.distributed import exit_rank  # noqa: E402
 from widenet_ds.training.console import report_error  # noqa: E402
 from widenet_ds.training.run import run_task  # noqa: E402
 from widenet_ds.training.command_line import CONFIGS, DESCRIPTIONS, parse  # noqa: E402
@@ -74,4 +75,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_rank(main())

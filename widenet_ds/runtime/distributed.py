@@ -8,8 +8,9 @@ import contextlib
 import io
 import os
 import random
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -49,6 +50,20 @@ def init_distributed(backend: str | None = None, say: Callable[[str], None] | No
 def _destroy_process_groups() -> None:
     if torch_dist.is_initialized():
         torch_dist.destroy_process_group()
+
+
+def exit_rank(status: int) -> NoReturn:
+    """End a rank's process once its work is done: the atexit handlers (process groups torn down, MPI
+    finalised, logging flushed), the console streams flushed, then `os._exit`, skipping interpreter
+    finalisation. During finalisation a C++ thread that takes the GIL back (gloo's workers releasing tensors,
+    pytorch/pytorch#179291) is ended by Python in the middle of C++ code and the process aborts ("terminate
+    called without an active exception", SIGABRT) after a finished run: rare, but CI saw it."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(status)
 
 
 # --- small collectives of Python values (gloo or NCCL alike), no-ops without a group of several ranks ---
