@@ -133,7 +133,6 @@ COVERED_BY = {
     "widenet_ds/report/metrics.py": ["integration/test_report.py", "integration/test_report_images.py"],
     "widenet_ds/report/page.py": ["integration/test_report.py", "integration/test_report_images.py"],
     "widenet_ds/report/plots.py": ["integration/test_report.py"],
-    "widenet_ds/runtime/distributed.py": ["runtime/test_parallel.py", "model/test_moe_expert_parallel.py"],
     "widenet_ds/runtime/ds_sections.py": ["runtime/test_ds_config.py"],
     "widenet_ds/runtime/launch_env.py": ["runtime/test_launch.py"],
     "widenet_ds/runtime/quiet.py": ["runtime/test_signals.py"],  # the console of a real run, checked line by line

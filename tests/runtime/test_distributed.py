@@ -1,4 +1,4 @@
-"""How a rank's process ends (runtime/distributed.py `exit_rank`, the end of `python -m widenet_ds.train`):
+"""How a rank's process ends (`exit_rank`, the end of `python -m widenet_ds.train`):
 a C++ thread that takes the GIL back while the interpreter finalises aborts the process ("terminate called
 without an active exception", SIGABRT) after its work is done, as one CI run's finished 2-rank pretraining
 did. A daemon thread multiplying matrices is such a thread (torch releases the GIL inside the product): ended
