@@ -101,39 +101,38 @@ def pack_expert_parameters(experts: nn.ModuleList) -> None:
 def stack_parameters(tensors: list[Tensor]) -> Tensor:
     """torch.stack(tensors), differentiable; without a copy (a view of their storage) where they lie evenly
     spaced in one storage (`pack_expert_parameters`, ZeRO's flat partitions) and the code runs eagerly."""
-    if len(tensors) > 1 and not torch.compiler.is_compiling() and _evenly_spaced(tensors):
-        return _StackedView.apply(*tensors)
+    if len(tensors) > 1 and not torch.compiler.is_compiling() and (step := _even_step(tensors)) is not None:
+        return _StackedView.apply(step, *tensors)
     return torch.stack(tensors)
 
 
-def _evenly_spaced(tensors: list[Tensor]) -> bool:
+def _even_step(tensors: list[Tensor]) -> int | None:
+    """The storage offset from one tensor to the next where they lie evenly spaced in one storage, else None."""
     first = tensors[0]
-    if not first.is_contiguous():
-        return False
     step = tensors[1].storage_offset() - first.storage_offset()
-    return step >= first.numel() and all(
+    even = first.is_contiguous() and step >= first.numel() and all(
         t.is_contiguous() and t.shape == first.shape and t.dtype == first.dtype and t.device == first.device
         and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
         and t.storage_offset() == first.storage_offset() + i * step
         for i, t in enumerate(tensors))
+    return step if even else None
 
 
 class _StackedView(torch.autograd.Function):
     """[G, ...] view of G evenly spaced tensors of one storage; its backward hands each its slice, as stack's."""
 
     @staticmethod
-    def forward(ctx, *tensors: Tensor) -> Tensor:
+    def forward(ctx, step: int, *tensors: Tensor) -> Tensor:
         first = tensors[0]
         # Saved so that the backward fails, as for any saved tensor, if one was changed in place since
         # the forward: the GEMMs saved this view, not a copy.
         ctx.save_for_backward(*tensors)
-        step = tensors[1].storage_offset() - first.storage_offset()
         return first.as_strided((len(tensors), *first.shape), (step, *first.stride()), first.storage_offset())
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         ctx.saved_tensors  # noqa: B018 -- the version check
-        return grad.unbind(0)
+        return None, *grad.unbind(0)
 
 
 class SharedWeightGrad:
