@@ -43,10 +43,14 @@ def launch(inputs, out: Path, *extra: str) -> subprocess.Popen:
             str(inputs["data"]), "--output-dir", str(out), "--max-steps", str(STEPS), "--log-interval", "1",
             "--save-interval", "2", "--eval-interval", "4", "--eval-batches", "1", "--no-progress-bar",
             "--no-tensorboard", *extra]
-    # A session of its own, as a terminal gives a command: its process group is the one Ctrl-C signals.
+    # A session of its own, as a terminal gives a command: its process group is the one Ctrl-C signals. And
+    # SIGINT at its default, as a terminal's shell starts a foreground command: a suite started as a
+    # background job (`nohup ... &`) ignores SIGINT, its children inherit that, and the launcher leaves an
+    # ignored signal ignored (runtime/launch.py), so Ctrl-C would not be tested at all.
     return subprocess.Popen([*WIDENET_DS_LAUNCH, "pretrain", "--num-ranks", "2", "--master-port", str(free_port()),
                              "--", *args], cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_for_checkpoint(proc: subprocess.Popen, out: Path) -> list[psutil.Process]:
