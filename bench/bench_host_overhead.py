@@ -18,6 +18,10 @@ C 1.2, the paper's noise), `--dims`:
 * host ms: wall time of one forward + backward on 1 thread, the median of `--repeats` repeats that take
   turns (A B C D A B C D ...) so that the machine's load falls on every variant alike.
 
+`--dtype bf16` runs the models in bf16: the dtype in which torch.compile takes `torch._grouped_mm` itself, so
+the expert-sorted dispatches (dropless, compact) compile to the operator structure they have on a GPU; in fp32
+they go through the `widenet_ds::grouped_mm` custom op (~40 us of Python dispatch per call on the host).
+
 Every model runs eager and compiled (torch.compile, inductor: HF's `model.compile()`, ours
 `compile_for_training(model, "model")` or `"blocks"`), side by side in one process; ratios are to HF ALBERT
 in the same mode. The build of each compiled model is timed apart (its first calls).
@@ -45,12 +49,13 @@ DIMS = {
 DEFAULT_MODELS = ("hf-albert", "albert-base", "widenet-base-e4", "widenet-base-e4-dropless", "widenet-base-e8",
                   "widenet-base-e8-dropless")
 MODES = ("eager", "model", "blocks")
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 
 class Variant:
     """One model in one mode, in a worker: its step functions and its counts."""
 
-    def __init__(self, name: str, mode: str, dims: dict, batch: int, seq: int) -> None:
+    def __init__(self, name: str, mode: str, dims: dict, batch: int, seq: int, dtype: str = "fp32") -> None:
         import torch
 
         from bench.bench_train_step import _batch, _build
@@ -60,7 +65,7 @@ class Variant:
         self.label = f"{name} {mode}"
         torch.manual_seed(0)
         cfg, self.model, kwargs = _build(name, compile_model=False, **dims)
-        self.model.train()
+        self.model.to(getattr(torch, DTYPES[dtype])).train()
         if mode != "eager":
             if name == "hf-albert":
                 self.model.compile()
@@ -99,7 +104,7 @@ def worker(args) -> None:
     torch._dynamo.config.cache_size_limit = 64  # several models of one class compiled in one process
     record_compiled_kernels()
     init_single_rank()
-    variants = [Variant(name, mode, DIMS[args.dims][0], args.batch, args.seq)
+    variants = [Variant(name, mode, DIMS[args.dims][0], args.batch, args.seq, args.dtype)
                 for mode in args.modes for name in args.models]
     serve({v.label: v.counts for v in variants}, lambda: {v.label: v.time_step() for v in variants}, dict)
 
@@ -111,6 +116,9 @@ def main() -> int:
                         help="eager and torch.compile modes (HF ALBERT: any compile mode is its model.compile())")
     parser.add_argument("--dims", choices=list(DIMS), default="tiny",
                         help="model dimensions (and batch x seq): issue 26's tiny ones, or compute-free")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="fp32",
+                        help="the models' weights and activations; bf16: the dtype whose expert-sorted dispatches "
+                             "compile to `torch._grouped_mm` itself, as on a GPU (fp32 goes through a custom op)")
     parser.add_argument("--batch", type=int, help="default: the --dims' batch")
     parser.add_argument("--seq", type=int, help="default: the --dims' sequence length")
     parser.add_argument("--repeats", type=int, default=60)
@@ -129,7 +137,7 @@ def main() -> int:
     from bench.common import machine
     checkouts = [c.split("=", 1) for c in args.checkout] if args.checkout else [["", None]]
     argv = [os.path.abspath(__file__), "--worker", "--models", *args.models, "--modes", *args.modes,
-            "--dims", args.dims, "--batch", str(args.batch), "--seq", str(args.seq)]
+            "--dims", args.dims, "--batch", str(args.batch), "--seq", str(args.seq), "--dtype", args.dtype]
     # One compile thread: no pool of compile processes per worker.
     workers = [Worker(label, argv, checkout, env={"TORCHINDUCTOR_COMPILE_THREADS": "1"})
                for label, checkout in checkouts]
@@ -137,7 +145,7 @@ def main() -> int:
     for w in workers:
         w.finish()
 
-    print(f"\n# Host overhead: {machine()}, 1 thread; {args.dims} dims {DIMS[args.dims][0]}, batch {args.batch} x {args.seq}, fp32; "
+    print(f"\n# Host overhead: {machine()}, 1 thread; {args.dims} dims {DIMS[args.dims][0]}, batch {args.batch} x {args.seq}, {args.dtype}; "
           f"host ms = median of {args.repeats} interleaved forward + backward; {time.strftime('%Y-%m-%d %H:%M')}")
     width = max(10, *(len(w.label) + 2 for w in workers))
     print(f"{'checkout':<{width}}{'model':<26}{'mode':>7}{'fwd+bwd ops':>12}{'x HF':>7}{'opt ops':>9}{'host ms':>9}"
