@@ -18,6 +18,7 @@ from PIL import Image
 from widenet_ds.run_folder import RunFolder
 
 from headless_browser import find_chromium, open_page
+from golden_curves import VOCAB
 from launching import REPO
 from pretrain_support import BOOKS, CPU_CONFIG, prepare_data, train_in_process, write_model_config
 from report_page import assert_shows, parse_page, report
@@ -224,17 +225,22 @@ def test_output_below_a_file_and_bad_table_paths_are_one_clear_error(runs, tmp_p
 
 
 @pytest.fixture(scope="module")
-def text_branches(runs, dist):
+def text_branches(tmp_path_factory, shared_data, dist):
     """A real pretraining of WideNet x ParaFormer (2 branches of 2 blocks): its log ends with the held-out MLM
     loss of the first k branches."""
     # A wide initialisation: with pre-norm blocks at the default 0.02, each branch adds so little to the residual
     # stream that the final LayerNorm of 1 and of 2 summed branches agrees to ~1e-6 after 4 steps (equal to the
-    # bit in one full-suite run), and the report's two columns could not be told apart.
-    model = write_model_config(runs["root"] / "pf_model.json", "widenet-tiny-e4", norm_position="pre", num_branches=2,
+    # bit in one full-suite run), and the report's two columns could not be told apart. And a fixed vocabulary:
+    # with a trained one (not deterministic: the tokenizers trainer orders equal-count entries by hash) the data,
+    # hence the gap between the two losses, changed from run to run (4.8e-3, 1.3e-2, 3.4e-5 in three runs at
+    # init 0.5); with this vocabulary it is 1.9e-2 in every run.
+    root = tmp_path_factory.mktemp("branches")
+    data = prepare_data(root / "data", [shared_data / BOOKS[0]], tokenizer=str(VOCAB))
+    model = write_model_config(root / "pf_model.json", "widenet-tiny-e4", norm_position="pre", num_branches=2,
                                initializer_range=0.5)
-    out = runs["root"] / "pf-text"
+    out = root / "pf-text"
     assert train_in_process("pretrain", [
-        "--model-config", str(model), "--deepspeed_config", str(CPU_CONFIG), "--data", str(runs["root"] / "data"),
+        "--model-config", str(model), "--deepspeed_config", str(CPU_CONFIG), "--data", str(data),
         "--output-dir", str(out), "--max-steps", "4", "--log-interval", "2", "--eval-interval", "4",
         "--eval-batches", "2", "--no-progress-bar", "--no-tensorboard"]) is not None
     return out
