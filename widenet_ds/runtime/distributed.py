@@ -17,7 +17,7 @@ import torch
 import torch.distributed as torch_dist
 
 from widenet_ds.errors import ConfigError
-from widenet_ds.runtime.extensions import pending_build, use_environment_extensions_dir
+from widenet_ds.runtime.extensions import pending_build, use_environment_extensions_dir, use_environment_ninja
 from widenet_ds.runtime.launch_env import check_rendezvous_port, resolve_launch_env
 
 
@@ -32,6 +32,7 @@ def init_distributed(backend: str | None = None, say: Callable[[str], None] | No
     if torch_dist.is_available() and torch_dist.is_initialized():
         return
     extensions = use_environment_extensions_dir()  # before DeepSpeed builds anything
+    use_environment_ninja()
     import deepspeed
 
     check_rendezvous_port(resolve_launch_env(), os.environ)

@@ -7,12 +7,19 @@ from another virtualenv rebuilds the op (minutes on a loaded machine) while ever
 build's lock, silently. Each environment gets its own folder instead: `<venv>/torch_extensions`, or
 ~/.cache/torch_extensions/<venv name>-<hash> when the environment is not writable. A TORCH_EXTENSIONS_DIR
 set by the user stands.
+
+torch builds with whichever `ninja` PATH finds first, and ninja versions record their builds differently
+(pip's 1.13, a DeepSpeed dependency in the environment, and Debian's 1.11 hash the build commands
+differently): each rebuilds what the other built. A run started with the virtualenv activated and one started
+without (./launcher.sh, a Slurm job, mpiexec) rebuilt the op in turn, every time. The environment's own
+`ninja` goes first on PATH.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -33,6 +40,19 @@ def use_environment_extensions_dir(environ: MutableMapping[str, str] | None = No
     """Set TORCH_EXTENSIONS_DIR to this environment's folder unless it is set; return the folder in use."""
     environ = os.environ if environ is None else environ
     return Path(environ.setdefault("TORCH_EXTENSIONS_DIR", str(default_extensions_dir())))
+
+
+def use_environment_ninja(environ: MutableMapping[str, str] | None = None) -> str | None:
+    """Put this environment's `ninja` first on PATH (see above); the one torch will build with, or None when
+    the environment has none (then PATH decides, as before)."""
+    environ = os.environ if environ is None else environ
+    own = Path(sys.executable).parent / "ninja"
+    if not (own.is_file() and os.access(own, os.X_OK)):
+        return shutil.which("ninja", path=environ.get("PATH"))
+    path = environ.get("PATH", "")
+    if shutil.which("ninja", path=path) != str(own):
+        environ["PATH"] = os.pathsep.join([str(own.parent), path]) if path else str(own.parent)
+    return str(own)
 
 
 def pending_build(extensions_dir: Path, op: str = SHM_OP) -> str | None:
