@@ -43,16 +43,15 @@ def use_environment_extensions_dir(environ: MutableMapping[str, str] | None = No
 
 
 def use_environment_ninja(environ: MutableMapping[str, str] | None = None) -> str | None:
-    """Put this environment's `ninja` first on PATH (see above); the one torch will build with, or None when
-    the environment has none (then PATH decides, as before)."""
+    """Put this environment's `ninja` first on PATH (see above) and return it; None when the environment has
+    none (PATH then decides, as before)."""
     environ = os.environ if environ is None else environ
-    own = Path(sys.executable).parent / "ninja"
-    if not (own.is_file() and os.access(own, os.X_OK)):
-        return shutil.which("ninja", path=environ.get("PATH"))
+    own_bin = str(Path(sys.executable).parent)
+    own = shutil.which("ninja", path=own_bin)
     path = environ.get("PATH", "")
-    if shutil.which("ninja", path=path) != str(own):
-        environ["PATH"] = os.pathsep.join([str(own.parent), path]) if path else str(own.parent)
-    return str(own)
+    if own is not None and shutil.which("ninja", path=path) != own:
+        environ["PATH"] = os.pathsep.join(filter(None, [own_bin, path]))
+    return own
 
 
 def pending_build(extensions_dir: Path, op: str = SHM_OP) -> str | None:
