@@ -1,8 +1,7 @@
 """`legacy_logits.py INPUTS OUT`: load tests/assets/legacy_folder with today's code, compute the MLM/SOP
 logits of the fixed input in INPUTS (a safetensors file) with the old code's routing (padding routed,
 `moe.route_padding = true`) and with today's default (prefix "masked."), and save them, with the load
-report, to OUT.
-Run in its own process under tests/portable_arithmetic.py's switches (tests/checkpoint/test_load_legacy.py)."""
+report, to OUT (tests/checkpoint/test_load_legacy.py runs it in a process of its own)."""
 
 import json
 import sys

@@ -247,15 +247,16 @@ def check_explicit_config(recorded: EncoderConfig, explicit: Path, where: str) -
 
 
 def check_same_model(saved_config: dict[str, Any], model_config: dict[str, Any], where: Path,
-                     architecture_name: str | None = None) -> None:
-    """Refuse a checkpoint of another model config than this run's, naming the differing fields."""
+                     architecture_name: str | None = None, ignore: tuple[str, ...] = ()) -> None:
+    """Refuse a checkpoint of another model config than this run's, naming the differing fields (but the dotted
+    fields in `ignore`)."""
     saved, _ = split_run_settings(saved_config)
     config_type = architecture(architecture_name or TEXT_DEFAULT, str(Path(where) / META_FILE)).config
     try:  # written by an older version: fields added since take their defaults
         saved = config_type.from_dict(saved).to_dict()
     except ConfigError:
         pass  # no longer a valid config: compared as stored, the differences name what changed
-    diffs = config_differences(saved, model_config)
+    diffs = [d for d in config_differences(saved, model_config) if not d.startswith(tuple(f"{f}:" for f in ignore))]
     if diffs:
         raise CheckpointError(f"checkpoint {where} is of another model config; differing fields:\n  "
                               + "\n  ".join(diffs)

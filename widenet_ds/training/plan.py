@@ -5,7 +5,7 @@ clear error here, the same on every rank, before any rank builds anything.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +71,10 @@ def plan_layout(cfg: RunConfig, model_config, world_size: int, rank: int) -> tup
     return parallel, ds, plan_optimizer(ds, cfg.optimizer, cuda)
 
 
-def find_resume_point(cfg: RunConfig, folder: RunFolder, model_config: dict[str, Any],
-                      ep_size: int) -> tuple[Path, CheckpointMeta] | None:
-    """The checkpoint to continue from (None: a fresh start), checked to continue this run exactly."""
+def find_resume_point(cfg: RunConfig, folder: RunFolder, model_config,
+                      ep_size: int) -> tuple[Path, CheckpointMeta, Any] | None:
+    """The checkpoint to continue from (None: a fresh start), checked to continue this run exactly, and the
+    model config to continue with (the checkpoint's dispatch: see `keep_saved_dispatch`)."""
     existing = latest_checkpoint(folder.checkpoints) if folder.checkpoints.is_dir() else None
     if cfg.resume is None:
         if existing is not None:  # (the settings refuse a used folder; this catches a checkpoints/ alone)
@@ -86,13 +87,25 @@ def find_resume_point(cfg: RunConfig, folder: RunFolder, model_config: dict[str,
     meta = read_checkpoint_meta(source)
     check_checkpoint_files(source, meta)  # every rank, before any rank loads a file of it
     check_resumable(source, meta)
-    check_same_model(meta.model_config, model_config, source, meta.architecture)
+    model_config = keep_saved_dispatch(meta.model_config, model_config, cfg.overrides)
+    check_same_model(meta.model_config, model_config.to_dict(), source, meta.architecture)
     if meta.ep_size != ep_size:
         # DeepSpeed lays out a checkpoint's expert and optimizer files per expert-parallel rank.
         raise CheckpointError(f"checkpoint {source} was saved with --ep-size {meta.ep_size}, this run has --ep-size "
                               f"{ep_size}; resume with --ep-size {meta.ep_size}, or reshard the checkpoint (`widenet-ds "
                               f"convert reshard --ep-size {ep_size}`) and start from it with --init-from.")
-    return source, meta
+    return source, meta, model_config
+
+
+def keep_saved_dispatch(saved: dict[str, Any], model_config, overrides: list[str]):
+    """`model_config` with the dispatch the checkpoint was trained with, unless `--set moe.dispatch=...` asks for
+    another: the dispatch says how the same weights are computed, not what they are, and a run saved before
+    "compact" became the default continues with its own arithmetic when its preset is named again."""
+    saved_dispatch = (saved.get("moe") or {}).get("dispatch")
+    if (saved_dispatch is None or saved_dispatch == model_config.moe.dispatch
+            or any(o.startswith("moe.dispatch=") for o in overrides)):
+        return model_config
+    return replace(model_config, moe=replace(model_config.moe, dispatch=saved_dispatch))
 
 
 def resume_changes(cfg: RunConfig, folder: RunFolder, ds: DeepSpeedSettings, meta: CheckpointMeta | None) -> list[str]:
@@ -140,11 +153,11 @@ def plan_run(cfg: RunConfig, task, folder: RunFolder, world_size: int, rank: int
                                     task.batches_per_epoch(ds.batch.train_batch_size), ds, cfg.prefix_cycle_batches,
                                     cfg.stage_steps)
     max_steps = schedule.end_step(resolve_max_steps(task.requested_steps(ds), ds.total_num_steps))
-    found = find_resume_point(cfg, folder, model_config.to_dict(), cfg.ep_size)
+    found = find_resume_point(cfg, folder, model_config, cfg.ep_size)
     notes = schedule_notes(max_steps, ds.total_num_steps)
     if found is None:
         return RunPlan(model_config, parallel, ds, optimizer, schedule, max_steps, notes=notes)
-    source, meta = found
+    source, meta, model_config = found
     if meta.branch_schedule != schedule.kind:
         raise CheckpointError(f"checkpoint {source} was trained with --branch-schedule {meta.branch_schedule}; resume "
                               f"with the same schedule.")

@@ -53,9 +53,10 @@ class PretrainTask(Task):
                             f"model's max_position_embeddings {model.max_position_embeddings}; prepare the data with "
                             f"--seq-length {model.max_position_embeddings} or raise max_position_embeddings.")
         if cfg.init_from is not None:
-            # A new phase may change the expert placement (--ep-size), not the weights' shapes or meaning...
+            # A new phase may change the expert placement (--ep-size) and the dispatch, not the weights' shapes or
+            # meaning...
             check_same_model(checkpoint_model_config(ModelConfig, cfg.init_from, "--init-from").to_dict(), model.to_dict(),
-                             cfg.init_from)
+                             cfg.init_from, ignore=("moe.dispatch",))
             # ... nor what each embedding row stands for: the data's tokenizer must be the checkpoint's.
             check_checkpoint_tokenizer(load_tokenizer(cfg.data), f"the tokenizer of --data {cfg.data}", cfg.init_from,
                                        model.vocab_size, tokenizer_file=cfg.data / TOKENIZER_FILE)
