@@ -201,12 +201,20 @@ def hf_folder_of(tmp: Path, model_type: str) -> Path:
     return tmp / model_type
 
 
-def truncated_hf_folder(env, tmp: Path) -> Path:
-    """The earlier run's export through `convert to-hf`, its model.safetensors cut in half."""
+def hf_folder(env, tmp: Path, damage: Callable[[Path], None]) -> Path:
+    """The earlier run's export through `convert to-hf`, then damaged."""
     assert widenet_ds(["convert", "to-hf", str(env["export"]), str(tmp / "hf")]) == 0
-    weights = tmp / "hf" / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    damage(tmp / "hf")
     return tmp / "hf"
+
+
+def as_pickle(hf: Path) -> None:
+    """The weights as transformers wrote them before safetensors (save_pretrained(safe_serialization=False))."""
+    import torch
+    from safetensors.torch import load_file
+
+    torch.save(load_file(hf / "model.safetensors"), hf / "pytorch_model.bin")
+    (hf / "model.safetensors").unlink()
 
 
 def squad(tmp: Path, data, predictions, *extra: str) -> list[str]:
@@ -380,7 +388,15 @@ CASES = [
     C("convert-from-hf-other-model-type", "widenet-ds", lambda e, t: ["convert", "from-hf", str(hf_folder_of(t, "bert")),
       str(t / "o")], r"holds model_type 'bert' \(BertForMaskedLM\), not a WideNet written by `widenet-ds convert to-hf`"),
     C("convert-from-hf-truncated-safetensors", "widenet-ds", lambda e, t: ["convert", "from-hf",
-      str(truncated_hf_folder(e, t)), str(t / "o")], r"hf/model\.safetensors is not a readable safetensors file"),
+      str(hf_folder(e, t, lambda h: truncate(h / "model.safetensors"))), str(t / "o")],
+      r"hf/model\.safetensors is not a readable safetensors file"),
+    C("convert-from-hf-pickled-weights", "widenet-ds", lambda e, t: ["convert", "from-hf", str(hf_folder(e, t, as_pickle)),
+      str(t / "o")], r"hf has no model\.safetensors .*found pytorch_model\.bin: pickles are refused.*"
+                     r"safe_serialization=True"),
+    C("convert-from-hf-run-folder", "widenet-ds", lambda e, t: ["convert", "from-hf", str(e["run"]), str(t / "o")],
+      r"run is a DeepSpeed checkpoint of a training run, not an HF folder: `widenet-ds convert to-hf .*run OUT`"),
+    C("convert-from-hf-portable-folder", "widenet-ds", lambda e, t: ["convert", "from-hf", str(e["export"]),
+      str(t / "o")], r"export is a widenet-ds checkpoint folder already.*use it as it is \(--init-from"),
     C("convert-to-hf-other-tokenizer-same-size", "widenet-ds", lambda e, t: ["convert", "to-hf", str(e["run"]),
       str(t / "o"), "--tokenizer", str(e["other_tokenizer"])], r"is not the tokenizer of the checkpoint"),
     C("convert-marker-not-json", "widenet-ds", lambda e, t: ["convert", "to-folder", str(run_copy(

@@ -141,6 +141,14 @@ def _tags(folder: Path) -> list[str]:
                   if (p / MODEL_STATES).is_file() and not p.name.endswith(PARTIAL)) if folder.is_dir() else []
 
 
+def is_deepspeed_checkpoint(source: Path) -> bool:
+    """Whether `source` is a DeepSpeed checkpoint as `resolve_tag_dir` reads it: a tag folder, a checkpoints
+    folder or a run folder."""
+    source = Path(source)
+    return any((folder / name).is_file() for folder in (source, source / "checkpoints")
+               for name in (MODEL_STATES, META_FILE, LATEST_FILE))
+
+
 def resolve_tag_dir(source: Path, tag: str | None = None, *, require_marker: bool = True) -> Path:
     """The one checkpoint-tag resolver: `source` is a tag folder, a checkpoints folder or a run's output
     folder; `tag` picks a tag, else the one `latest` names.
