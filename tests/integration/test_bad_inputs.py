@@ -256,6 +256,7 @@ class Case:
     pattern: str                                 # what the message must say (regex, case-insensitive)
     env: tuple[tuple[str, str], ...] = ()        # environment of the row (a value "{closed_port}": a port nobody serves)
     disk: str | None = None                      # a small real disk of this size, as the row's e["disk"] (tmpfs)
+    fill: bool = False                           # ... filled up by another program
 
 
 C = Case
@@ -588,6 +589,9 @@ CASES = [
     C("convert-output-on-a-nearly-full-disk", "widenet-ds", lambda e, t: ["convert", "to-folder", str(e["run"]),
       str(e["disk"] / "o")], r"not enough space in .* for the converted checkpoint .*o: about \d\.\d MiB needed",
       disk="1m"),
+    C("pretrain-output-on-a-full-disk", "pretrain", lambda e, t: pretrain(e, t, out=e["disk"] / "out"),
+      r"no space left on the disk holding .*out to write its lock file .*out/\.widenet-ds\.lock .*Free space there",
+      disk="64k", fill=True),
     # a busy port, an unreachable hub, a compile backend torch does not have, unusable tokenizers and outputs
     C("launch-master-port-in-use", "launch", lambda e, t: ["pretrain", "--num-ranks", "2", "--master-port",
       str(e["busy_port"]), "--", "--x"], r"--master-port \d+ is in use on this machine by PID \d+.*leave out --master-port"),
@@ -643,7 +647,10 @@ def test_bad_input_fails_with_one_clear_error_and_touches_no_earlier_file(case, 
     for name, value in case.env:
         monkeypatch.setenv(name, value.format(closed_port=closed_port()))
     if case.disk:
-        earlier = {**earlier, "disk": request.getfixturevalue("small_disk")(case.disk)}
+        small_disk = request.getfixturevalue("small_disk")
+        earlier = {**earlier, "disk": small_disk(case.disk)}
+        if case.fill:
+            small_disk.fill(earlier["disk"])
     argv = case.argv(earlier, tmp_path)
     code, output = run_entry(case.entry, argv, capsys)
     assert code == 2, f"exit status {code}, expected 2 (a user error):\n{output[-3000:]}"
