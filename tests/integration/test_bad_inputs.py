@@ -217,6 +217,12 @@ def as_pickle(hf: Path) -> None:
     (hf / "model.safetensors").unlink()
 
 
+def finished_glue(env, tmp: Path) -> Path:
+    """A finetuning run of one step, finished (its results.json written)."""
+    assert train(["glue", *glue(env, tmp, out=tmp / "done")]) == 0
+    return tmp / "done"
+
+
 def squad(tmp: Path, data, predictions, *extra: str) -> list[str]:
     return ["squad-eval", "--data", str(write(tmp / "dev.json", json.dumps(data))),
             "--predictions", str(write(tmp / "pred.json", json.dumps(predictions))), *extra]
@@ -492,6 +498,9 @@ CASES = [
     C("squad-version-choice", "squad", lambda e, t: ["--version", "3.0", "--data", str(t)], r"invalid choice: '3\.0'"),
     C("glue-resume-names-a-checkpoint", "glue", lambda e, t: glue(e, t, "--resume", str(e["run"])),
       r"continues from its own output folder.*--resume without a value"),
+    C("glue-resume-a-finished-run-with-more-steps", "glue", lambda e, t: glue(e, t, "--resume", "--max-steps", "3",
+      out=finished_glue(e, t)), r"done is complete: each seed trained 1 steps .*--max-steps 3 cannot be applied.*"
+                                r"new --output-dir"),
     C("glue-eval-only-of-a-pretraining-checkpoint", "glue", lambda e, t: glue(e, t, "--eval-only", model=(
       "--init-from", str(e["export"]))), r"--eval-only scores trained weights.*"
       r"WideNetForPreTraining, not a WideNetForSequenceClassification"),
@@ -540,7 +549,13 @@ CASES = [
     C("launch-unknown-task", "launch", lambda e, t: ["pretrian", "--", "--x"], r"invalid choice: 'pretrian'"),
     C("launch-port-out-of-range", "launch", lambda e, t: ["glue", "--master-port", "70000", "--", "--x"],
       r"'70000' is not a TCP port"),
+    C("launch-without-task-options", "launch", lambda e, t: ["classify", "--num-ranks", "2"],
+      r"the classify options after `--`: the following arguments are required: .*--output-dir"),
     # ---- launcher.sh (subprocesses) ----
+    C("launcher-vision-unknown-task-option", "launcher", lambda e, t: ["vision", "--num-ranks", "2", "--",
+      "--model-config", "widenet-vit-digits", "--output-dir", str(t / "o"), "--deepspeed-config", str(VISION_CONFIG),
+      "--dataset", "digits", "--learning-rate", "0.1"],  # the learning rate is the DeepSpeed JSON's
+      r"the classify options after `--`: unrecognized arguments: --learning-rate 0\.1"),
     C("launcher-unknown-command", "launcher", lambda e, t: ["pretrian"], r"unknown command 'pretrian'"),
     C("launcher-alias-zero-ranks", "launcher", lambda e, t: ["finetune", "--squad", "--num-gpus", "0", "--", "--x"],
       r"--num-ranks/--num-gpus: '0' must be a whole number >= 1"),
