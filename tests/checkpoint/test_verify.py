@@ -15,7 +15,7 @@ import pytest
 from convert_make_checkpoint import MICRO_BATCH, FixedBatchLoader, build, fixed_batch, model_config
 from widenet_ds.checkpoint.cli import cli as convert
 from widenet_ds.checkpoint.training import (META_FILE, CheckpointManager, CheckpointMeta, TrainingState,
-                                            estimate_checkpoint_bytes, read_checkpoint_meta)
+                                            check_checkpoint_files, estimate_checkpoint_bytes, read_checkpoint_meta)
 from widenet_ds.checkpoint.verify import cli as verify_cli, verify_checkpoint
 from widenet_ds.checksums import total_size
 from widenet_ds.disk_space import DiskFullError
@@ -53,7 +53,7 @@ def test_a_checkpoint_records_every_file_and_is_renamed_into_place_when_complete
     assert f"step2: {len(meta.files)} files" in capsys.readouterr().out
 
 
-def test_a_truncated_file_is_named_with_the_other_checkpoints_to_resume_from(run, tmp_path):
+def test_a_truncated_file_is_named_with_the_other_checkpoints_as_each_command_takes_them(run, tmp_path):
     copy = tmp_path / "run"
     shutil.copytree(run[0], copy)
     damaged = copy / "checkpoints/step2/zero_pp_rank_0_mp_rank_00_optim_states.pt"
@@ -61,13 +61,18 @@ def test_a_truncated_file_is_named_with_the_other_checkpoints_to_resume_from(run
     damaged.write_bytes(damaged.read_bytes()[: size // 2])
     with pytest.raises(CheckpointError, match=rf"(?s)checkpoint {copy}/checkpoints/step2 is damaged: 1 of its \d+ files.*"
                                               rf"zero_pp_rank_0_mp_rank_00_optim_states.pt: {size // 2:,} bytes, "
-                                              rf"written with {size:,} \(truncated\).*--resume {copy}/checkpoints/step1"):
+                                              rf"written with {size:,} \(truncated\).*use another checkpoint of the run "
+                                              rf"\(--tag step1; complete tags: step1\)"):
         verify_checkpoint(copy)
     verify_checkpoint(copy, "step1")  # the other tag is whole
-    # convert checks its source before writing anything
-    with pytest.raises(CheckpointError, match=r"zero_pp_rank_0_mp_rank_00_optim_states.pt: .*truncated"):
+    # convert checks its source before writing anything, and takes another tag with --tag
+    with pytest.raises(CheckpointError, match=r"(?s)zero_pp_rank_0_mp_rank_00_optim_states.pt: .*truncated.*\(--tag step1;"):
         convert(["to-folder", str(copy), str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+    # a resumed run (training/plan.py) takes it with --resume
+    tag_dir = copy / "checkpoints/step2"
+    with pytest.raises(CheckpointError, match=rf"\(--resume {copy}/checkpoints/step1; complete tags: step1\)"):
+        check_checkpoint_files(tag_dir, read_checkpoint_meta(tag_dir))
 
 
 def test_an_exported_folder_records_its_files_and_a_changed_byte_is_named(run, tmp_path):

@@ -164,6 +164,12 @@ def truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
+def two_tags_the_latest_truncated(run: Path) -> None:
+    """A run with a whole step1 beside its latest tag, step2, whose model states are cut in half."""
+    shutil.copytree(run / "checkpoints/step2", run / "checkpoints/step1")
+    truncate(run / "checkpoints/step2/mp_rank_00_model_states.pt")
+
+
 def flip_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 1
@@ -589,6 +595,14 @@ CASES = [
     C("convert-a-truncated-expert-file", "widenet-ds", lambda e, t: ["convert", "to-folder", str(run_copy(
       e, t, lambda r: truncate(r / "checkpoints/step2/layer_0_expert_1_mp_rank_00_model_states.pt"))), str(t / "o")],
       r"layer_0_expert_1_mp_rank_00_model_states\.pt: [\d,]+ bytes, written with [\d,]+ \(truncated\)"),
+    C("convert-a-damaged-tag-names-the-other-as-convert-takes-it", "widenet-ds", lambda e, t: ["convert", "to-folder",
+      str(run_copy(e, t, two_tags_the_latest_truncated)), str(t / "o")],
+      r"step2 is damaged.*use another checkpoint of the run \(--tag step1; complete tags: step1\)"),
+    C("pretrain-init-from-a-damaged-tag-names-the-other-as-init-from-takes-it", "pretrain", lambda e, t: pretrain(
+      e, t, "--init-from", str(run_copy(e, t, two_tags_the_latest_truncated))),
+      r"step2 is damaged.*use another checkpoint of the run \(--init-from .*run/checkpoints/step1; complete tags"),
+    C("pretrain-resume-a-tag-that-does-not-exist", "pretrain", lambda e, t: pretrain(e, t, "--resume",
+      str(e["run"] / "checkpoints/step99")), r"checkpoint .*step99 does not exist; the tags in .*checkpoints: step2\."),
     C("verify-a-truncated-checkpoint", "widenet-ds", lambda e, t: ["verify", str(run_copy(
       e, t, lambda r: truncate(r / "checkpoints/step2/rank_00000_state.pt")))], r"rank_00000_state\.pt: .*truncated"),
     C("verify-a-damaged-export", "widenet-ds", lambda e, t: ["verify", str(export_copy(

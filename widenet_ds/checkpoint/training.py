@@ -30,7 +30,7 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -157,7 +157,9 @@ def resolve_tag_dir(source: Path, tag: str | None = None, *, require_marker: boo
     last); conversion also reads DeepSpeed tag folders of other programs (no marker)."""
     source = Path(source)
     if not source.exists():
-        raise CheckpointError(f"checkpoint {source} does not exist.")
+        beside = _tags(source.parent)  # a mistyped tag: the ones that exist
+        raise CheckpointError(f"checkpoint {source} does not exist" + (f"; the tags in {source.parent}: "
+                              f"{', '.join(beside)}" if beside else "") + ".")
     parents = [source, source / "checkpoints"]
     found = None
     if tag is not None:
@@ -200,14 +202,20 @@ def trained_ep_size(meta: dict[str, Any]) -> int:
     return split_run_settings(meta.get("model_config") or {})[1].get("ep_size", 1)  # written before 0.2
 
 
-def check_checkpoint_files(tag_dir: Path, meta: CheckpointMeta) -> None:
+def resume_from(tag_dir: Path) -> str:
+    return f"--resume {tag_dir}"
+
+
+def check_checkpoint_files(tag_dir: Path, meta: CheckpointMeta,
+                           use_other: Callable[[Path], str] = resume_from) -> None:
     """Every file the marker records is there, whole and unchanged; a damaged one is named before anything
-    loads it (a truncated ZeRO file would otherwise fail inside torch.load on one rank, mid-start-up)."""
+    loads it (a truncated ZeRO file would otherwise fail inside torch.load on one rank, mid-start-up).
+    `use_other(tag_dir)`: how the command at hand takes another tag (--resume, --init-from, --tag)."""
     problems = file_problems(tag_dir, meta.files)
     if problems:
         others = [t for t in complete_tags(Path(tag_dir).parent) if t != Path(tag_dir).name]
-        fix = (f"continue from another checkpoint of the run (--resume {Path(tag_dir).parent / others[-1]}; "
-               f"complete tags: {', '.join(others)})" if others else "restore the files from a copy")
+        fix = (f"use another checkpoint of the run ({use_other(Path(tag_dir).parent / others[-1])}; complete tags: "
+               f"{', '.join(others)})" if others else "restore the files from a copy")
         raise CheckpointError(f"checkpoint {tag_dir} is damaged: {len(problems)} of its {len(meta.files)} files "
                               f"differ from what was written:\n  " + "\n  ".join(problems) + f"\nNothing was loaded; "
                               f"{fix}. `widenet-ds verify` checks a checkpoint without training.")

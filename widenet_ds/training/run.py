@@ -36,7 +36,7 @@ def run_task(cfg: RunConfig) -> Any:
         with run_folder_lock(cfg):
             if cfg.init_from is not None:
                 try:  # a damaged file is named before any rank reads the weights
-                    verify_checkpoint(cfg.init_from)
+                    verify_checkpoint(cfg.init_from, use_other=lambda tag_dir: f"--init-from {tag_dir}")
                 except WideNetError as err:
                     raise mark_same_on_every_rank(err)
             if cfg.TASK in SINGLE_RUN_TASKS:
