@@ -110,6 +110,23 @@ def test_a_tag_left_half_written_is_no_checkpoint(run, tmp_path):
     assert sorted(p.name for p in copy.iterdir() if p.is_dir()) == ["step1"]
 
 
+def test_a_checkpoint_that_cannot_fit_names_the_older_tags_to_delete_not_a_lower_keep_last(run, small_disk):
+    """--keep-last prunes only after a new checkpoint is complete: lowering it frees nothing for this one."""
+    root, _, engine, _, meta = run
+    size = sum(p.stat().st_size for p in (root / "checkpoints").rglob("*") if p.is_file())
+    disk = small_disk(f"{size // 1024 + 512}k")
+    shutil.copytree(root / "checkpoints", disk / "checkpoints")
+    small_disk.fill(disk)
+    manager = CheckpointManager(disk / "checkpoints", keep_last=1, rank=0, world_size=1)
+    manager.expect(engine, 1, read_checkpoint_meta(disk / "checkpoints" / "step2"))
+    with pytest.raises(DiskFullError, match=rf"The last complete checkpoint is {disk}/checkpoints/step2: free at least "
+                                            rf"[\d.]+ MiB in {disk}/checkpoints \(deleting the older checkpoints step1 "
+                                            rf"frees some; --keep-last removes them only after a new checkpoint is "
+                                            rf"complete\), then continue with --resume\.$"):
+        manager.save(engine, TrainingState(step=3, samples=3 * MICRO_BATCH), FixedBatchLoader(), meta)
+    assert sorted(p.name for p in (disk / "checkpoints").iterdir() if p.is_dir()) == ["step1", "step2"]
+
+
 def test_a_disk_filling_up_while_deepspeed_writes_is_one_error_and_no_partial_tag(run, monkeypatch):
     """Simulated ENOSPC in DeepSpeed's writer (tests/integration/test_world_failures.py fills a real tmpfs
     under a 2-rank run): the partial tag is removed, the last complete checkpoint stays the latest."""

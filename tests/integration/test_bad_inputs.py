@@ -311,6 +311,8 @@ CASES = [
       str(write(t / "vocab.txt", "a\nb\nc\n")), "--output", str(t / "o"), "--no-progress"], r"lacks the special tokens"),
     C("prepare-tiny-vocab", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--vocab-size", "10",
       "--output", str(t / "o"), "--no-progress"], r"--vocab-size 10 is too small"),
+    C("prepare-seq-length-too-short", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--seq-length",
+      "8", "--output", str(t / "o"), "--no-progress"], r"--seq-length 8 must be between 32 and 65535 .*leaves 5 tokens"),
     C("prepare-zero-workers", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--workers", "0",
       "--output", str(t / "o")], r"--workers 0 must be at least 1"),
     C("prepare-zero-dupe-factor", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--dupe-factor", "0",
@@ -325,7 +327,9 @@ CASES = [
       str(data_copy(e, t, lambda d: None)), "--workers", "1", "--no-progress"], r"prepared with other settings.*--overwrite"),
     # ---- verify-data and damaged data folders (item 7) ----
     C("verify-missing-folder", "widenet-ds", lambda e, t: ["verify-data", str(t / "none")], r"does not exist.*prepare-data"),
-    C("verify-run-folder", "widenet-ds", lambda e, t: ["verify-data", str(e["run"])], r"has no manifest\.json"),
+    C("verify-run-folder", "widenet-ds", lambda e, t: ["verify-data", str(e["run"])],
+      r"run is a training run's output folder \(run_config\.json\), not a data folder of `widenet-ds prepare-data`: "
+      r"pass the data folder the run trained on \(.*/data\); `widenet-ds verify .*run` checks"),
     C("verify-bit-flip", "widenet-ds", lambda e, t: ["verify-data", str(data_copy(e, t, flip_token))],
       r"train/part-00000\.bin: content does not match its checksum.*Re-run `widenet-ds prepare-data`"),
     C("verify-replaced-tokenizer", "widenet-ds", lambda e, t: ["verify-data", str(data_copy(
@@ -463,7 +467,8 @@ CASES = [
       model=model_config(e, t, hidden_dropout=0.3)), r"another model config.*hidden_dropout"),
     C("pretrain-damaged-shard", "pretrain", lambda e, t: pretrain(e, t, data=data_copy(e, t, flip_token)),
       r"part-00000\.bin is damaged"),
-    C("pretrain-data-is-run-folder", "pretrain", lambda e, t: pretrain(e, t, data=e["run"]), r"has no manifest\.json"),
+    C("pretrain-data-is-run-folder", "pretrain", lambda e, t: pretrain(e, t, data=e["run"]),
+      r"run is a training run's output folder .*pass the data folder the run trained on"),
     C("pretrain-vocab-mismatch", "pretrain", lambda e, t: pretrain(e, t, model=model_config(e, t, vocab_size=30522)),
       r"vocab_size 30522.*1000"),
     C("pretrain-zero-steps", "pretrain", lambda e, t: pretrain(e, t, "--max-steps", "0"), r"--max-steps must be positive"),
@@ -527,6 +532,8 @@ CASES = [
       r"another model config"),
     C("classify-randaugment-not-two-numbers", "classify", lambda e, t: classify(e, t, "--randaugment", "2,x"),
       r"expected two integers OPS,MAGNITUDE"),
+    C("classify-randaugment-without-magnitude", "classify", lambda e, t: classify(e, t, "--randaugment", "2"),
+      r"'2': expected two integers OPS,MAGNITUDE, e\.g\. 2,15"),
     C("classify-randaugment-magnitude", "classify", lambda e, t: classify(e, t, "--randaugment", "2,40"),
       r"magnitude in 0\.\.30"),
     C("classify-negative-workers", "classify", lambda e, t: classify(e, t, "--workers", "-1"),
@@ -628,7 +635,10 @@ CASES = [
       str(t / "o"), "--no-progress"], r"needs the HF hub \(127\.0\.0\.1\), which cannot be reached.*HF_DATASETS_OFFLINE",
       env=(("HF_ENDPOINT", "http://127.0.0.1:{closed_port}"),)),
     C("pretrain-compile-backend-unknown", "pretrain", lambda e, t: pretrain(e, t, "--compile", "--compile-backend",
-      "nonexistent"), r"--compile-backend 'nonexistent' is not a torch\.compile backend; choose one of .*inductor"),
+      "nonexistent"), r"--compile-backend 'nonexistent' is not a torch\.compile backend; choose one of "
+                      r"(?!.*(?:eager_debug|minifier|TESTING))[\w, ]*inductor"),  # not torch's debugging backends
+    C("pretrain-compile-backend-without-compile", "pretrain", lambda e, t: pretrain(e, t, "--compile-backend",
+      "aot_eager"), r"--compile-backend aot_eager applies only to a compiled model; add --compile, or drop"),
     C("prepare-tokenizer-empty-folder", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--tokenizer",
       str(mkdir(t / "tok")), "--output", str(t / "o")], r"tok' is a folder holding neither tokenizer\.json nor vocab\.txt"),
     C("prepare-tokenizer-binary-file", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--tokenizer",

@@ -346,8 +346,12 @@ class CheckpointManager:
 
     def _resume_hint(self) -> str:
         latest = latest_checkpoint(self.checkpoint_dir) if (self.checkpoint_dir / LATEST_FILE).is_file() else None
+        # Pruning follows a complete save: a lower --keep-last would free nothing for this one.
+        older = [tag for tag in complete_tags(self.checkpoint_dir) if latest is None or tag != latest.name]
+        deletable = (f" (deleting the older checkpoints {', '.join(older)} frees some; --keep-last removes them only "
+                     f"after a new checkpoint is complete)" if older else "")
         return (f"The last complete checkpoint is {latest}: free at least {mib(needed_bytes(self.expected_bytes or 0))} "
-                f"in {self.checkpoint_dir} (or lower --keep-last), then continue with --resume."
+                f"in {self.checkpoint_dir}{deletable}, then continue with --resume."
                 if latest else f"No checkpoint of this run is saved yet: free at least "
                                f"{mib(needed_bytes(self.expected_bytes or 0))} in {self.checkpoint_dir} (or choose "
                                f"an --output-dir on a disk with more space) and start the run again.")
