@@ -33,7 +33,7 @@ def shared_data() -> Path:
 def small_disk(tmp_path):
     """`small_disk("20m")`: a real file system of that size (a tmpfs; mounting needs root, and where it is
     refused the test is skipped with the reason). Unmounted at the end; `small_disk.resize(path, "40m")`
-    frees space the way a user deleting files elsewhere would."""
+    frees space the way a user deleting files elsewhere would, `small_disk.fill(path)` takes all of it."""
     mounted: list[Path] = []
 
     def make(size: str, skip: bool = True) -> Path | None:
@@ -53,7 +53,15 @@ def small_disk(tmp_path):
     def resize(path: Path, size: str) -> None:
         subprocess.run(["mount", "-o", f"remount,size={size}", str(path)], check=True)
 
-    make.resize = resize
+    def fill(path: Path) -> Path:
+        """A file in `path` taking every free byte of its disk, as another program's would."""
+        filler = path / "filler.bin"
+        with pytest.raises(OSError, match="No space left on device"), open(filler, "wb", buffering=0) as handle:
+            while True:
+                handle.write(bytes(4096))
+        return filler
+
+    make.resize, make.fill = resize, fill
     yield make
     for path in mounted:
         subprocess.run(["umount", "-l", str(path)], capture_output=True)

@@ -9,10 +9,12 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import asdict, replace
 
 import pytest
 
+from widenet_ds.disk_space import DiskFullError
 from widenet_ds.run_lock import (LOCK_FILE, FolderLockedError, Holder, _command_line, _process_start, folder_lock,
                                   output_lock, read_holder)
 
@@ -116,3 +118,19 @@ def test_a_folder_built_elsewhere_and_moved_in_is_locked_beside_it(tmp_path):
 def test_the_holder_command_names_the_task_once(monkeypatch, argv, what, expected):
     monkeypatch.setattr(sys, "argv", argv)
     assert _command_line(what) == expected
+
+
+def test_a_lock_that_a_full_disk_kept_from_being_written_is_removed_and_the_retry_takes_it_at_once(small_disk):
+    disk = small_disk("64k")
+    filler = small_disk.fill(disk)
+    out = disk / "run"
+    with pytest.raises(DiskFullError, match=rf"no space left on the disk holding {out} to write its lock file "
+                                            rf"{out / LOCK_FILE} \(No space left on device\); nothing was written\. "
+                                            rf"Free space there"):
+        folder_lock(out, "widenet-ds prepare-data").acquire()
+    assert not out.exists()  # neither the empty lock file nor the folder made for it
+    filler.unlink()  # the user frees space and starts again at once: no 10-s wait for an abandoned lock
+    start = time.monotonic()
+    with folder_lock(out, "widenet-ds prepare-data"):
+        assert read_holder(out / LOCK_FILE).pid == os.getpid()
+    assert time.monotonic() - start < 1

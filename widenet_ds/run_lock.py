@@ -25,6 +25,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from widenet_ds.disk_space import DiskFullError, is_disk_full
 from widenet_ds.errors import WideNetError
 
 LOCK_FILE = ".widenet-ds.lock"
@@ -138,8 +139,18 @@ class FolderLock:
                 else:
                     raise FolderLockedError(self._refusal(holder)) from None
                 continue
-            with os.fdopen(fd, "w") as handle:
-                handle.write(record)
+            try:
+                with os.fdopen(fd, "w") as handle:
+                    handle.write(record)
+            except OSError as err:
+                # Left empty, the file would keep the next writer out for ~10 s (`_remove_if_abandoned`).
+                self.path.unlink(missing_ok=True)
+                self._remove_created_folder()
+                if not is_disk_full(err):
+                    raise
+                raise DiskFullError(f"no space left on the disk holding {self.folder} to write its lock file "
+                                    f"{self.path} ({err.strerror}); nothing was written. Free space there and run "
+                                    f"the command again.") from None
             self.held = True
             return self
         raise FolderLockedError(f"{self.path}: the lock of {self.folder} keeps being taken by other processes; "
@@ -181,6 +192,9 @@ class FolderLock:
         holder = read_holder(self.path)
         if holder is not None and holder.pid == os.getpid() and holder.host == socket.gethostname():
             self.path.unlink(missing_ok=True)
+        self._remove_created_folder()
+
+    def _remove_created_folder(self) -> None:
         if self._created_folder:  # a folder made only to hold the lock of a run that wrote nothing
             try:
                 self.path.parent.rmdir()

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 transformers = pytest.importorskip("transformers")
 
 from widenet_ds.checkpoint.format import PortableCheckpoint, read_folder, save_folder  # noqa: E402
-from widenet_ds.checkpoint.hf_export import from_hf, hf_key_pairs, write_hf_folder  # noqa: E402
+from widenet_ds.checkpoint.hf_export import HF_INDEX, from_hf, hf_key_pairs, write_hf_folder  # noqa: E402
 from widenet_ds.checkpoint.hf_template import configuration_widenet  # noqa: E402
 from widenet_ds.cli import main as widenet_ds  # noqa: E402
 from widenet_ds.data.tokenizer import load_tokenizer  # noqa: E402
@@ -322,6 +322,22 @@ def test_from_hf_reads_a_folder_saved_by_transformers_after_finetuning(tmp_path)
     assert torch.equal(back.state["classifier.bias"], checkpoint.state["classifier.bias"] + 1.0)
     expert = "widenet.encoder.ffn.0.moe.deepspeed_moe.experts.deepspeed_experts.3.fc_in.weight"
     assert torch.equal(back.state[expert], checkpoint.state[expert])
+
+
+def test_from_hf_of_a_sharded_folder_gives_the_tensors_of_the_single_file_folder(tmp_path):
+    """save_pretrained of a large model writes model-0000N-of-0000M.safetensors and model.safetensors.index.json."""
+    cfg = ModelConfig(**DIMS)
+    checkpoint = PortableCheckpoint(cfg, "WideNetForPreTraining", randomised(WideNetForPreTraining(cfg), 4).state_dict())
+    single = export(tmp_path, "single", checkpoint)
+    load("AutoModelForPreTraining", single)[0].save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+    shards = sorted(p.name for p in (tmp_path / "sharded").glob("*.safetensors"))
+    assert len(shards) > 1 and "model.safetensors" not in shards and (tmp_path / "sharded" / HF_INDEX).is_file()
+    for name in ("single", "sharded"):
+        source = single if name == "single" else tmp_path / name
+        assert widenet_ds(["convert", "from-hf", str(source), str(tmp_path / f"{name}_back")]) == 0
+    from_single, from_shards = (load_file(tmp_path / f"{name}_back" / "model.safetensors") for name in ("single", "sharded"))
+    assert from_shards.keys() == from_single.keys() == checkpoint.state.keys()
+    assert all(torch.equal(from_shards[k], from_single[k]) for k in from_single)
 
 
 # --- bad inputs -------------------------------------------------------------------------------------------

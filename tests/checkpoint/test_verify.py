@@ -15,7 +15,7 @@ import pytest
 from convert_make_checkpoint import MICRO_BATCH, FixedBatchLoader, build, fixed_batch, model_config
 from widenet_ds.checkpoint.cli import cli as convert
 from widenet_ds.checkpoint.training import (META_FILE, CheckpointManager, CheckpointMeta, TrainingState,
-                                            estimate_checkpoint_bytes, read_checkpoint_meta)
+                                            check_checkpoint_files, estimate_checkpoint_bytes, read_checkpoint_meta)
 from widenet_ds.checkpoint.verify import cli as verify_cli, verify_checkpoint
 from widenet_ds.checksums import total_size
 from widenet_ds.disk_space import DiskFullError
@@ -53,7 +53,7 @@ def test_a_checkpoint_records_every_file_and_is_renamed_into_place_when_complete
     assert f"step2: {len(meta.files)} files" in capsys.readouterr().out
 
 
-def test_a_truncated_file_is_named_with_the_other_checkpoints_to_resume_from(run, tmp_path):
+def test_a_truncated_file_is_named_with_the_other_checkpoints_as_each_command_takes_them(run, tmp_path):
     copy = tmp_path / "run"
     shutil.copytree(run[0], copy)
     damaged = copy / "checkpoints/step2/zero_pp_rank_0_mp_rank_00_optim_states.pt"
@@ -61,13 +61,18 @@ def test_a_truncated_file_is_named_with_the_other_checkpoints_to_resume_from(run
     damaged.write_bytes(damaged.read_bytes()[: size // 2])
     with pytest.raises(CheckpointError, match=rf"(?s)checkpoint {copy}/checkpoints/step2 is damaged: 1 of its \d+ files.*"
                                               rf"zero_pp_rank_0_mp_rank_00_optim_states.pt: {size // 2:,} bytes, "
-                                              rf"written with {size:,} \(truncated\).*--resume {copy}/checkpoints/step1"):
+                                              rf"written with {size:,} \(truncated\).*use another checkpoint of the run "
+                                              rf"\(--tag step1; complete tags: step1\)"):
         verify_checkpoint(copy)
     verify_checkpoint(copy, "step1")  # the other tag is whole
-    # convert checks its source before writing anything
-    with pytest.raises(CheckpointError, match=r"zero_pp_rank_0_mp_rank_00_optim_states.pt: .*truncated"):
+    # convert checks its source before writing anything, and takes another tag with --tag
+    with pytest.raises(CheckpointError, match=r"(?s)zero_pp_rank_0_mp_rank_00_optim_states.pt: .*truncated.*\(--tag step1;"):
         convert(["to-folder", str(copy), str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+    # a resumed run (training/plan.py) takes it with --resume
+    tag_dir = copy / "checkpoints/step2"
+    with pytest.raises(CheckpointError, match=rf"\(--resume {copy}/checkpoints/step1; complete tags: step1\)"):
+        check_checkpoint_files(tag_dir, read_checkpoint_meta(tag_dir))
 
 
 def test_an_exported_folder_records_its_files_and_a_changed_byte_is_named(run, tmp_path):
@@ -103,6 +108,23 @@ def test_a_tag_left_half_written_is_no_checkpoint(run, tmp_path):
         verify_checkpoint(copy, "step3")
     CheckpointManager(copy, keep_last=3, rank=0, world_size=1)._prune(current_step=1)
     assert sorted(p.name for p in copy.iterdir() if p.is_dir()) == ["step1"]
+
+
+def test_a_checkpoint_that_cannot_fit_names_the_older_tags_to_delete_not_a_lower_keep_last(run, small_disk):
+    """--keep-last prunes only after a new checkpoint is complete: lowering it frees nothing for this one."""
+    root, _, engine, _, meta = run
+    size = sum(p.stat().st_size for p in (root / "checkpoints").rglob("*") if p.is_file())
+    disk = small_disk(f"{size // 1024 + 512}k")
+    shutil.copytree(root / "checkpoints", disk / "checkpoints")
+    small_disk.fill(disk)
+    manager = CheckpointManager(disk / "checkpoints", keep_last=1, rank=0, world_size=1)
+    manager.expect(engine, 1, read_checkpoint_meta(disk / "checkpoints" / "step2"))
+    with pytest.raises(DiskFullError, match=rf"The last complete checkpoint is {disk}/checkpoints/step2: free at least "
+                                            rf"[\d.]+ MiB in {disk}/checkpoints \(deleting the older checkpoints step1 "
+                                            rf"frees some; --keep-last removes them only after a new checkpoint is "
+                                            rf"complete\), then continue with --resume\.$"):
+        manager.save(engine, TrainingState(step=3, samples=3 * MICRO_BATCH), FixedBatchLoader(), meta)
+    assert sorted(p.name for p in (disk / "checkpoints").iterdir() if p.is_dir()) == ["step1", "step2"]
 
 
 def test_a_disk_filling_up_while_deepspeed_writes_is_one_error_and_no_partial_tag(run, monkeypatch):

@@ -164,6 +164,12 @@ def truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
+def two_tags_the_latest_truncated(run: Path) -> None:
+    """A run with a whole step1 beside its latest tag, step2, whose model states are cut in half."""
+    shutil.copytree(run / "checkpoints/step2", run / "checkpoints/step1")
+    truncate(run / "checkpoints/step2/mp_rank_00_model_states.pt")
+
+
 def flip_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 1
@@ -201,12 +207,26 @@ def hf_folder_of(tmp: Path, model_type: str) -> Path:
     return tmp / model_type
 
 
-def truncated_hf_folder(env, tmp: Path) -> Path:
-    """The earlier run's export through `convert to-hf`, its model.safetensors cut in half."""
+def hf_folder(env, tmp: Path, damage: Callable[[Path], None]) -> Path:
+    """The earlier run's export through `convert to-hf`, then damaged."""
     assert widenet_ds(["convert", "to-hf", str(env["export"]), str(tmp / "hf")]) == 0
-    weights = tmp / "hf" / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    damage(tmp / "hf")
     return tmp / "hf"
+
+
+def as_pickle(hf: Path) -> None:
+    """The weights as transformers wrote them before safetensors (save_pretrained(safe_serialization=False))."""
+    import torch
+    from safetensors.torch import load_file
+
+    torch.save(load_file(hf / "model.safetensors"), hf / "pytorch_model.bin")
+    (hf / "model.safetensors").unlink()
+
+
+def finished_glue(env, tmp: Path) -> Path:
+    """A finetuning run of one step, finished (its results.json written)."""
+    assert train(["glue", *glue(env, tmp, "--allow-recipe-mismatch", "--max-eval-examples", "8", out=tmp / "done")]) == 0
+    return tmp / "done"
 
 
 def squad(tmp: Path, data, predictions, *extra: str) -> list[str]:
@@ -248,6 +268,7 @@ class Case:
     pattern: str                                 # what the message must say (regex, case-insensitive)
     env: tuple[tuple[str, str], ...] = ()        # environment of the row (a value "{closed_port}": a port nobody serves)
     disk: str | None = None                      # a small real disk of this size, as the row's e["disk"] (tmpfs)
+    fill: bool = False                           # ... filled up by another program
 
 
 C = Case
@@ -290,6 +311,8 @@ CASES = [
       str(write(t / "vocab.txt", "a\nb\nc\n")), "--output", str(t / "o"), "--no-progress"], r"lacks the special tokens"),
     C("prepare-tiny-vocab", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--vocab-size", "10",
       "--output", str(t / "o"), "--no-progress"], r"--vocab-size 10 is too small"),
+    C("prepare-seq-length-too-short", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--seq-length",
+      "8", "--output", str(t / "o"), "--no-progress"], r"--seq-length 8 must be between 32 and 65535 .*leaves 5 tokens"),
     C("prepare-zero-workers", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--workers", "0",
       "--output", str(t / "o")], r"--workers 0 must be at least 1"),
     C("prepare-zero-dupe-factor", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--dupe-factor", "0",
@@ -304,7 +327,9 @@ CASES = [
       str(data_copy(e, t, lambda d: None)), "--workers", "1", "--no-progress"], r"prepared with other settings.*--overwrite"),
     # ---- verify-data and damaged data folders (item 7) ----
     C("verify-missing-folder", "widenet-ds", lambda e, t: ["verify-data", str(t / "none")], r"does not exist.*prepare-data"),
-    C("verify-run-folder", "widenet-ds", lambda e, t: ["verify-data", str(e["run"])], r"has no manifest\.json"),
+    C("verify-run-folder", "widenet-ds", lambda e, t: ["verify-data", str(e["run"])],
+      r"run is a training run's output folder \(run_config\.json\), not a data folder of `widenet-ds prepare-data`: "
+      r"pass the data folder the run trained on \(.*/data\); `widenet-ds verify .*run` checks"),
     C("verify-bit-flip", "widenet-ds", lambda e, t: ["verify-data", str(data_copy(e, t, flip_token))],
       r"train/part-00000\.bin: content does not match its checksum.*Re-run `widenet-ds prepare-data`"),
     C("verify-replaced-tokenizer", "widenet-ds", lambda e, t: ["verify-data", str(data_copy(
@@ -380,7 +405,15 @@ CASES = [
     C("convert-from-hf-other-model-type", "widenet-ds", lambda e, t: ["convert", "from-hf", str(hf_folder_of(t, "bert")),
       str(t / "o")], r"holds model_type 'bert' \(BertForMaskedLM\), not a WideNet written by `widenet-ds convert to-hf`"),
     C("convert-from-hf-truncated-safetensors", "widenet-ds", lambda e, t: ["convert", "from-hf",
-      str(truncated_hf_folder(e, t)), str(t / "o")], r"hf/model\.safetensors is not a readable safetensors file"),
+      str(hf_folder(e, t, lambda h: truncate(h / "model.safetensors"))), str(t / "o")],
+      r"hf/model\.safetensors is not a readable safetensors file"),
+    C("convert-from-hf-pickled-weights", "widenet-ds", lambda e, t: ["convert", "from-hf", str(hf_folder(e, t, as_pickle)),
+      str(t / "o")], r"hf has no model\.safetensors .*found pytorch_model\.bin: pickles are refused.*"
+                     r"safe_serialization=True"),
+    C("convert-from-hf-run-folder", "widenet-ds", lambda e, t: ["convert", "from-hf", str(e["run"]), str(t / "o")],
+      r"run is a DeepSpeed checkpoint of a training run, not an HF folder: `widenet-ds convert to-hf .*run OUT`"),
+    C("convert-from-hf-portable-folder", "widenet-ds", lambda e, t: ["convert", "from-hf", str(e["export"]),
+      str(t / "o")], r"export is a widenet-ds checkpoint folder already.*use it as it is \(--init-from"),
     C("convert-to-hf-other-tokenizer-same-size", "widenet-ds", lambda e, t: ["convert", "to-hf", str(e["run"]),
       str(t / "o"), "--tokenizer", str(e["other_tokenizer"])], r"is not the tokenizer of the checkpoint"),
     C("convert-marker-not-json", "widenet-ds", lambda e, t: ["convert", "to-folder", str(run_copy(
@@ -434,7 +467,8 @@ CASES = [
       model=model_config(e, t, hidden_dropout=0.3)), r"another model config.*hidden_dropout"),
     C("pretrain-damaged-shard", "pretrain", lambda e, t: pretrain(e, t, data=data_copy(e, t, flip_token)),
       r"part-00000\.bin is damaged"),
-    C("pretrain-data-is-run-folder", "pretrain", lambda e, t: pretrain(e, t, data=e["run"]), r"has no manifest\.json"),
+    C("pretrain-data-is-run-folder", "pretrain", lambda e, t: pretrain(e, t, data=e["run"]),
+      r"run is a training run's output folder .*pass the data folder the run trained on"),
     C("pretrain-vocab-mismatch", "pretrain", lambda e, t: pretrain(e, t, model=model_config(e, t, vocab_size=30522)),
       r"vocab_size 30522.*1000"),
     C("pretrain-zero-steps", "pretrain", lambda e, t: pretrain(e, t, "--max-steps", "0"), r"--max-steps must be positive"),
@@ -475,6 +509,9 @@ CASES = [
     C("squad-version-choice", "squad", lambda e, t: ["--version", "3.0", "--data", str(t)], r"invalid choice: '3\.0'"),
     C("glue-resume-names-a-checkpoint", "glue", lambda e, t: glue(e, t, "--resume", str(e["run"])),
       r"continues from its own output folder.*--resume without a value"),
+    C("glue-resume-a-finished-run-with-more-steps", "glue", lambda e, t: glue(e, t, "--resume", "--max-steps", "3",
+      "--allow-recipe-mismatch", "--max-eval-examples", "8", out=finished_glue(e, t)), r"done is complete: each seed trained 1 steps .*--max-steps 3 cannot be applied.*"
+                                r"new --output-dir"),
     C("glue-eval-only-of-a-pretraining-checkpoint", "glue", lambda e, t: glue(e, t, "--eval-only", model=(
       "--init-from", str(e["export"]))), r"--eval-only scores trained weights.*"
       r"WideNetForPreTraining, not a WideNetForSequenceClassification"),
@@ -495,6 +532,8 @@ CASES = [
       r"another model config"),
     C("classify-randaugment-not-two-numbers", "classify", lambda e, t: classify(e, t, "--randaugment", "2,x"),
       r"expected two integers OPS,MAGNITUDE"),
+    C("classify-randaugment-without-magnitude", "classify", lambda e, t: classify(e, t, "--randaugment", "2"),
+      r"'2': expected two integers OPS,MAGNITUDE, e\.g\. 2,15"),
     C("classify-randaugment-magnitude", "classify", lambda e, t: classify(e, t, "--randaugment", "2,40"),
       r"magnitude in 0\.\.30"),
     C("classify-negative-workers", "classify", lambda e, t: classify(e, t, "--workers", "-1"),
@@ -523,7 +562,13 @@ CASES = [
     C("launch-unknown-task", "launch", lambda e, t: ["pretrian", "--", "--x"], r"invalid choice: 'pretrian'"),
     C("launch-port-out-of-range", "launch", lambda e, t: ["glue", "--master-port", "70000", "--", "--x"],
       r"'70000' is not a TCP port"),
+    C("launch-without-task-options", "launch", lambda e, t: ["classify", "--num-ranks", "2"],
+      r"the classify options after `--`: the following arguments are required: .*--output-dir"),
     # ---- launcher.sh (subprocesses) ----
+    C("launcher-vision-unknown-task-option", "launcher", lambda e, t: ["vision", "--num-ranks", "2", "--",
+      "--model-config", "widenet-vit-digits", "--output-dir", str(t / "o"), "--deepspeed-config", str(VISION_CONFIG),
+      "--dataset", "digits", "--learning-rate", "0.1"],  # the learning rate is the DeepSpeed JSON's
+      r"the classify options after `--`: unrecognized arguments: --learning-rate 0\.1"),
     C("launcher-unknown-command", "launcher", lambda e, t: ["pretrian"], r"unknown command 'pretrian'"),
     C("launcher-alias-zero-ranks", "launcher", lambda e, t: ["finetune", "--squad", "--num-gpus", "0", "--", "--x"],
       r"--num-ranks/--num-gpus: '0' must be a whole number >= 1"),
@@ -557,6 +602,14 @@ CASES = [
     C("convert-a-truncated-expert-file", "widenet-ds", lambda e, t: ["convert", "to-folder", str(run_copy(
       e, t, lambda r: truncate(r / "checkpoints/step2/layer_0_expert_1_mp_rank_00_model_states.pt"))), str(t / "o")],
       r"layer_0_expert_1_mp_rank_00_model_states\.pt: [\d,]+ bytes, written with [\d,]+ \(truncated\)"),
+    C("convert-a-damaged-tag-names-the-other-as-convert-takes-it", "widenet-ds", lambda e, t: ["convert", "to-folder",
+      str(run_copy(e, t, two_tags_the_latest_truncated)), str(t / "o")],
+      r"step2 is damaged.*use another checkpoint of the run \(--tag step1; complete tags: step1\)"),
+    C("pretrain-init-from-a-damaged-tag-names-the-other-as-init-from-takes-it", "pretrain", lambda e, t: pretrain(
+      e, t, "--init-from", str(run_copy(e, t, two_tags_the_latest_truncated))),
+      r"step2 is damaged.*use another checkpoint of the run \(--init-from .*run/checkpoints/step1; complete tags"),
+    C("pretrain-resume-a-tag-that-does-not-exist", "pretrain", lambda e, t: pretrain(e, t, "--resume",
+      str(e["run"] / "checkpoints/step99")), r"checkpoint .*step99 does not exist; the tags in .*checkpoints: step2\."),
     C("verify-a-truncated-checkpoint", "widenet-ds", lambda e, t: ["verify", str(run_copy(
       e, t, lambda r: truncate(r / "checkpoints/step2/rank_00000_state.pt")))], r"rank_00000_state\.pt: .*truncated"),
     C("verify-a-damaged-export", "widenet-ds", lambda e, t: ["verify", str(export_copy(
@@ -572,6 +625,9 @@ CASES = [
     C("convert-output-on-a-nearly-full-disk", "widenet-ds", lambda e, t: ["convert", "to-folder", str(e["run"]),
       str(e["disk"] / "o")], r"not enough space in .* for the converted checkpoint .*o: about \d\.\d MiB needed",
       disk="1m"),
+    C("pretrain-output-on-a-full-disk", "pretrain", lambda e, t: pretrain(e, t, out=e["disk"] / "out"),
+      r"no space left on the disk holding .*out to write its lock file .*out/\.widenet-ds\.lock .*Free space there",
+      disk="64k", fill=True),
     # a busy port, an unreachable hub, a compile backend torch does not have, unusable tokenizers and outputs
     C("launch-master-port-in-use", "launch", lambda e, t: ["pretrain", "--num-ranks", "2", "--master-port",
       str(e["busy_port"]), "--", "--x"], r"--master-port \d+ is in use on this machine by PID \d+.*leave out --master-port"),
@@ -579,7 +635,10 @@ CASES = [
       str(t / "o"), "--no-progress"], r"needs the HF hub \(127\.0\.0\.1\), which cannot be reached.*HF_DATASETS_OFFLINE",
       env=(("HF_ENDPOINT", "http://127.0.0.1:{closed_port}"),)),
     C("pretrain-compile-backend-unknown", "pretrain", lambda e, t: pretrain(e, t, "--compile", "--compile-backend",
-      "nonexistent"), r"--compile-backend 'nonexistent' is not a torch\.compile backend; choose one of .*inductor"),
+      "nonexistent"), r"--compile-backend 'nonexistent' is not a torch\.compile backend; choose one of "
+                      r"(?!.*(?:eager_debug|minifier|TESTING))[\w, ]*inductor"),  # not torch's debugging backends
+    C("pretrain-compile-backend-without-compile", "pretrain", lambda e, t: pretrain(e, t, "--compile-backend",
+      "aot_eager"), r"--compile-backend aot_eager applies only to a compiled model; add --compile, or drop"),
     C("prepare-tokenizer-empty-folder", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--tokenizer",
       str(mkdir(t / "tok")), "--output", str(t / "o")], r"tok' is a folder holding neither tokenizer\.json nor vocab\.txt"),
     C("prepare-tokenizer-binary-file", "widenet-ds", lambda e, t: ["prepare-data", "--default-corpus", "--tokenizer",
@@ -627,7 +686,10 @@ def test_bad_input_fails_with_one_clear_error_and_touches_no_earlier_file(case, 
     for name, value in case.env:
         monkeypatch.setenv(name, value.format(closed_port=closed_port()))
     if case.disk:
-        earlier = {**earlier, "disk": request.getfixturevalue("small_disk")(case.disk)}
+        small_disk = request.getfixturevalue("small_disk")
+        earlier = {**earlier, "disk": small_disk(case.disk)}
+        if case.fill:
+            small_disk.fill(earlier["disk"])
     argv = case.argv(earlier, tmp_path)
     code, output = run_entry(case.entry, argv, capsys)
     assert code == 2, f"exit status {code}, expected 2 (a user error):\n{output[-3000:]}"

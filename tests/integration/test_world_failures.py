@@ -7,7 +7,8 @@
   error on every rank, printed once, with no partial tag; the last complete checkpoint stays whole and
   --resume continues once space is freed;
 - a busy rendezvous port: `widenet-ds launch` without --master-port runs beside a listener on deepspeed's
-  default port; `deepspeed --master_port P` with P taken stops at rank 0, naming the holder;
+  default port; `deepspeed --master_port P` with P taken stops at rank 0, naming the holder; of two 1-rank runs
+  started together with one MASTER_PORT one trains, the other stops naming it (10 times in a row);
 - a truncated checkpoint file is named before training starts, on every rank of a 2-rank --resume.
 """
 
@@ -30,7 +31,7 @@ from pretrain_support import train_losses
 
 from widenet_ds.checkpoint.verify import verify_checkpoint
 from widenet_ds.run_lock import LOCK_FILE
-from widenet_ds.runtime.ports import port_is_free
+from widenet_ds.runtime.ports import free_port, port_is_free
 
 pytestmark = pytest.mark.multirank
 FULL_DISK = REPO / "tests" / "scripts" / "train_disk_fills.py"
@@ -115,7 +116,7 @@ def test_a_checkpoint_that_cannot_fit_is_refused_before_writing_and_resume_conti
     assert re.search(rf"error: not enough space in {run}/checkpoints for the checkpoint of step 2: about 1\d\.\d MiB "
                      rf"needed, \d\.\d MiB free; nothing was written\. The run stopped at step 2 without saving it\. "
                      rf"The last complete checkpoint is {run}/checkpoints/step1: free at least 1\d\.\d MiB in "
-                     rf"{run}/checkpoints \(or lower --keep-last\), then continue with --resume\.", proc.stderr), \
+                     rf"{run}/checkpoints, then continue with --resume\.", proc.stderr), \
         proc.stderr[-3000:]
     assert tags(run) == ["step1"] and (run / "checkpoints" / "latest").read_text() == "step1"
     assert verify_checkpoint(run).files > 0 and not (run / LOCK_FILE).exists()
@@ -195,6 +196,26 @@ def test_deepspeed_started_by_hand_on_a_busy_port_stops_at_rank_0_naming_the_hol
     assert re.search(rf"error: the rendezvous port {port} on .* is in use by PID {os.getpid()} .*start again with "
                      rf"another port, e.g. `widenet-ds launch --master-port \d+", output), output[-4000:]
     assert time.monotonic() - start < 120 and not (tmp_path / "out").exists()
+
+
+def test_two_runs_started_together_on_one_master_port_one_trains_the_other_names_it(tmp_path):
+    """A job array or script that hard-codes MASTER_PORT: both runs find the port free before either binds it.
+    The bind is the check: the second is one error naming the first, never torch's EADDRINUSE traceback."""
+    for attempt in range(10):
+        port, outs = free_port(), [tmp_path / f"{attempt}-a", tmp_path / f"{attempt}-b"]
+        runs = [subprocess.Popen(python_train_command("classify", digits_args(tmp_path, out, 1, "--max-eval-examples",
+                                                                              "8")),
+                                 cwd=REPO, env=child_env(MASTER_PORT=str(port)), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True) for out in outs]
+        outputs = [run.communicate(timeout=300)[0] for run in runs]
+        codes = [run.returncode for run in runs]
+        assert sorted(codes) == [0, 2], f"attempt {attempt}: exit statuses {codes}\n" + "\n".join(o[-3000:] for o in outputs)
+        winner, loser = codes.index(0), codes.index(2)
+        assert (outs[winner] / "results.json").is_file() and not outs[loser].exists()
+        assert not no_traceback(outputs[loser]), no_traceback(outputs[loser])
+        assert len(error_lines(outputs[loser])) == 1, outputs[loser][-3000:]
+        assert re.search(rf"error: the rendezvous port {port} on .* is in use by PID {runs[winner].pid} .*it was set by "
+                         rf"MASTER_PORT: set another \(e\.g\. MASTER_PORT=\d+\)", outputs[loser]), outputs[loser][-3000:]
 
 
 # --- a damaged checkpoint ---------------------------------------------------------------------------

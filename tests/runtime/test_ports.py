@@ -1,6 +1,6 @@
-"""Rendezvous ports: a port another program listens on is refused before anything binds it, naming that
-program -- by `widenet-ds launch --master-port` before any rank starts, and by rank 0 of a run started by
-hand (deepspeed, srun, mpiexec)."""
+"""Rendezvous ports: a port another program listens on is one error naming that program -- from
+`widenet-ds launch --master-port` before any rank starts, and from rank 0 failing to bind it (a run started by
+hand: deepspeed, srun, mpiexec; or two runs racing for one port, tests/integration/test_world_failures.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import os
 import socket
 
 import pytest
+from torch.distributed import TCPStore
 
 from widenet_ds.errors import LaunchError
 from widenet_ds.runtime.launch import LaunchOptions, Machine, plan_launch
-from widenet_ds.runtime.launch_env import LaunchEnv, check_rendezvous_port
+from widenet_ds.runtime.distributed import rendezvous_port_errors
+from widenet_ds.runtime.launch_env import LaunchEnv
 from widenet_ds.runtime.ports import free_port, port_holder, port_is_free
 
 
@@ -47,12 +49,11 @@ def test_a_port_an_ended_server_left_in_time_wait_is_busy_as_torch_finds_it():
 @pytest.mark.parametrize("source, fix", [("launcher", r"widenet-ds launch --master-port \d+.*deepspeed --master_port"),
                                          ("slurm", r"set MASTER_PORT=\d+ \(a free port\) in the batch script"),
                                          ("single", r"set by MASTER_PORT: set another")])
-def test_rank_0_refuses_a_busy_rendezvous_port_naming_the_holder_and_the_fix(listener, source, fix):
+def test_rank_0_failing_to_serve_a_busy_rendezvous_port_names_the_holder_and_the_fix(listener, source, fix):
     env = LaunchEnv(rank=0, local_rank=0, world_size=2, master_addr="127.0.0.1", master_port=listener, source=source)
     with pytest.raises(LaunchError, match=rf"rendezvous port {listener} on .* is in use by PID {os.getpid()} .*{fix}"):
-        check_rendezvous_port(env, {})
-    check_rendezvous_port(LaunchEnv(1, 1, 2, "127.0.0.1", listener, source), {})  # rank 0 serves it, not rank 1
-    check_rendezvous_port(env, {"TORCHELASTIC_RUN_ID": "x"})  # torchrun's agent serves the port itself
+        with rendezvous_port_errors(env):
+            TCPStore("127.0.0.1", listener, 2, True)  # what rank 0's init_process_group binds
 
 
 def test_launch_refuses_a_busy_master_port_before_any_rank_starts(listener):

@@ -36,6 +36,7 @@ from torch import Tensor
 from widenet_ds.atomic import atomic_folder
 from widenet_ds.checkpoint.format import (
     PortableCheckpoint,
+    missing_safetensors,
     read_safetensors,
     save_folder,
     tokenizer_file_name,
@@ -237,9 +238,7 @@ def read_albert_folder(folder: Path) -> tuple[dict[str, Any], dict[str, Tensor]]
     if not (folder / HF_CONFIG).is_file():
         raise CheckpointError(f"{folder} has no {HF_CONFIG}; pass a folder written by transformers' save_pretrained.")
     if not (folder / HF_WEIGHTS).is_file():
-        pickles = sorted(p.name for p in folder.glob("*.bin"))
-        raise CheckpointError(f"{folder} has no {HF_WEIGHTS}" + (f" (only {', '.join(pickles)}: pickles are refused)"
-                              if pickles else "") + "; re-save it with save_pretrained(..., safe_serialization=True).")
+        raise missing_safetensors(folder, HF_WEIGHTS)
     hf_config = json.loads((folder / HF_CONFIG).read_text())
     if hf_config.get("model_type", "albert") != "albert":
         raise CheckpointError(f"{folder} holds a {hf_config['model_type']!r} model, not ALBERT.")

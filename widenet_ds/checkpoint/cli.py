@@ -11,7 +11,13 @@ from pathlib import Path
 
 from widenet_ds.checkpoint.albert import from_albert, to_albert
 from widenet_ds.checkpoint.format import WEIGHTS_FILE, architecture, save_folder
-from widenet_ds.checkpoint.hf_export import from_hf, native_alternative, write_hf_folder
+from widenet_ds.checkpoint.hf_export import (
+    from_hf,
+    hf_weight_files,
+    native_alternative,
+    read_hf_config,
+    write_hf_folder,
+)
 from widenet_ds.checkpoint.hf_vit import to_hf_vit
 from widenet_ds.checkpoint.load import find_tokenizer_files, read_checkpoint
 from widenet_ds.data.tokenizer import TOKENIZER_FILES, tokenizer_files_in
@@ -135,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     from_hf_parser = commands.add_parser("from-hf", help="HF folder written by to-hf (or save_pretrained of its "
                                                          "classes) -> checkpoint folder, weights bit for bit")
     from_hf_parser.add_argument("source", help="HF folder with config.json (model_type widenet or vit_widenet) + "
-                                               "model.safetensors")
+                                               "model.safetensors, or the shards model.safetensors.index.json names")
     from_hf_parser.add_argument("output", help="the checkpoint folder to write")
     from_hf_parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
     return parser
@@ -144,7 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _weights_bytes(args) -> int:
     """About what the output takes: the source's weights (their files), at the output's dtype."""
     source = Path(args.source)
-    if (source / WEIGHTS_FILE).is_file():  # a checkpoint folder, or an HF one (from-albert)
+    if args.command == "from-hf":  # anything but an HF WideNet folder is refused first, naming the command that fits
+        read_hf_config(source)
+        size = sum(path.stat().st_size for path in hf_weight_files(source) if path.is_file())
+    elif (source / WEIGHTS_FILE).is_file():  # a checkpoint folder, or an HF one (from-albert)
         size = (source / WEIGHTS_FILE).stat().st_size
     elif args.command == "from-albert":
         size = 0  # not an HF folder: from_albert says so

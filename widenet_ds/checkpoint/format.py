@@ -219,6 +219,17 @@ def read_safetensors(path: Path) -> dict[str, Tensor]:
                               f"copy or convert it again.") from None
 
 
+def missing_safetensors(folder: Path, wanted: str) -> CheckpointError:
+    """The error for a folder without its safetensors weights `wanted`: pickled weights (pytorch_model.bin, .pt)
+    are named and refused, never unpickled."""
+    pickles = sorted(p.name for p in Path(folder).iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl"))
+    if not pickles:
+        return CheckpointError(f"{folder} has no {wanted}: the folder is incomplete; copy or convert it again.")
+    return CheckpointError(f"{folder} has no {wanted} (found {', '.join(pickles)}: pickles are refused, as loading "
+                           f"one can run code); re-save the weights as safetensors (transformers: save_pretrained(..., "
+                           f"safe_serialization=True)) and convert that.")
+
+
 def write_safetensors(state: dict[str, Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
     from safetensors.torch import save_file
 
@@ -312,9 +323,7 @@ def read_folder(folder: Path) -> PortableCheckpoint:
         raise CheckpointError(f"{config_path}: {err}") from None
     weights_path = folder / WEIGHTS_FILE
     if not weights_path.is_file():
-        pickles = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl"))
-        hint = f" (found {', '.join(pickles)}: pickles are refused)" if pickles else ""
-        raise CheckpointError(f"{folder} has no {WEIGHTS_FILE}{hint}; the folder is incomplete.")
+        raise missing_safetensors(folder, WEIGHTS_FILE)
     provenance = dict(config.get("provenance", {}))
     if "ep_size" in run_settings:  # a folder written before 0.2 kept it in the model config
         provenance.setdefault("trained_with_ep_size", run_settings["ep_size"])

@@ -38,6 +38,7 @@ from widenet_ds.checkpoint.format import (
     PortableCheckpoint,
     architecture,
     expected_shapes,
+    missing_safetensors,
     read_safetensors,
     save_folder,
     tokenizer_file_name,
@@ -46,6 +47,7 @@ from widenet_ds.checkpoint.format import (
 from widenet_ds.checkpoint.hf_model_card import model_card
 from widenet_ds.checkpoint.hf_vit import check_hf_convertible
 from widenet_ds.checkpoint.load import read_checkpoint
+from widenet_ds.checkpoint.training import is_deepspeed_checkpoint
 from widenet_ds.data.tokenizer import tokenizer_files_in
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.model.config import ModelConfig, MoEConfig
@@ -223,6 +225,10 @@ def read_hf_config(folder: Path) -> dict[str, Any]:
     """config.json of an HF folder written by to-hf (or by save_pretrained of its classes); anything else is
     refused, naming what it is."""
     path = Path(folder) / HF_CONFIG
+    if is_deepspeed_checkpoint(folder):
+        raise CheckpointError(f"{folder} is a DeepSpeed checkpoint of a training run, not an HF folder: "
+                              f"`widenet-ds convert to-hf {folder} OUT` writes an HF folder of it, `convert to-folder` a "
+                              f"portable one; trainers read it as it is (--init-from, --resume).")
     if not path.is_file():
         raise CheckpointError(f"{folder} has no {HF_CONFIG}; pass a folder written by `widenet-ds convert to-hf` "
                               f"(or by save_pretrained of a model loaded from one).")
@@ -230,6 +236,10 @@ def read_hf_config(folder: Path) -> dict[str, Any]:
         hf = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{path} is not valid JSON: {err}.") from None
+    if isinstance(hf, dict) and "format_version" in hf and "architecture" in hf:
+        raise CheckpointError(f"{folder} is a widenet-ds checkpoint folder already, not an HF folder: use it as it is "
+                              f"(--init-from {folder}, `widenet-ds convert to-hf` for transformers); nothing to "
+                              f"convert.")
     model_type = hf.get("model_type") if isinstance(hf, dict) else None
     names = ", ".join(hf.get("architectures") or []) if isinstance(hf, dict) else ""
     if model_type == "albert":
@@ -279,16 +289,25 @@ def from_hf(source: Path, target: Path, *, overwrite: bool = False) -> Path:
                        overwrite=overwrite)
 
 
-def read_hf_weights(folder: Path) -> dict[str, Tensor]:
-    """model.safetensors, or the shards a model.safetensors.index.json names (save_pretrained of large models)."""
+def hf_weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of an HF folder: model.safetensors, or the shards a model.safetensors.index.json
+    names (save_pretrained of large models). A folder of pickled weights only is refused, naming the fix."""
     folder = Path(folder)
-    if (folder / HF_WEIGHTS).is_file() or not (folder / HF_INDEX).is_file():
-        return read_safetensors(folder / HF_WEIGHTS)  # refuses pickles and damaged files, naming them
+    if (folder / HF_WEIGHTS).is_file():
+        return [folder / HF_WEIGHTS]
+    if not (folder / HF_INDEX).is_file():
+        raise missing_safetensors(folder, f"{HF_WEIGHTS} (nor {HF_INDEX})")
     try:
         weight_map = json.loads((folder / HF_INDEX).read_text())["weight_map"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{folder / HF_INDEX} is not a safetensors index ({err}).") from None
+        return [folder / shard for shard in sorted(set(weight_map.values()))]
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+        raise CheckpointError(f"{folder / HF_INDEX} is not a safetensors index ({err!r}); copy the folder again, "
+                              f"whole.") from None
+
+
+def read_hf_weights(folder: Path) -> dict[str, Tensor]:
+    """Every tensor of an HF folder's safetensors files (`hf_weight_files`); damaged files are refused, naming them."""
     state: dict[str, Tensor] = {}
-    for shard in sorted(set(weight_map.values())):
-        state.update(read_safetensors(folder / shard))
+    for path in hf_weight_files(folder):
+        state.update(read_safetensors(path))
     return state

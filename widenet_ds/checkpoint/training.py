@@ -30,7 +30,7 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -141,6 +141,14 @@ def _tags(folder: Path) -> list[str]:
                   if (p / MODEL_STATES).is_file() and not p.name.endswith(PARTIAL)) if folder.is_dir() else []
 
 
+def is_deepspeed_checkpoint(source: Path) -> bool:
+    """Whether `source` is a DeepSpeed checkpoint as `resolve_tag_dir` reads it: a tag folder, a checkpoints
+    folder or a run folder."""
+    source = Path(source)
+    return any((folder / name).is_file() for folder in (source, source / "checkpoints")
+               for name in (MODEL_STATES, META_FILE, LATEST_FILE))
+
+
 def resolve_tag_dir(source: Path, tag: str | None = None, *, require_marker: bool = True) -> Path:
     """The one checkpoint-tag resolver: `source` is a tag folder, a checkpoints folder or a run's output
     folder; `tag` picks a tag, else the one `latest` names.
@@ -149,7 +157,9 @@ def resolve_tag_dir(source: Path, tag: str | None = None, *, require_marker: boo
     last); conversion also reads DeepSpeed tag folders of other programs (no marker)."""
     source = Path(source)
     if not source.exists():
-        raise CheckpointError(f"checkpoint {source} does not exist.")
+        beside = _tags(source.parent)  # a mistyped tag: the ones that exist
+        raise CheckpointError(f"checkpoint {source} does not exist" + (f"; the tags in {source.parent}: "
+                              f"{', '.join(beside)}" if beside else "") + ".")
     parents = [source, source / "checkpoints"]
     found = None
     if tag is not None:
@@ -192,14 +202,20 @@ def trained_ep_size(meta: dict[str, Any]) -> int:
     return split_run_settings(meta.get("model_config") or {})[1].get("ep_size", 1)  # written before 0.2
 
 
-def check_checkpoint_files(tag_dir: Path, meta: CheckpointMeta) -> None:
+def resume_from(tag_dir: Path) -> str:
+    return f"--resume {tag_dir}"
+
+
+def check_checkpoint_files(tag_dir: Path, meta: CheckpointMeta,
+                           use_other: Callable[[Path], str] = resume_from) -> None:
     """Every file the marker records is there, whole and unchanged; a damaged one is named before anything
-    loads it (a truncated ZeRO file would otherwise fail inside torch.load on one rank, mid-start-up)."""
+    loads it (a truncated ZeRO file would otherwise fail inside torch.load on one rank, mid-start-up).
+    `use_other(tag_dir)`: how the command at hand takes another tag (--resume, --init-from, --tag)."""
     problems = file_problems(tag_dir, meta.files)
     if problems:
         others = [t for t in complete_tags(Path(tag_dir).parent) if t != Path(tag_dir).name]
-        fix = (f"continue from another checkpoint of the run (--resume {Path(tag_dir).parent / others[-1]}; "
-               f"complete tags: {', '.join(others)})" if others else "restore the files from a copy")
+        fix = (f"use another checkpoint of the run ({use_other(Path(tag_dir).parent / others[-1])}; complete tags: "
+               f"{', '.join(others)})" if others else "restore the files from a copy")
         raise CheckpointError(f"checkpoint {tag_dir} is damaged: {len(problems)} of its {len(meta.files)} files "
                               f"differ from what was written:\n  " + "\n  ".join(problems) + f"\nNothing was loaded; "
                               f"{fix}. `widenet-ds verify` checks a checkpoint without training.")
@@ -331,8 +347,12 @@ class CheckpointManager:
 
     def _resume_hint(self) -> str:
         latest = latest_checkpoint(self.checkpoint_dir) if (self.checkpoint_dir / LATEST_FILE).is_file() else None
+        # Pruning follows a complete save: a lower --keep-last would free nothing for this one.
+        older = [tag for tag in complete_tags(self.checkpoint_dir) if latest is None or tag != latest.name]
+        deletable = (f" (deleting the older checkpoints {', '.join(older)} frees some; --keep-last removes them only "
+                     f"after a new checkpoint is complete)" if older else "")
         return (f"The last complete checkpoint is {latest}: free at least {mib(needed_bytes(self.expected_bytes or 0))} "
-                f"in {self.checkpoint_dir} (or lower --keep-last), then continue with --resume."
+                f"in {self.checkpoint_dir}{deletable}, then continue with --resume."
                 if latest else f"No checkpoint of this run is saved yet: free at least "
                                f"{mib(needed_bytes(self.expected_bytes or 0))} in {self.checkpoint_dir} (or choose "
                                f"an --output-dir on a disk with more space) and start the run again.")

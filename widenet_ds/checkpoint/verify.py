@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 from widenet_ds.checksums import file_problems, total_size
@@ -29,9 +30,11 @@ class Verified:
     bytes: int
 
 
-def verify_checkpoint(source: Path, tag: str | None = None) -> Verified:
+def verify_checkpoint(source: Path, tag: str | None = None,
+                      use_other: Callable[[Path], str] = lambda tag_dir: f"--tag {tag_dir.name}") -> Verified:
     """Check the files of an exported folder, or of a DeepSpeed checkpoint's tag (`source` a tag folder, a
-    checkpoints folder or a run folder; `tag`, else the latest); raise CheckpointError naming each damaged one."""
+    checkpoints folder or a run folder; `tag`, else the latest); raise CheckpointError naming each damaged one
+    and how to take another tag (`use_other`: `--tag stepN` for convert and verify)."""
     source = Path(source)
     if is_folder(source):
         if tag is not None:
@@ -49,7 +52,7 @@ def verify_checkpoint(source: Path, tag: str | None = None) -> Verified:
     if data is None:  # a DeepSpeed checkpoint of another program: nothing recorded to check against
         return Verified(tag_dir, 0, 0)
     meta = CheckpointMeta.from_json(data, tag_dir)
-    check_checkpoint_files(tag_dir, meta)
+    check_checkpoint_files(tag_dir, meta, use_other)
     return Verified(tag_dir, len(meta.files), total_size(meta.files))
 
 

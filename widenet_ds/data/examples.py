@@ -25,6 +25,9 @@ from tokenizers import Tokenizer
 from widenet_ds.errors import DataError
 
 
+MIN_SEQ_LENGTH = 32
+
+
 @dataclass(frozen=True)
 class ExampleConfig:
     seq_length: int = 128
@@ -34,8 +37,11 @@ class ExampleConfig:
     max_ngram: int = 3
 
     def __post_init__(self) -> None:
-        if not 8 <= self.seq_length <= 65535:
-            raise DataError(f"--seq-length {self.seq_length} must be between 8 and 65535 (ALBERT: 128 or 512)")
+        if not MIN_SEQ_LENGTH <= self.seq_length <= 65535:
+            # Below it the two segments of a sentence-order pair are a few tokens each: no sentence order to learn.
+            raise DataError(f"--seq-length {self.seq_length} must be between {MIN_SEQ_LENGTH} and 65535 (ALBERT: 128 "
+                            f"or 512); {self.seq_length} leaves {max(self.seq_length - 3, 0)} tokens for the two "
+                            f"segments of a sentence-order pair.")
         if not 0.0 <= self.short_seq_prob <= 1.0:
             raise DataError(f"--short-seq-prob {self.short_seq_prob} must be a probability in [0, 1]")
         if not 0.0 < self.masked_lm_prob < 1.0:

@@ -9,7 +9,7 @@ import io
 import os
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 import numpy as np
@@ -18,7 +18,7 @@ import torch.distributed as torch_dist
 
 from widenet_ds.errors import ConfigError
 from widenet_ds.runtime.extensions import pending_build, use_environment_extensions_dir, use_environment_ninja
-from widenet_ds.runtime.launch_env import check_rendezvous_port, resolve_launch_env
+from widenet_ds.runtime.launch_env import LaunchEnv, busy_port_error, resolve_launch_env
 
 
 def init_distributed(backend: str | None = None, say: Callable[[str], None] | None = None) -> None:
@@ -26,8 +26,8 @@ def init_distributed(backend: str | None = None, say: Callable[[str], None] | No
 
     The `deepspeed` launcher, torchrun, `mpiexec`, Slurm's `srun` and a plain `python` are all
     resolved by `resolve_launch_env` into the `env://` variables first, so DeepSpeed never falls
-    back to its own MPI discovery (fixed port 29500). Rank 0 refuses a rendezvous port another program
-    holds. `say` gets a line when the start-up will wait for a JIT build of DeepSpeed's op.
+    back to its own MPI discovery (fixed port 29500). A rendezvous port another program holds is one error
+    naming it. `say` gets a line when the start-up will wait for a JIT build of DeepSpeed's op.
     """
     if torch_dist.is_available() and torch_dist.is_initialized():
         return
@@ -35,17 +35,30 @@ def init_distributed(backend: str | None = None, say: Callable[[str], None] | No
     use_environment_ninja()
     import deepspeed
 
-    check_rendezvous_port(resolve_launch_env(), os.environ)
+    env = resolve_launch_env()
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "gloo" and say is not None and (line := pending_build(extensions)):
         say(line)
     # DeepSpeed prints "... built successfully" for its shared-memory op on every rank: kept off the console.
-    with contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()), rendezvous_port_errors(env):
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
     # Tear the groups down before interpreter exit (and, under mpiexec, before mpi4py's MPI_Finalize,
     # registered earlier so run later): left to static destructors, gloo's threads abort ~1 exit in 10.
     atexit.register(_destroy_process_groups)
+
+
+@contextlib.contextmanager
+def rendezvous_port_errors(env: LaunchEnv) -> Iterator[None]:
+    """Rank 0 serves the rendezvous (torch's TCPStore) on MASTER_PORT. A port another program holds is one error
+    naming it, not torch's EADDRINUSE traceback. The bind itself is the check: a port found free by a probe can be
+    taken before the bind (two runs started in the same second with one MASTER_PORT)."""
+    try:
+        yield
+    except torch_dist.DistNetworkError as err:
+        if env.rank != 0 or "EADDRINUSE" not in str(err):
+            raise
+        raise busy_port_error(env) from None
 
 
 def _destroy_process_groups() -> None:

@@ -2,7 +2,7 @@
 
 It starts `deepspeed [options] --module widenet_ds.train TASK ARGS` and adds what calling `deepspeed` by
 hand lacks:
-  - bad launch options and hostfiles stop the launch with one error before anything starts; a local run
+  - bad launch options, hostfiles and task options stop the launch with one error before anything starts; a local run
     gets a free rendezvous port (a --master-port another program holds is refused, naming it);
   - without a GPU: one CPU rank per core, at most 8 (deepspeed's CPU default is one rank per NUMA node,
     often 1), OMP threads shared between them, DS_ACCELERATOR=cpu chosen instead of guessed, and an allocator
@@ -24,6 +24,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NoReturn
 from pathlib import Path
 
 import widenet_ds
@@ -184,8 +185,27 @@ def failure(status: int) -> str:
     return "a rank failed; its messages are above"
 
 
+def check_task_options(options: LaunchOptions) -> None:
+    """The task's command line, parsed once here: a missing or unknown task option is one error before any rank
+    starts, not the task's usage and error printed by every rank. Only its syntax: the files it names may
+    exist on the nodes alone."""
+    from widenet_ds.training.command_line import build_parser  # imports torch: only once the launch is planned
+
+    task_parser = build_parser(options.task)
+
+    def refuse(message: str) -> NoReturn:
+        raise LaunchError(f"the {options.task} options after `--`: {message} (`python -m {TRAIN_MODULE} "
+                          f"{options.task} --help` lists them)")
+
+    task_parser.error = refuse  # type: ignore[method-assign]
+    if not {"-h", "--help"} & set(options.train_args):  # asked for: every rank prints it (tests count ranks so)
+        task_parser.parse_args(list(options.train_args))
+
+
 def launch(options: LaunchOptions) -> int:
-    return run(plan_launch(options, this_machine(), runner=deepspeed_runner()))
+    plan = plan_launch(options, this_machine(), runner=deepspeed_runner())
+    check_task_options(options)
+    return run(plan)
 
 
 def _positive_int(text: str) -> int:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from widenet_ds.errors import LaunchError
-from widenet_ds.runtime.ports import free_port, port_holder, port_is_free
+from widenet_ds.runtime.ports import free_port, port_holder
 
 TORCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # Slurm jobs share nodes: a port per job and per requeue (16 restarts before a job's ports repeat;
@@ -225,13 +225,9 @@ def first_host(nodelist: str) -> str:
 
 # ---- the rendezvous port ---------------------------------------------------------------------
 
-def check_rendezvous_port(env: LaunchEnv, environ: MutableMapping[str, str]) -> None:
-    """On rank 0, before it serves the rendezvous: refuse a port another program listens on, naming it
-    (torch would fail in an EADDRINUSE traceback, or the other ranks would reach that program instead)."""
-    if env.rank != 0 or "TORCHELASTIC_RUN_ID" in environ:  # torchrun's agent serves the port itself
-        return
-    if port_is_free(env.master_port):
-        return
+def busy_port_error(env: LaunchEnv) -> LaunchError:
+    """Rank 0 could not serve the rendezvous on its port: the error naming the program that holds it and how the
+    port was chosen, so the user knows what to change."""
     other = free_port()
     how = {"launcher": f"it was given to the launcher (--master_port / --master-port, else deepspeed's default 29500): "
                        f"start again with another port, e.g. `widenet-ds launch --master-port {other} ...` (without "
@@ -239,8 +235,8 @@ def check_rendezvous_port(env: LaunchEnv, environ: MutableMapping[str, str]) -> 
            "slurm": f"it is derived from the Slurm job id: set MASTER_PORT={other} (a free port) in the batch script",
            }.get(env.source, f"it was set by MASTER_PORT: set another (e.g. MASTER_PORT={other}), or unset it to "
                              f"let a free port be chosen")
-    raise LaunchError(f"the rendezvous port {env.master_port} on {socket.gethostname()} is in use by "
-                      f"{port_holder(env.master_port)}; rank 0 cannot serve the process group there. The port: {how}.")
+    return LaunchError(f"the rendezvous port {env.master_port} on {socket.gethostname()} is in use by "
+                       f"{port_holder(env.master_port)}; rank 0 cannot serve the process group there. The port: {how}.")
 
 
 # ---- checks before launching -----------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 Rank 0 serves the rendezvous (torch's TCPStore) on MASTER_PORT. Another program already listening there
 makes torch fail with a `DistNetworkError ... EADDRINUSE` traceback -- or worse, the other ranks reach that
-program instead. So the port is tried before any rank starts (`widenet-ds launch --master-port`) and by
-rank 0 before it serves (`deepspeed`, `srun`, `mpiexec` started by hand): one error naming the holder.
+program instead. So the port is tried before any rank starts (`widenet-ds launch --master-port`), and rank 0's
+failed bind (`deepspeed`, `srun`, `mpiexec` started by hand, or a run that took the port after that check)
+becomes one error naming the holder (runtime/distributed.py).
 """
 
 from __future__ import annotations

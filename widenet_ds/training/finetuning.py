@@ -227,7 +227,16 @@ class FinetuneRun:
         if not (self.cfg.resume and folder.results.is_file()):
             return None
         results = folder.read_results()
-        return results if results.get("seeds") == self.cfg.seeds else None
+        if results.get("seeds") != self.cfg.seeds:
+            return None
+        done, asked = results.get("steps"), self.cfg.max_steps
+        if asked is not None and asked != done:  # pretraining continues to a new --max-steps; finetuning cannot
+            raise mark_same_on_every_rank(ConfigError(
+                f"the run in {self.cfg.output_dir} is complete: each seed trained {done} steps ({folder.results}); "
+                f"--max-steps {asked} cannot be applied to it, as every seed trains from its start weights to the end "
+                f"of its schedule. Drop --max-steps to read its results, or train {asked} steps into a new "
+                f"--output-dir."))
+        return results
 
     def settings_line(self) -> str:
         s, model = self.settings, self.model_config

@@ -10,6 +10,7 @@ from typing import Any, Iterator
 import torch.distributed as torch_dist
 
 from widenet_ds.checkpoint.verify import verify_checkpoint
+from widenet_ds.disk_space import DiskFullError
 from widenet_ds.errors import WideNetError, mark_same_on_every_rank
 from widenet_ds.run_lock import FolderLockedError, folder_lock
 from widenet_ds.runtime.distributed import init_distributed, rank0_value
@@ -35,7 +36,7 @@ def run_task(cfg: RunConfig) -> Any:
         with run_folder_lock(cfg):
             if cfg.init_from is not None:
                 try:  # a damaged file is named before any rank reads the weights
-                    verify_checkpoint(cfg.init_from)
+                    verify_checkpoint(cfg.init_from, use_other=lambda tag_dir: f"--init-from {tag_dir}")
                 except WideNetError as err:
                     raise mark_same_on_every_rank(err)
             if cfg.TASK in SINGLE_RUN_TASKS:
@@ -53,17 +54,18 @@ def run_task(cfg: RunConfig) -> Any:
 @contextmanager
 def run_folder_lock(cfg: RunConfig) -> Iterator[None]:
     """Rank 0 holds the lock of --output-dir for the whole run (also on several nodes: one lock); every rank
-    learns whether it got it, so a refusal is one error on all of them, printed once."""
+    learns whether it got it, so a refusal (another writer, a disk too full for the lock file) is one error on
+    all of them, printed once."""
     lock = folder_lock(cfg.output_dir, f"python -m widenet_ds.train {cfg.TASK}")
-    outcome = None
+    refusal = None
     if torch_dist.get_rank() == 0:
         try:
             lock.acquire()
-        except FolderLockedError as err:
-            outcome = str(err)
-    outcome = rank0_value(outcome)
-    if outcome is not None:
-        raise mark_same_on_every_rank(FolderLockedError(outcome))
+        except (FolderLockedError, DiskFullError) as err:
+            refusal = err
+    refusal = rank0_value(refusal)
+    if refusal is not None:
+        raise mark_same_on_every_rank(refusal)
     if lock.takeover_message:
         say(lock.takeover_message)
     try:

@@ -31,6 +31,7 @@ from widenet_ds.writable import check_output_folder
 OptimizerChoice = Literal["auto", "deepspeed-fused", "torch-lamb"]
 LATEST = "latest"
 HF_DATA = "hf"
+DEFAULT_COMPILE_BACKEND = "inductor"
 # Settings a resumed run may change: they decide what is logged, saved or evaluated, not what is trained
 # (the DeepSpeed JSON's path may change; its contents are compared by what they do to the trajectory).
 RESUMABLE_SETTINGS = frozenset({
@@ -100,7 +101,7 @@ class RunConfig:
         "torch.compile the model in place: 'model' (the default of a bare --compile), 'blocks' (the encoder's "
         "distinct attention and MoE/FFN modules only: a faster build) or 'none' (the default: on CPU neither mode "
         "paid in pretraining or finetuning, docs/benchmarks.md)", const="model"))
-    compile_backend: str = field(default="inductor", metadata=flag(
+    compile_backend: str = field(default=DEFAULT_COMPILE_BACKEND, metadata=flag(
         "torch.compile backend (inductor; aot_eager traces without generating kernels)"))
     optimizer: OptimizerChoice = field(default="auto", metadata=flag(
         "for a JSON asking for Lamb: DeepSpeed's fused CUDA kernel or our PyTorch LAMB (per-tensor trust ratio, "
@@ -148,6 +149,9 @@ class RunConfig:
                             f"JSON file, e.g. ds_configs/{self.EXAMPLE_DS_CONFIG} (see ds_configs/README.md).")
         if self.compile != "none":
             problems += compile_backend_problems(self.compile_backend)
+        elif self.compile_backend != DEFAULT_COMPILE_BACKEND:
+            problems.append(f"--compile-backend {self.compile_backend} applies only to a compiled model; add --compile, "
+                            f"or drop --compile-backend.")
         return problems + self._output_dir_problems()
 
     POSITIVE: ClassVar[tuple[str, ...]] = ()  # the task's own settings that must be positive when given
@@ -187,11 +191,11 @@ def compile_backend_problems(backend: str) -> list[str]:
     and the engine were built."""
     import torch._dynamo  # only for runs that compile: the import takes seconds
 
-    known = torch._dynamo.list_backends(exclude_tags=())
-    if backend in known:
+    if backend in torch._dynamo.list_backends(exclude_tags=()):  # torch's debugging backends too
         return []
-    return [f"--compile-backend {backend!r} is not a torch.compile backend; choose one of "
-            f"{', '.join(b for b in known if 'TESTING' not in b)}."]
+    # Named: the backends torch lists for users, and the kernel-free one our help names.
+    shown = sorted({*torch._dynamo.list_backends(), "aot_eager"})
+    return [f"--compile-backend {backend!r} is not a torch.compile backend; choose one of {', '.join(shown)}."]
 
 
 def setting_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -353,9 +357,10 @@ _AUGMENT = ("augmentation (the authors' ImageNet recipe: --randaugment 2,15 --in
 def _ops_magnitude(text: str) -> tuple[int, int]:
     ops, _, magnitude = text.partition(",")
     try:
-        return int(ops), int(magnitude or 15)
+        return int(ops), int(magnitude)  # both: a lone "2" silently meant magnitude 15
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected two integers OPS,MAGNITUDE, e.g. 2,15") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected two integers OPS,MAGNITUDE, e.g. 2,15 (the magnitude "
+                                         f"on kornia's 0..30 scale)") from None
 
 
 @dataclass(kw_only=True)
