@@ -23,7 +23,7 @@ from widenet_ds.checkpoint.load import load_pretrained
 from widenet_ds.errors import CheckpointError
 from widenet_ds.model.widenet import WideNetForPreTraining, WideNetForSequenceClassification
 
-pytestmark = [pytest.mark.multirank, pytest.mark.usefixtures("dist")]
+pytestmark = [pytest.mark.multirank, pytest.mark.slow, pytest.mark.usefixtures("dist")]  # slow: its fixture's runs
 SCRIPT = REPO / "tests/scripts/convert_make_checkpoint.py"
 ZERO_STAGES = (0, 1, 2)
 

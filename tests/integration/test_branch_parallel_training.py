@@ -33,6 +33,7 @@ def train_args(case: str, out: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.multirank
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(TRAIN_CASES))
 def test_branch_parallel_training_on_two_ranks_follows_the_one_rank_run(case, tmp_path):
     run_train("classify", train_args(case, tmp_path / "one"), num_ranks=1)

@@ -79,6 +79,7 @@ def resume_args(ds: Path, out: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.multirank
+@pytest.mark.slow
 def test_sigkill_then_resume_gives_identical_losses(tmp_path):
     ds = write_ds_config(tmp_path / "zero2.json", steps=STEPS, zero_optimization={"stage": 2})
     reference = tmp_path / "reference"

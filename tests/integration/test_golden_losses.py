@@ -35,6 +35,7 @@ def pretraining_data(tmp_path_factory):
     return prepare_data(tmp_path_factory.mktemp("golden") / "data", [], tokenizer=str(VOCAB))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_first_20_losses_match_the_stored_curve(name, request, tmp_path):
     run = RUNS[name]

@@ -1,5 +1,5 @@
-"""300 steps of ds_configs/cpu_small.json on the embedded corpus lower the MLM loss clearly, for the
-tiny WideNet and the tiny ALBERT preset (one CPU rank, batch 16 x 64 tokens)."""
+"""The first 150 steps of ds_configs/cpu_small.json's 300-step schedule on the embedded corpus lower the MLM
+loss clearly, for the tiny WideNet and the tiny ALBERT preset (one CPU rank, batch 16 x 64 tokens)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from pretrain_support import CPU_CONFIG, prepare_data, train_in_process, train_l
 
 pytestmark = pytest.mark.slow
 
-# Measured: both presets go from ~6.9 (= ln 1000, uniform over the vocabulary) to ~5.6-5.7 in 300
-# steps; the margin leaves room for other hardware and thread counts.
+# Measured (AMD EPYC, 2026-11-27): both presets go from ~6.9 (= ln 1000, uniform over the vocabulary) to 5.77
+# (train, steps 141-150) in 150 steps, 5.61 in 300 (held-out 5.78); the margin leaves room for other hardware.
+# 150 steps: half the time of the full schedule, and as clear a drop.
 MIN_TRAIN_DROP = 0.8
 MAX_FINAL_VALID_MLM = math.log(1000) - 0.8
 
@@ -34,15 +35,15 @@ def one_thread():
 
 
 @pytest.mark.parametrize("preset", ["widenet-tiny-e4", "albert-tiny"])
-def test_300_steps_lower_the_mlm_loss(corpus, tmp_path, preset, dist, one_thread):
+def test_150_steps_lower_the_mlm_loss(corpus, tmp_path, preset, dist, one_thread):
     out = tmp_path / preset
     assert train_in_process("pretrain", [
         "--model-config", preset, "--deepspeed_config", str(CPU_CONFIG), "--data", str(corpus), "--output-dir", str(out),
-        "--log-interval", "10", "--eval-interval", "0", "--eval-batches", "8", "--save-interval", "300",
+        "--max-steps", "150", "--log-interval", "10", "--eval-interval", "0", "--eval-batches", "8",
         "--no-progress-bar", "--no-tensorboard"]) is not None  # (the finished run is evaluated at its end)
     mlm = train_losses(out, "train/mlm_loss")  # each record: the mean of the 10 steps before it
-    assert sorted(mlm)[-1] == 300
-    drop = mlm[10] - mlm[300]
-    assert drop >= MIN_TRAIN_DROP, f"{preset}: MLM loss {mlm[10]:.3f} -> {mlm[300]:.3f}"
-    valid = train_losses(out, "valid/mlm_loss")[300]
+    assert sorted(mlm)[-1] == 150
+    drop = mlm[10] - mlm[150]
+    assert drop >= MIN_TRAIN_DROP, f"{preset}: MLM loss {mlm[10]:.3f} -> {mlm[150]:.3f}"
+    valid = train_losses(out, "valid/mlm_loss")[150]
     assert valid <= MAX_FINAL_VALID_MLM, f"{preset}: held-out MLM loss {valid:.3f}"

@@ -117,6 +117,7 @@ def test_sigkill_after_checkpoint_then_resume_gives_identical_losses(inputs, ref
     assert_same_losses(reference, out)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_exits_cleanly_and_resumes_identically(inputs, reference):
     out = inputs["root"] / "sigterm"
     proc = start(inputs, out)

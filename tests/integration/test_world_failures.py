@@ -198,6 +198,7 @@ def test_deepspeed_started_by_hand_on_a_busy_port_stops_at_rank_0_naming_the_hol
     assert time.monotonic() - start < 120 and not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_two_runs_started_together_on_one_master_port_one_trains_the_other_names_it(tmp_path):
     """A job array or script that hard-codes MASTER_PORT: both runs find the port free before either binds it.
     The bind is the check: the second is one error naming the first, never torch's EADDRINUSE traceback."""

@@ -145,11 +145,13 @@ def test_compact_equals_the_capacity_path_with_its_drops(capacity_factor):
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("dispatch, reference", [("dropless", "dropless"), ("compact", "deepspeed")])
+@pytest.mark.parametrize("dispatch, reference", [("dropless", "dropless"), ("compact", "deepspeed"),
+                                                ("deepspeed", "deepspeed")])
 def test_expert_parallel_over_two_ranks_matches_ep1_forward_and_gradients(tmp_path, dispatch, reference):
-    """Variable-size all-to-all of the kept rows: ep_size 2 on 2 launcher ranks equals ep_size 1 in one
-    process, logits and gradients (experts see both ranks' tokens; everything else this rank's own). Compact
-    (capacity factor 0.5: routes dropped on both ranks) against DeepSpeed's capacity buffers at ep_size 1."""
+    """Every dispatch's all-to-all (the kept rows' variable-size one; DeepSpeed's capacity buffers): ep_size 2
+    on 2 launcher ranks equals ep_size 1 in one process, logits and gradients (experts see both ranks' tokens;
+    everything else this rank's own). Compact and the capacity buffers at capacity factor 0.5 (routes dropped
+    on both ranks) against DeepSpeed's capacity buffers at ep_size 1."""
     run_deepspeed(REPO / "tests/scripts/dropless_expert_parallel.py", [str(tmp_path / "ep2"), "2", dispatch],
                   num_ranks=2)
     got = [load_file(tmp_path / f"ep2.rank{rank}.safetensors") for rank in (0, 1)]
@@ -159,7 +161,7 @@ def test_expert_parallel_over_two_ranks_matches_ep1_forward_and_gradients(tmp_pa
         torch.testing.assert_close(got[rank]["loss"], want[rank]["loss"], atol=1e-6, rtol=1e-6)
         assert torch.equal(got[rank]["expert_counts"], want[rank]["expert_counts"])
         assert torch.equal(got[rank]["dropped_fraction"], want[rank]["dropped_fraction"])
-        assert bool(torch.all(got[rank]["dropped_fraction"] > 0)) == (dispatch == "compact")
+        assert bool(torch.all(got[rank]["dropped_fraction"] > 0)) == (dispatch != "dropless")
         expert_grads = [n for n in got[rank] if ".expert" in n]
         assert len(expert_grads) == 4 * 2, "each rank holds 2 of the 4 experts' 4 tensors"
         for name, grad in got[rank].items():

@@ -140,3 +140,20 @@ def test_init_from_a_checkpoint_folder_starts_from_its_weights(data, albert_run,
     assert old.keys() == new.keys()
     for name in old:
         assert torch.equal(old[name], new[name]), name
+
+
+def test_a_run_saved_with_the_capacity_buffers_resumes_with_them_under_the_compact_default(data, tmp_path, dist):
+    # A run from before `compact` became the default: its marker records dispatch "deepspeed", its settings no
+    # --set. Resumed with the same preset (whose default is now compact), it continues with its own dispatch.
+    import json
+
+    from widenet_ds.checkpoint.training import read_checkpoint_meta
+
+    out = tmp_path / "old"
+    assert run(args(data, out, "--set", "moe.dispatch=deepspeed", "--max-steps", "1", model="widenet-tiny-e4")) is not None
+    settings = json.loads((out / "run_config.json").read_text())
+    assert settings["overrides"] == ["moe.dispatch=deepspeed"]
+    (out / "run_config.json").write_text(json.dumps({**settings, "overrides": []}))
+    assert run(args(data, out, "--resume", model="widenet-tiny-e4")) is not None
+    assert sorted(train_losses(out)) == [1, 2]
+    assert read_checkpoint_meta(out / "checkpoints" / "step2").model_config["moe"]["dispatch"] == "deepspeed"
