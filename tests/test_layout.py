@@ -20,7 +20,7 @@ LAYERS = [
     {"widenet_ds.data", "widenet_ds.tasks", "widenet_ds.model", "widenet_ds.runtime", "widenet_ds.vision"},
     {"widenet_ds.checkpoint", "widenet_ds.params"},
     {"widenet_ds.training", "widenet_ds.report"},
-    {"widenet_ds.cli", "widenet_ds.train", "widenet_ds.demo"},
+    {"widenet_ds.cli", "widenet_ds.train", "widenet_ds.demo", "widenet_ds.launch_cli"},
 ]
 
 
@@ -115,6 +115,7 @@ COVERED_BY = {
     "widenet_ds/cli.py": ["integration/test_bad_inputs.py"],  # every `widenet-ds` command's errors, the dispatch
     "widenet_ds/train.py": ["integration/test_golden_losses.py", "integration/test_bad_inputs.py"],  # every run
     "widenet_ds/demo.py": ["integration/test_demo.py"],
+    "widenet_ds/launch_cli.py": ["integration/test_bad_inputs.py"],  # the launch rows: task options checked once
     "widenet_ds/writable.py": ["integration/test_bad_inputs.py"],  # the unwritable / file-blocked output rows
     "widenet_ds/checkpoint/branches_cli.py": ["checkpoint/test_branches.py"],
     "widenet_ds/checkpoint/deepspeed.py": ["checkpoint/test_cli.py", "checkpoint/test_load_image_models.py"],

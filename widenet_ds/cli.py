@@ -27,7 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "branches": ("widenet_ds.checkpoint.branches_cli:cli", "ParaFormer branches of a checkpoint folder: compress to "
                                                             "the first K, expand to M"),
     "report": ("widenet_ds.report.cli:cli", "HTML page with plots of pretraining/image/finetuning run folders"),
-    "launch": ("widenet_ds.runtime.launch:cli", "train on N ranks: deepspeed --module widenet_ds.train TASK (CPU rank "
+    "launch": ("widenet_ds.launch_cli:cli", "train on N ranks: deepspeed --module widenet_ds.train TASK (CPU rank "
                                                  "count, hostfile check, signal relay)"),
     "demo": ("widenet_ds.demo:demo_cli", "pretrain widenet-tiny-e4 on 2 CPU ranks, finetune it on SST-2, report"),
     "vision-demo": ("widenet_ds.demo:vision_demo_cli", "train widenet-vit-tiny on Fashion-MNIST on 2 CPU ranks"),

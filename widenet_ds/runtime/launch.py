@@ -22,9 +22,8 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import NoReturn
 from pathlib import Path
 
 import widenet_ds
@@ -185,26 +184,12 @@ def failure(status: int) -> str:
     return "a rank failed; its messages are above"
 
 
-def check_task_options(options: LaunchOptions) -> None:
-    """The task's command line, parsed once here: a missing or unknown task option is one error before any rank
-    starts, not the task's usage and error printed by every rank. Only its syntax: the files it names may
-    exist on the nodes alone."""
-    from widenet_ds.training.command_line import build_parser  # imports torch: only once the launch is planned
-
-    task_parser = build_parser(options.task)
-
-    def refuse(message: str) -> NoReturn:
-        raise LaunchError(f"the {options.task} options after `--`: {message} (`python -m {TRAIN_MODULE} "
-                          f"{options.task} --help` lists them)")
-
-    task_parser.error = refuse  # type: ignore[method-assign]
-    if not {"-h", "--help"} & set(options.train_args):  # asked for: every rank prints it (tests count ranks so)
-        task_parser.parse_args(list(options.train_args))
-
-
-def launch(options: LaunchOptions) -> int:
+def launch(options: LaunchOptions, check_task_options: Callable[[LaunchOptions], None] | None = None) -> int:
+    """Plan, then (`check_task_options`: the task's command line, checked by the caller that knows the trainer's
+    parser, widenet_ds/launch_cli.py) start the ranks."""
     plan = plan_launch(options, this_machine(), runner=deepspeed_runner())
-    check_task_options(options)
+    if check_task_options is not None:
+        check_task_options(options)
     return run(plan)
 
 
@@ -269,6 +254,3 @@ def parse_launch_args(argv: list[str]) -> LaunchOptions:
                          num_nodes=args.num_nodes, hostfile=args.hostfile, master_addr=args.master_addr,
                          master_port=args.master_port, ssh_check=args.ssh_check)
 
-
-def cli(argv: list[str]) -> int:
-    return launch(parse_launch_args(argv))
