@@ -10,7 +10,7 @@ import torch
 import torch.distributed as torch_dist
 
 from widenet_ds.checkpoint.load import load_into, match_weights, read_checkpoint
-from widenet_ds.checkpoint.training import CheckpointMeta
+from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.errors import CheckpointError, DataError
 from widenet_ds.training.console import say
 from widenet_ds.training.log import TrainingLog
