@@ -57,7 +57,7 @@ install_fashion_mnist() {
   [[ -d /usr/share/datasets/fashion-mnist ]] && return 0
   if [[ "$(id -u)" != "0" ]]; then
     echo "[setup] not root: cannot install Debian's dataset-fashion-mnist; run 'sudo apt-get install" \
-         "dataset-fashion-mnist' or pass --data-dir with the Fashion-MNIST IDX files" >&2
+         "dataset-fashion-mnist' or pass the folder of the Fashion-MNIST IDX files as classify's --data" >&2
     return 1
   fi
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; } >&2

@@ -34,7 +34,7 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--max-eval-examples", type=int, default=None)
     parser.add_argument("--output", type=Path, default=REPO / "runs" / "bench_vision")
-    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--data", default=None, help="the Fashion-MNIST IDX folder (the trainer's --data)")
     args = parser.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
     ds = json.loads((REPO / "ds_configs" / "vision_cpu_small.json").read_text())
@@ -52,8 +52,8 @@ def main() -> int:
                str(args.steps), "--workers", "0", "--no-progress-bar", "--flip"]
         if args.max_eval_examples:
             cmd += ["--max-eval-examples", str(args.max_eval_examples)]
-        if args.data_dir:
-            cmd += ["--data-dir", args.data_dir]
+        if args.data:
+            cmd += ["--data", args.data]
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.ranks))}
         start = time.monotonic()
         subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)

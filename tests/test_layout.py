@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "widenet_ds"
 
 # Each package may import only from packages of a lower layer (and from itself).
 # `vision` is a domain package beside `model` (its config, model, datasets, loader, augmentation), which the
-# checkpoint stack registers; only its trainer, `vision.train`, sits with the training loops.
+# checkpoint stack registers; its trainer is a task of `training` (`training/classification.py`).
 LAYERS = [
     {"widenet_ds", "widenet_ds.errors", "widenet_ds.atomic", "widenet_ds.writable", "widenet_ds.run_folder",
      "widenet_ds.run_lock", "widenet_ds.disk_space", "widenet_ds.checksums"},
@@ -106,6 +106,21 @@ def test_no_function_local_imports_of_our_modules():
     local = [f"{name} imports {dep} inside a function" for name, tree in trees.items()
              for dep, top in own_imports(tree, set(trees)) if not top]
     assert not local, "; ".join(local)
+
+
+# The script forms of the entry (pretrain/run_pretrain.py, finetune/*.py): thin, over `widenet_ds.train` only.
+SCRIPT_FOLDERS = ("pretrain", "finetune")
+
+
+def test_the_entry_scripts_import_only_the_one_entry():
+    scripts = sorted(p for folder in SCRIPT_FOLDERS for p in (PACKAGE.parent / folder).glob("*.py"))
+    assert len(scripts) == 3, scripts
+    for script in scripts:
+        tree = ast.parse(script.read_text(), str(script))
+        imported = {node.module if isinstance(node, ast.ImportFrom) else alias.name
+                    for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                    for alias in node.names}
+        assert imported == {"widenet_ds.train"}, f"{script.name} imports {imported}: a script form holds no logic"
 
 
 # --- the tests mirror the package -----------------------------------------------------------------------

@@ -3,6 +3,7 @@
     deepspeed --module widenet_ds.train pretrain --model-config widenet-base-e4 --data data/phase1 ...
     srun python -m widenet_ds.train glue --task sst2 --data glue/SST-2 --init-from runs/e8 ...
     widenet-ds launch classify --num-ranks 2 -- --model-config widenet-vit-tiny ...
+    deepspeed pretrain/run_pretrain.py --model-config ...   (the script forms: pretrain/, finetune/)
 
 TASK: pretrain (MLM + SOP), glue, squad (finetuning), classify (images). `TASK --help` lists its options.
 A user error is printed once (not once per rank) and exits 2; a run stopped by SIGTERM/SIGUSR1 has saved
@@ -12,6 +13,7 @@ its checkpoint and exits 0 (Slurm requeues it; --resume continues).
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 from widenet_ds.runtime.quiet import quiet_third_party
 
@@ -72,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         report_error(f"{PROG} {task}", DiskFullError(message))
         return 2
     return 0
+
+
+def run_script(task: str) -> NoReturn:
+    """The entry of the script forms (pretrain/run_pretrain.py, finetune/run_glue.py, finetune/run_squad.py):
+    `main` with the script's task put first."""
+    exit_rank(main([task, *sys.argv[1:]]))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ saving); every conversion must reproduce them.
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -205,3 +206,12 @@ def test_a_failure_while_writing_leaves_no_output(checkpoints, tmp_path):
     with pytest.raises(CheckpointError, match="already exists"):
         save_folder(checkpoint, tmp_path / "out")
     assert read_folder(tmp_path / "out").provenance["step"] == 2
+
+
+def test_the_command_list_of_widenet_ds_names_every_convert_command():
+    from widenet_ds.checkpoint.cli import build_parser
+    from widenet_ds.cli import SUBCOMMANDS
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    listed = SUBCOMMANDS["convert"][1].split(": ", 1)[1].split(", ")
+    assert sorted(listed) == sorted(commands)

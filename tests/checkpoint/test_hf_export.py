@@ -424,10 +424,14 @@ def test_the_exported_tokenizer_gives_our_ids(shared_data, tmp_path):
     source = save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", WideNetForPreTraining(cfg).state_dict()),
                          tmp_path / "ours", tokenizer_files=(vocab,))
     assert widenet_ds(["convert", "to-hf", str(source), str(tmp_path / "hf")]) == 0
-    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf", trust_remote_code=True)
     text = "The Quick brown fox's naïve résumé, unbelievably!"
-    assert tokenizer(text, add_special_tokens=False)["input_ids"] == ours.encode(text, add_special_tokens=False).ids
-    assert tokenizer.mask_token == "[MASK]" and tokenizer.model_max_length == cfg.max_position_embeddings
+    # AutoTokenizer (it loads config.json too, so the folder's code) and, as the model card shows, the plain
+    # WordPiece class without trust_remote_code
+    for tokenizer in (transformers.AutoTokenizer.from_pretrained(tmp_path / "hf", trust_remote_code=True),
+                      transformers.BertTokenizerFast.from_pretrained(tmp_path / "hf")):
+        assert tokenizer(text, add_special_tokens=False)["input_ids"] == ours.encode(text, add_special_tokens=False).ids
+        assert tokenizer.mask_token == "[MASK]" and tokenizer.model_max_length == cfg.max_position_embeddings
+    assert "tokenizer = BertTokenizerFast.from_pretrained(folder)" in (tmp_path / "hf" / "README.md").read_text()
 
 
 @pytest.mark.parametrize("channels, source_size, size", [(1, 8, 8), (1, 8, 16), (3, 20, 12)])

@@ -22,7 +22,7 @@ from launching import REPO, run_deepspeed, run_train
 
 from widenet_ds.checkpoint.format import PortableCheckpoint, read_folder, save_folder
 from widenet_ds.checkpoint.load import load_pretrained, match_weights, read_checkpoint
-from widenet_ds.checkpoint.training import read_meta
+from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.errors import CheckpointError
 from widenet_ds.model.config import ModelConfig
@@ -59,10 +59,10 @@ def image_run(tmp_path_factory) -> Path:
 @pytest.mark.multirank
 def test_to_folder_of_an_ep2_run_gives_the_engines_logits(image_run, tmp_path):
     tag_dir = image_run / "checkpoints" / "step3"
-    marker = read_meta(tag_dir)
-    assert marker["architecture"] == ARCHITECTURE and marker["ep_size"] == 2 and marker["world_size"] == 2
+    marker = CheckpointMeta.read(tag_dir)
+    assert marker.architecture == ARCHITECTURE and marker.ep_size == 2 and marker.world_size == 2
     cfg = VisionConfig.from_preset("widenet-vit-digits")
-    assert marker["model_config"] == cfg.to_dict()
+    assert marker.model_config == cfg.to_dict()
 
     folder = tmp_path / "folder"
     assert widenet_ds(["convert", "to-folder", str(image_run), str(folder)]) == 0

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from widenet_ds.checkpoint.marker import META_FILE
 from widenet_ds.checkpoint.training import (
-    META_FILE,
     CheckpointManager,
     check_same_model,
     config_differences,

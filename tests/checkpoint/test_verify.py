@@ -14,8 +14,9 @@ import pytest
 
 from convert_make_checkpoint import MICRO_BATCH, FixedBatchLoader, build, fixed_batch, model_config
 from widenet_ds.checkpoint.cli import cli as convert
-from widenet_ds.checkpoint.training import (META_FILE, CheckpointManager, CheckpointMeta, TrainingState,
-                                            check_checkpoint_files, estimate_checkpoint_bytes, read_checkpoint_meta)
+from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta
+from widenet_ds.checkpoint.training import (CheckpointManager, TrainingState, check_checkpoint_files,
+                                            estimate_checkpoint_bytes)
 from widenet_ds.checkpoint.verify import cli as verify_cli, verify_checkpoint
 from widenet_ds.checksums import total_size
 from widenet_ds.disk_space import DiskFullError
@@ -44,7 +45,7 @@ def test_a_checkpoint_records_every_file_and_is_renamed_into_place_when_complete
     root, estimate, *_ = run
     tags = sorted(p.name for p in (root / "checkpoints").iterdir() if p.is_dir())
     assert tags == ["step1", "step2"] and (root / "checkpoints" / "latest").read_text() == "step2"
-    meta = read_checkpoint_meta(root / "checkpoints" / "step2")
+    meta = CheckpointMeta.read(root / "checkpoints" / "step2")
     on_disk = sorted(p.name for p in (root / "checkpoints" / "step2").iterdir() if p.name != META_FILE)
     assert sorted(meta.files) == on_disk and "zero_pp_rank_0_mp_rank_00_optim_states.pt" in on_disk
     # the estimate made before the first save (weights + fp32 master + two moments) is close to the real size
@@ -72,7 +73,7 @@ def test_a_truncated_file_is_named_with_the_other_checkpoints_as_each_command_ta
     # a resumed run (training/plan.py) takes it with --resume
     tag_dir = copy / "checkpoints/step2"
     with pytest.raises(CheckpointError, match=rf"\(--resume {copy}/checkpoints/step1; complete tags: step1\)"):
-        check_checkpoint_files(tag_dir, read_checkpoint_meta(tag_dir))
+        check_checkpoint_files(tag_dir, CheckpointMeta.read(tag_dir))
 
 
 def test_an_exported_folder_records_its_files_and_a_changed_byte_is_named(run, tmp_path):
@@ -118,7 +119,7 @@ def test_a_checkpoint_that_cannot_fit_names_the_older_tags_to_delete_not_a_lower
     shutil.copytree(root / "checkpoints", disk / "checkpoints")
     small_disk.fill(disk)
     manager = CheckpointManager(disk / "checkpoints", keep_last=1, rank=0, world_size=1)
-    manager.expect(engine, 1, read_checkpoint_meta(disk / "checkpoints" / "step2"))
+    manager.expect(engine, 1, CheckpointMeta.read(disk / "checkpoints" / "step2"))
     with pytest.raises(DiskFullError, match=rf"The last complete checkpoint is {disk}/checkpoints/step2: free at least "
                                             rf"[\d.]+ MiB in {disk}/checkpoints \(deleting the older checkpoints step1 "
                                             rf"frees some; --keep-last removes them only after a new checkpoint is "

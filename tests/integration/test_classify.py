@@ -18,6 +18,8 @@ from safetensors.torch import load_file
 from launching import REPO, child_env, python_train_command, run_deepspeed, run_train, train_command
 from pretrain_support import events, train_losses
 
+from widenet_ds.params import preset_counts
+from widenet_ds.run_folder import RunFolder
 from widenet_ds.run_lock import LOCK_FILE
 
 EP_FORWARD = REPO / "tests" / "scripts" / "vision_expert_parallel_forward.py"
@@ -85,6 +87,8 @@ def test_sigkill_then_resume_gives_identical_losses(tmp_path):
     reference = tmp_path / "reference"
     run_train("classify", resume_args(ds, reference))
     assert sorted(train_losses(reference)) == list(range(1, STEPS + 1))
+    # the report's trainable parameters: the whole model's, though each of the 2 ranks holds 2 of the 4 experts
+    assert RunFolder(reference).read_results()["parameters"] == preset_counts("widenet-vit-digits")["total"]
 
     out = tmp_path / "killed"
     proc = subprocess.Popen(train_command("classify", resume_args(ds, out)), cwd=REPO, env=child_env(),

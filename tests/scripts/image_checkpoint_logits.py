@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from widenet_ds.checkpoint.load import load_pretrained
-from widenet_ds.checkpoint.training import read_meta
+from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.runtime.distributed import init_distributed
 from widenet_ds.runtime.ds_config import validate_ds_config
 from widenet_ds.runtime.engine import build_engine
@@ -33,10 +33,10 @@ def fixed_pixels(cfg: VisionConfig, rank: int) -> torch.Tensor:
 def main(tag_dir: Path, folder: Path, out_prefix: str) -> None:
     init_distributed()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    meta = read_meta(tag_dir)
-    cfg = VisionConfig.from_dict(meta["model_config"])
-    settings = validate_ds_config(meta["deepspeed_config"], world_size=world, has_moe=cfg.is_moe, cuda_available=False)
-    engine, _ = build_engine(ViTWideNetForImageClassification(cfg, ep_size=meta["ep_size"]), settings)
+    meta = CheckpointMeta.read(tag_dir)
+    cfg = VisionConfig.from_dict(meta.model_config)
+    settings = validate_ds_config(meta.deepspeed_config, world_size=world, has_moe=cfg.is_moe, cuda_available=False)
+    engine, _ = build_engine(ViTWideNetForImageClassification(cfg, ep_size=meta.ep_size), settings)
     path, _ = engine.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name, load_optimizer_states=False,
                                      load_lr_scheduler_states=False, load_module_only=True)
     assert path is not None, f"DeepSpeed loaded nothing from {tag_dir}"
@@ -44,7 +44,7 @@ def main(tag_dir: Path, folder: Path, out_prefix: str) -> None:
     pixels = fixed_pixels(cfg, rank)
     with torch.no_grad():
         save_file({"logits": engine(pixels).logits.contiguous()}, f"{out_prefix}.rank{rank}.safetensors")
-    model, report = load_pretrained(ViTWideNetForImageClassification, folder, ep_size=meta["ep_size"])
+    model, report = load_pretrained(ViTWideNetForImageClassification, folder, ep_size=meta.ep_size)
     print(f"rank {rank}: {report.summary()}", flush=True)
     model.ensure_process_groups()
     with torch.no_grad():

@@ -113,9 +113,9 @@ def test_phase2_starts_from_phase1_weights_with_new_sequence_length(data, albert
     # One step: WarmupDecayLR's first step runs at warmup_min_lr = 0, so the weights stay phase 1's.
     assert run((args(data, out, "--init-from", str(phase1), "--max-steps", "1",
                                data_dir=data["seq128"]))) is not None
-    from widenet_ds.checkpoint.training import read_checkpoint_meta
+    from widenet_ds.checkpoint.marker import CheckpointMeta
 
-    meta = read_checkpoint_meta(out / "checkpoints" / "step1")
+    meta = CheckpointMeta.read(out / "checkpoints" / "step1")
     assert meta.run["data_manifest"]["seq_length"] == 128 and meta.step == 1
     assert (meta.task, meta.architecture) == ("pretrain", "WideNetForPreTraining")
     old = torch.load(phase1 / "step2" / "mp_rank_00_model_states.pt", weights_only=True)["module"]

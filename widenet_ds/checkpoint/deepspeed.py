@@ -35,14 +35,8 @@ import torch
 from torch import Tensor
 
 from widenet_ds.checkpoint.format import PortableCheckpoint, architecture, infer_architecture, is_expert_key
-from widenet_ds.checkpoint.training import (
-    META_FILE,
-    MODEL_STATES,
-    check_explicit_config,
-    read_meta,
-    resolve_tag_dir,
-    trained_ep_size,
-)
+from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta
+from widenet_ds.checkpoint.training import MODEL_STATES, check_explicit_config, resolve_tag_dir
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.model.config import EncoderConfig
 
@@ -52,12 +46,13 @@ def expert_file(tag_dir: Path, layer: int, expert: int) -> Path:
     return Path(tag_dir) / f"layer_{layer}_expert_{expert}_mp_rank_00_model_states.pt"
 
 
-def _model_config(tag_dir: Path, meta: dict | None, states: dict, explicit: Path | None,
+def _model_config(tag_dir: Path, meta: CheckpointMeta | None, states: dict, explicit: Path | None,
                   config_type: type[EncoderConfig]) -> EncoderConfig:
-    for where, holder in ((META_FILE, meta or {}), (f"{MODEL_STATES} client state", states)):
-        if isinstance(holder.get("model_config"), dict):
+    for where, stored in ((META_FILE, meta.model_config if meta else None),
+                          (f"{MODEL_STATES} client state", states.get("model_config"))):
+        if isinstance(stored, dict):
             try:
-                recorded = config_type.from_stored(holder["model_config"])[0]
+                recorded = config_type.from_stored(stored)[0]
             except ConfigError as err:
                 raise CheckpointError(f"{tag_dir}: the model config in {where}: {err}") from None
             if explicit is not None:
@@ -91,14 +86,14 @@ def read_deepspeed_checkpoint(source: Path, *, tag: str | None = None,
     if any(tag_dir.glob("mp_rank_0[1-9]_model_states.pt")):
         raise CheckpointError(f"{tag_dir} holds several model-parallel ranks; widenet-ds trains without tensor "
                               f"parallelism and cannot merge them.")
-    meta = read_meta(tag_dir, required=False)
+    meta = CheckpointMeta.read(tag_dir, required=False)
     states = load_torch_file(tag_dir / MODEL_STATES)
     if not isinstance(states, dict) or not isinstance(states.get("module"), dict):
         raise CheckpointError(f"{tag_dir / MODEL_STATES} holds no 'module' state dict; not a DeepSpeed checkpoint.")
     # The marker names the architecture (image runs; text runs from now on); older text markers do not, and the
     # heads of the weights (the experts are in files of their own) tell which task model it is.
     shapes = {key: tuple(tensor.shape) for key, tensor in states["module"].items()}
-    name, num_labels = ((meta or {}).get("architecture"), (meta or {}).get("num_labels"))
+    name, num_labels = (meta.architecture, meta.num_labels) if meta else (None, None)
     if name is None:
         name, num_labels = infer_architecture(shapes)
     arch = architecture(name, str(tag_dir / META_FILE))
@@ -125,19 +120,19 @@ def read_deepspeed_checkpoint(source: Path, *, tag: str | None = None,
                                               f"{expert}'s weights; the checkpoint's files are mixed up.")
                     state[key] = tensor
     state = {k: t.float() if t.is_floating_point() else t for k, t in state.items()}
-    step = (meta or {}).get("step", states.get("global_steps"))
+    step = meta.step if meta else states.get("global_steps")
     provenance = {
         "source": str(tag_dir.resolve()), "tag": tag_dir.name, "step": step,
-        "world_size": (meta or {}).get("world_size", states.get("dp_world_size")),
-        "trained_with_ep_size": trained_ep_size(meta) if meta else None,
+        "world_size": meta.world_size if meta else states.get("dp_world_size"),
+        "trained_with_ep_size": meta.ep_size if meta else None,
         "zero_stage": zero_stage(states), "training_precision": precision(states),
         "weights": ("the engine's fp32 weights (= the optimizer's master weights)" if precision(states) == "fp32"
                     else f"the engine's {precision(states)} weights (the fp32 master copy in the ZeRO shards is "
                          f"not read)"),
         "deepspeed_version": states.get("ds_version"),
     }
-    if meta and "dataset" in meta:  # image runs
-        provenance["dataset"] = meta["dataset"]
+    if meta and "dataset" in meta.run:  # image runs
+        provenance["dataset"] = meta.run["dataset"]
     checkpoint = PortableCheckpoint(cfg, arch.name, state, num_labels, provenance)
     checkpoint.check(f"DeepSpeed checkpoint {tag_dir}")
     return checkpoint

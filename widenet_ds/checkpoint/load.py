@@ -32,7 +32,8 @@ from widenet_ds.checkpoint.format import (
     is_folder,
     read_folder,
 )
-from widenet_ds.checkpoint.training import check_explicit_config, config_differences, read_meta, resolve_tag_dir
+from widenet_ds.checkpoint.marker import CheckpointMeta
+from widenet_ds.checkpoint.training import check_explicit_config, config_differences, resolve_tag_dir
 from widenet_ds.data.tokenizer import tokenizer_files_in
 from widenet_ds.errors import CheckpointError
 from widenet_ds.model.config import EncoderConfig
@@ -190,7 +191,6 @@ def find_tokenizer_files(source: Path, tag: str | None = None) -> tuple[Path, ..
     if is_folder(source):
         return tokenizer_files_in(source)
     tag_dir = resolve_tag_dir(source, tag, require_marker=False)
-    meta = read_meta(tag_dir, required=False) or {}
-    candidates = [tag_dir.parent.parent, tag_dir.parent] + [Path(meta[k]) for k in ("tokenizer_dir", "data_dir")
-                                                            if meta.get(k)]
+    meta = CheckpointMeta.read(tag_dir, required=False)
+    candidates = [tag_dir.parent.parent, tag_dir.parent] + (meta.tokenizer_folders if meta else [])
     return next((found for folder in candidates if (found := tokenizer_files_in(folder))), ())

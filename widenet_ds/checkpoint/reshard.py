@@ -16,7 +16,7 @@ checkpoints alike (the marker's architecture and every other entry are carried o
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -25,8 +25,8 @@ import torch
 from widenet_ds.atomic import atomic_folder
 from widenet_ds.checksums import record_files
 from widenet_ds.checkpoint.deepspeed import expert_file, load_torch_file, read_deepspeed_checkpoint
-from widenet_ds.checkpoint.training import (FORMAT_VERSION, LATEST_FILE, META_FILE, MODEL_STATES, config_sha256,
-                                            read_meta, resolve_tag_dir)
+from widenet_ds.checkpoint.marker import LATEST_FILE, CheckpointMeta
+from widenet_ds.checkpoint.training import MODEL_STATES, resolve_tag_dir
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.runtime.distributed import check_ep_size
 
@@ -47,14 +47,11 @@ def reshard(source: Path, target: Path, *, ep_size: int, world_size: int, tag: s
     states = load_torch_file(tag_dir / MODEL_STATES)
     states.update({name: None for name in _OPTIMIZER_LAYOUT if name in states})
     states["dp_world_size"] = world_size
-    meta = read_meta(tag_dir, required=False) or {}
-    new_meta = {**meta, "format_version": FORMAT_VERSION, "step": checkpoint.provenance["step"],
-                "samples": meta.get("samples", states.get("global_samples")), "world_size": world_size,
-                "ep_size": ep_size, "model_config": cfg.to_dict(), "model_config_sha256": config_sha256(cfg.to_dict()),
-                "resharded_from": {"source": str(tag_dir.resolve()),
-                                   "ep_size": checkpoint.provenance["trained_with_ep_size"],
-                                   "world_size": checkpoint.provenance["world_size"]},
-                "optimizer_states": False}
+    # Every entry of the source's marker is carried over (a marker-less source: another program's checkpoint).
+    meta = CheckpointMeta.read(tag_dir, required=False) or CheckpointMeta(
+        step=0, samples=states.get("global_samples"), world_size=0, ep_size=0, model_config={}, deepspeed_config={})
+    resharded_from = {"source": str(tag_dir.resolve()), "ep_size": checkpoint.provenance["trained_with_ep_size"],
+                      "world_size": checkpoint.provenance["world_size"]}
 
     with atomic_folder(target, overwrite, CheckpointError) as tmp:
         out = tmp / tag_dir.name
@@ -64,7 +61,9 @@ def reshard(source: Path, target: Path, *, ep_size: int, world_size: int, tag: s
             for layer in range(cfg.num_moe_layers):
                 for expert in range(cfg.moe.num_experts):
                     shutil.copyfile(expert_file(tag_dir, layer, expert), expert_file(out, layer, expert))
-        new_meta["files"] = record_files(out)  # this tag's files (the source's records describe the source's)
-        (out / META_FILE).write_text(json.dumps(new_meta, indent=2, sort_keys=True) + "\n")
+        dataclasses.replace(meta, step=checkpoint.provenance["step"], world_size=world_size, ep_size=ep_size,
+                            model_config=cfg.to_dict(), optimizer_states=False,
+                            files=record_files(out),  # this tag's files (the source's records describe the source's)
+                            run={**meta.run, "resharded_from": resharded_from}).write(out)
         (tmp / LATEST_FILE).write_text(tag_dir.name)
     return Path(target) / tag_dir.name

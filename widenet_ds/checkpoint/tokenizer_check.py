@@ -20,7 +20,8 @@ from tokenizers import Tokenizer
 
 from widenet_ds.checkpoint.format import CONFIG_FILE, is_folder
 from widenet_ds.checkpoint.load import find_tokenizer_files
-from widenet_ds.checkpoint.training import read_meta, resolve_tag_dir
+from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta
+from widenet_ds.checkpoint.training import resolve_tag_dir
 from widenet_ds.checksums import file_sha256
 from widenet_ds.data.tokenizer import load_tokenizer, tokenizer_files_in
 from widenet_ds.errors import CheckpointError, WideNetError
@@ -55,9 +56,9 @@ def checkpoint_tokenizer(source: Path, tag: str | None = None) -> CheckpointToke
         candidates = list(tokenizer_files_in(source))
     else:
         tag_dir = resolve_tag_dir(source, tag, require_marker=False)
-        meta = read_meta(tag_dir, required=False) or {}
-        recorded = (meta.get("data_manifest") or {}).get("tokenizer_sha256")
-        record = f"{tag_dir / 'widenet_checkpoint.json'} (data_manifest.tokenizer_sha256)"
+        meta = CheckpointMeta.read(tag_dir, required=False)
+        recorded = meta.tokenizer_sha256 if meta else None
+        record = f"{tag_dir / META_FILE} (data_manifest.tokenizer_sha256)"
         candidates = list(find_tokenizer_files(source, tag))
     reference = None
     for path in candidates:

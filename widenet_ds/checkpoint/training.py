@@ -6,7 +6,8 @@ Layout of `<output>/checkpoints/`:
         rank_00000_state.pt       per rank: data-loader state and RNG states (python, numpy, torch)
         widenet_checkpoint.json   written last, by rank 0, once every rank has finished: the
                                   checkpoint is complete iff this exists (step, model config, the
-                                  size and SHA-256 of every other file of the tag, ...)
+                                  size and SHA-256 of every other file of the tag, ...;
+                                  checkpoint/marker.py)
     latest                        the newest complete tag, replaced atomically
 
 A tag is written as `step120.partial/` and renamed to `step120/` once complete, so a crash or a full disk
@@ -22,30 +23,26 @@ Old tags are deleted only after the new one is complete.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import random
 import re
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from widenet_ds.atomic import atomic_write_json, atomic_write_text
-from widenet_ds.checksums import FileRecords, file_problems, record_files, total_size
+from widenet_ds.atomic import atomic_write_text
+from widenet_ds.checksums import file_problems, record_files, total_size
 from widenet_ds.disk_space import DiskFullError, check_free_space, free_bytes, is_disk_full, mib, needed_bytes
 from widenet_ds.errors import CheckpointError, ConfigError, mark_same_on_every_rank
 from widenet_ds.checkpoint.format import TEXT_DEFAULT, architecture, is_expert_key
+from widenet_ds.checkpoint.marker import LATEST_FILE, META_FILE, CheckpointMeta, check_marker
 from widenet_ds.model.config import EncoderConfig, split_run_settings
 from widenet_ds.runtime.distributed import all_values, barrier, rank0_value
 
-META_FILE = "widenet_checkpoint.json"
-LATEST_FILE = "latest"
-FORMAT_VERSION = 1
 _TAG = re.compile(r"^step(\d+)$")
 PARTIAL = ".partial"  # a tag being written: step120.partial/, renamed to step120/ when complete
 OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master weight + two moments (Adam, LAMB), saved by every ZeRO stage
@@ -64,78 +61,11 @@ def tag_for(step: int) -> str:
     return f"step{step}"
 
 
-def config_sha256(model_config: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(model_config, sort_keys=True).encode()).hexdigest()
-
-
 def _rank_file(tag_dir: Path, rank: int) -> Path:
     return tag_dir / f"rank_{rank:05d}_state.pt"
 
 
-@dataclass(frozen=True)
-class CheckpointMeta:
-    """The completion marker of a checkpoint tag (`widenet_checkpoint.json`), written last by rank 0 and read
-    once per tag. `run` holds what the task adds (pretraining's data manifest, the image dataset, a finetuning
-    seed); on disk its entries sit beside the others, as in markers of earlier versions."""
-
-    step: int
-    samples: int
-    world_size: int
-    ep_size: int
-    model_config: dict[str, Any]
-    deepspeed_config: dict[str, Any]
-    architecture: str | None = None  # None: a text model's checkpoint of a version that did not record it
-    task: str | None = None          # the training task ("pretrain", "glue", "squad", "classify")
-    branch_schedule: str = "joint"
-    optimizer_states: bool = True    # False: model states only (`widenet-ds convert reshard`)
-    files: FileRecords = field(default_factory=dict)  # every other file of the tag: size, SHA-256 ({}: not recorded)
-    run: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        fields_ = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "run"}
-        return {**self.run, **fields_, "format_version": FORMAT_VERSION,
-                "model_config_sha256": config_sha256(self.model_config)}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any], where: Path) -> "CheckpointMeta":
-        known = {f.name for f in dataclasses.fields(cls)} - {"run"}
-        try:
-            values = {name: data[name] for name in known if name in data}
-            values.setdefault("ep_size", trained_ep_size(data))
-            values.setdefault("deepspeed_config", {})
-            run = {k: v for k, v in data.items() if k not in known and k not in ("format_version", "model_config_sha256")}
-            return cls(**values, run=run)
-        except TypeError as err:
-            raise CheckpointError(f"{where / META_FILE} lacks an entry a checkpoint marker has ({err}); the marker is "
-                                  f"damaged: resume from another checkpoint of {where.parent}.") from None
-
-
-def read_checkpoint_meta(tag_dir: Path) -> CheckpointMeta:
-    """The marker of a complete widenet-ds checkpoint, typed (refuses a partial or foreign one)."""
-    return CheckpointMeta.from_json(read_meta(tag_dir), Path(tag_dir))
-
-
 # --- finding and checking checkpoints ---------------------------------------------------------------
-def read_meta(tag_dir: Path, required: bool = True) -> dict[str, Any] | None:
-    """The completion marker of a tag folder (None if absent and not `required`)."""
-    path = Path(tag_dir) / META_FILE
-    if not path.is_file():
-        if not required:
-            return None
-        raise CheckpointError(f"{tag_dir} is not a complete widenet-ds checkpoint (no {META_FILE}); it is "
-                              f"partial or from another program. Resume from a complete one (see "
-                              f"{Path(tag_dir).parent / LATEST_FILE}).")
-    try:
-        meta = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{path} is not valid JSON ({err}); the checkpoint marker is damaged: resume from "
-                              f"another checkpoint of {Path(tag_dir).parent} (pass its tag folder to --resume).") from None
-    if not isinstance(meta, dict):
-        raise CheckpointError(f"{path} is not a widenet-ds checkpoint marker (a JSON object); resume from another "
-                              f"checkpoint of {Path(tag_dir).parent}.")
-    return meta
-
-
 def _tags(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir()
                   if (p / MODEL_STATES).is_file() and not p.name.endswith(PARTIAL)) if folder.is_dir() else []
@@ -184,7 +114,7 @@ def resolve_tag_dir(source: Path, tag: str | None = None, *, require_marker: boo
                               f"(e.g. <output>/checkpoints/step1000) or a checkpoints folder with a '{LATEST_FILE}' "
                               f"file (found tags: {', '.join(sorted({t for p in parents for t in _tags(p)})) or 'none'}).")
     if require_marker:
-        read_meta(found)  # refuses a partial checkpoint, or a `latest` pointing at one
+        check_marker(found)
     return found
 
 
@@ -193,13 +123,6 @@ def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
     if not (Path(checkpoint_dir) / LATEST_FILE).is_file():
         return None
     return resolve_tag_dir(checkpoint_dir)
-
-
-def trained_ep_size(meta: dict[str, Any]) -> int:
-    """The expert-parallel size a checkpoint was saved with (DeepSpeed lays its files out per ep rank)."""
-    if "ep_size" in meta:
-        return meta["ep_size"]
-    return split_run_settings(meta.get("model_config") or {})[1].get("ep_size", 1)  # written before 0.2
 
 
 def resume_from(tag_dir: Path) -> str:
@@ -388,7 +311,7 @@ class CheckpointManager:
                 files = record_files(partial)
                 marker = dataclasses.replace(meta, step=state.step, samples=state.samples,
                                              world_size=self.world_size, files=files)
-                atomic_write_json(partial / META_FILE, marker.to_json(), sort_keys=True)
+                marker.write(partial)
                 self._move_into_place(partial, final)
                 atomic_write_text(self.checkpoint_dir / LATEST_FILE, tag)
                 self.expected_bytes = total_size(files)

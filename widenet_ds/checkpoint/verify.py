@@ -18,7 +18,8 @@ from pathlib import Path
 
 from widenet_ds.checksums import file_problems, total_size
 from widenet_ds.checkpoint.format import is_folder, read_folder_config
-from widenet_ds.checkpoint.training import (CheckpointMeta, check_checkpoint_files, read_meta, resolve_tag_dir)
+from widenet_ds.checkpoint.marker import CheckpointMeta
+from widenet_ds.checkpoint.training import check_checkpoint_files, resolve_tag_dir
 from widenet_ds.disk_space import mib
 from widenet_ds.errors import CheckpointError
 
@@ -48,10 +49,9 @@ def verify_checkpoint(source: Path, tag: str | None = None,
                                   f"copy, or write it again (`widenet-ds convert`).")
         return Verified(source, len(records), total_size(records))
     tag_dir = resolve_tag_dir(source, tag, require_marker=False)
-    data = read_meta(tag_dir, required=False)
-    if data is None:  # a DeepSpeed checkpoint of another program: nothing recorded to check against
+    meta = CheckpointMeta.read(tag_dir, required=False)
+    if meta is None:  # a DeepSpeed checkpoint of another program: nothing recorded to check against
         return Verified(tag_dir, 0, 0)
-    meta = CheckpointMeta.from_json(data, tag_dir)
     check_checkpoint_files(tag_dir, meta, use_other)
     return Verified(tag_dir, len(meta.files), total_size(meta.files))
 

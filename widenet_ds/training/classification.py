@@ -10,7 +10,7 @@ import torch
 import torch.distributed as torch_dist
 
 from widenet_ds.checkpoint.load import load_into, match_weights, read_checkpoint
-from widenet_ds.checkpoint.training import CheckpointMeta
+from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.errors import CheckpointError, DataError
 from widenet_ds.training.console import say
 from widenet_ds.training.log import TrainingLog
@@ -22,7 +22,7 @@ from widenet_ds.vision.augment import BatchAugmenter, normalize
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.datasets import ImageSource, load_dataset
 from widenet_ds.vision.loader import ImageLoader, default_workers
-from widenet_ds.vision.model import ViTWideNetForImageClassification, count_trainable_parameters
+from widenet_ds.vision.model import ViTWideNetForImageClassification, build_model, count_trainable_parameters
 
 def check_data_fits_model(splits: dict[str, ImageSource], model: VisionConfig, dataset: str) -> None:
     for source in splits.values():
@@ -159,7 +159,8 @@ class ClassifyTask(Task):
         results: dict[str, Any] = {
             "step": state.step, "dataset": cfg.dataset, "model_config": cfg.model_config or str(cfg.init_from),
             "ep_size": cfg.ep_size, "world_size": self.plan.parallel.world_size,
-            "parameters": count_trainable_parameters(engine.module) if cfg.ep_size == 1 else None, **test}
+            # the whole model's, counted on the meta device: with ep_size > 1 a rank holds only its share of the experts
+            "parameters": count_trainable_parameters(build_model(model, device="meta")), **test}
         if model.num_branches > 1:
             # ParaFormer's compression curve: the test accuracy of the first k branches, no retraining.
             say(f"evaluating the first k of {model.num_branches} branches, k = 1..{model.num_branches}")

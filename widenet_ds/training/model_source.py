@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from widenet_ds.checkpoint.format import TEXT_DEFAULT, architecture, is_folder, read_folder_config, stored_model_config
-from widenet_ds.checkpoint.training import read_meta, resolve_tag_dir
+from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta
+from widenet_ds.checkpoint.training import resolve_tag_dir
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.model.config import parse_overrides, split_run_settings
 
@@ -29,9 +30,9 @@ def checkpoint_model_config(config_class, source: Path, flag: str):
         where = source / "config.json"
         name, data = stored.get("architecture", TEXT_DEFAULT), stored_model_config(stored, where)
     else:
-        where = resolve_tag_dir(source) / "widenet_checkpoint.json"
-        meta = read_meta(where.parent)
-        name, data = meta.get("architecture") or TEXT_DEFAULT, meta.get("model_config")
+        tag_dir = resolve_tag_dir(source)
+        meta, where = CheckpointMeta.read(tag_dir), tag_dir / META_FILE
+        name, data = meta.architecture or TEXT_DEFAULT, meta.model_config
     arch = architecture(name, str(where))
     if arch.config is not config_class:
         raise CheckpointError(f"{flag} {source} holds a {arch.name}, whose {arch.config.NAME} is not this task's "

@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
-from widenet_ds.checkpoint.training import (CheckpointMeta, check_checkpoint_files, check_resumable, check_same_model,
-                                           latest_checkpoint, read_checkpoint_meta, resolve_tag_dir)
+from widenet_ds.checkpoint.marker import CheckpointMeta
+from widenet_ds.checkpoint.training import (check_checkpoint_files, check_resumable, check_same_model, latest_checkpoint,
+                                           resolve_tag_dir)
 from widenet_ds.errors import CheckpointError, ConfigError, WideNetError, mark_same_on_every_rank
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.ds_config import DeepSpeedSettings, load_ds_config, trajectory_changes, validate_ds_config
@@ -84,7 +85,7 @@ def find_resume_point(cfg: RunConfig, folder: RunFolder, model_config,
     source = existing if cfg.resume == LATEST else resolve_tag_dir(Path(cfg.resume))
     if source is None:
         return None  # nothing saved yet: a requeued job starts from step 0
-    meta = read_checkpoint_meta(source)
+    meta = CheckpointMeta.read(source)
     check_checkpoint_files(source, meta)  # every rank, before any rank loads a file of it
     check_resumable(source, meta)
     model_config = keep_saved_dispatch(meta.model_config, model_config, cfg.overrides)

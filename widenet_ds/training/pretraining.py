@@ -13,7 +13,8 @@ import torch.distributed as torch_dist
 from widenet_ds.checkpoint.format import is_folder, read_folder
 from widenet_ds.checkpoint.load import load_into
 from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
-from widenet_ds.checkpoint.training import CheckpointMeta, check_same_model
+from widenet_ds.checkpoint.marker import CheckpointMeta
+from widenet_ds.checkpoint.training import check_same_model
 from widenet_ds.data.loader import PretrainingDataLoader
 from widenet_ds.data.shards import read_manifest
 from widenet_ds.data.tokenizer import TOKENIZER_FILE, TOKENIZER_FILES, load_tokenizer

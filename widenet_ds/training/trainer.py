@@ -24,8 +24,8 @@ import torch
 import torch.distributed as torch_dist
 from torch import nn
 
-from widenet_ds.checkpoint.training import (CheckpointManager, CheckpointMeta, TrainingState, load_weights_only,
-                                           resolve_tag_dir)
+from widenet_ds.checkpoint.marker import CheckpointMeta
+from widenet_ds.checkpoint.training import CheckpointManager, TrainingState, load_weights_only, resolve_tag_dir
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.compile import compile_for_training
 from widenet_ds.runtime.distributed import seed_everything

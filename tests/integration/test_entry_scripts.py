@@ -1,0 +1,63 @@
+"""The script forms of the one entry (pretrain/run_pretrain.py, finetune/run_glue.py, finetune/run_squad.py):
+the same command line as `python -m widenet_ds.train TASK`, and started by the real `deepspeed` launcher the way
+DeepSpeed's and NVIDIA's BERT recipes start their scripts (`deepspeed SCRIPT --local_rank=0 ...`)."""
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+import pytest
+
+from golden_curves import ASSETS, RUNS, VOCAB, beyond_tolerance, golden_args, read_asset
+from launching import REPO, run_deepspeed
+from pretrain_support import prepare_data, train_losses
+
+SCRIPTS = {"pretrain": "pretrain/run_pretrain.py", "glue": "finetune/run_glue.py", "squad": "finetune/run_squad.py"}
+
+
+def help_text(capsys, monkeypatch, argv: list[str], run) -> str:
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exited:
+        run()
+    assert exited.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("task", SCRIPTS)
+def test_a_scripts_help_is_the_module_entrys(task, capsys, monkeypatch):
+    from widenet_ds.train import main
+
+    script = str(REPO / SCRIPTS[task])
+    # the launcher's `--local_rank=0` comes first, as `deepspeed SCRIPT ...` passes it
+    shown = help_text(capsys, monkeypatch, [script, "--local_rank=0", "--help"],
+                      lambda: runpy.run_path(script, run_name="__main__"))
+    expected = help_text(capsys, monkeypatch, ["-m"], lambda: main([task, "--help"]))
+    assert f"python -m widenet_ds.train {task}" in expected
+    assert shown == expected
+
+
+@pytest.mark.multirank
+def test_deepspeed_runs_the_pretraining_script_on_the_golden_curve(tmp_path):
+    """`deepspeed pretrain/run_pretrain.py` on 1 rank: the first steps of the stored widenet-tiny-e4 curve."""
+    steps = 4
+    data = prepare_data(tmp_path / "data", [], tokenizer=str(VOCAB))
+    out = tmp_path / "run"
+    args = golden_args(RUNS["widenet_tiny_e4_1rank"], out, {"data": data})
+    run_deepspeed(REPO / SCRIPTS["pretrain"], [*args, "--max-steps", str(steps)], num_ranks=1)
+    stored = {step: loss for step, loss in read_asset(ASSETS / "widenet_tiny_e4_1rank.txt").items() if step <= steps}
+    assert not beyond_tolerance(stored, train_losses(out))
+
+
+@pytest.mark.multirank
+def test_deepspeed_runs_the_glue_script(shared_data, tmp_path):
+    """`deepspeed finetune/run_glue.py` on 1 rank: a 2-step SST-2 seed trains, evaluates and writes its results."""
+    out = tmp_path / "run"
+    run_deepspeed(REPO / SCRIPTS["glue"], [
+        "--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--model-config", "widenet-tiny-e4",
+        "--tokenizer", str(shared_data / "vocab/bert-base-uncased-vocab.txt"), "--allow-recipe-mismatch",
+        "--deepspeed_config", str(REPO / "ds_configs/finetune_cpu_small.json"), "--output-dir", str(out),
+        "--max-train-examples", "32", "--max-eval-examples", "16", "--max-seq-length", "32", "--max-steps", "2",
+        "--seed", "1", "--log-interval", "1", "--no-progress-bar", "--no-tensorboard"], num_ranks=1)
+    assert sorted(train_losses(out / "seed1")) == [1, 2]
+    assert (out / "results.json").is_file()

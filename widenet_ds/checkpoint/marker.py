@@ -1,0 +1,124 @@
+"""The completion marker of a checkpoint tag, `widenet_checkpoint.json`: written last by rank 0, so a tag is
+complete iff it holds one. `CheckpointMeta.read` and `.write` are its only reader and writer; the entries of
+markers of earlier versions (no ep_size, `num_labels`, `tokenizer_dir` / `data_dir`) are mapped here, nowhere
+else."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from widenet_ds.atomic import atomic_write_json
+from widenet_ds.checksums import FileRecords
+from widenet_ds.errors import CheckpointError
+from widenet_ds.model.config import split_run_settings
+
+META_FILE = "widenet_checkpoint.json"
+LATEST_FILE = "latest"  # beside the tags: the newest complete one
+FORMAT_VERSION = 1
+_DERIVED = ("format_version", "model_config_sha256")  # written for other readers, recomputed on every write
+
+
+def config_sha256(model_config: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(model_config, sort_keys=True).encode()).hexdigest()
+
+
+def _trained_ep_size(data: dict[str, Any]) -> int:
+    """The expert-parallel size a checkpoint was saved with (DeepSpeed lays its files out per ep rank)."""
+    if "ep_size" in data:
+        return data["ep_size"]
+    return split_run_settings(data.get("model_config") or {})[1].get("ep_size", 1)  # written before 0.2
+
+
+def _parse(tag_dir: Path, required: bool) -> dict[str, Any] | None:
+    """The marker's JSON object (None if absent and not `required`); the one place the file is opened."""
+    path = Path(tag_dir) / META_FILE
+    if not path.is_file():
+        if not required:
+            return None
+        raise CheckpointError(f"{tag_dir} is not a complete widenet-ds checkpoint (no {META_FILE}); it is "
+                              f"partial or from another program. Resume from a complete one (see "
+                              f"{Path(tag_dir).parent / LATEST_FILE}).")
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path} is not valid JSON ({err}); the checkpoint marker is damaged: resume from "
+                              f"another checkpoint of {Path(tag_dir).parent} (pass its tag folder to --resume).") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} is not a widenet-ds checkpoint marker (a JSON object); resume from another "
+                              f"checkpoint of {Path(tag_dir).parent}.")
+    return data
+
+
+def check_marker(tag_dir: Path) -> None:
+    """Refuse a tag folder without a readable marker: a partial checkpoint, or a `latest` pointing at one."""
+    _parse(tag_dir, required=True)
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """The marker's entries, typed. `run` holds what the task adds (pretraining's data manifest, the image
+    dataset, a finetuning seed); on disk its entries sit beside the others, as in markers of earlier versions."""
+
+    step: int
+    samples: int
+    world_size: int
+    ep_size: int
+    model_config: dict[str, Any]
+    deepspeed_config: dict[str, Any]
+    architecture: str | None = None  # None: a text model's checkpoint of a version that did not record it
+    task: str | None = None          # the training task ("pretrain", "glue", "squad", "classify")
+    branch_schedule: str = "joint"
+    optimizer_states: bool = True    # False: model states only (`widenet-ds convert reshard`)
+    files: FileRecords = field(default_factory=dict)  # every other file of the tag: size, SHA-256 ({}: not recorded)
+    run: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, tag_dir: Path, *, required: bool = True) -> CheckpointMeta | None:
+        """The marker of `tag_dir` (None when it has none and it is not `required`: a DeepSpeed checkpoint of
+        another program, which conversion still reads)."""
+        data = _parse(tag_dir, required)
+        return None if data is None else cls._from_json(data, Path(tag_dir))
+
+    def write(self, tag_dir: Path) -> Path:
+        """Write the marker into `tag_dir` atomically (a reader sees no marker or a whole one)."""
+        return atomic_write_json(Path(tag_dir) / META_FILE, self._to_json(), sort_keys=True)
+
+    # -- entries of markers of earlier versions -------------------------------------------------------------
+    @property
+    def num_labels(self) -> int | None:
+        """Text classifiers' label count, recorded before markers named the architecture (None: not recorded)."""
+        return self.run.get("num_labels")
+
+    @property
+    def tokenizer_folders(self) -> list[Path]:
+        """Folders that may hold the run's tokenizer files: markers of earlier versions named them."""
+        return [Path(self.run[key]) for key in ("tokenizer_dir", "data_dir") if self.run.get(key)]
+
+    @property
+    def tokenizer_sha256(self) -> str | None:
+        """The SHA-256 of the tokenizer the run's prepared data was built with (pretraining's data manifest)."""
+        return (self.run.get("data_manifest") or {}).get("tokenizer_sha256")
+
+    # -- the file's shape ----------------------------------------------------------------------------------
+    def _to_json(self) -> dict[str, Any]:
+        fields_ = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "run"}
+        return {**self.run, **fields_, "format_version": FORMAT_VERSION,
+                "model_config_sha256": config_sha256(self.model_config)}
+
+    @classmethod
+    def _from_json(cls, data: dict[str, Any], where: Path) -> CheckpointMeta:
+        known = {f.name for f in dataclasses.fields(cls)} - {"run"}
+        try:
+            values = {name: data[name] for name in known if name in data}
+            values.setdefault("ep_size", _trained_ep_size(data))
+            values.setdefault("deepspeed_config", {})
+            run = {k: v for k, v in data.items() if k not in known and k not in _DERIVED}
+            return cls(**values, run=run)
+        except TypeError as err:
+            raise CheckpointError(f"{where / META_FILE} lacks an entry a checkpoint marker has ({err}); the marker is "
+                                  f"damaged: resume from another checkpoint of {where.parent}.") from None
