@@ -86,8 +86,10 @@ def test_to_folder_of_an_ep2_run_gives_the_engines_logits(image_run, tmp_path):
         folder_ep2 = load_file(tmp_path / f"logits.folder.rank{rank}.safetensors")["logits"]
         with torch.no_grad():
             ours = model(fixed_pixels(cfg, rank)).logits
-        assert torch.equal(ours, engine), (ours - engine).abs().max()
-        assert torch.equal(folder_ep2, engine)
+        # One process at ep 1 vs the engine at ep 2: the same weights and routes, but the compact dispatch's
+        # expert GEMMs hold other rows (both ranks' routes at ep 2), so float rounding may differ (3e-8 seen).
+        torch.testing.assert_close(ours, engine, atol=1e-6, rtol=0)
+        assert torch.equal(folder_ep2, engine)  # the same layout as the engine: the same bits
         engines.append(engine)
     assert not torch.allclose(engines[0], engines[1])  # two batches, two answers: the logits carry signal
 

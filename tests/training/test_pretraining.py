@@ -147,7 +147,7 @@ def test_a_run_saved_with_the_capacity_buffers_resumes_with_them_under_the_compa
     # --set. Resumed with the same preset (whose default is now compact), it continues with its own dispatch.
     import json
 
-    from widenet_ds.checkpoint.training import read_checkpoint_meta
+    from widenet_ds.checkpoint.marker import CheckpointMeta
 
     out = tmp_path / "old"
     assert run(args(data, out, "--set", "moe.dispatch=deepspeed", "--max-steps", "1", model="widenet-tiny-e4")) is not None
@@ -156,4 +156,4 @@ def test_a_run_saved_with_the_capacity_buffers_resumes_with_them_under_the_compa
     (out / "run_config.json").write_text(json.dumps({**settings, "overrides": []}))
     assert run(args(data, out, "--resume", model="widenet-tiny-e4")) is not None
     assert sorted(train_losses(out)) == [1, 2]
-    assert read_checkpoint_meta(out / "checkpoints" / "step2").model_config["moe"]["dispatch"] == "deepspeed"
+    assert CheckpointMeta.read(out / "checkpoints" / "step2").model_config["moe"]["dispatch"] == "deepspeed"

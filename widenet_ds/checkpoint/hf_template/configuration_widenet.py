@@ -7,11 +7,11 @@ reserves `top_k` for generation). The usual transformers names are aliases: `num
 `num_attention_heads`, `hidden_act`, `hidden_dropout_prob`, `attention_probs_dropout_prob`,
 `router_aux_loss_coef`.
 
-Routing fields (docs/model.md of widenet-ds): `dispatch` "deepspeed" gives every expert B = ceil(K C T / E)
-slots per routing call (floor with `capacity_rounding` "floor", at least `min_capacity`; C is
-`capacity_factor` in training, `eval_capacity_factor` in eval) and drops the routes that overflow
-("compact", widenet-ds's faster layout of the same routing, runs here as "deepspeed"); "dropless" runs
-every route. Load either way: `from_pretrained(folder, trust_remote_code=True,
+Routing fields (docs/model.md of widenet-ds): `dispatch` "compact" (default) and "deepspeed" give every expert
+B = ceil(K C T / E) slots per routing call (floor with `capacity_rounding` "floor", at least `min_capacity`; C is
+`capacity_factor` in training, `eval_capacity_factor` in eval) and drop the routes that overflow (widenet-ds
+computes "compact" without the empty slots; both run here as the capacity buffers); "dropless" runs every
+route. Load either way: `from_pretrained(folder, trust_remote_code=True,
 dispatch="dropless")`. `route_padding` false (default): padding positions (attention_mask 0) get no route,
 take no slot and stay out of the balance loss and the routing counts; true routes them like tokens (the
 paper's, and widenet-ds's before the switch).
@@ -72,7 +72,7 @@ class WideNetEncoderConfig(PreTrainedConfig):
     combine_weights: str = "raw"
     balance_loss: str = "switch"
     balance_loss_weight: float = 0.01
-    dispatch: str = "deepspeed"
+    dispatch: str = "compact"
     capacity_rounding: str = "ceil"
     route_padding: bool = False
 
