@@ -98,6 +98,19 @@ def test_zero1_ep2_to_one_rank_zero0_and_back_keeps_every_weight_and_optimizer_t
             assert not torch.equal(tensor, load_file(run / f"logits.rank{rank}.safetensors")[name])  # it stepped
 
 
+def test_convert_to_shape_free_writes_the_state_and_leaves_the_source_as_it_was(run, tmp_path, capsys):
+    source = run / "checkpoints" / "step2"
+    before = {p.name: p.read_bytes() for p in source.iterdir()}
+    assert convert(["to-shape-free", str(run), str(tmp_path / "state")]) == 0
+    assert "57 weights with their optimizer states (exp_avg, exp_avg_sq), step 2, from 2 rank(s), ep_size 2, ZeRO 1" \
+        in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["state.json", "tensors.safetensors"]
+    assert_identical(load_shape_free(tmp_path / "state"), read_shape_free(run))
+    assert {p.name: p.read_bytes() for p in source.iterdir()} == before
+    with pytest.raises(CheckpointError, match="already exists"):
+        convert(["to-shape-free", str(run), str(tmp_path / "state")])
+
+
 def test_a_model_states_only_checkpoint_is_refused(run, tmp_path):
     assert convert(["reshard", str(run), str(tmp_path / "ep1"), "--ep-size", "1", "--world-size", "1"]) == 0
     with pytest.raises(CheckpointError, match="model states only .* no optimizer state to carry"):
