@@ -1,5 +1,6 @@
 """The shape-free training state: a real 2-rank, ep 2, ZeRO 1 checkpoint re-laid-out to 1 rank, ep 1, ZeRO 0 and
-back by real engines keeps every master weight and every optimizer state tensor bit for bit."""
+back by real engines keeps every master weight and every optimizer state tensor bit for bit (and so does 2 ranks,
+ep 1, ZeRO 2, where the expert groups are partitioned too)."""
 
 from __future__ import annotations
 
@@ -88,6 +89,15 @@ def test_zero1_ep2_to_one_rank_zero0_and_back_keeps_every_weight_and_optimizer_t
             assert torch.equal(got["base_optimizer_state"]["state"][index]["exp_avg"], state["exp_avg"])
             assert torch.equal(got["base_optimizer_state"]["state"][index]["exp_avg_sq"], state["exp_avg_sq"])
         assert got["base_optimizer_state"]["param_groups"] == want["base_optimizer_state"]["param_groups"]
+
+    # ep 1 on 2 ranks, ZeRO 2: every expert group is partitioned over both ranks (expert data parallelism)
+    zero2 = relayout(tmp_path / "state1", tmp_path / "zero2", ranks=2, ep_size=1, stage=2)
+    on_zero2 = read_shape_free(zero2)
+    assert {k: on_zero2.scalars["source"][k] for k in ("world_size", "ep_size", "zero_stage")} == \
+        {"world_size": 2, "ep_size": 1, "zero_stage": 2}
+    partitions = load_torch_file(zero2 / "zero_pp_rank_1_mp_rank_00_optim_states.pt")["optimizer_state_dict"]
+    assert partitions["partition_count"] == [2, 2, 2, 2]
+    assert_identical(on_zero2, original)
 
     # --resume loads it, and the next step is the original's next step
     run_deepspeed(RELAYOUT, ["resume", str(tmp_path / "next"), str(source), str(back)], num_ranks=2)
