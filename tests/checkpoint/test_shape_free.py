@@ -130,4 +130,6 @@ def test_a_model_states_only_checkpoint_is_refused(run, tmp_path):
 def test_expert_names_go_from_local_to_global_index():
     assert global_expert_name(f"{EXPERT}.1.fc_in.weight", ep_rank=1, local_experts=2) == f"{EXPERT}.3.fc_in.weight"
     assert global_expert_name(f"{EXPERT}.1.fc_in.weight", ep_rank=0, local_experts=4) == f"{EXPERT}.1.fc_in.weight"
-    assert global_expert_name("widenet.encoder.attention.0.key.weight", 1, 2) == "widenet.encoder.attention.0.key.weight"
+    assert global_expert_name(f"{EXPERT}.3.fc_in.weight", 1, 2, local=True) == f"{EXPERT}.1.fc_in.weight"
+    dense = "widenet.encoder.attention.0.key.weight"
+    assert global_expert_name(dense, 1, 2) == dense

@@ -69,7 +69,8 @@ class ShapeFreeState:
         for key, tensors in self.optimizer.items():
             if set(tensors) != names:
                 raise CheckpointError(f"{where}: optimizer state {key!r} is missing for "
-                                      f"{sorted(names - set(tensors))[:5]} or unknown for {sorted(set(tensors) - names)[:5]}")
+                                      f"{sorted(names - set(tensors))[:5]} or unknown for "
+                                      f"{sorted(set(tensors) - names)[:5]}")
             bad = [n for n, t in tensors.items() if t.shape != self.master[n].shape]
             if bad:
                 raise CheckpointError(f"{where}: optimizer state {key!r} of {bad[:5]} differs in shape from the weight")
@@ -77,9 +78,13 @@ class ShapeFreeState:
             raise CheckpointError(f"{where}: the per-tensor optimizer state or param groups do not name every weight")
 
 
-def global_expert_name(name: str, ep_rank: int, local_experts: int) -> str:
-    """`...deepspeed_experts.<local>.` of expert-parallel rank `ep_rank` -> `...deepspeed_experts.<global>.`."""
-    return _EXPERT.sub(lambda m: f".deepspeed_experts.{ep_rank * local_experts + int(m.group(1))}.", name)
+def global_expert_name(name: str, ep_rank: int, local_experts: int, *, local: bool = False) -> str:
+    """`...deepspeed_experts.<local>.` of expert-parallel rank `ep_rank` -> `...deepspeed_experts.<global>.`
+    (`local=True`: back, global -> local index)."""
+    def index(match: re.Match) -> str:
+        number = int(match.group(1))
+        return f".deepspeed_experts.{number % local_experts if local else ep_rank * local_experts + number}."
+    return _EXPERT.sub(index, name)
 
 
 def _hyper(group: dict[str, Any]) -> dict[str, Any]:
@@ -126,7 +131,8 @@ def _read_zero_partitions(tag_dir: Path, meta: CheckpointMeta, local_experts: in
     both are increasing r."""
     shapes: dict[str, torch.Size] = {}
     for group in load_torch_file(tag_dir / MODEL_STATES).get("param_shapes") or []:
-        shapes.update({n: torch.Size(shape) for n, shape in group.items()})  # rank 0's local names; every rank's local experts have the same shapes
+        # rank 0's local names: the local experts of every rank have the same shapes
+        shapes.update({n: torch.Size(shape) for n, shape in group.items()})
     pieces: dict[str, dict[str, list[Tensor]]] = {}  # state key -> global name -> fragments in partition order
     param_state: dict[str, dict[str, Any]] = {}
     hyper: dict[str, dict[str, Any]] = {}
@@ -151,7 +157,7 @@ def _read_zero_partitions(tag_dir: Path, meta: CheckpointMeta, local_experts: in
     whole: dict[str, dict[str, Tensor]] = {}
     for what, by_name in pieces.items():
         for key, fragments in by_name.items():
-            shape = shapes.get(key) or shapes[_EXPERT.sub(lambda m: f".deepspeed_experts.{int(m.group(1)) % local_experts}.", key)]
+            shape = shapes.get(key) or shapes[global_expert_name(key, 0, local_experts, local=True)]
             flat = torch.cat(fragments)
             if flat.numel() != shape.numel():
                 raise CheckpointError(f"{tag_dir}: the ZeRO partitions hold {flat.numel()} values of {key} "
@@ -239,7 +245,8 @@ def apply_to_engine(engine, state: ShapeFreeState, ep_size: int, rank: int) -> N
     every = {global_expert_name(n, e, local_experts) for n in local_names for e in range(ep_size)}
     if every != set(state.master):
         raise CheckpointError(f"the engine's model (ep_size {ep_size}) and the state differ in their weights: "
-                              f"{sorted(every ^ set(state.master))[:5]}; build the engine from the state's model config.")
+                              f"{sorted(every ^ set(state.master))[:5]}; build the engine from the state's model "
+                              f"config.")
     by_param = {id(p): n for n, p in named.items()}
     stage = engine.zero_optimization_stage()
     with torch.no_grad():
