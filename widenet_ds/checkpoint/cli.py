@@ -1,4 +1,4 @@
-"""`widenet-ds convert`: to-folder, reshard, to-albert, from-albert, to-hf-vit, to-hf, from-hf (docs/checkpoints.md).
+"""`widenet-ds convert`: to-folder, reshard, to-shape-free, to-albert, from-albert, to-hf-vit, to-hf, from-hf (docs/checkpoints.md).
 
 Text and image checkpoints alike, except the native HF mappings: ALBERT's for dense text models, ViT's for dense
 image ones; `to-hf` / `from-hf` carry any model with its own transformers code (checkpoint/hf_export.py)."""
@@ -22,6 +22,7 @@ from widenet_ds.checkpoint.hf_vit import to_hf_vit
 from widenet_ds.checkpoint.load import find_tokenizer_files, read_checkpoint
 from widenet_ds.data.tokenizer import TOKENIZER_FILES, tokenizer_files_in
 from widenet_ds.checkpoint.reshard import reshard
+from widenet_ds.checkpoint.shape_free import STATE_FILE, TENSORS_FILE, read_shape_free, save_shape_free
 from widenet_ds.checkpoint.tokenizer_check import (
     check_tokenizer_for_checkpoint,
     checkpoint_tokenizer,
@@ -115,6 +116,16 @@ def build_parser() -> argparse.ArgumentParser:
     reshard.add_argument("--ep-size", type=int, required=True, help="expert parallelism of the new run")
     reshard.add_argument("--world-size", type=int, required=True, help="number of ranks of the new run")
 
+    shape_free = commands.add_parser("to-shape-free", help="training checkpoint (fp32, ZeRO 0/1/2) -> its training "
+                                                           f"state without layout: {TENSORS_FILE} (every master weight "
+                                                           f"and optimizer state tensor whole, experts by global index) "
+                                                           f"+ {STATE_FILE} (steps, schedule, loaders)")
+    shape_free.add_argument("source", help="a training checkpoint: a tag folder (<output>/checkpoints/step1000), a "
+                                           "checkpoints folder or a run's output folder (then --tag, or the latest)")
+    shape_free.add_argument("output", help="the folder to write (written under a temporary name, moved when complete)")
+    shape_free.add_argument("--tag", help="checkpoint tag, e.g. step1000 (default: the latest complete one)")
+    shape_free.add_argument("--overwrite", action="store_true", help="replace an existing output")
+
     to_albert = commands.add_parser("to-albert", help="dense model -> HF AlbertForPreTraining folder")
     _add_source(to_albert)
 
@@ -159,7 +170,8 @@ def _weights_bytes(args) -> int:
         size = 0  # not an HF folder: from_albert says so
     else:
         tag_dir = resolve_tag_dir(source, args.tag, require_marker=False)
-        size = sum(p.stat().st_size for p in tag_dir.glob("*model_states.pt"))
+        files = "*_states.pt" if args.command == "to-shape-free" else "*model_states.pt"  # with the optimizer's
+        size = sum(p.stat().st_size for p in tag_dir.glob(files))
     return size // 2 if getattr(args, "dtype", "fp32") != "fp32" else size
 
 
@@ -202,6 +214,13 @@ def _convert(args) -> int:
         print(f"wrote {out} for ep_size {args.ep_size} on {args.world_size} rank(s): model states only, no optimizer "
               f"states; load with engine.load_checkpoint(..., load_optimizer_states=False, load_module_only=True) "
               f"or a trainer's --init-from {out}")
+    elif args.command == "to-shape-free":
+        state = read_shape_free(Path(args.source), tag=args.tag)
+        out = save_shape_free(state, Path(args.output), overwrite=args.overwrite)
+        source = state.scalars["source"]
+        print(f"wrote {out}: {len(state.master)} weights with their optimizer states "
+              f"({', '.join(sorted(state.optimizer))}), step {state.scalars['global_steps']}, from "
+              f"{source['world_size']} rank(s), ep_size {source['ep_size']}, ZeRO {source['zero_stage']}")
     elif args.command == "to-hf-vit":
         out = to_hf_vit(Path(args.source), Path(args.output), tag=args.tag, model_config=args.model_config,
                         overwrite=args.overwrite)

@@ -1,0 +1,135 @@
+"""The shape-free training state: a real 2-rank, ep 2, ZeRO 1 checkpoint re-laid-out to 1 rank, ep 1, ZeRO 0 and
+back by real engines keeps every master weight and every optimizer state tensor bit for bit (and so does 2 ranks,
+ep 1, ZeRO 2, where the expert groups are partitioned too)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from launching import REPO, run_deepspeed
+
+from widenet_ds.checkpoint.cli import cli as convert
+from widenet_ds.checkpoint.deepspeed import load_torch_file, read_deepspeed_checkpoint
+from widenet_ds.checkpoint.shape_free import (ShapeFreeState, global_expert_name, load_shape_free, read_shape_free,
+                                              save_shape_free)
+from widenet_ds.errors import CheckpointError
+
+pytestmark = [pytest.mark.multirank, pytest.mark.slow]  # slow: its fixture's launcher runs
+MAKE = REPO / "tests/scripts/convert_make_checkpoint.py"
+RELAYOUT = REPO / "tests/scripts/shape_free_relayout.py"
+EXPERT = "widenet.encoder.ffn.0.moe.deepspeed_moe.experts.deepspeed_experts"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """A 2-rank, ep_size 2, ZeRO 1 run of the tiny WideNet (4 experts), saved at step 2."""
+    folder = tmp_path_factory.mktemp("shape_free") / "zero1"
+    run_deepspeed(MAKE, ["save", str(folder), "2", "1"], num_ranks=2)
+    return folder
+
+
+def relayout(state_folder: Path, out: Path, ranks: int, ep_size: int, stage: int) -> Path:
+    run_deepspeed(RELAYOUT, ["relayout", str(state_folder), str(out), str(ep_size), str(stage)], num_ranks=ranks)
+    return out / "checkpoints" / "step2"
+
+
+def assert_identical(got: ShapeFreeState, want: ShapeFreeState) -> None:
+    assert set(got.master) == set(want.master) and set(got.optimizer) == set(want.optimizer) == {"exp_avg", "exp_avg_sq"}
+    for name, tensor in want.master.items():
+        assert torch.equal(got.master[name], tensor), name
+        for what in want.optimizer:
+            assert torch.equal(got.optimizer[what][name], want.optimizer[what][name]), (what, name)
+    assert got.param_state == want.param_state and got.hyper == want.hyper
+    for scalar in ("lr_scheduler", "global_steps", "global_samples", "skipped_steps"):
+        assert got.scalars[scalar] == want.scalars[scalar], scalar
+
+
+def test_zero1_ep2_to_one_rank_zero0_and_back_keeps_every_weight_and_optimizer_tensor(run, tmp_path):
+    source = run / "checkpoints" / "step2"
+    original = read_shape_free(run)
+    assert original.scalars["source"] == {"tag_dir": str(source.resolve()), "world_size": 2, "ep_size": 2,
+                                          "zero_stage": 1}
+    # every weight, experts by global index; the fp32 partitions are the weights the engine saved
+    weights = read_deepspeed_checkpoint(run).state
+    assert set(original.master) == set(weights) and {f"{EXPERT}.{g}.fc_in.weight" for g in range(4)} <= set(weights)
+    assert all(torch.equal(original.master[k], weights[k]) for k in weights)
+    assert all(state == {"step": 2} for state in original.param_state.values())
+    assert all(original.optimizer["exp_avg_sq"][k].abs().sum() > 0 for k in weights)  # trained, not zeros
+    assert original.scalars["global_steps"] == 2 and original.scalars["lr_scheduler"] == {"last_batch_iteration": 1}
+    assert original.scalars["loaders"] == [{}, {}]
+
+    save_shape_free(original, tmp_path / "state0")
+    assert_identical(load_shape_free(tmp_path / "state0"), original)
+    one = relayout(tmp_path / "state0", tmp_path / "one", ranks=1, ep_size=1, stage=0)
+    assert (one / "expp_rank_0_mp_rank_00_optim_states.pt").is_file() and not list(one.glob("zero_pp_rank_*"))
+    on_one = read_shape_free(one)
+    assert on_one.scalars["source"]["world_size"] == 1 and on_one.scalars["source"]["ep_size"] == 1
+    assert_identical(on_one, original)
+    marker = json.loads((one / "widenet_checkpoint.json").read_text())
+    assert marker["world_size"] == 1 and marker["ep_size"] == 1 and marker["optimizer_states"] is True
+    assert marker["relaid_out_from"]["zero_stage"] == 1 and marker["step"] == 2
+
+    save_shape_free(on_one, tmp_path / "state1")
+    back = relayout(tmp_path / "state1", tmp_path / "back", ranks=2, ep_size=2, stage=1)
+    assert_identical(read_shape_free(back), original)
+    # DeepSpeed's own files are those of the original, padding and all
+    for rank in (0, 1):
+        name = f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+        want, got = (load_torch_file(tag / name)["optimizer_state_dict"] for tag in (source, back))
+        assert got["param_slice_mappings"] == want["param_slice_mappings"]
+        for a, b in zip(got["single_partition_of_fp32_groups"], want["single_partition_of_fp32_groups"], strict=True):
+            assert torch.equal(a, b)
+        for index, state in want["base_optimizer_state"]["state"].items():
+            assert got["base_optimizer_state"]["state"][index]["step"] == state["step"]
+            assert torch.equal(got["base_optimizer_state"]["state"][index]["exp_avg"], state["exp_avg"])
+            assert torch.equal(got["base_optimizer_state"]["state"][index]["exp_avg_sq"], state["exp_avg_sq"])
+        assert got["base_optimizer_state"]["param_groups"] == want["base_optimizer_state"]["param_groups"]
+
+    # ep 1 on 2 ranks, ZeRO 2: every expert group is partitioned over both ranks (expert data parallelism)
+    zero2 = relayout(tmp_path / "state1", tmp_path / "zero2", ranks=2, ep_size=1, stage=2)
+    on_zero2 = read_shape_free(zero2)
+    assert {k: on_zero2.scalars["source"][k] for k in ("world_size", "ep_size", "zero_stage")} == \
+        {"world_size": 2, "ep_size": 1, "zero_stage": 2}
+    partitions = load_torch_file(zero2 / "zero_pp_rank_1_mp_rank_00_optim_states.pt")["optimizer_state_dict"]
+    assert partitions["partition_count"] == [2, 2, 2, 2]
+    assert_identical(on_zero2, original)
+
+    # --resume loads it, and the next step is the original's next step
+    run_deepspeed(RELAYOUT, ["resume", str(tmp_path / "next"), str(source), str(back)], num_ranks=2)
+    for rank in (0, 1):
+        from_source, from_back = (load_file(tmp_path / f"next.{i}.rank{rank}.safetensors") for i in (0, 1))
+        for name, tensor in from_source.items():
+            assert torch.equal(from_back[name], tensor), (rank, name)
+            assert not torch.equal(tensor, load_file(run / f"logits.rank{rank}.safetensors")[name])  # it stepped
+
+
+def test_convert_to_shape_free_writes_the_state_and_leaves_the_source_as_it_was(run, tmp_path, capsys):
+    source = run / "checkpoints" / "step2"
+    before = {p.name: p.read_bytes() for p in source.iterdir()}
+    assert convert(["to-shape-free", str(run), str(tmp_path / "state")]) == 0
+    assert "57 weights with their optimizer states (exp_avg, exp_avg_sq), step 2, from 2 rank(s), ep_size 2, ZeRO 1" \
+        in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["state.json", "tensors.safetensors"]
+    assert_identical(load_shape_free(tmp_path / "state"), read_shape_free(run))
+    assert {p.name: p.read_bytes() for p in source.iterdir()} == before
+    with pytest.raises(CheckpointError, match="already exists"):
+        convert(["to-shape-free", str(run), str(tmp_path / "state")])
+
+
+def test_a_model_states_only_checkpoint_is_refused(run, tmp_path):
+    assert convert(["reshard", str(run), str(tmp_path / "ep1"), "--ep-size", "1", "--world-size", "1"]) == 0
+    with pytest.raises(CheckpointError, match="model states only .* no optimizer state to carry"):
+        read_shape_free(tmp_path / "ep1")
+
+
+def test_expert_names_go_from_local_to_global_index():
+    assert global_expert_name(f"{EXPERT}.1.fc_in.weight", ep_rank=1, local_experts=2) == f"{EXPERT}.3.fc_in.weight"
+    assert global_expert_name(f"{EXPERT}.1.fc_in.weight", ep_rank=0, local_experts=4) == f"{EXPERT}.1.fc_in.weight"
+    assert global_expert_name(f"{EXPERT}.3.fc_in.weight", 1, 2, local=True) == f"{EXPERT}.1.fc_in.weight"
+    dense = "widenet.encoder.attention.0.key.weight"
+    assert global_expert_name(dense, 1, 2) == dense

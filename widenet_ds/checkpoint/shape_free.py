@@ -1,0 +1,302 @@
+"""A training checkpoint without its layout: every tensor whole, experts by global index.
+
+A DeepSpeed tag written by our trainer (any world size W, expert-parallel size ep, ZeRO stage 0/1/2, fp32) is
+read into a `ShapeFreeState`: for every parameter, by its global name, the fp32 master weight, the optimizer's
+per-tensor state (our LAMB's `exp_avg`, `exp_avg_sq` and its `step`) and the param group's hyper-parameters,
+plus the scalar state (LR schedule, global step and samples, the source ranks' data-loader states). It is saved
+as a portable folder (`tensors.safetensors` + `state.json`) and put into a freshly built engine of another layout
+(`apply_to_engine`), whose own `save_checkpoint` then writes the tag for that layout.
+
+Where DeepSpeed's own code does the work and where ours takes over:
+
+- ZeRO 1/2 files (`zero_pp_rank_<r>_mp_rank_00_optim_states.pt`) hold, per param group, the rank's flat fp32
+  partition (`single_partition_of_fp32_groups`), the base optimizer's state of that partition and
+  `param_slice_mappings` (name -> `fragment_address(numel, start)` in the partition). Like DeepSpeed's
+  `ds_to_universal.extract_zero_shards` we cut each tensor's fragments out of the partitions and join them in
+  partition order; unlike it we read with `torch.load(weights_only=True)` (deepspeed.py: no pickled code runs)
+  and we know MoE expert groups, which its universal checkpoint does not (DeepSpeed #4497, #5716): an expert
+  group is partitioned over the expert-data-parallel ranks of one expert-parallel rank e = r % ep (DeepSpeed's
+  default E+D topology), and its names carry the LOCAL expert index, which becomes e * (E / ep) + local.
+- ZeRO 0 files (`expp_rank_<e>_mp_rank_00_optim_states.pt`, one per expert-parallel rank) hold a torch optimizer
+  state dict keyed by position; the positions are named by rebuilding the engine's param groups
+  (`build_param_groups`) on a model of the same architecture and ep_size built on the meta device.
+- Writing: DeepSpeed's tensor-fragment API (`safe_set_full_fp32_param`, `safe_set_full_optimizer_state`) puts a
+  whole tensor into whatever partition of a ZeRO 1/2 engine holds it; without ZeRO the module's parameters are
+  the master weights and the optimizer's state is per tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from widenet_ds.atomic import atomic_folder
+from widenet_ds.checkpoint.deepspeed import load_torch_file, precision, read_deepspeed_checkpoint, zero_stage
+from widenet_ds.checkpoint.format import TEXT_DEFAULT, architecture
+from widenet_ds.checkpoint.training import (MODEL_STATES, CheckpointMeta, check_checkpoint_files,
+                                            read_checkpoint_meta, resolve_tag_dir)
+from widenet_ds.errors import CheckpointError
+from widenet_ds.runtime.lamb import build_param_groups
+
+FORMAT_VERSION = 1
+TENSORS_FILE = "tensors.safetensors"
+STATE_FILE = "state.json"
+MASTER = "master"  # the prefix of the fp32 master weights in TENSORS_FILE; optimizer states use their own key
+_EXPERT = re.compile(r"\.deepspeed_experts\.(\d+)\.")
+_GROUP_ENTRIES_NOT_HYPER = ("params", "name", "moe")  # what a param group holds besides its hyper-parameters
+
+
+@dataclass
+class ShapeFreeState:
+    """A checkpoint's training state independent of W, ep and the ZeRO stage."""
+
+    master: dict[str, Tensor]  # global name -> fp32 master weight
+    optimizer: dict[str, dict[str, Tensor]]  # state key (exp_avg, exp_avg_sq) -> global name -> tensor
+    param_state: dict[str, dict[str, Any]]  # global name -> the optimizer's scalar state of it ({"step": 2})
+    hyper: dict[str, dict[str, Any]]  # global name -> its param group's hyper-parameters (lr, weight_decay, ...)
+    scalars: dict[str, Any] = field(default_factory=dict)  # schedule, steps, samples, loaders, marker, source
+
+    def check(self, where: str) -> None:
+        """Every parameter has a master weight, the same optimizer state tensors, scalar state and a group."""
+        names = set(self.master)
+        for key, tensors in self.optimizer.items():
+            if set(tensors) != names:
+                raise CheckpointError(f"{where}: optimizer state {key!r} is missing for "
+                                      f"{sorted(names - set(tensors))[:5]} or unknown for "
+                                      f"{sorted(set(tensors) - names)[:5]}")
+            bad = [n for n, t in tensors.items() if t.shape != self.master[n].shape]
+            if bad:
+                raise CheckpointError(f"{where}: optimizer state {key!r} of {bad[:5]} differs in shape from the weight")
+        if set(self.param_state) != names or set(self.hyper) != names:
+            raise CheckpointError(f"{where}: the per-tensor optimizer state or param groups do not name every weight")
+
+
+def global_expert_name(name: str, ep_rank: int, local_experts: int, *, local: bool = False) -> str:
+    """`...deepspeed_experts.<local>.` of expert-parallel rank `ep_rank` -> `...deepspeed_experts.<global>.`
+    (`local=True`: back, global -> local index)."""
+    def index(match: re.Match) -> str:
+        number = int(match.group(1))
+        return f".deepspeed_experts.{number % local_experts if local else ep_rank * local_experts + number}."
+    return _EXPERT.sub(index, name)
+
+
+def _hyper(group: dict[str, Any]) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in group.items() if k not in _GROUP_ENTRIES_NOT_HYPER}
+
+
+# --- reading a DeepSpeed tag ------------------------------------------------------------------------------
+def read_shape_free(source: Path, tag: str | None = None) -> ShapeFreeState:
+    """The shape-free state of a complete widenet-ds training checkpoint (fp32, ZeRO 0/1/2, any W and ep)."""
+    tag_dir = resolve_tag_dir(source, tag)
+    meta = read_checkpoint_meta(tag_dir)
+    check_checkpoint_files(tag_dir, meta)
+    if not meta.optimizer_states:
+        raise CheckpointError(f"{tag_dir} holds model states only (written by `convert reshard`): it has no "
+                              f"optimizer state to carry; use the checkpoint it was resharded from.")
+    states = load_torch_file(tag_dir / MODEL_STATES)
+    if precision(states) != "fp32":
+        raise CheckpointError(f"{tag_dir} was trained with {precision(states)}: its master weights live in the "
+                              f"16-bit optimizer's own files, which widenet-ds does not re-lay-out yet (fp32 only).")
+    experts = states.get("num_experts") or [0]
+    local_experts = experts[0] // meta.ep_size
+    stage = zero_stage(states)
+    if stage in (1, 2):
+        state = _read_zero_partitions(tag_dir, meta, local_experts)
+    elif stage == 0:
+        state = _read_stage0(tag_dir, meta, local_experts)
+    else:
+        raise CheckpointError(f"{tag_dir} is a ZeRO stage {stage} checkpoint; DeepSpeed MoE trains with ZeRO 0/1/2.")
+    loaders = [load_torch_file(path).get("loader") for path in sorted(tag_dir.glob("rank_*_state.pt"))]
+    state.scalars = {
+        "format_version": FORMAT_VERSION, "lr_scheduler": states.get("lr_scheduler"),
+        "global_steps": states["global_steps"], "global_samples": states.get("global_samples"),
+        "skipped_steps": states.get("skipped_steps", 0), "loaders": loaders, "marker": meta.to_json(),
+        "source": {"tag_dir": str(tag_dir.resolve()), "world_size": meta.world_size, "ep_size": meta.ep_size,
+                   "zero_stage": stage},
+    }
+    state.check(str(tag_dir))
+    return state
+
+
+def _read_zero_partitions(tag_dir: Path, meta: CheckpointMeta, local_experts: int) -> ShapeFreeState:
+    """ZeRO 1/2: join each tensor's fragments over the ranks' flat partitions, in rank order. A dense group is
+    partitioned over all ranks, an expert group over the ranks r with the same r % ep, in the order of r // ep:
+    both are increasing r."""
+    shapes: dict[str, torch.Size] = {}
+    for group in load_torch_file(tag_dir / MODEL_STATES).get("param_shapes") or []:
+        # rank 0's local names: the local experts of every rank have the same shapes
+        shapes.update({n: torch.Size(shape) for n, shape in group.items()})
+    pieces: dict[str, dict[str, list[Tensor]]] = {}  # state key -> global name -> fragments in partition order
+    param_state: dict[str, dict[str, Any]] = {}
+    hyper: dict[str, dict[str, Any]] = {}
+    for rank in range(meta.world_size):
+        sd = load_torch_file(tag_dir / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")["optimizer_state_dict"]
+        base = sd["base_optimizer_state"]
+        for index, (partition, mapping) in enumerate(zip(sd["single_partition_of_fp32_groups"],
+                                                         sd["param_slice_mappings"])):
+            group = base["param_groups"][index]
+            opt_state = base["state"].get(group["params"][0], {})
+            tensors = {MASTER: partition, **{k: v for k, v in opt_state.items() if torch.is_tensor(v) and v.dim() == 1}}
+            scalar = {k: v for k, v in opt_state.items() if k not in tensors}
+            for name, address in mapping.items():
+                key = global_expert_name(name, rank % meta.ep_size, local_experts) if group.get("moe") else name
+                if key not in shapes and name not in shapes:
+                    raise CheckpointError(f"{tag_dir}: rank {rank}'s optimizer partition holds {name}, which the "
+                                          f"model states do not list; the checkpoint's files are mixed up.")
+                for what, tensor in tensors.items():
+                    pieces.setdefault(what, {}).setdefault(key, []).append(
+                        tensor.narrow(0, address.start, address.numel))
+                param_state[key], hyper[key] = scalar, _hyper(group)
+    whole: dict[str, dict[str, Tensor]] = {}
+    for what, by_name in pieces.items():
+        for key, fragments in by_name.items():
+            shape = shapes.get(key) or shapes[global_expert_name(key, 0, local_experts, local=True)]
+            flat = torch.cat(fragments)
+            if flat.numel() != shape.numel():
+                raise CheckpointError(f"{tag_dir}: the ZeRO partitions hold {flat.numel()} values of {key} "
+                                      f"({what}), its shape {tuple(shape)} has {shape.numel()}; a rank's file is missing "
+                                      f"or of another run.")
+            whole.setdefault(what, {})[key] = flat.reshape(shape).clone()
+    master = whole.pop(MASTER)
+    return ShapeFreeState(master, whole, param_state, hyper)
+
+
+def _read_stage0(tag_dir: Path, meta: CheckpointMeta, local_experts: int) -> ShapeFreeState:
+    """ZeRO 0: the module's weights are the master weights; the optimizer state of expert-parallel rank e is a
+    torch state dict whose positions follow the engine's param groups, rebuilt here on the meta device."""
+    master = read_deepspeed_checkpoint(tag_dir).state
+    arch = architecture(meta.architecture or TEXT_DEFAULT, str(tag_dir))
+    cfg = arch.config.from_stored(meta.model_config)[0]
+    extra = {"num_labels": meta.run.get("num_labels")} if arch.takes_num_labels else {}
+    with torch.device("meta"):
+        model = arch.model(cfg, ep_size=meta.ep_size, **extra)
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = build_param_groups(model, weight_decay=0.0)
+    optimizer: dict[str, dict[str, Tensor]] = {}
+    param_state: dict[str, dict[str, Any]] = {}
+    hyper: dict[str, dict[str, Any]] = {}
+    for ep_rank in range(meta.ep_size):
+        sd = load_torch_file(tag_dir / f"expp_rank_{ep_rank}_mp_rank_00_optim_states.pt")["optimizer"]
+        if len(sd["param_groups"]) != len(groups):
+            raise CheckpointError(f"{tag_dir}: the optimizer has {len(sd['param_groups'])} param groups, a model of "
+                                  f"its config {len(groups)}; the checkpoint is of another model or program.")
+        for saved, built in zip(sd["param_groups"], groups):
+            for position, param in zip(saved["params"], built["params"], strict=True):
+                name = names[id(param)]
+                if ep_rank > 0 and not built.get("moe"):
+                    continue  # dense weights: every expert-parallel rank holds the same; rank 0's are read
+                key = global_expert_name(name, ep_rank, local_experts) if built.get("moe") else name
+                opt_state = sd["state"].get(position, {})
+                for what, value in opt_state.items():
+                    if torch.is_tensor(value) and value.shape == param.shape:
+                        optimizer.setdefault(what, {})[key] = value
+                param_state[key] = {k: v for k, v in opt_state.items() if not (torch.is_tensor(v) and v.dim() > 0)}
+                hyper[key] = _hyper(saved)
+    return ShapeFreeState(master, optimizer, param_state, hyper)
+
+
+# --- the portable folder ----------------------------------------------------------------------------------
+def save_shape_free(state: ShapeFreeState, folder: Path, *, overwrite: bool = False) -> Path:
+    """`folder/tensors.safetensors` (`master/<name>`, `<state key>/<name>`) + `folder/state.json` (the rest)."""
+    tensors = {f"{MASTER}/{n}": t.contiguous() for n, t in state.master.items()}
+    for what, by_name in state.optimizer.items():
+        tensors.update({f"{what}/{n}": t.contiguous() for n, t in by_name.items()})
+    document = {"format_version": FORMAT_VERSION, "param_state": state.param_state, "hyper": state.hyper,
+                "scalars": state.scalars}
+    with atomic_folder(folder, overwrite, CheckpointError) as tmp:
+        save_file(tensors, tmp / TENSORS_FILE)
+        (tmp / STATE_FILE).write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+    return Path(folder)
+
+
+def load_shape_free(folder: Path) -> ShapeFreeState:
+    folder = Path(folder)
+    document = json.loads((folder / STATE_FILE).read_text())
+    if document.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{folder / STATE_FILE} has format_version {document.get('format_version')!r}; this "
+                              f"widenet-ds reads {FORMAT_VERSION}.")
+    master: dict[str, Tensor] = {}
+    optimizer: dict[str, dict[str, Tensor]] = {}
+    for key, tensor in load_file(folder / TENSORS_FILE).items():
+        what, name = key.split("/", 1)
+        (master if what == MASTER else optimizer.setdefault(what, {}))[name] = tensor
+    state = ShapeFreeState(master, optimizer, document["param_state"], document["hyper"], document["scalars"])
+    state.check(str(folder))
+    return state
+
+
+# --- into an engine of another layout ---------------------------------------------------------------------
+def apply_to_engine(engine, state: ShapeFreeState, ep_size: int, rank: int) -> None:
+    """Put the state into a freshly built engine (fp32, ZeRO 0/1/2, any W, this `ep_size`); then the engine's
+    `save_checkpoint` writes it in the engine's layout. Every weight of the state must have a place."""
+    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+    experts = {int(m.group(1)) for key in state.master if (m := _EXPERT.search(key))}
+    local_experts = max(1, len(experts) // ep_size)
+    local_names = [n for n, _ in engine.module.named_parameters()]
+    named = {global_expert_name(n, rank % ep_size, local_experts): p for n, p in engine.module.named_parameters()}
+    every = {global_expert_name(n, e, local_experts) for n in local_names for e in range(ep_size)}
+    if every != set(state.master):
+        raise CheckpointError(f"the engine's model (ep_size {ep_size}) and the state differ in their weights: "
+                              f"{sorted(every ^ set(state.master))[:5]}; build the engine from the state's model "
+                              f"config.")
+    by_param = {id(p): n for n, p in named.items()}
+    stage = engine.zero_optimization_stage()
+    with torch.no_grad():
+        for name, param in named.items():
+            param.copy_(state.master[name])
+        if stage == 0:
+            optimizer = engine.optimizer
+            for group in optimizer.param_groups:
+                group.update(_one_hyper(state, [by_param[id(p)] for p in group["params"]]))
+                for p in group["params"]:
+                    name = by_param[id(p)]
+                    optimizer.state[p] = {**state.param_state[name],
+                                          **{what: t[name].clone() for what, t in state.optimizer.items()}}
+        else:
+            zero = engine.optimizer
+            for index, partition in enumerate(zero.single_partition_of_fp32_groups):
+                names = [by_param[id(p)] for p in zero.bit16_groups[index]]
+                zero.optimizer.param_groups[index].update(_one_hyper(state, names))
+                scalars = {json.dumps(state.param_state[n], sort_keys=True) for n in names}
+                if len(scalars) != 1:
+                    raise CheckpointError(f"the tensors of one ZeRO partition have different optimizer steps "
+                                          f"({sorted(scalars)}); a flat partition holds one.")
+                zero.optimizer.state[partition] = {**json.loads(scalars.pop()),
+                                                   **{what: torch.zeros_like(partition) for what in state.optimizer}}
+            zero._lazy_init_hp_params_optimizer_state()
+            for name, param in named.items():
+                safe_set_full_fp32_param(param, state.master[name])
+                for what, tensors in state.optimizer.items():
+                    safe_set_full_optimizer_state(param, tensors[name], what)
+    scalars = state.scalars
+    if engine.lr_scheduler is not None and scalars.get("lr_scheduler") is not None:
+        engine.lr_scheduler.load_state_dict(scalars["lr_scheduler"])
+    engine.global_steps = scalars["global_steps"]
+    engine.global_samples = scalars["global_samples"]
+    engine.skipped_steps = scalars["skipped_steps"]
+
+
+def _one_hyper(state: ShapeFreeState, names: list[str]) -> dict[str, Any]:
+    """The hyper-parameters the tensors of one param group share in the state (lr, weight_decay, betas, ...)."""
+    found = {json.dumps(state.hyper[n], sort_keys=True) for n in names}
+    if len(found) != 1:
+        raise CheckpointError(f"the tensors of one param group had different hyper-parameters in the checkpoint: "
+                              f"{sorted(found)}")
+    hyper = json.loads(found.pop())
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in hyper.items()}
+
+
+def target_meta(state: ShapeFreeState, *, world_size: int, ep_size: int,
+                deepspeed_config: dict[str, Any]) -> CheckpointMeta:
+    """The marker of the re-laid-out tag: the source's, with the new layout and where it came from."""
+    marker = {**state.scalars["marker"], "world_size": world_size, "ep_size": ep_size,
+              "deepspeed_config": deepspeed_config, "files": {}, "relaid_out_from": state.scalars["source"]}
+    return CheckpointMeta.from_json(marker, Path(state.scalars["source"]["tag_dir"]))
