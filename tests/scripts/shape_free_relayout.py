@@ -18,7 +18,8 @@ import torch
 
 from convert_make_checkpoint import FixedBatchLoader, build, fixed_batch, save_logits
 from widenet_ds.checkpoint.shape_free import apply_to_engine, load_shape_free, target_meta
-from widenet_ds.checkpoint.training import CheckpointManager, TrainingState, check_resumable, read_checkpoint_meta
+from widenet_ds.checkpoint.marker import CheckpointMeta
+from widenet_ds.checkpoint.training import CheckpointManager, TrainingState, check_resumable
 from widenet_ds.runtime.distributed import init_distributed
 
 
@@ -42,7 +43,7 @@ def resume(out_prefix: str, tag_dirs: list[Path]) -> None:
     init_distributed()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     for index, tag_dir in enumerate(tag_dirs):
-        meta = read_checkpoint_meta(tag_dir)
+        meta = CheckpointMeta.read(tag_dir)
         check_resumable(tag_dir, meta)
         engine, _ = build(meta.ep_size, meta.deepspeed_config["zero_optimization"]["stage"], world)
         CheckpointManager(tag_dir.parent, keep_last=1, rank=rank, world_size=world).load(

@@ -82,11 +82,11 @@ class CheckpointMeta:
         """The marker of `tag_dir` (None when it has none and it is not `required`: a DeepSpeed checkpoint of
         another program, which conversion still reads)."""
         data = _parse(tag_dir, required)
-        return None if data is None else cls._from_json(data, Path(tag_dir))
+        return None if data is None else cls.from_json(data, Path(tag_dir))
 
     def write(self, tag_dir: Path) -> Path:
         """Write the marker into `tag_dir` atomically (a reader sees no marker or a whole one)."""
-        return atomic_write_json(Path(tag_dir) / META_FILE, self._to_json(), sort_keys=True)
+        return atomic_write_json(Path(tag_dir) / META_FILE, self.to_json(), sort_keys=True)
 
     # -- entries of markers of earlier versions -------------------------------------------------------------
     @property
@@ -104,14 +104,14 @@ class CheckpointMeta:
         """The SHA-256 of the tokenizer the run's prepared data was built with (pretraining's data manifest)."""
         return (self.run.get("data_manifest") or {}).get("tokenizer_sha256")
 
-    # -- the file's shape ----------------------------------------------------------------------------------
-    def _to_json(self) -> dict[str, Any]:
+    # -- the file's shape (also kept inside other files: the shape-free state) ------------------------
+    def to_json(self) -> dict[str, Any]:
         fields_ = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "run"}
         return {**self.run, **fields_, "format_version": FORMAT_VERSION,
                 "model_config_sha256": config_sha256(self.model_config)}
 
     @classmethod
-    def _from_json(cls, data: dict[str, Any], where: Path) -> CheckpointMeta:
+    def from_json(cls, data: dict[str, Any], where: Path) -> CheckpointMeta:
         known = {f.name for f in dataclasses.fields(cls)} - {"run"}
         try:
             values = {name: data[name] for name in known if name in data}

@@ -40,8 +40,8 @@ from torch import Tensor
 from widenet_ds.atomic import atomic_folder
 from widenet_ds.checkpoint.deepspeed import load_torch_file, precision, read_deepspeed_checkpoint, zero_stage
 from widenet_ds.checkpoint.format import TEXT_DEFAULT, architecture
-from widenet_ds.checkpoint.training import (MODEL_STATES, CheckpointMeta, check_checkpoint_files,
-                                            read_checkpoint_meta, resolve_tag_dir)
+from widenet_ds.checkpoint.marker import CheckpointMeta
+from widenet_ds.checkpoint.training import MODEL_STATES, check_checkpoint_files, resolve_tag_dir
 from widenet_ds.errors import CheckpointError
 from widenet_ds.runtime.lamb import build_param_groups
 
@@ -95,7 +95,7 @@ def _hyper(group: dict[str, Any]) -> dict[str, Any]:
 def read_shape_free(source: Path, tag: str | None = None) -> ShapeFreeState:
     """The shape-free state of a complete widenet-ds training checkpoint (fp32, ZeRO 0/1/2, any W and ep)."""
     tag_dir = resolve_tag_dir(source, tag)
-    meta = read_checkpoint_meta(tag_dir)
+    meta = CheckpointMeta.read(tag_dir)
     check_checkpoint_files(tag_dir, meta)
     if not meta.optimizer_states:
         raise CheckpointError(f"{tag_dir} holds model states only (written by `convert reshard`): it has no "
