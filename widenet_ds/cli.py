@@ -23,7 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "squad-eval": ("widenet_ds.tasks.squad_metrics:cli", "official SQuAD v1.1/v2.0 scores of a predictions file"),
     "glue-eval": ("widenet_ds.tasks.glue_metrics:cli", "GLUE metrics of a predictions file"),
     "convert": ("widenet_ds.checkpoint.cli:cli", "convert checkpoints: to-folder, reshard, to-hf, from-hf, "
-                                                 "to-albert, from-albert, to-hf-vit"),
+                                                 "to-albert, from-albert, to-hf-vit, to-shape-free"),
     "branches": ("widenet_ds.checkpoint.branches_cli:cli", "ParaFormer branches of a checkpoint folder: compress to "
                                                             "the first K, expand to M"),
     "report": ("widenet_ds.report.cli:cli", "HTML page with plots of pretraining/image/finetuning run folders"),
