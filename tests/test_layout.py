@@ -133,6 +133,8 @@ COVERED_BY = {
     "widenet_ds/launch_cli.py": ["integration/test_bad_inputs.py"],  # the launch rows: task options checked once
     "widenet_ds/writable.py": ["integration/test_bad_inputs.py"],  # the unwritable / file-blocked output rows
     "widenet_ds/checkpoint/branches_cli.py": ["checkpoint/test_branches.py"],
+    "widenet_ds/data/batch_order.py": ["data/test_loader.py", "training/test_epoch_batches.py"],  # through the loaders
+    "widenet_ds/training/new_shape.py": ["integration/test_resume_new_shape.py"],  # real resumes on other shapes
     "widenet_ds/checkpoint/deepspeed.py": ["checkpoint/test_cli.py", "checkpoint/test_load_image_models.py"],
     # the model card of `convert to-hf`, read from real runs' folders
     "widenet_ds/checkpoint/hf_model_card.py": ["integration/test_hf_fresh_venv.py", "checkpoint/test_hf_export.py"],

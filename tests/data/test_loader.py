@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from widenet_ds.data.batch_order import GLOBAL_CHUNKS, RANK_STRIDED
 from widenet_ds.data.examples import ExampleConfig
 from widenet_ds.data.loader import FeistelPermutation, PretrainingDataLoader
 from widenet_ds.data.prepare import PrepareConfig, prepare
@@ -92,10 +93,10 @@ def test_two_ranks_read_disjoint_slices_that_cover_the_epoch(dynamic_data):
         for _ in range(len(loader)):
             for row in original_tokens(next(stream)).tolist():
                 found[tuple(t for t in row if t != 0)] += 1
-        assert loader.epoch == 0 and loader.position == loader.samples_per_epoch
+        assert loader.epoch == 0 and loader.batch == len(loader)
         seen.append(found)
     everything = all_examples(dynamic_data)
-    assert sum(seen[0].values()) == sum(seen[1].values()) == ranks[0].samples_per_epoch
+    assert sum(seen[0].values()) == sum(seen[1].values()) == len(ranks[0]) * 8
     assert not (seen[0] & seen[1]) - (everything - collections.Counter(set(everything)))  # only true duplicates
     assert (seen[0] + seen[1]) <= everything
     assert sum(everything.values()) - sum((seen[0] + seen[1]).values()) < 2 * 8  # only the dropped tail
@@ -112,7 +113,7 @@ def test_resume_continues_with_exactly_the_next_sample_on_each_of_two_ranks(dyna
         for _ in range(consumed):
             next(stream)
         state = uninterrupted.state_dict()
-        assert all(isinstance(v, int) for v in state.values())
+        assert all(isinstance(v, (int, str)) for v in state.values())
         expected = [next(stream) for _ in range(3)]
         resumed = make()
         resumed.load_state_dict(state)
@@ -122,25 +123,70 @@ def test_resume_continues_with_exactly_the_next_sample_on_each_of_two_ranks(dyna
                 assert torch.equal(want[key], got[key]), key
 
 
-def test_resume_on_a_different_world_size_keeps_the_global_order(dynamic_data):
-    two = [PretrainingDataLoader(dynamic_data, 4, rank=r, world_size=2, seed=5) for r in range(2)]
-    streams = [iter(loader) for loader in two]
-    for _ in range(3):
-        for stream in streams:
-            next(stream)
-    one = PretrainingDataLoader(dynamic_data, 8, rank=0, world_size=1, seed=5)
+def micro_batches(loader, count: int) -> list[list[int]]:
+    """The examples of the loader's next `count` micro-batches (advancing it)."""
+    first = loader.batch
+    loader.batch += count
+    return [loader.example_indices(first + i) for i in range(count)]
+
+
+@pytest.mark.parametrize(("world", "accumulation", "micro"), [(1, 4, 4), (4, 1, 4), (2, 2, 4), (2, 1, 8)])
+def test_a_step_holds_the_same_micro_batches_on_any_shape(dynamic_data, world, accumulation, micro):
+    """Global chunks: step s's micro-batch a of rank r is chunk a*W + r of the step's 16 samples, so 2 ranks x 2
+    accumulation steps, 4 x 1 and 1 x 4 form the same four micro-batches of 4 (with micro 8 the same samples in
+    two micro-batches of 8); the rank-strided order of earlier versions does not."""
+    def step_micro_batches(world, accumulation, micro, order=GLOBAL_CHUNKS):
+        ranks = [PretrainingDataLoader(dynamic_data, micro, rank=r, world_size=world, seed=5,
+                                       accumulation=accumulation, order=order) for r in range(world)]
+        steps = []
+        for _ in range(3):
+            per_rank = [micro_batches(loader, accumulation) for loader in ranks]
+            steps.append(sorted(sorted(per_rank[r][a]) for a in range(accumulation) for r in range(world)))
+        return steps
+    reference = step_micro_batches(1, 4, 4)
+    got = step_micro_batches(world, accumulation, micro)
+    if micro == 4:
+        assert got == reference
+    else:
+        assert [sorted(sum(s, [])) for s in got] == [sorted(sum(s, [])) for s in reference] and got != reference
+    assert step_micro_batches(2, 2, 4, RANK_STRIDED) != reference  # the order this replaces
+
+
+def test_resume_on_another_shape_continues_with_the_same_micro_batches(dynamic_data):
+    two = [PretrainingDataLoader(dynamic_data, 4, rank=r, world_size=2, seed=5, accumulation=2) for r in range(2)]
+    for loader in two:
+        micro_batches(loader, 6)  # three steps of 16
+    one = PretrainingDataLoader(dynamic_data, 4, rank=0, world_size=1, seed=5, accumulation=4)
     one.load_state_dict(two[0].state_dict())
-    assert one.position == 24
-    expected = [two[0].example_index(12 + i // 2) if i % 2 == 0 else two[1].example_index(12 + i // 2)
-                for i in range(8)]
-    assert [one.example_index(24 + i) for i in range(8)] == expected
+    assert one.batch == 12
+    expected = [batch for loader in two for batch in micro_batches(loader, 2)]  # the next step of both ranks
+    got = micro_batches(one, 4)
+    assert sorted(map(sorted, got)) == sorted(map(sorted, expected))
+    with pytest.raises(DataError, match="not a whole number of steps"):
+        PretrainingDataLoader(dynamic_data, 4, world_size=3, seed=5).load_state_dict(two[0].state_dict())
+
+
+def test_a_checkpoint_of_the_rank_strided_order_resumes_in_it(dynamic_data):
+    """Loader states written before the order was recorded ({"position", "world_size"}) continue exactly."""
+    def make():
+        return PretrainingDataLoader(dynamic_data, 4, rank=1, world_size=2, seed=5, order=RANK_STRIDED)
+    loader = make()
+    micro_batches(loader, 3)
+    old_state = {"epoch": 0, "position": 12, "seed": 5, "world_size": 2, "num_examples": loader.num_examples,
+                 "micro_batch_size": 4}
+    resumed = make()
+    resumed.load_state_dict(old_state)
+    assert micro_batches(resumed, 2) == micro_batches(loader, 2)
+    assert loader.example_indices(0) == [loader._permutation(2 * i + 1) for i in range(4)]  # positions 1, 3, 5, 7
+    with pytest.raises(DataError, match="rank-strided order with micro batch 4 cannot continue in the global-chunks"):
+        PretrainingDataLoader(dynamic_data, 4, rank=1, world_size=2, seed=5).load_state_dict(old_state)
 
 
 def test_epochs_reshuffle_and_dynamic_masks_change_but_repeat_for_a_seed(dynamic_data):
     loader = PretrainingDataLoader(dynamic_data, 16, seed=2)
-    order0 = [loader.example_index(i) for i in range(50)]
-    loader.load_state_dict({**loader.state_dict(), "epoch": 1, "position": 0})
-    order1 = [loader.example_index(i) for i in range(50)]
+    order0 = [i for b in range(4) for i in loader.example_indices(b)]
+    loader.load_state_dict({**loader.state_dict(), "epoch": 1, "consumed": 0})
+    order1 = [i for b in range(4) for i in loader.example_indices(b)]
     assert order0 != order1
     example = order0[0]
     loader.epoch = 0
@@ -255,7 +301,7 @@ def test_unfinished_folder_and_bad_arguments_are_errors(tmp_path, dynamic_data):
         PretrainingDataLoader(dynamic_data, 4, dynamic_masking=False)
     with pytest.raises(DataError, match="rank 2 is outside"):
         PretrainingDataLoader(dynamic_data, 4, rank=2, world_size=2)
-    with pytest.raises(DataError, match="cannot fill one batch"):
+    with pytest.raises(DataError, match="cannot fill one step"):
         PretrainingDataLoader(dynamic_data, 10**6)
     loader = PretrainingDataLoader(dynamic_data, 4, seed=1)
     with pytest.raises(DataError, match="data folder or the seed changed"):
@@ -268,7 +314,7 @@ def _rank_process(rank: int, data: str, port: int, results) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     loader = PretrainingDataLoader(data, 16, rank=rank, world_size=2, seed=21)
     stream = iter(loader)
-    seen = [loader.example_index(i) for i in range(loader.samples_per_epoch)]
+    seen = [i for b in range(len(loader)) for i in loader.example_indices(b)]
     for _ in range(5):
         next(stream)
     state = loader.state_dict()

@@ -166,7 +166,7 @@ def test_loader_shards_ranks_and_resumes_exactly():
     first = [[next(s)["labels"] for _ in range(per_epoch + 3)] for s in streams]
     # within an epoch the two ranks see disjoint images; a resumed loader continues the same sequence
     state = loaders[0].state_dict()
-    assert state["epoch"] == 1 and state["batch"] == 3
+    assert state["epoch"] == 1 and state["consumed"] == 3 * 32
     fresh = ImageLoader(source, 8, 1, 16, 0, 2, seed=5, train=True)
     fresh.load_state_dict(state)
     reference = iter(loaders[0])
@@ -292,7 +292,7 @@ def test_bad_image_size_not_divisible_by_patch():
 def test_bad_dataset_without_data_dir_and_too_small_for_a_batch(tmp_path):
     expect(DataError, "needs --data", load_dataset, "cifar10", None)
     source = fashion_mnist(make_fashion_mnist(tmp_path / "fm", n_train=10))["train"]
-    expect(DataError, "fewer than one global batch", lambda: ImageLoader(source, 28, 1, 8, 0, 2, 0, train=True))
+    expect(DataError, "fewer than one step", lambda: ImageLoader(source, 28, 1, 8, 0, 2, 0, train=True))
 
 
 def test_bad_hf_folder(tmp_path):

@@ -14,6 +14,7 @@ from typing import Any
 
 from widenet_ds.atomic import atomic_write_json
 from widenet_ds.checksums import FileRecords
+from widenet_ds.data.batch_order import RANK_STRIDED
 from widenet_ds.errors import CheckpointError
 from widenet_ds.model.config import split_run_settings
 
@@ -74,6 +75,8 @@ class CheckpointMeta:
     task: str | None = None          # the training task ("pretrain", "glue", "squad", "classify")
     branch_schedule: str = "joint"
     optimizer_states: bool = True    # False: model states only (`widenet-ds convert reshard`)
+    data_order: str = RANK_STRIDED   # which samples a rank's micro-batches held (data/batch_order.py); not
+    #                                  recorded before the global-chunks order, which continues on any shape
     files: FileRecords = field(default_factory=dict)  # every other file of the tag: size, SHA-256 ({}: not recorded)
     run: dict[str, Any] = field(default_factory=dict)
 

@@ -41,7 +41,7 @@ from widenet_ds.atomic import atomic_folder
 from widenet_ds.checkpoint.deepspeed import load_torch_file, precision, read_deepspeed_checkpoint, zero_stage
 from widenet_ds.checkpoint.format import TEXT_DEFAULT, architecture
 from widenet_ds.checkpoint.marker import CheckpointMeta
-from widenet_ds.checkpoint.training import MODEL_STATES, check_checkpoint_files, resolve_tag_dir
+from widenet_ds.checkpoint.training import MODEL_STATES, TrainingState, check_checkpoint_files, resolve_tag_dir
 from widenet_ds.errors import CheckpointError
 from widenet_ds.runtime.lamb import build_param_groups
 
@@ -282,6 +282,21 @@ def apply_to_engine(engine, state: ShapeFreeState, ep_size: int, rank: int) -> N
     engine.global_steps = scalars["global_steps"]
     engine.global_samples = scalars["global_samples"]
     engine.skipped_steps = scalars["skipped_steps"]
+
+
+def resume_on_new_shape(engine, tag_dir: Path, loader, ep_size: int, rank: int) -> TrainingState:
+    """Continue a run from `tag_dir` (written on another shape) in this rank's freshly built engine and loader:
+    weights, optimizer state, schedule and the data position. Every rank reads the whole checkpoint (nothing of
+    it is modified); the RNG streams of the old ranks mean nothing on the new ones and are not restored."""
+    state = read_shape_free(tag_dir)
+    apply_to_engine(engine, state, ep_size, rank)
+    positions = {(s["epoch"], s.get("consumed")) for s in state.scalars["loaders"]}
+    if len(positions) != 1:
+        raise CheckpointError(f"the ranks of {tag_dir} saved different data positions {sorted(positions)}; a checkpoint "
+                              f"is taken between steps, where every rank has consumed as much: the folder is mixed up.")
+    loader.load_state_dict(state.scalars["loaders"][0])
+    marker = state.scalars["marker"]
+    return TrainingState(step=marker["step"], samples=marker["samples"])
 
 
 def _one_hyper(state: ShapeFreeState, names: list[str]) -> dict[str, Any]:

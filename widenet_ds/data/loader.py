@@ -1,14 +1,14 @@
 """Distributed, resumable loader of prepared pretraining data (memory-mapped shards).
 
-Order: in epoch e the examples are visited in a pseudo-random permutation keyed by (seed, e), and
-rank r of W takes the permuted stream's positions r, r + W, r + 2W, ... (as `DistributedSampler`).
-The permutation is a Feistel network over the index domain (with cycle walking), evaluated per
-sample: no index array is built, so memory stays flat whatever the corpus size.
+Order: in epoch e the examples are visited in a pseudo-random permutation keyed by (seed, e); which positions of
+that stream a rank's micro-batch holds is `BatchOrder`'s (data/batch_order.py: global chunks, the same micro-
+batches on any shape; rank-strided for checkpoints written before). The permutation is a Feistel network over the
+index domain (with cycle walking), evaluated per sample: no index array is built, so memory stays flat whatever
+the corpus size.
 
 Dynamic masks are drawn from a generator seeded by (seed, epoch, example index), so a sample is the
-same whether it is reached in one run or after a resume. The state is (epoch, position): the number
-of samples this rank has consumed in the epoch. Restoring it makes the next batch exactly the one
-that would have come next.
+same whether it is reached in one run or after a resume. The state is (epoch, positions consumed over all
+ranks): restoring it, on this shape or another, makes the next batch exactly the one that would have come next.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from widenet_ds.data.batch_order import GLOBAL_CHUNKS, RANK_STRIDED, BatchOrder
 from widenet_ds.data.examples import ExampleConfig, PretrainingIds, mask_tokens
 from widenet_ds.data.shards import Shard, read_manifest, token_dtype
 from widenet_ds.data.tokenizer import load_tokenizer
@@ -68,11 +69,9 @@ class PretrainingDataLoader:
     `sop_labels` [B] (torch int64) for one data-parallel rank, forever across epochs."""
 
     def __init__(self, data_dir: str | os.PathLike, micro_batch_size: int, rank: int = 0, world_size: int = 1,
-                 seed: int = 0, dynamic_masking: bool | None = None, split: str = "train", drop_last: bool = True):
-        if micro_batch_size < 1:
-            raise DataError(f"micro_batch_size {micro_batch_size} must be at least 1")
-        if not 0 <= rank < world_size:
-            raise DataError(f"rank {rank} is outside the world of {world_size} ranks")
+                 seed: int = 0, dynamic_masking: bool | None = None, split: str = "train", accumulation: int = 1,
+                 order: str = GLOBAL_CHUNKS):
+        self.order = BatchOrder(micro_batch_size, accumulation, rank, world_size, order)
         self.data_dir = Path(data_dir)
         self.manifest = read_manifest(self.data_dir)
         if split not in self.manifest["splits"]:
@@ -104,60 +103,61 @@ class PretrainingDataLoader:
         self.num_examples = self.shard_starts[-1]
 
         self.micro_batch_size, self.rank, self.world_size, self.seed = micro_batch_size, rank, world_size, seed
-        self.split, self.drop_last = split, drop_last
-        per_rank = self.num_examples // world_size if drop_last else -(-self.num_examples // world_size)
-        self.samples_per_epoch = per_rank // micro_batch_size * micro_batch_size if drop_last else per_rank
-        if self.samples_per_epoch == 0:
-            raise DataError(f"{self.num_examples} {split} examples cannot fill one batch of {micro_batch_size} "
-                            f"on each of {world_size} ranks; lower the batch size or prepare more data")
+        self.split = split
+        self.batches_per_epoch = self.order.micro_batches_per_epoch(self.num_examples)
+        if self.batches_per_epoch == 0:
+            unit = (f"one step of {self.order.global_batch} (micro batch {micro_batch_size} x {accumulation} "
+                    f"accumulation steps x {world_size} ranks)" if order == GLOBAL_CHUNKS
+                    else f"one batch of {micro_batch_size} on each of {world_size} ranks")
+            raise DataError(f"{self.num_examples} {split} examples cannot fill {unit}; lower the batch size or "
+                            f"prepare more data")
         self.epoch = 0
-        self.position = 0  # samples of this epoch already yielded by this rank
+        self.batch = 0  # micro-batches of this epoch already yielded by this rank
         self._permutation = FeistelPermutation(self.num_examples, f"{seed}/0")
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank."""
-        return -(-self.samples_per_epoch // self.micro_batch_size)
+        """Micro-batches per epoch on this rank."""
+        return self.batches_per_epoch
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
-                "world_size": self.world_size, "num_examples": self.num_examples,
-                "micro_batch_size": self.micro_batch_size}
+    def state_dict(self) -> dict[str, int | str]:
+        """Where the epoch is, in terms any shape reads: positions consumed over all ranks."""
+        return {"order": self.order.kind, "epoch": self.epoch, "consumed": self.order.consumed(self.batch),
+                "seed": self.seed, "num_examples": self.num_examples, "micro_batch_size": self.micro_batch_size,
+                "global_batch": self.order.global_batch}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, int | str]) -> None:
         if state["num_examples"] != self.num_examples or state["seed"] != self.seed:
             raise DataError(f"loader state is for {state['num_examples']} examples with seed {state['seed']}, "
                             f"this loader has {self.num_examples} with seed {self.seed}: the data folder or the "
                             "seed changed since the checkpoint; resume with the same data and seed")
-        position = state["position"]
-        if state["world_size"] != self.world_size:
-            # All ranks consume in lockstep, so the global stream is consumed up to position * W.
-            consumed = position * state["world_size"]
-            if consumed % self.world_size:
-                raise DataError(f"cannot resume {consumed} consumed samples on {self.world_size} ranks exactly; "
-                                f"resume with world size {state['world_size']} or a divisor of {consumed}")
-            position = consumed // self.world_size
-        if position > self.samples_per_epoch:
-            raise DataError(f"loader state position {position} is past the epoch's {self.samples_per_epoch} "
-                            "samples on this rank; was it saved with other batch settings?")
-        self.epoch = state["epoch"]
-        self.position = position
+        written = state.get("order", RANK_STRIDED)
+        # Written before the order was recorded: {"position": samples of this rank, "world_size": W}.
+        consumed = state["consumed"] if "consumed" in state else state["position"] * state["world_size"]
+        if written != self.order.kind or state["micro_batch_size"] != self.micro_batch_size:
+            raise DataError(f"loader state of the {written} order with micro batch {state['micro_batch_size']} "
+                            f"cannot continue in the {self.order.kind} order with micro batch {self.micro_batch_size}; "
+                            f"resume with the run's batch settings")
+        batch = self.order.index_after(consumed, "the checkpoint's loader")
+        if batch > self.batches_per_epoch:
+            raise DataError(f"loader state position {consumed} is past the epoch's "
+                            f"{self.order.consumed(self.batches_per_epoch)} samples; was it saved with other batch "
+                            f"settings?")
+        self.epoch, self.batch = int(state["epoch"]), batch
         self._permutation = FeistelPermutation(self.num_examples, f"{self.seed}/{self.epoch}")
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         while True:
-            if self.position >= self.samples_per_epoch:
+            if self.batch >= self.batches_per_epoch:
                 self.epoch += 1
-                self.position = 0
+                self.batch = 0
                 self._permutation = FeistelPermutation(self.num_examples, f"{self.seed}/{self.epoch}")
-            count = min(self.micro_batch_size, self.samples_per_epoch - self.position)
-            indices = [self.example_index(self.position + i) for i in range(count)]
-            batch = self.collate(indices)
-            self.position += count  # before yielding: a checkpoint taken now resumes after this batch
-            yield batch
+            indices = self.example_indices(self.batch)
+            self.batch += 1  # before yielding: a checkpoint taken now resumes after this batch
+            yield self.collate(indices)
 
-    def example_index(self, position: int) -> int:
-        """The example at `position` of this rank's current epoch."""
-        return self._permutation((position * self.world_size + self.rank) % self.num_examples)
+    def example_indices(self, batch: int) -> list[int]:
+        """The examples of this rank's micro-batch `batch` of the current epoch."""
+        return [self._permutation(position) for position in self.order.positions(batch)]
 
     def collate(self, indices: list[int]) -> dict[str, torch.Tensor]:
         size, seq = len(indices), self.example_config.seq_length

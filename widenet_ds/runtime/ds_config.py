@@ -114,7 +114,7 @@ def validate_ds_config(config: dict[str, Any], *, world_size: int, has_moe: bool
     """Check a DeepSpeed JSON dict against this run; raise ConfigError naming the fix on the first problem."""
     _check_known_keys(config)
     check_values(config)
-    batch = _resolve_batch(config, world_size)
+    batch = resolve_batch(config, world_size)
     zero_stage = _zero_stage(config, has_moe)
     precision = _precision(config, cuda_available)
     optimizer_type = _check_optimizer(config, zero_stage)
@@ -149,7 +149,7 @@ def _positive_int(config: dict[str, Any], key: str) -> int | None:
     return value
 
 
-def _resolve_batch(config: dict[str, Any], world_size: int) -> BatchSizes:
+def resolve_batch(config: dict[str, Any], world_size: int) -> BatchSizes:
     """DeepSpeed's own resolution (runtime/config.py `_set_batch_related_parameters`), but refusing the
     cases where it would silently floor a division or fail later on a bare assert."""
     train = _positive_int(config, "train_batch_size")
@@ -283,9 +283,11 @@ def _check_scheduler(config: dict[str, Any]) -> tuple[str | None, int | None]:
     return name, total
 
 
-# What decides the optimisation trajectory: a resume with any of these changed is no longer the same run.
-TRAJECTORY_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer",
-                   "scheduler", "gradient_clipping", "fp16", "bf16", "bfloat16", "zero_optimization.stage")
+# What decides the optimisation trajectory: a resume with any of these changed is no longer the same run. The
+# accumulation steps and the ZeRO stage are the layout's (the same global and micro batch on other ranks, the
+# same fp32 arithmetic partitioned otherwise): a resume re-lays a checkpoint out for them (training/plan.py).
+TRAJECTORY_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "optimizer", "scheduler",
+                   "gradient_clipping", "fp16", "bf16", "bfloat16")
 
 
 def trajectory_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:

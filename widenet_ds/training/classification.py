@@ -85,7 +85,8 @@ class ClassifyTask(Task):
         rank, world = parallel.data_parallel_rank, parallel.data_parallel_size
         self.workers = cfg.workers if cfg.workers is not None else default_workers(parallel.world_size)
         self.loader = ImageLoader(self.splits["train"], model.image_size, model.num_channels, micro, rank, world,
-                                  cfg.seed, train=True, workers=self.workers)
+                                  cfg.seed, train=True, workers=self.workers,
+                                  accumulation=plan.ds.batch.gradient_accumulation_steps, order=plan.data_order)
         self.test_loader = ImageLoader(_limit(self.splits["test"], cfg.max_eval_examples), model.image_size,
                                        model.num_channels, micro, rank, world, cfg.seed, train=False,
                                        workers=self.workers)

@@ -107,7 +107,8 @@ class FinetuneSeedTask(Task):
         pad_to = self.run.max_len if self.plan.model_config.is_moe and self.cfg.ep_size > 1 else None
         self.batching = Batching(micro, pad_to)
         self.loader = EpochBatches(self.run.data.train, micro, self.seed, parallel.data_parallel_rank,
-                                   parallel.data_parallel_size)
+                                   parallel.data_parallel_size, self.plan.ds.batch.gradient_accumulation_steps,
+                                   self.plan.data_order)
 
     def build_model(self):
         task_run, checkpoint = self.run.task_run, self.run.checkpoint

@@ -14,12 +14,14 @@ import torch
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.training import (check_checkpoint_files, check_resumable, check_same_model, latest_checkpoint,
                                            resolve_tag_dir)
+from widenet_ds.data.batch_order import GLOBAL_CHUNKS
 from widenet_ds.errors import CheckpointError, ConfigError, WideNetError, mark_same_on_every_rank
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.ds_config import DeepSpeedSettings, load_ds_config, trajectory_changes, validate_ds_config
 from widenet_ds.runtime.engine import OptimizerPlan, plan_optimizer
 from widenet_ds.runtime.parallel import ParallelPlan
 from widenet_ds.training.branch_schedule import BranchSchedule, plan_branch_schedule
+from widenet_ds.training.new_shape import plan_new_shape
 from widenet_ds.training.run_config import LATEST, RunConfig, setting_changes
 
 
@@ -35,6 +37,8 @@ class RunPlan:
     resume_meta: CheckpointMeta | None = None
     changes: tuple[str, ...] = ()  # settings changed since the checkpoint, accepted with --accept-changed-settings
     notes: tuple[str, ...] = ()    # what the run does that a user may not expect (logged as events)
+    new_shape: str | None = None   # "old -> new" when the checkpoint is re-laid out for this run's shape
+    data_order: str = GLOBAL_CHUNKS  # the order the loaders use: the resumed checkpoint's (data/batch_order.py)
 
 
 def resolve_max_steps(requested: int | None, schedule_steps: int | None) -> int:
@@ -72,8 +76,7 @@ def plan_layout(cfg: RunConfig, model_config, world_size: int, rank: int) -> tup
     return parallel, ds, plan_optimizer(ds, cfg.optimizer, cuda)
 
 
-def find_resume_point(cfg: RunConfig, folder: RunFolder, model_config,
-                      ep_size: int) -> tuple[Path, CheckpointMeta, Any] | None:
+def find_resume_point(cfg: RunConfig, folder: RunFolder, model_config) -> tuple[Path, CheckpointMeta, Any] | None:
     """The checkpoint to continue from (None: a fresh start), checked to continue this run exactly, and the
     model config to continue with (the checkpoint's dispatch: see `keep_saved_dispatch`)."""
     existing = latest_checkpoint(folder.checkpoints) if folder.checkpoints.is_dir() else None
@@ -90,11 +93,6 @@ def find_resume_point(cfg: RunConfig, folder: RunFolder, model_config,
     check_resumable(source, meta)
     model_config = keep_saved_dispatch(meta.model_config, model_config, cfg.overrides)
     check_same_model(meta.model_config, model_config.to_dict(), source, meta.architecture)
-    if meta.ep_size != ep_size:
-        # DeepSpeed lays out a checkpoint's expert and optimizer files per expert-parallel rank.
-        raise CheckpointError(f"checkpoint {source} was saved with --ep-size {meta.ep_size}, this run has --ep-size "
-                              f"{ep_size}; resume with --ep-size {meta.ep_size}, or reshard the checkpoint (`widenet-ds "
-                              f"convert reshard --ep-size {ep_size}`) and start from it with --init-from.")
     return source, meta, model_config
 
 
@@ -154,7 +152,7 @@ def plan_run(cfg: RunConfig, task, folder: RunFolder, world_size: int, rank: int
                                     task.batches_per_epoch(ds.batch.train_batch_size), ds, cfg.prefix_cycle_batches,
                                     cfg.stage_steps)
     max_steps = schedule.end_step(resolve_max_steps(task.requested_steps(ds), ds.total_num_steps))
-    found = find_resume_point(cfg, folder, model_config, cfg.ep_size)
+    found = find_resume_point(cfg, folder, model_config)
     notes = schedule_notes(max_steps, ds.total_num_steps)
     if found is None:
         return RunPlan(model_config, parallel, ds, optimizer, schedule, max_steps, notes=notes)
@@ -163,4 +161,6 @@ def plan_run(cfg: RunConfig, task, folder: RunFolder, world_size: int, rank: int
         raise CheckpointError(f"checkpoint {source} was trained with --branch-schedule {meta.branch_schedule}; resume "
                               f"with the same schedule.")
     task.check_resume(meta, source)
-    return RunPlan(model_config, parallel, ds, optimizer, schedule, max_steps, source, meta, notes=notes)
+    new_shape = plan_new_shape(source, meta, parallel, ds, model_config.is_moe)
+    return RunPlan(model_config, parallel, ds, optimizer, schedule, max_steps, source, meta, notes=notes,
+                   new_shape=new_shape, data_order=meta.data_order)

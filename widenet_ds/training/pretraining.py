@@ -80,7 +80,9 @@ class PretrainTask(Task):
         cfg, parallel = self.cfg, self.plan.parallel
         micro = self.plan.ds.batch.micro_batch_size
         rank, world = parallel.data_parallel_rank, parallel.data_parallel_size
-        self.loader = PretrainingDataLoader(cfg.data, micro, rank, world, cfg.seed, split="train")
+        self.loader = PretrainingDataLoader(cfg.data, micro, rank, world, cfg.seed, split="train",
+                                            accumulation=self.plan.ds.batch.gradient_accumulation_steps,
+                                            order=self.plan.data_order)
         self.valid_loader, self.no_evaluation = None, None
         if "valid" not in self.manifest["splits"]:
             if cfg.eval_interval:

@@ -25,6 +25,7 @@ import torch.distributed as torch_dist
 from torch import nn
 
 from widenet_ds.checkpoint.marker import CheckpointMeta
+from widenet_ds.checkpoint.shape_free import resume_on_new_shape
 from widenet_ds.checkpoint.training import CheckpointManager, TrainingState, load_weights_only, resolve_tag_dir
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.compile import compile_for_training
@@ -36,6 +37,8 @@ from widenet_ds.training.metrics import WindowSums
 from widenet_ds.training.plan import RunPlan
 from widenet_ds.training.preemption import SavePoints, StopRequest
 from widenet_ds.training.run_config import RunConfig
+
+NEW_SHAPE_STREAMS = 1_000_003  # apart from every rank's stream of the run's start (seed + 1 + rank)
 
 
 class Task:
@@ -130,7 +133,13 @@ class Trainer:
 
         checkpoints = CheckpointManager(self.folder.checkpoints, cfg.keep_last, rank, parallel.world_size)
         state = TrainingState()
-        if plan.resume_from is not None:
+        if plan.new_shape is not None:
+            say(f"resuming {plan.resume_from} on another shape: {plan.new_shape}")
+            state = resume_on_new_shape(engine, plan.resume_from, loader, cfg.ep_size, rank)
+            # The old ranks' streams (dropout, routing noise, augmentation) have no counterpart here: new ones,
+            # from the step, so that a later resume of this run on this shape continues them exactly.
+            seed_everything(task.stream_seed + 1 + parallel.data_parallel_rank + NEW_SHAPE_STREAMS * state.step)
+        elif plan.resume_from is not None:
             state = checkpoints.load(engine, plan.resume_from, plan.resume_meta, loader)
         elif cfg.init_from is not None and not weight_lines:
             load_weights_only(engine, resolve_tag_dir(cfg.init_from))  # a DeepSpeed checkpoint: into the engine
@@ -155,7 +164,9 @@ class Trainer:
                 log.event(state.step, f"branch-parallel: groups of {parallel.branch_parallel} ranks, this rank's branches "
                                       f"{list(engine.module.encoder.branch_parallel.branches)}")
             if plan.resume_from is not None:
-                log.event(state.step, f"resumed from {plan.resume_from}")
+                log.event(state.step, f"resumed from {plan.resume_from}"
+                          + (f" on another shape ({plan.new_shape}): weights, optimizer state, schedule and data "
+                             f"position carried over; new random streams" if plan.new_shape else ""))
                 for change in plan.changes:
                     log.event(state.step, f"changed since the checkpoint (--accept-changed-settings): {change}")
             else:
@@ -172,7 +183,7 @@ class Trainer:
             meta = CheckpointMeta(step=state.step, samples=state.samples, world_size=parallel.world_size,
                                   ep_size=cfg.ep_size, model_config=cfg_model.to_dict(), deepspeed_config=plan.ds.config,
                                   architecture=type(model).__name__, task=cfg.TASK,
-                                  branch_schedule=plan.schedule.kind, run=task.meta())
+                                  branch_schedule=plan.schedule.kind, data_order=plan.data_order, run=task.meta())
             finished = self._steps(engine, loader, checkpoints, state, log, meta)
             if not finished:
                 return False, None

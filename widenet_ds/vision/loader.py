@@ -5,9 +5,10 @@ authors' `prepare_img` does, aspect not kept). Every random augmentation runs af
 batch in the training process (widenet_ds/vision/augment.py), from the global RNG that checkpoints
 save, so a resumed run draws the same crops, RandAugment ops and mixup as the uninterrupted one.
 
-Training order: epoch e is a permutation of the train split drawn from (seed, e); it is cut into global
-batches of micro_batch x world examples (the remainder is dropped, as the authors' fixed-shape TPU
-batches) and rank r takes rows [r * micro, (r + 1) * micro) of each. Evaluation is one pass padded with
+Training order: epoch e is a permutation of the train split drawn from (seed, e); it is cut into steps of
+micro_batch x accumulation x world examples (the remainder is dropped, as the authors' fixed-shape TPU
+batches) and each step into micro-batches by `BatchOrder` (data/batch_order.py: rank r's micro-batch at
+accumulation step a is chunk a * world + r), the same micro-batches on any shape. Evaluation is one pass padded with
 weight-0 rows to whole global batches, so every rank runs the same number of equal-shape batches (an
 expert-parallel all-to-all needs that).
 """
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
+from widenet_ds.data.batch_order import GLOBAL_CHUNKS, BatchOrder
 from widenet_ds.errors import DataError
 from widenet_ds.vision.datasets import ImageSource
 
@@ -67,10 +69,14 @@ def default_workers(world_size: int) -> int:
 
 
 class ImageLoader:
-    """Iterates this rank's micro-batches; `state_dict` is the position after the last batch yielded."""
+    """Iterates this rank's micro-batches; `state_dict` is the position after the last batch yielded.
+
+    order: `GLOBAL_CHUNKS`; checkpoints that recorded no order were written when an epoch ended after whole
+    micro-batches of every rank rather than whole steps: the same chunks with accumulation 1."""
 
     def __init__(self, source: ImageSource, image_size: int, channels: int, micro_batch_size: int, rank: int,
-                 world_size: int, seed: int, *, train: bool, workers: int = 0) -> None:
+                 world_size: int, seed: int, *, train: bool, workers: int = 0, accumulation: int = 1,
+                 order: str = GLOBAL_CHUNKS) -> None:
         self.dataset = _Images(source, image_size, channels)
         self.micro = micro_batch_size
         self.rank = rank
@@ -78,38 +84,48 @@ class ImageLoader:
         self.seed = seed
         self.train = train
         self.workers = workers
-        self.global_batch = micro_batch_size * world_size
-        if train and len(source) < self.global_batch:
-            raise DataError(f"{source.name} has {len(source)} examples, fewer than one global batch of "
-                            f"{self.global_batch} (micro batch {micro_batch_size} x {world_size} ranks); lower "
-                            f"train_micro_batch_size_per_gpu in the DeepSpeed config or use more data.")
+        self.legacy = order != GLOBAL_CHUNKS
+        self.order = BatchOrder(micro_batch_size, 1 if self.legacy or not train else accumulation, rank, world_size)
+        if train and len(source) < self.order.global_batch:
+            raise DataError(f"{source.name} has {len(source)} examples, fewer than one step of "
+                            f"{self.order.global_batch} (micro batch {micro_batch_size} x {self.order.accumulation} "
+                            f"accumulation steps x {world_size} ranks); lower train_batch_size in the DeepSpeed "
+                            f"config or use more data.")
         self.epoch = 0
         self.batch = 0
 
     def batches_per_epoch(self) -> int:
         n = len(self.dataset)
-        return n // self.global_batch if self.train else -(-n // self.global_batch)
+        return self.order.micro_batches_per_epoch(n) if self.train else -(-n // (self.micro * self.world))
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch": self.batch, "seed": self.seed, "world": self.world}
+    def state_dict(self) -> dict[str, int | str]:
+        return {"epoch": self.epoch, "consumed": self.order.consumed(self.batch), "seed": self.seed,
+                "micro_batch_size": self.micro, "order": "legacy" if self.legacy else GLOBAL_CHUNKS}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        if state["seed"] != self.seed or state["world"] != self.world:
-            raise DataError(f"loader state of seed {state['seed']} on {state['world']} ranks cannot continue with "
-                            f"seed {self.seed} on {self.world} ranks; resume with the same --seed and rank count.")
-        self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+    def load_state_dict(self, state: dict[str, int | str]) -> None:
+        if "consumed" not in state:  # written before the order was recorded: {"batch", "world"}
+            state = {**state, "consumed": int(state["batch"]) * self.micro * int(state["world"]),
+                     "micro_batch_size": self.micro, "order": "legacy"}
+        if (state["order"] == "legacy") != self.legacy:
+            raise DataError(f"loader state of the {state['order']} order cannot continue in the "
+                            f"{'legacy' if self.legacy else GLOBAL_CHUNKS} order; resume from the run's own checkpoint.")
+        if state["seed"] != self.seed or state["micro_batch_size"] != self.micro:
+            raise DataError(f"loader state of seed {state['seed']} and micro batch {state['micro_batch_size']} cannot "
+                            f"continue with seed {self.seed} and micro batch {self.micro}; resume with the run's --seed "
+                            f"and batch settings.")
+        self.epoch = int(state["epoch"])
+        self.batch = self.order.index_after(int(state["consumed"]), "the checkpoint's loader")
 
     def _order(self, epoch: int) -> np.ndarray:
         n = len(self.dataset)
         if not self.train:
-            return np.concatenate([np.arange(n), np.full(self.batches_per_epoch() * self.global_batch - n, PAD)])
+            return np.concatenate([np.arange(n), np.full(self.batches_per_epoch() * self.micro * self.world - n, PAD)])
         generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
-        return torch.randperm(n, generator=generator).numpy()[: self.batches_per_epoch() * self.global_batch]
+        return torch.randperm(n, generator=generator).numpy()
 
     def _rank_batches(self, epoch: int, first: int) -> list[list[int]]:
         order = self._order(epoch)
-        return [order[b * self.global_batch + self.rank * self.micro: b * self.global_batch + (self.rank + 1) * self.micro].tolist()
-                for b in range(first, self.batches_per_epoch())]
+        return [order[self.order.positions(b)].tolist() for b in range(first, self.batches_per_epoch())]
 
     def _epoch_batches(self, batches: list[list[int]]) -> Iterator[dict[str, torch.Tensor]]:
         # Its own generator: a DataLoader iterator otherwise draws its base seed from the global RNG, and a

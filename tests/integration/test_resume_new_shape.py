@@ -1,0 +1,114 @@
+"""`--resume` on another shape (issue 38): a checkpoint of 2 ranks / ep 2 continues on 1 rank / ep 1 and back,
+across ZeRO stages, with the optimizer state, schedule and data position carried over; the continued losses equal
+the uninterrupted run's within the golden curves' tolerance, where a restart from the weights (--init-from) does
+not; the checkpoint read is not modified; shapes that cannot continue the run are refused before loading.
+
+Comparable shapes: no random draws in the step, since each rank draws from its own stream, which has no
+counterpart on another shape: the text presets' encoder has no dropout, and here the SOP head's
+`classifier_dropout` is 0 and `moe.noise` is none; everything else is the default recipe. What differs
+between shapes is only the order of the floating-point sums (gradients all-reduced over ranks or accumulated on
+one), hence a tolerance and not equality.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from golden_curves import TOLERANCE_ULPS, beyond_tolerance, ulps
+from launching import run_train
+from pretrain_support import BOOKS, events, prepare_data, train_losses, write_ds_config, write_model_config
+from widenet_ds.checksums import record_files
+
+pytestmark = [pytest.mark.multirank, pytest.mark.slow]
+
+STEPS, SAVE = 12, 6
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, shared_data):
+    root = tmp_path_factory.mktemp("new_shape")
+    return {
+        "root": root,
+        "data": prepare_data(root / "data", [shared_data / b for b in BOOKS]),
+        "model": write_model_config(root / "widenet.json", moe={"noise": "none"},
+                                    classifier_dropout=0.0),
+        **{f"zero{stage}": write_ds_config(root / f"zero{stage}.json", zero_optimization={"stage": stage})
+           for stage in (0, 1, 2)},
+    }
+
+
+def args(inputs, out: Path, ranks_ep: int, zero: int, *extra: str, steps: int = STEPS) -> list[str]:
+    return ["--model-config", str(inputs["model"]), "--deepspeed_config", str(inputs[f"zero{zero}"]),
+            "--data", str(inputs["data"]), "--output-dir", str(out), "--max-steps", str(steps), "--log-interval", "1",
+            "--save-interval", str(SAVE), "--keep-last", "2", "--eval-interval", "0", "--ep-size", str(ranks_ep),
+            "--seed", "3", "--no-progress-bar", "--no-tensorboard", *extra]
+
+
+def train(inputs, out: Path, ranks: int, zero: int, *extra: str, steps: int = STEPS) -> dict[int, float]:
+    run_train("pretrain", args(inputs, out, ranks, zero, *extra, steps=steps), num_ranks=ranks)
+    return train_losses(out)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(inputs):
+    """Uninterrupted: 2 ranks, ep 2, ZeRO 1, saving at step 6."""
+    out = inputs["root"] / "two"
+    return out, train(inputs, out, 2, 1)
+
+
+@pytest.fixture(scope="module")
+def one_rank(inputs):
+    """Uninterrupted: 1 rank, ep 1, ZeRO 2 (2 accumulation steps of the same micro-batches)."""
+    out = inputs["root"] / "one"
+    return out, train(inputs, out, 1, 2)
+
+
+def assert_within_tolerance(got: dict[int, float], want: dict[int, float], steps) -> None:
+    far = {step: ulps(got[step], want[step]) for step in steps if ulps(got[step], want[step]) > TOLERANCE_ULPS}
+    assert not far, f"steps beyond {TOLERANCE_ULPS} ulps (step: ulps): {far}\n{got}\n{want}"
+
+
+def resume(inputs, source: Path, out: Path, ranks: int, zero: int) -> dict[int, float]:
+    tag = source / "checkpoints" / f"step{SAVE}"
+    before = record_files(tag)
+    losses = train(inputs, out, ranks, zero, "--resume", str(tag))
+    assert record_files(tag) == before  # the checkpoint it read is untouched
+    assert sorted(losses) == list(range(SAVE + 1, STEPS + 1))
+    return losses
+
+
+def test_a_step_computes_the_same_on_one_rank_and_on_two(two_ranks, one_rank):
+    """The micro-batches of a step do not depend on the shape: 2 ranks x 1 and 1 rank x 2 accumulation steps of
+    the same chunks, ep 2 and ep 1, ZeRO 1 and 2 give the same curve within the tolerance (before this work the
+    ranks read interleaved positions, and the curves parted from the first step)."""
+    assert_within_tolerance(one_rank[1], two_ranks[1], range(1, STEPS + 1))
+
+
+def test_two_ranks_continue_on_one_rank_and_zero_0(inputs, two_ranks):
+    out = inputs["root"] / "two_to_one"
+    losses = resume(inputs, two_ranks[0], out, 1, 0)
+    assert_within_tolerance(losses, two_ranks[1], range(SAVE + 1, STEPS + 1))
+    line = next(e for e in events(out) if e.startswith("resumed from"))
+    assert "on another shape (2 ranks, ep 2, ZeRO 1 -> 1 rank, ep 1, ZeRO 0)" in line
+    # Its own checkpoint is of the new shape, and continues there exactly (same-shape resume).
+    again = inputs["root"] / "two_to_one_again"
+    assert train(inputs, again, 1, 0, "--resume", str(out / "checkpoints" / f"step{STEPS}"),
+                 steps=STEPS + 2).keys() == {STEPS + 1, STEPS + 2}
+
+
+def test_one_rank_continues_on_two_ranks_and_zero_1(inputs, one_rank):
+    losses = resume(inputs, one_rank[0], inputs["root"] / "one_to_two", 2, 1)
+    assert_within_tolerance(losses, one_rank[1], range(SAVE + 1, STEPS + 1))
+
+
+def test_a_restart_from_the_weights_does_not_continue_the_run(inputs, two_ranks):
+    """--init-from keeps the weights only: a new LAMB (no moments), a schedule from step 0, the data from its
+    start; its losses leave the tolerance at once: what the carried-over state is worth."""
+    out = inputs["root"] / "restart"
+    restarted = train(inputs, out, 1, 0, "--init-from", str(two_ranks[0] / "checkpoints" / f"step{SAVE}"),
+                      steps=STEPS - SAVE)
+    continued = {step - SAVE: loss for step, loss in two_ranks[1].items() if step > SAVE}
+    assert beyond_tolerance(continued, restarted)
+    assert max(ulps(restarted[s], continued[s]) for s in continued) > 100 * TOLERANCE_ULPS

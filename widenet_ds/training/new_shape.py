@@ -1,0 +1,71 @@
+"""A resume on another shape (ranks, expert-parallel size, ZeRO stage): what must hold, checked before anything
+loads. The checkpoint is then read whole and put into this run's engine (checkpoint/shape_free.py); the step it
+continues with computes the same thing as on the old shape because the micro-batches of a step do not depend on
+the shape (data/batch_order.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from widenet_ds.checkpoint.marker import CheckpointMeta
+from widenet_ds.data.batch_order import GLOBAL_CHUNKS
+from widenet_ds.errors import CheckpointError, ConfigError
+from widenet_ds.runtime.ds_config import DeepSpeedSettings, validate_ds_config
+from widenet_ds.runtime.parallel import ParallelPlan
+
+
+@dataclass(frozen=True)
+class Shape:
+    world_size: int
+    ep_size: int
+    zero_stage: int
+
+    def __str__(self) -> str:
+        return (f"{self.world_size} rank{'s' if self.world_size != 1 else ''}, ep {self.ep_size}, "
+                f"ZeRO {self.zero_stage}")
+
+
+def saved_settings(meta: CheckpointMeta, has_moe: bool) -> DeepSpeedSettings | None:
+    """The checkpoint's DeepSpeed settings as its run resolved them (None: a marker that did not record them)."""
+    if not meta.deepspeed_config:
+        return None
+    return validate_ds_config(meta.deepspeed_config, world_size=meta.world_size, has_moe=has_moe,
+                              cuda_available=torch.cuda.is_available())
+
+
+def plan_new_shape(source: Path, meta: CheckpointMeta, parallel: ParallelPlan, ds: DeepSpeedSettings,
+                   has_moe: bool) -> str | None:
+    """None when the checkpoint was written on this run's shape; else the line naming old and new shape, after
+    refusing, with the fix, a shape change that cannot continue the run exactly."""
+    saved = saved_settings(meta, has_moe)
+    old = Shape(meta.world_size, meta.ep_size, saved.zero_stage if saved else ds.zero_stage)
+    new = Shape(parallel.world_size, parallel.ep_size, ds.zero_stage)
+    if old == new:
+        return None
+    own_shape = (f"resume on its own shape ({old}), or start a new run from its weights with --init-from {source} "
+                 f"(a new optimizer and schedule)")
+    if meta.data_order != GLOBAL_CHUNKS:
+        raise CheckpointError(f"checkpoint {source} was written in the rank-strided data order of earlier widenet-ds "
+                              f"versions, whose micro-batches depend on the number of ranks, so it cannot continue "
+                              f"exactly on {new}: {own_shape}.")
+    if saved is None:
+        raise CheckpointError(f"checkpoint {source} does not record its DeepSpeed settings; {own_shape}.")
+    if parallel.branch_parallel > 1:
+        raise ConfigError(f"a branch-parallel run (--branch-parallel {parallel.branch_parallel}) continues on its own "
+                          f"shape only; {own_shape}.")
+    if saved.precision != "fp32" or ds.precision != "fp32":
+        raise ConfigError(f"checkpoint {source} was trained in {saved.precision}, this run is {ds.precision}: a resume "
+                          f"on another shape re-lays out fp32 master weights and optimizer state only; {own_shape}.")
+    if (saved.batch.train_batch_size, saved.batch.micro_batch_size) != (ds.batch.train_batch_size,
+                                                                        ds.batch.micro_batch_size):
+        raise ConfigError(
+            f"checkpoint {source} trained with train_batch_size {saved.batch.train_batch_size} and "
+            f"train_micro_batch_size_per_gpu {saved.batch.micro_batch_size}; on {new} this run has "
+            f"{ds.batch.train_batch_size} and {ds.batch.micro_batch_size}. The same steps need the same global and "
+            f"micro batch: set both in the DeepSpeed JSON to the checkpoint's and leave gradient_accumulation_steps "
+            f"out (derived for {parallel.data_parallel_size} rank(s)); the ranks must divide "
+            f"{saved.batch.train_batch_size // saved.batch.micro_batch_size} micro-batches per step.")
+    return f"{old} -> {new}"
