@@ -129,6 +129,14 @@ def run_copy(env, tmp: Path, damage: Callable[[Path], None]) -> Path:
     return copy
 
 
+def forget_data_order(run: Path) -> None:
+    """The marker as versions before the global-chunks data order wrote it."""
+    marker = run / "checkpoints/step2/widenet_checkpoint.json"
+    data = json.loads(marker.read_text())
+    del data["data_order"]
+    marker.write_text(json.dumps(data))
+
+
 def data_of_other_tokenizer(env, tmp: Path) -> Path:
     """The earlier run's text tokenized with another vocabulary of the same size."""
     data = tmp / "data"
@@ -429,6 +437,17 @@ CASES = [
     # ---- pretraining (items 6-10) ----
     C("pretrain-resume-resharded", "pretrain", lambda e, t: pretrain(e, t, "--resume", str(e["resharded"])),
       r"holds model states only.*--init-from"),
+    # resumes on another shape (here ZeRO 1 -> 0) that cannot continue the run exactly
+    C("pretrain-resume-new-shape-other-micro-batch", "pretrain", lambda e, t: pretrain(
+      e, t, "--resume", str(e["run"] / "checkpoints/step2"), ds=ds_config(
+          t, train_micro_batch_size_per_gpu=4, **{"zero_optimization.stage": 0})),
+      r"trained with train_batch_size 16 and train_micro_batch_size_per_gpu 8; on 1 rank, ep 1, ZeRO 0 this run has 16 "
+      r"and 4\. The same steps need the same global and micro batch"),
+    C("pretrain-resume-new-shape-rank-strided-order", "pretrain", lambda e, t: pretrain(
+      e, t, "--resume", str(run_copy(e, t, forget_data_order) / "checkpoints/step2"),
+      ds=ds_config(t, **{"zero_optimization.stage": 0})),
+      r"rank-strided data order of earlier widenet-ds versions.*cannot continue exactly on 1 rank, ep 1, ZeRO 0: resume "
+      r"on its own shape \(1 rank, ep 1, ZeRO 1\), or start a new run from its weights with --init-from"),
     C("pretrain-zero-key-typo", "pretrain", lambda e, t: pretrain(e, t, ds=ds_config(t, **{"zero_optimization.overlap_com": True})),
       r"unknown key 'zero_optimization\.overlap_com'.*Did you mean 'overlap_comm'"),
     C("pretrain-offload-key-typo", "pretrain", lambda e, t: pretrain(e, t, ds=ds_config(

@@ -59,7 +59,7 @@ class ShapeFreeState:
 
     master: dict[str, Tensor]  # global name -> fp32 master weight
     optimizer: dict[str, dict[str, Tensor]]  # state key (exp_avg, exp_avg_sq) -> global name -> tensor
-    param_state: dict[str, dict[str, Any]]  # global name -> the optimizer's scalar state of it ({"step": 2})
+    param_state: dict[str, dict[str, Any]]  # global name -> the optimizer's scalar state of it, as JSON ({"step": 2})
     hyper: dict[str, dict[str, Any]]  # global name -> its param group's hyper-parameters (lr, weight_decay, ...)
     scalars: dict[str, Any] = field(default_factory=dict)  # schedule, steps, samples, loaders, marker, source
 
@@ -85,6 +85,19 @@ def global_expert_name(name: str, ep_rank: int, local_experts: int, *, local: bo
         number = int(match.group(1))
         return f".deepspeed_experts.{number % local_experts if local else ep_rank * local_experts + number}."
     return _EXPERT.sub(index, name)
+
+
+def scalar_json(state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer's per-tensor scalar state as JSON: torch's AdamW keeps its `step` as a 0-dim tensor, our
+    LAMB as a number; a tensor becomes {"tensor": value, "dtype": name} (exact: a float32 step is a whole number)."""
+    return {k: {"tensor": v.item(), "dtype": str(v.dtype).removeprefix("torch.")} if torch.is_tensor(v) else v
+            for k, v in state.items()}
+
+
+def scalar_values(state: dict[str, Any]) -> dict[str, Any]:
+    """`scalar_json` back: the values the optimizer keeps."""
+    return {k: torch.tensor(v["tensor"], dtype=getattr(torch, v["dtype"])) if isinstance(v, dict) and "tensor" in v
+            else v for k, v in state.items()}
 
 
 def _hyper(group: dict[str, Any]) -> dict[str, Any]:
@@ -144,7 +157,7 @@ def _read_zero_partitions(tag_dir: Path, meta: CheckpointMeta, local_experts: in
             group = base["param_groups"][index]
             opt_state = base["state"].get(group["params"][0], {})
             tensors = {MASTER: partition, **{k: v for k, v in opt_state.items() if torch.is_tensor(v) and v.dim() == 1}}
-            scalar = {k: v for k, v in opt_state.items() if k not in tensors}
+            scalar = scalar_json({k: v for k, v in opt_state.items() if k not in tensors})
             for name, address in mapping.items():
                 key = global_expert_name(name, rank % meta.ep_size, local_experts) if group.get("moe") else name
                 if key not in shapes and name not in shapes:
@@ -171,10 +184,11 @@ def _read_zero_partitions(tag_dir: Path, meta: CheckpointMeta, local_experts: in
 def _read_stage0(tag_dir: Path, meta: CheckpointMeta, local_experts: int) -> ShapeFreeState:
     """ZeRO 0: the module's weights are the master weights; the optimizer state of expert-parallel rank e is a
     torch state dict whose positions follow the engine's param groups, rebuilt here on the meta device."""
-    master = read_deepspeed_checkpoint(tag_dir).state
+    checkpoint = read_deepspeed_checkpoint(tag_dir)
+    master = checkpoint.state
     arch = architecture(meta.architecture or TEXT_DEFAULT, str(tag_dir))
     cfg = arch.config.from_stored(meta.model_config)[0]
-    extra = {"num_labels": meta.run.get("num_labels")} if arch.takes_num_labels else {}
+    extra = {"num_labels": checkpoint.num_labels} if arch.takes_num_labels else {}
     with torch.device("meta"):
         model = arch.model(cfg, ep_size=meta.ep_size, **extra)
     names = {id(p): n for n, p in model.named_parameters()}
@@ -197,7 +211,8 @@ def _read_stage0(tag_dir: Path, meta: CheckpointMeta, local_experts: int) -> Sha
                 for what, value in opt_state.items():
                     if torch.is_tensor(value) and value.shape == param.shape:
                         optimizer.setdefault(what, {})[key] = value
-                param_state[key] = {k: v for k, v in opt_state.items() if not (torch.is_tensor(v) and v.dim() > 0)}
+                param_state[key] = scalar_json({k: v for k, v in opt_state.items()
+                                                if not (torch.is_tensor(v) and v.dim() > 0)})
                 hyper[key] = _hyper(saved)
     return ShapeFreeState(master, optimizer, param_state, hyper)
 
@@ -258,7 +273,7 @@ def apply_to_engine(engine, state: ShapeFreeState, ep_size: int, rank: int) -> N
                 group.update(_one_hyper(state, [by_param[id(p)] for p in group["params"]]))
                 for p in group["params"]:
                     name = by_param[id(p)]
-                    optimizer.state[p] = {**state.param_state[name],
+                    optimizer.state[p] = {**scalar_values(state.param_state[name]),
                                           **{what: t[name].clone() for what, t in state.optimizer.items()}}
         else:
             zero = engine.optimizer
@@ -269,7 +284,7 @@ def apply_to_engine(engine, state: ShapeFreeState, ep_size: int, rank: int) -> N
                 if len(scalars) != 1:
                     raise CheckpointError(f"the tensors of one ZeRO partition have different optimizer steps "
                                           f"({sorted(scalars)}); a flat partition holds one.")
-                zero.optimizer.state[partition] = {**json.loads(scalars.pop()),
+                zero.optimizer.state[partition] = {**scalar_values(json.loads(scalars.pop())),
                                                    **{what: torch.zeros_like(partition) for what in state.optimizer}}
             zero._lazy_init_hp_params_optimizer_state()
             for name, param in named.items():
