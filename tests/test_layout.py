@@ -134,6 +134,7 @@ COVERED_BY = {
     "widenet_ds/writable.py": ["integration/test_bad_inputs.py"],  # the unwritable / file-blocked output rows
     "widenet_ds/checkpoint/branches_cli.py": ["checkpoint/test_branches.py"],
     "widenet_ds/data/batch_order.py": ["data/test_loader.py", "training/test_epoch_batches.py"],  # through the loaders
+    "widenet_ds/data/prepared.py": ["data/test_loader.py", "training/test_pretraining.py"],  # opened once, counted
     "widenet_ds/training/new_shape.py": ["integration/test_resume_new_shape.py"],  # real resumes on other shapes
     "widenet_ds/checkpoint/deepspeed.py": ["checkpoint/test_cli.py", "checkpoint/test_load_image_models.py"],
     # the model card of `convert to-hf`, read from real runs' folders

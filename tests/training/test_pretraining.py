@@ -4,6 +4,12 @@ its DeepSpeed checkpoint or from its portable folder."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import os
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -157,3 +163,33 @@ def test_a_run_saved_with_the_capacity_buffers_resumes_with_them_under_the_compa
     assert run(args(data, out, "--resume", model="widenet-tiny-e4")) is not None
     assert sorted(train_losses(out)) == [1, 2]
     assert CheckpointMeta.read(out / "checkpoints" / "step2").model_config["moe"]["dispatch"] == "deepspeed"
+
+
+@contextlib.contextmanager
+def counted_opens(*paths: Path):
+    """path -> how often this process opens it meanwhile (Python's audit hook sees every `open`)."""
+    counts: collections.Counter = collections.Counter()
+    watched, active = {str(p) for p in paths}, [True]
+
+    def hook(event: str, args: tuple) -> None:
+        if active[0] and event == "open" and isinstance(args[0], (str, os.PathLike)) and os.fspath(args[0]) in watched:
+            counts[os.fspath(args[0])] += 1
+
+    sys.addaudithook(hook)  # (a hook cannot be removed: it goes quiet)
+    try:
+        yield counts
+    finally:
+        active[0] = False
+
+
+def test_a_run_reads_its_data_manifest_and_hashes_its_tokenizer_once(data, albert_run, tmp_path, dist):
+    """Start-up resolves its inputs once (issue 40): the task, the train and valid loaders and the --init-from
+    tokenizer check share one PreparedData; before, the manifest was read 4-5 times and the tokenizer hashed on each."""
+    folder = tmp_path / "folder"
+    assert widenet_ds(["convert", "to-folder", str(albert_run), str(folder)]) == 0
+    seq128 = data["seq128"]
+    with counted_opens(seq128 / "manifest.json", seq128 / "tokenizer.json") as opens:
+        assert run(args(data, tmp_path / "out", "--init-from", str(folder), "--max-steps", "1", model=str(folder),
+                        data_dir=seq128)) is not None
+    # tokenizer.json: read for its hash, and copied into the run folder (where finetuning and convert find it)
+    assert opens == {str(seq128 / "manifest.json"): 1, str(seq128 / "tokenizer.json"): 2}, opens

@@ -25,8 +25,8 @@ import torch
 
 from widenet_ds.data.batch_order import GLOBAL_CHUNKS, RANK_STRIDED, BatchOrder
 from widenet_ds.data.examples import ExampleConfig, PretrainingIds, mask_tokens
-from widenet_ds.data.shards import Shard, read_manifest, token_dtype
-from widenet_ds.data.tokenizer import load_tokenizer
+from widenet_ds.data.prepared import PreparedData
+from widenet_ds.data.shards import Shard, token_dtype
 from widenet_ds.errors import DataError
 
 _M64 = (1 << 64) - 1
@@ -68,18 +68,17 @@ class PretrainingDataLoader:
     """Batches of `input_ids`, `token_type_ids`, `attention_mask`, `mlm_labels` [B, S] and
     `sop_labels` [B] (torch int64) for one data-parallel rank, forever across epochs."""
 
-    def __init__(self, data_dir: str | os.PathLike, micro_batch_size: int, rank: int = 0, world_size: int = 1,
-                 seed: int = 0, dynamic_masking: bool | None = None, split: str = "train", accumulation: int = 1,
-                 order: str = GLOBAL_CHUNKS):
+    def __init__(self, data: str | os.PathLike | PreparedData, micro_batch_size: int, rank: int = 0,
+                 world_size: int = 1, seed: int = 0, dynamic_masking: bool | None = None, split: str = "train",
+                 accumulation: int = 1, order: str = GLOBAL_CHUNKS):
         self.order = BatchOrder(micro_batch_size, accumulation, rank, world_size, order)
-        self.data_dir = Path(data_dir)
-        self.manifest = read_manifest(self.data_dir)
+        data = PreparedData.open(data)  # a path: opened here (a task opens its data once for all its loaders)
+        self.data_dir, self.manifest = data.folder, data.manifest
         if split not in self.manifest["splits"]:
             raise DataError(f"split {split!r} is not in {self.data_dir} (splits: {list(self.manifest['splits'])}); "
                             "a corpus too small for the held-out fraction has no 'valid' split: raise "
                             "--valid-fraction or prepare more documents")
-        tokenizer = load_tokenizer(self.data_dir)  # checks its hash against the manifest
-        self.ids = PretrainingIds(tokenizer)
+        self.ids = PretrainingIds(data.tokenizer)
         if self.ids.vocab_size != self.manifest["vocab_size"]:
             raise DataError(f"{self.data_dir}/tokenizer.json has {self.ids.vocab_size} tokens but the shards "
                             f"were built with {self.manifest['vocab_size']}; re-run `widenet-ds prepare-data`")

@@ -54,7 +54,7 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     """A data folder (its `tokenizer.json`, else `vocab.txt`), a `tokenizer.json` or a `vocab.txt`."""
     path = Path(path)
     if path.is_dir() and (path / "manifest.json").is_file():
-        return _load_data_folder_tokenizer(path)
+        return data_folder_tokenizer(path, read_manifest(path))
     if path.is_dir():
         for name in (TOKENIZER_FILE, VOCAB_FILE):
             if (path / name).is_file():
@@ -85,10 +85,9 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     return tokenizer or BertWordPieceTokenizer(str(path), lowercase=True)._tokenizer
 
 
-def _load_data_folder_tokenizer(data_dir: Path) -> Tokenizer:
-    """The tokenizer of a prepared data folder, checked against the hash its shards were built with."""
-
-    manifest = read_manifest(data_dir)
+def data_folder_tokenizer(data_dir: Path, manifest: dict) -> Tokenizer:
+    """The tokenizer of a prepared data folder, checked against the hash its shards were built with (`manifest`:
+    the folder's, read once by the caller)."""
     path = data_dir / TOKENIZER_FILE
     if not path.is_file():
         raise DataError(f"{path} is missing; the shards of {data_dir} need the tokenizer they were built "

@@ -16,8 +16,8 @@ from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.training import check_same_model
 from widenet_ds.data.loader import PretrainingDataLoader
-from widenet_ds.data.shards import read_manifest
-from widenet_ds.data.tokenizer import TOKENIZER_FILE, TOKENIZER_FILES, load_tokenizer
+from widenet_ds.data.prepared import PreparedData
+from widenet_ds.data.tokenizer import TOKENIZER_FILES
 from widenet_ds.errors import DataError
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
@@ -42,7 +42,8 @@ class PretrainTask(Task):
     def model_config(self) -> ModelConfig:
         """A preset takes the data's vocabulary size; a JSON config or a checkpoint's must already match it."""
         cfg = self.cfg
-        self.manifest = read_manifest(cfg.data)
+        self.data = PreparedData.open(cfg.data)  # the manifest and the tokenizer, read and checked once
+        self.manifest = self.data.manifest
         model = resolve_model_config(ModelConfig, cfg.model_config, cfg.init_from, cfg.overrides,
                                      {"vocab_size": self.manifest["vocab_size"]})
         if model.vocab_size != self.manifest["vocab_size"]:
@@ -59,8 +60,8 @@ class PretrainTask(Task):
             check_same_model(checkpoint_model_config(ModelConfig, cfg.init_from, "--init-from").to_dict(), model.to_dict(),
                              cfg.init_from, ignore=("moe.dispatch",))
             # ... nor what each embedding row stands for: the data's tokenizer must be the checkpoint's.
-            check_checkpoint_tokenizer(load_tokenizer(cfg.data), f"the tokenizer of --data {cfg.data}", cfg.init_from,
-                                       model.vocab_size, tokenizer_file=cfg.data / TOKENIZER_FILE)
+            check_checkpoint_tokenizer(self.data.tokenizer, f"the tokenizer of --data {cfg.data}", cfg.init_from,
+                                       model.vocab_size, tokenizer_file=self.data.tokenizer_file)
         return model
 
     def batches_per_epoch(self, train_batch_size: int) -> int:
@@ -80,7 +81,7 @@ class PretrainTask(Task):
         cfg, parallel = self.cfg, self.plan.parallel
         micro = self.plan.ds.batch.micro_batch_size
         rank, world = parallel.data_parallel_rank, parallel.data_parallel_size
-        self.loader = PretrainingDataLoader(cfg.data, micro, rank, world, cfg.seed, split="train",
+        self.loader = PretrainingDataLoader(self.data, micro, rank, world, cfg.seed, split="train",
                                             accumulation=self.plan.ds.batch.gradient_accumulation_steps,
                                             order=self.plan.data_order)
         self.valid_loader, self.no_evaluation = None, None
@@ -91,7 +92,7 @@ class PretrainTask(Task):
             self.no_evaluation = f"{cfg.data} has no 'valid' split"
             return
         try:
-            self.valid_loader = PretrainingDataLoader(cfg.data, micro, rank, world, cfg.seed, split="valid")
+            self.valid_loader = PretrainingDataLoader(self.data, micro, rank, world, cfg.seed, split="valid")
         except DataError as err:
             if cfg.eval_interval:  # asked for: an error; the end-of-run evaluation alone: a note
                 raise
