@@ -182,14 +182,19 @@ def counted_opens(*paths: Path):
         active[0] = False
 
 
-def test_a_run_reads_its_data_manifest_and_hashes_its_tokenizer_once(data, albert_run, tmp_path, dist):
+def test_a_run_opens_its_data_and_its_init_from_checkpoint_once(data, albert_run, tmp_path, dist):
     """Start-up resolves its inputs once (issue 40): the task, the train and valid loaders and the --init-from
-    tokenizer check share one PreparedData; before, the manifest was read 4-5 times and the tokenizer hashed on each."""
+    tokenizer check share one PreparedData (before: manifest.json opened 6 times, tokenizer.json 4), and the
+    model config, the tokenizer check and the weights one CheckpointSource (before: config.json 5 times)."""
     folder = tmp_path / "folder"
     assert widenet_ds(["convert", "to-folder", str(albert_run), str(folder)]) == 0
     seq128 = data["seq128"]
-    with counted_opens(seq128 / "manifest.json", seq128 / "tokenizer.json") as opens:
+    with counted_opens(seq128 / "manifest.json", seq128 / "tokenizer.json", *sorted(folder.iterdir())) as opens:
         assert run(args(data, tmp_path / "out", "--init-from", str(folder), "--max-steps", "1", model=str(folder),
                         data_dir=seq128)) is not None
-    # tokenizer.json: read for its hash, and copied into the run folder (where finetuning and convert find it)
-    assert opens == {str(seq128 / "manifest.json"): 1, str(seq128 / "tokenizer.json"): 2}, opens
+    counts = {str(Path(path).relative_to(data["root"].parent)): n for path, n in opens.items()}
+    # the data's tokenizer.json: read for its hash, and copied into the run folder (where finetuning and convert
+    # find it); each file of the --init-from folder: hashed against its record, then read once
+    assert opens[str(seq128 / "manifest.json")] == 1 and opens[str(seq128 / "tokenizer.json")] == 2, counts
+    assert opens[str(folder / "config.json")] == 1, counts
+    assert all(opens[str(p)] <= 2 for p in folder.iterdir()), counts

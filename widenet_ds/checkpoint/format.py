@@ -306,10 +306,11 @@ def stored_model_config(config: dict[str, Any], where: Path) -> dict[str, Any]:
     return stored
 
 
-def read_folder(folder: Path) -> PortableCheckpoint:
+def read_folder(folder: Path, config: dict[str, Any] | None = None) -> PortableCheckpoint:
+    """The folder's weights and config (`config`: its config.json as already read, not opened again)."""
     folder = Path(folder)
     config_path = folder / CONFIG_FILE
-    config = read_folder_config(folder)
+    config = read_folder_config(folder) if config is None else config
     version = config.get("format_version") if isinstance(config, dict) else None
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{config_path} has format_version {version!r}; this widenet-ds reads version "

@@ -105,11 +105,13 @@ def _hyper(group: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- reading a DeepSpeed tag ------------------------------------------------------------------------------
-def read_shape_free(source: Path, tag: str | None = None) -> ShapeFreeState:
-    """The shape-free state of a complete widenet-ds training checkpoint (fp32, ZeRO 0/1/2, any W and ep)."""
+def read_shape_free(source: Path, tag: str | None = None, *, verified: bool = False) -> ShapeFreeState:
+    """The shape-free state of a complete widenet-ds training checkpoint (fp32, ZeRO 0/1/2, any W and ep);
+    `verified`: its files were checked against the marker already (a resume checks them before anything loads)."""
     tag_dir = resolve_tag_dir(source, tag)
     meta = CheckpointMeta.read(tag_dir)
-    check_checkpoint_files(tag_dir, meta)
+    if not verified:
+        check_checkpoint_files(tag_dir, meta)
     if not meta.optimizer_states:
         raise CheckpointError(f"{tag_dir} holds model states only (written by `convert reshard`): it has no "
                               f"optimizer state to carry; use the checkpoint it was resharded from.")
@@ -303,7 +305,7 @@ def resume_on_new_shape(engine, tag_dir: Path, loader, ep_size: int, rank: int) 
     """Continue a run from `tag_dir` (written on another shape) in this rank's freshly built engine and loader:
     weights, optimizer state, schedule and the data position. Every rank reads the whole checkpoint (nothing of
     it is modified); the RNG streams of the old ranks mean nothing on the new ones and are not restored."""
-    state = read_shape_free(tag_dir)
+    state = read_shape_free(tag_dir, verified=True)  # (the plan checked its files on every rank)
     apply_to_engine(engine, state, ep_size, rank)
     positions = {(s["epoch"], s.get("consumed")) for s in state.scalars["loaders"]}
     if len(positions) != 1:

@@ -21,6 +21,7 @@ from tokenizers import Tokenizer
 from widenet_ds.checkpoint.format import CONFIG_FILE, is_folder
 from widenet_ds.checkpoint.load import find_tokenizer_files
 from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta
+from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.training import resolve_tag_dir
 from widenet_ds.checksums import file_sha256
 from widenet_ds.data.tokenizer import load_tokenizer, tokenizer_files_in
@@ -46,17 +47,19 @@ def vocabulary_sha256(tokenizer: Tokenizer) -> str:
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
 
 
-def checkpoint_tokenizer(source: Path, tag: str | None = None) -> CheckpointTokenizer:
-    """The record and the verified reference file of a checkpoint folder or DeepSpeed checkpoint."""
-    source = Path(source)
+def checkpoint_tokenizer(source: Path | CheckpointSource, tag: str | None = None) -> CheckpointTokenizer:
+    """The record and the verified reference file of a checkpoint folder or DeepSpeed checkpoint (`source` a path,
+    or a checkpoint already opened: its config or marker is not read again)."""
+    opened = source if isinstance(source, CheckpointSource) else None
+    source = opened.given if opened else Path(source)
     if is_folder(source):
-        config = json.loads((source / CONFIG_FILE).read_text())
+        config = opened.folder_config if opened else json.loads((source / CONFIG_FILE).read_text())
         recorded = (config.get("provenance") or {}).get("tokenizer_sha256")
         record = f"{source / CONFIG_FILE} (provenance.tokenizer_sha256)"
         candidates = list(tokenizer_files_in(source))
     else:
-        tag_dir = resolve_tag_dir(source, tag, require_marker=False)
-        meta = CheckpointMeta.read(tag_dir, required=False)
+        tag_dir = opened.tag_dir if opened else resolve_tag_dir(source, tag, require_marker=False)
+        meta = opened.meta if opened else CheckpointMeta.read(tag_dir, required=False)
         recorded = meta.tokenizer_sha256 if meta else None
         record = f"{tag_dir / META_FILE} (data_manifest.tokenizer_sha256)"
         candidates = list(find_tokenizer_files(source, tag))
@@ -111,7 +114,7 @@ def check_tokenizer_for_checkpoint(tokenizer: Tokenizer, given: str, info: Check
                                   "trained on.")
 
 
-def check_checkpoint_tokenizer(tokenizer: Tokenizer, tokenizer_source: str, checkpoint: str | Path,
+def check_checkpoint_tokenizer(tokenizer: Tokenizer, tokenizer_source: str, checkpoint: str | Path | CheckpointSource,
                                vocab_size: int | None = None, tag: str | None = None,
                                tokenizer_file: str | Path | None = None) -> None:
     """The one call for "is this the tokenizer of that checkpoint?" (finetuning, conversion).
@@ -121,6 +124,6 @@ def check_checkpoint_tokenizer(tokenizer: Tokenizer, tokenizer_source: str, chec
     vocab_size: the checkpoint's embedding rows; tokenizer_file: the tokenizer.json it was read from, if any
     (compared by hash when the checkpoint's own tokenizer file is gone).
     """
-    info = checkpoint_tokenizer(Path(checkpoint), tag)
+    info = checkpoint_tokenizer(checkpoint if isinstance(checkpoint, CheckpointSource) else Path(checkpoint), tag)
     check_tokenizer_for_checkpoint(tokenizer, tokenizer_source, info, vocab_size,
                                    given_file=Path(tokenizer_file) if tokenizer_file else None)

@@ -40,17 +40,25 @@ def verify_checkpoint(source: Path, tag: str | None = None,
     if is_folder(source):
         if tag is not None:
             raise CheckpointError(f"{source} is a checkpoint folder, which has no tags; drop the tag {tag!r}.")
-        config = read_folder_config(source)
-        records = config.get("files", {}) if isinstance(config, dict) else {}
-        problems = file_problems(source, records)
-        if problems:
-            raise CheckpointError(f"checkpoint folder {source} is damaged: {len(problems)} of its {len(records)} files "
-                                  f"differ from what was written:\n  " + "\n  ".join(problems) + "\nRestore it from a "
-                                  f"copy, or write it again (`widenet-ds convert`).")
-        return Verified(source, len(records), total_size(records))
+        return verify_folder(source, read_folder_config(source))
     tag_dir = resolve_tag_dir(source, tag, require_marker=False)
-    meta = CheckpointMeta.read(tag_dir, required=False)
-    if meta is None:  # a DeepSpeed checkpoint of another program: nothing recorded to check against
+    return verify_tag(tag_dir, CheckpointMeta.read(tag_dir, required=False), use_other)
+
+
+def verify_folder(folder: Path, config) -> Verified:
+    """An exported folder against the records of its config.json (`config`, as read)."""
+    records = config.get("files", {}) if isinstance(config, dict) else {}
+    problems = file_problems(folder, records)
+    if problems:
+        raise CheckpointError(f"checkpoint folder {folder} is damaged: {len(problems)} of its {len(records)} files "
+                              f"differ from what was written:\n  " + "\n  ".join(problems) + "\nRestore it from a "
+                              f"copy, or write it again (`widenet-ds convert`).")
+    return Verified(folder, len(records), total_size(records))
+
+
+def verify_tag(tag_dir: Path, meta: CheckpointMeta | None, use_other: Callable[[Path], str]) -> Verified:
+    """A DeepSpeed tag against its marker (`meta`, as read; None: another program's, nothing recorded)."""
+    if meta is None:
         return Verified(tag_dir, 0, 0)
     check_checkpoint_files(tag_dir, meta, use_other)
     return Verified(tag_dir, len(meta.files), total_size(meta.files))

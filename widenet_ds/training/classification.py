@@ -53,7 +53,7 @@ class ClassifyTask(Task):
     # -- before anything is built --------------------------------------------------------------------
     def model_config(self) -> VisionConfig:
         cfg = self.cfg
-        model = resolve_model_config(VisionConfig, cfg.model_config, cfg.init_from, cfg.overrides)
+        model = resolve_model_config(VisionConfig, cfg.model_config, self.init_source, cfg.overrides)
         self.splits = load_dataset(cfg.dataset, cfg.data)
         if "test" not in self.splits:
             raise DataError(f"{cfg.dataset} at {cfg.data} has no test/val split to evaluate on; add it "

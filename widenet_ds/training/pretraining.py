@@ -10,7 +10,6 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from widenet_ds.checkpoint.format import is_folder, read_folder
 from widenet_ds.checkpoint.load import load_into
 from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
 from widenet_ds.checkpoint.marker import CheckpointMeta
@@ -23,7 +22,7 @@ from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
 from widenet_ds.training.log import TrainingLog
 from widenet_ds.training.metrics import PretrainMetrics
-from widenet_ds.training.model_source import checkpoint_model_config, resolve_model_config
+from widenet_ds.training.model_source import resolve_model_config
 from widenet_ds.training.run_config import PretrainConfig
 from widenet_ds.training.trainer import Task
 
@@ -44,7 +43,7 @@ class PretrainTask(Task):
         cfg = self.cfg
         self.data = PreparedData.open(cfg.data)  # the manifest and the tokenizer, read and checked once
         self.manifest = self.data.manifest
-        model = resolve_model_config(ModelConfig, cfg.model_config, cfg.init_from, cfg.overrides,
+        model = resolve_model_config(ModelConfig, cfg.model_config, self.init_source, cfg.overrides,
                                      {"vocab_size": self.manifest["vocab_size"]})
         if model.vocab_size != self.manifest["vocab_size"]:
             raise DataError(f"model config {cfg.model_config} has vocab_size {model.vocab_size}, the data in {cfg.data} "
@@ -57,10 +56,10 @@ class PretrainTask(Task):
         if cfg.init_from is not None:
             # A new phase may change the expert placement (--ep-size) and the dispatch, not the weights' shapes or
             # meaning...
-            check_same_model(checkpoint_model_config(ModelConfig, cfg.init_from, "--init-from").to_dict(), model.to_dict(),
+            check_same_model(self.init_source.model_config(ModelConfig).to_dict(), model.to_dict(),
                              cfg.init_from, ignore=("moe.dispatch",))
             # ... nor what each embedding row stands for: the data's tokenizer must be the checkpoint's.
-            check_checkpoint_tokenizer(self.data.tokenizer, f"the tokenizer of --data {cfg.data}", cfg.init_from,
+            check_checkpoint_tokenizer(self.data.tokenizer, f"the tokenizer of --data {cfg.data}", self.init_source,
                                        model.vocab_size, tokenizer_file=self.data.tokenizer_file)
         return model
 
@@ -103,12 +102,12 @@ class PretrainTask(Task):
     # -- building ------------------------------------------------------------------------------------
     def build_model(self) -> tuple[WideNetForPreTraining, list[str]]:
         model = WideNetForPreTraining(self.plan.model_config, ep_size=self.cfg.ep_size)
-        init_from = self.cfg.init_from
-        if init_from is None or not is_folder(init_from):
+        init_from = self.init_source
+        if init_from is None or not init_from.is_folder:
             return model, []  # a DeepSpeed checkpoint loads into the engine (the trainer does it)
         # Into the module before DeepSpeed copies its parameters (ZeRO partitions, fp32 master weights).
-        report = load_into(model, read_folder(init_from), str(init_from))
-        return model, [f"weights from {init_from} (new optimizer and schedule)", *report.summary().splitlines()]
+        report = load_into(model, init_from.read_weights(), str(init_from.given))
+        return model, [f"weights from {init_from.given} (new optimizer and schedule)", *report.summary().splitlines()]
 
     def train_loader(self) -> PretrainingDataLoader:
         return self.loader

@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 import torch.distributed as torch_dist
 
-from widenet_ds.checkpoint.verify import verify_checkpoint
+from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.disk_space import DiskFullError
 from widenet_ds.errors import WideNetError, mark_same_on_every_rank
 from widenet_ds.run_lock import FolderLockedError, folder_lock
@@ -34,13 +34,16 @@ def run_task(cfg: RunConfig) -> Any:
         say("starting: initialising the process group")
         init_distributed(say=say)
         with run_folder_lock(cfg):
+            init_source = None
             if cfg.init_from is not None:
-                try:  # a damaged file is named before any rank reads the weights
-                    verify_checkpoint(cfg.init_from, use_other=lambda tag_dir: f"--init-from {tag_dir}")
+                try:  # resolved once; a damaged file is named before any rank reads the weights
+                    init_source = CheckpointSource.open(cfg.init_from, "--init-from")
                 except WideNetError as err:
                     raise mark_same_on_every_rank(err)
             if cfg.TASK in SINGLE_RUN_TASKS:
-                result = run_single(cfg, SINGLE_RUN_TASKS[cfg.TASK](cfg), stop)
+                task = SINGLE_RUN_TASKS[cfg.TASK](cfg)
+                task.init_source = init_source
+                result = run_single(cfg, task, stop)
             else:
                 result = run_finetune(cfg, stop)
             # Every rank leaves together: a rank tearing its gloo group down while another still writes the

@@ -26,7 +26,8 @@ from torch import nn
 
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.shape_free import resume_on_new_shape
-from widenet_ds.checkpoint.training import CheckpointManager, TrainingState, load_weights_only, resolve_tag_dir
+from widenet_ds.checkpoint.source import CheckpointSource
+from widenet_ds.checkpoint.training import CheckpointManager, TrainingState, load_weights_only
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.compile import compile_for_training
 from widenet_ds.runtime.distributed import seed_everything
@@ -45,6 +46,7 @@ class Task:
     """What the loop asks of a training task. `plan` is set by the trainer before `build_model`."""
 
     plan: RunPlan
+    init_source: CheckpointSource | None = None  # --init-from, resolved and verified once (training/run.py)
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -141,8 +143,8 @@ class Trainer:
             seed_everything(task.stream_seed + 1 + parallel.data_parallel_rank + NEW_SHAPE_STREAMS * state.step)
         elif plan.resume_from is not None:
             state = checkpoints.load(engine, plan.resume_from, plan.resume_meta, loader)
-        elif cfg.init_from is not None and not weight_lines:
-            load_weights_only(engine, resolve_tag_dir(cfg.init_from))  # a DeepSpeed checkpoint: into the engine
+        elif task.init_source is not None and not weight_lines:
+            load_weights_only(engine, task.init_source.tag_dir)  # a DeepSpeed checkpoint: into the engine
             weight_lines = [f"weights from {cfg.init_from} (new optimizer and schedule)"]
 
         if state.step >= plan.max_steps and self.folder.results.is_file():
