@@ -198,3 +198,17 @@ def test_a_run_opens_its_data_and_its_init_from_checkpoint_once(data, albert_run
     assert opens[str(seq128 / "manifest.json")] == 1 and opens[str(seq128 / "tokenizer.json")] == 2, counts
     assert opens[str(folder / "config.json")] == 1, counts
     assert all(opens[str(p)] <= 2 for p in folder.iterdir()), counts
+
+
+def test_a_branch_parallel_run_with_random_draws_says_it_differs_from_one_rank():
+    from widenet_ds.runtime.parallel import ParallelPlan
+    from widenet_ds.training.plan import branch_parallel_notes
+    from widenet_ds.vision.config import VisionConfig
+
+    model = VisionConfig.from_preset("widenet-paraformer-tiny-3x4")
+    two = ParallelPlan.plan(2, 0, 1, 2, model)
+    (note,) = branch_parallel_notes(two, model)
+    assert f"hidden_dropout {model.hidden_dropout}" in note and "--set hidden_dropout=0" in note
+    assert "moe.noise gaussian" in note and note.endswith("--set moe.noise=none).")
+    quiet = model.replace(hidden_dropout=0.0, attention_dropout=0.0, moe={"noise": "none"})
+    assert branch_parallel_notes(two, quiet) == () == branch_parallel_notes(ParallelPlan.plan(1, 0, 1, 1, model), model)

@@ -65,6 +65,24 @@ def schedule_notes(max_steps: int, schedule_steps: int | None) -> tuple[str, ...
             f"to {max_steps} in the DeepSpeed config.",)
 
 
+def branch_parallel_notes(parallel: ParallelPlan, model_config) -> tuple[str, ...]:
+    """A branch group's ranks each draw dropout masks and routing noise for their own branches, one rank the
+    whole model's in another order: the same model and data, other random draws. Said, not refused."""
+    if parallel.branch_parallel == 1:
+        return ()
+    draws = {name: getattr(model_config, name) for name in ("hidden_dropout", "attention_dropout", "classifier_dropout")
+             if getattr(model_config, name, 0.0)}
+    fixes = [f"--set {name}=0" for name in draws]
+    if model_config.is_moe and model_config.moe.noise != "none":
+        draws["moe.noise"] = model_config.moe.noise
+        fixes.append("--set moe.noise=none")
+    if not draws:
+        return ()
+    listed = ", ".join(f"{name} {value}" for name, value in draws.items())
+    return (f"branch-parallel: {listed} draw on each rank for its own branches, so this run trains with other random "
+            f"draws than the same run on one rank (step for step the same only without them: {' '.join(fixes)}).",)
+
+
 def plan_layout(cfg: RunConfig, model_config, world_size: int, rank: int) -> tuple[ParallelPlan, DeepSpeedSettings,
                                                                                    OptimizerPlan]:
     """The parallel layout, the DeepSpeed JSON checked against it, and the optimizer that will run."""
@@ -153,7 +171,7 @@ def plan_run(cfg: RunConfig, task, folder: RunFolder, world_size: int, rank: int
                                     cfg.stage_steps)
     max_steps = schedule.end_step(resolve_max_steps(task.requested_steps(ds), ds.total_num_steps))
     found = find_resume_point(cfg, folder, model_config)
-    notes = schedule_notes(max_steps, ds.total_num_steps)
+    notes = schedule_notes(max_steps, ds.total_num_steps) + branch_parallel_notes(parallel, model_config)
     if found is None:
         return RunPlan(model_config, parallel, ds, optimizer, schedule, max_steps, notes=notes)
     source, meta, model_config = found
