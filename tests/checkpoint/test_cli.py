@@ -109,12 +109,17 @@ def test_reshard_ep2_to_ep1_to_ep2_loads_in_engines_with_identical_logits(checkp
     assert convert(["reshard", str(run), str(tmp_path / "ep1"), "--ep-size", "1", "--world-size", "1"]) == 0
     meta = json.loads((tmp_path / "ep1" / "step2" / "widenet_checkpoint.json").read_text())
     assert meta["ep_size"] == 1 and "ep_size" not in meta["model_config"]["moe"] and meta["world_size"] == 1
-    assert meta["optimizer_states"] is False and meta["resharded_from"]["ep_size"] == 2
+    assert meta["resharded_from"]["ep_size"] == 2
+    # The training state comes along, shape-free (a --resume re-lays it out: tests/integration/test_resume_new_shape.py)
+    assert meta["optimizer_states"] is True and meta["shape_free_state"] == "shape_free"
+    carried = tmp_path / "ep1" / "step2" / "shape_free" / "tensors.safetensors"
+    assert load_file(carried).keys() == save_free_state_keys(run)
     run_deepspeed(SCRIPT, ["load", str(tmp_path / "ep1" / "step2"), "1", str(tmp_path / "ep1_logits")], num_ranks=1)
     for name, tensor in load_file(tmp_path / "ep1_logits.rank0.safetensors").items():
         assert torch.equal(tensor, engine_logits(run, 0)[name]), name
 
     assert convert(["reshard", str(tmp_path / "ep1"), str(tmp_path / "ep2"), "--ep-size", "2", "--world-size", "2"]) == 0
+    assert (tmp_path / "ep2" / "step2" / "shape_free" / "tensors.safetensors").read_bytes() == carried.read_bytes()
     assert convert(["to-folder", str(tmp_path / "ep2"), str(tmp_path / "folder")]) == 0
     proc = run_deepspeed(SCRIPT, ["load", str(tmp_path / "ep2" / "step2"), "2", str(tmp_path / "ep2_logits"),
                                   str(tmp_path / "folder")], num_ranks=2)
@@ -123,6 +128,13 @@ def test_reshard_ep2_to_ep1_to_ep2_loads_in_engines_with_identical_logits(checkp
         for prefix in ("ep2_logits", "ep2_logits.folder"):  # the resharded checkpoint, and the folder at ep_size 2
             for name, tensor in load_file(tmp_path / f"{prefix}.rank{rank}.safetensors").items():
                 assert torch.equal(tensor, engine_logits(run, rank)[name]), (prefix, rank, name)
+
+
+def save_free_state_keys(run: Path) -> set[str]:
+    """The tensors of a checkpoint's shape-free state, read from the checkpoint itself."""
+    from widenet_ds.checkpoint.shape_free import read_shape_free
+    state = read_shape_free(run)
+    return {f"master/{n}" for n in state.master} | {f"{k}/{n}" for k, t in state.optimizer.items() for n in t}
 
 
 def test_reshard_refuses_layouts_that_cannot_hold_the_experts(checkpoints, tmp_path):

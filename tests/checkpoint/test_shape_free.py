@@ -121,10 +121,16 @@ def test_convert_to_shape_free_writes_the_state_and_leaves_the_source_as_it_was(
         convert(["to-shape-free", str(run), str(tmp_path / "state")])
 
 
-def test_a_model_states_only_checkpoint_is_refused(run, tmp_path):
+def test_a_resharded_checkpoint_keeps_the_state_and_a_model_states_only_one_is_refused(run, tmp_path):
     assert convert(["reshard", str(run), str(tmp_path / "ep1"), "--ep-size", "1", "--world-size", "1"]) == 0
+    original, kept = read_shape_free(run), read_shape_free(tmp_path / "ep1")
+    for name, tensor in original.master.items():
+        assert torch.equal(kept.master[name], tensor), name
+    assert kept.scalars == original.scalars and kept.param_state == original.param_state
+    assert convert(["reshard", str(run), str(tmp_path / "bare"), "--ep-size", "1", "--world-size", "1",
+                    "--model-states-only"]) == 0
     with pytest.raises(CheckpointError, match="model states only .* no optimizer state to carry"):
-        read_shape_free(tmp_path / "ep1")
+        read_shape_free(tmp_path / "bare")
 
 
 def test_expert_names_go_from_local_to_global_index():

@@ -63,7 +63,7 @@ def earlier(tmp_path_factory, shared_data, dist):
                   "--no-progress-bar", "--no-tensorboard"]) == 0
     assert widenet_ds(["convert", "to-folder", str(run), str(root / "export")]) == 0
     assert widenet_ds(["convert", "reshard", str(run), str(root / "resharded"), "--ep-size", "1",
-                       "--world-size", "1"]) == 0
+                       "--world-size", "1", "--model-states-only"]) == 0
     other = root / "other_tokenizer"  # same vocabulary size, other words
     assert widenet_ds(["train-tokenizer", "--source", str(books / "pg84.txt"), "--vocab-size", str(vocab),
                        "--output", str(other)]) == 0

@@ -24,10 +24,11 @@ from golden_curves import TOLERANCE_ULPS, beyond_tolerance, ulps
 from launching import REPO, child_env, run_train, train_command
 from pretrain_support import BOOKS, events, prepare_data, train_losses, write_ds_config, write_model_config
 from widenet_ds.checksums import record_files
+from widenet_ds.cli import main as widenet_ds
 
 pytestmark = [pytest.mark.multirank, pytest.mark.slow]
 
-STEPS, SAVE = 12, 6
+STEPS, SAVE = 8, 4
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +106,19 @@ def test_two_ranks_continue_on_one_rank_and_zero_0(inputs, two_ranks):
 def test_one_rank_continues_on_two_ranks_and_zero_1(inputs, one_rank):
     losses = resume(inputs, one_rank[0], inputs["root"] / "one_to_two", 2, 1)
     assert_within_tolerance(losses, one_rank[1], range(SAVE + 1, STEPS + 1))
+
+
+def test_a_checkpoint_resharded_for_one_rank_resumes_there(inputs, two_ranks, tmp_path):
+    """`convert reshard` carries the training state (shape-free, in the new tag): --resume from the copy
+    continues the run; the original checkpoint is not modified."""
+    tag = two_ranks[0] / "checkpoints" / f"step{SAVE}"
+    before = record_files(tag)
+    assert widenet_ds(["convert", "reshard", str(tag), str(tmp_path / "resharded"), "--ep-size", "1",
+                       "--world-size", "1"]) == 0
+    assert record_files(tag) == before
+    losses = train(inputs, tmp_path / "out", 1, 1, "--resume", str(tmp_path / "resharded" / f"step{SAVE}"))
+    assert_within_tolerance(losses, two_ranks[1], range(SAVE + 1, STEPS + 1))
+    assert any("on another shape (2 ranks, ep 2, ZeRO 1 -> 1 rank, ep 1, ZeRO 1)" in e for e in events(tmp_path / "out"))
 
 
 def test_a_restart_from_the_weights_does_not_continue_the_run(inputs, two_ranks):

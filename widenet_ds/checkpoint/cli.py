@@ -111,10 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     to_folder.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
 
     reshard = commands.add_parser("reshard", help="DeepSpeed checkpoint -> one for another ep_size / world size "
-                                                  "(model states; the optimizer starts anew)")
+                                                  "(model states, and the training state that --resume re-lays out)")
     _add_source(reshard, tokenizer=False)
     reshard.add_argument("--ep-size", type=int, required=True, help="expert parallelism of the new run")
     reshard.add_argument("--world-size", type=int, required=True, help="number of ranks of the new run")
+    reshard.add_argument("--model-states-only", action="store_true",
+                         help="leave the optimizer state, schedule and data position out (a smaller copy that "
+                              "--init-from starts a new run from)")
 
     shape_free = commands.add_parser("to-shape-free", help="training checkpoint (fp32, ZeRO 0/1/2) -> its training "
                                                            f"state without layout: {TENSORS_FILE} (every master weight "
@@ -209,11 +212,15 @@ def _convert(args) -> int:
         print(f"wrote {out}: {checkpoint.architecture}, step {checkpoint.provenance.get('step')}, {args.dtype}, "
               f"{described}")
     elif args.command == "reshard":
-        out = reshard(Path(args.source), Path(args.output), ep_size=args.ep_size, world_size=args.world_size,
-                      tag=args.tag, model_config=args.model_config, overwrite=args.overwrite)
-        print(f"wrote {out} for ep_size {args.ep_size} on {args.world_size} rank(s): model states only, no optimizer "
-              f"states; load with engine.load_checkpoint(..., load_optimizer_states=False, load_module_only=True) "
-              f"or a trainer's --init-from {out}")
+        out, why_not = reshard(Path(args.source), Path(args.output), ep_size=args.ep_size,
+                               world_size=args.world_size, tag=args.tag, model_config=args.model_config,
+                               overwrite=args.overwrite, model_states_only=args.model_states_only)
+        if why_not is None:
+            print(f"wrote {out} for ep_size {args.ep_size} on {args.world_size} rank(s), with its training state: "
+                  f"--resume {out} continues the run (on that shape or another)")
+        else:
+            print(f"wrote {out} for ep_size {args.ep_size} on {args.world_size} rank(s): model states only ({why_not}); "
+                  f"a trainer's --init-from {out} starts a new run from them")
     elif args.command == "to-shape-free":
         state = read_shape_free(Path(args.source), tag=args.tag)
         out = save_shape_free(state, Path(args.output), overwrite=args.overwrite)

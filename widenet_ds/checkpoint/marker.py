@@ -77,6 +77,8 @@ class CheckpointMeta:
     optimizer_states: bool = True    # False: model states only (`widenet-ds convert reshard`)
     data_order: str = RANK_STRIDED   # which samples a rank's micro-batches held (data/batch_order.py); not
     #                                  recorded before the global-chunks order, which continues on any shape
+    shape_free_state: str | None = None  # a folder of the tag with the whole training state (`convert reshard`):
+    #                                      a resume re-lays it out for its shape (checkpoint/shape_free.py)
     files: FileRecords = field(default_factory=dict)  # every other file of the tag: size, SHA-256 ({}: not recorded)
     run: dict[str, Any] = field(default_factory=dict)
 

@@ -1,17 +1,19 @@
 """`convert reshard`: a DeepSpeed checkpoint saved with ep_size a on w ranks -> one for ep_size b on v ranks.
 
-Model states only. The non-expert weights and the per-expert files are independent of the layout
-(experts are filed by global index), so they are carried over byte for byte and the metadata is
-rewritten for the new world size; `widenet_checkpoint.json` records the new ep_size and world size.
-Optimizer states are NOT carried: ZeRO partitions flat buffers by world size and DeepSpeed has no
-re-partitioning for MoE expert groups (DeepSpeed #4497, #5716), so a resharded checkpoint starts a new
-optimizer. Load it with
+The non-expert weights and the per-expert files are independent of the layout (experts are filed by global
+index), so they are carried over byte for byte and the metadata is rewritten for the new world size;
+`widenet_checkpoint.json` records the new ep_size and world size. The optimizer state is carried as the
+checkpoint's shape-free training state (checkpoint/shape_free.py: every fp32 master weight and optimizer state
+tensor whole, the schedule, the data position) in `shape_free/` of the new tag: DeepSpeed's ZeRO files partition
+flat buffers by world size and DeepSpeed has no re-partitioning for MoE expert groups (DeepSpeed #4497, #5716), so
+`--resume` from the resharded tag puts that state into the new engine, on any shape. A source without optimizer
+state (bf16/fp16, or `--model-states-only`) gives model states only: load them with
 
     engine.load_checkpoint(dir, tag, load_optimizer_states=False, load_lr_scheduler_states=False,
                            load_module_only=True)
 
-which is what `pretrain --init-from` does (widenet_ds.checkpoint.training.load_weights_only). Text and image
-checkpoints alike (the marker's architecture and every other entry are carried over).
+which is what `--init-from` does (widenet_ds.checkpoint.training.load_weights_only). Text and image checkpoints
+alike (the marker's architecture and every other entry are carried over).
 """
 
 from __future__ import annotations
@@ -26,17 +28,21 @@ from widenet_ds.atomic import atomic_folder
 from widenet_ds.checksums import record_files
 from widenet_ds.checkpoint.deepspeed import expert_file, load_torch_file, read_deepspeed_checkpoint
 from widenet_ds.checkpoint.marker import LATEST_FILE, CheckpointMeta
+from widenet_ds.checkpoint.shape_free import ShapeFreeState, read_shape_free, save_shape_free
 from widenet_ds.checkpoint.training import MODEL_STATES, resolve_tag_dir
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.runtime.distributed import check_ep_size
 
+SHAPE_FREE_DIR = "shape_free"
 # Entries of the model-states file that describe the optimizer partitioning of the old layout.
 _OPTIMIZER_LAYOUT = ("optimizer", "param_shapes", "shared_params", "frozen_param_shapes", "frozen_param_fragments")
 
 
 def reshard(source: Path, target: Path, *, ep_size: int, world_size: int, tag: str | None = None,
-            model_config: Path | None = None, overwrite: bool = False) -> Path:
-    """Write `<target>/<tag>/` + `<target>/latest`; returns the new tag folder."""
+            model_config: Path | None = None, overwrite: bool = False,
+            model_states_only: bool = False) -> tuple[Path, str | None]:
+    """Write `<target>/<tag>/` + `<target>/latest`; returns the new tag folder, and why it holds model states only
+    (None: it holds the training state too)."""
     tag_dir = resolve_tag_dir(source, tag, require_marker=False)
     checkpoint = read_deepspeed_checkpoint(tag_dir, model_config=model_config)  # complete and consistent
     cfg = checkpoint.config
@@ -52,6 +58,7 @@ def reshard(source: Path, target: Path, *, ep_size: int, world_size: int, tag: s
         step=0, samples=states.get("global_samples"), world_size=0, ep_size=0, model_config={}, deepspeed_config={})
     resharded_from = {"source": str(tag_dir.resolve()), "ep_size": checkpoint.provenance["trained_with_ep_size"],
                       "world_size": checkpoint.provenance["world_size"]}
+    state, why_not = (None, "--model-states-only") if model_states_only else _training_state(tag_dir, meta)
 
     with atomic_folder(target, overwrite, CheckpointError) as tmp:
         out = tmp / tag_dir.name
@@ -61,9 +68,22 @@ def reshard(source: Path, target: Path, *, ep_size: int, world_size: int, tag: s
             for layer in range(cfg.num_moe_layers):
                 for expert in range(cfg.moe.num_experts):
                     shutil.copyfile(expert_file(tag_dir, layer, expert), expert_file(out, layer, expert))
+        if state is not None:
+            save_shape_free(state, out / SHAPE_FREE_DIR)
         dataclasses.replace(meta, step=checkpoint.provenance["step"], world_size=world_size, ep_size=ep_size,
-                            model_config=cfg.to_dict(), optimizer_states=False,
+                            model_config=cfg.to_dict(), optimizer_states=state is not None,
+                            shape_free_state=SHAPE_FREE_DIR if state is not None else None,
                             files=record_files(out),  # this tag's files (the source's records describe the source's)
                             run={**meta.run, "resharded_from": resharded_from}).write(out)
         (tmp / LATEST_FILE).write_text(tag_dir.name)
-    return Path(target) / tag_dir.name
+    return Path(target) / tag_dir.name, why_not
+
+
+def _training_state(tag_dir: Path, meta: CheckpointMeta) -> tuple[ShapeFreeState | None, str | None]:
+    """The source's whole training state, and else why it has none to carry."""
+    if not meta.optimizer_states or not (meta.shape_free_state or any(tag_dir.glob("rank_*_state.pt"))):
+        return None, "the source holds no optimizer state"
+    try:
+        return read_shape_free(tag_dir), None
+    except CheckpointError as err:  # bf16/fp16: the 16-bit optimizer's own files
+        return None, str(err)

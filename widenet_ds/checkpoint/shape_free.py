@@ -112,8 +112,10 @@ def read_shape_free(source: Path, tag: str | None = None, *, verified: bool = Fa
     meta = CheckpointMeta.read(tag_dir)
     if not verified:
         check_checkpoint_files(tag_dir, meta)
+    if meta.shape_free_state:  # resharded: the state is kept as it is
+        return stored_shape_free(tag_dir, meta)
     if not meta.optimizer_states:
-        raise CheckpointError(f"{tag_dir} holds model states only (written by `convert reshard`): it has no "
+        raise CheckpointError(f"{tag_dir} holds model states only (written by `convert reshard --model-states-only`): it has no "
                               f"optimizer state to carry; use the checkpoint it was resharded from.")
     states = load_torch_file(tag_dir / MODEL_STATES)
     if precision(states) != "fp32":
@@ -301,11 +303,19 @@ def apply_to_engine(engine, state: ShapeFreeState, ep_size: int, rank: int) -> N
     engine.skipped_steps = scalars["skipped_steps"]
 
 
-def resume_on_new_shape(engine, tag_dir: Path, loader, ep_size: int, rank: int) -> TrainingState:
-    """Continue a run from `tag_dir` (written on another shape) in this rank's freshly built engine and loader:
-    weights, optimizer state, schedule and the data position. Every rank reads the whole checkpoint (nothing of
-    it is modified); the RNG streams of the old ranks mean nothing on the new ones and are not restored."""
-    state = read_shape_free(tag_dir, verified=True)  # (the plan checked its files on every rank)
+def stored_shape_free(tag_dir: Path, meta: CheckpointMeta) -> ShapeFreeState:
+    """The training state a resharded tag keeps in its folder `meta.shape_free_state`."""
+    return load_shape_free(Path(tag_dir) / meta.shape_free_state)
+
+
+def resume_on_new_shape(engine, tag_dir: Path, meta: CheckpointMeta, loader, ep_size: int,
+                        rank: int) -> TrainingState:
+    """Continue a run from `tag_dir` (written on another shape, or resharded with its shape-free state) in this
+    rank's freshly built engine and loader: weights, optimizer state, schedule and the data position. Every rank
+    reads the whole checkpoint (nothing of it is modified); the RNG streams of the old ranks mean nothing on the
+    new ones and are not restored."""
+    # (the plan checked the tag's files on every rank)
+    state = read_shape_free(tag_dir, verified=True)
     apply_to_engine(engine, state, ep_size, rank)
     positions = {(s["epoch"], s.get("consumed")) for s in state.scalars["loaders"]}
     if len(positions) != 1:

@@ -153,13 +153,17 @@ def complete_tags(checkpoint_dir: Path) -> list[str]:
 
 
 def check_resumable(tag_dir: Path, meta: CheckpointMeta) -> None:
-    """An exact resume needs the optimizer, schedule, loader and RNG states; a resharded checkpoint
-    (`widenet-ds convert reshard`) records that it has model states only."""
+    """An exact resume needs the optimizer, schedule, loader and RNG states (a resharded checkpoint keeps them as
+    its shape-free state, re-laid out on resume); one resharded with `--model-states-only`, or from a checkpoint
+    without them, records that it has model states only."""
+    if meta.shape_free_state:
+        return
     if not meta.optimizer_states or not any(Path(tag_dir).glob("rank_*_state.pt")):
         raise CheckpointError(f"checkpoint {tag_dir} holds model states only (no optimizer state, LR schedule, "
-                              f"data-loader or RNG state: it was written by `widenet-ds convert reshard` or copied "
-                              f"partially), so --resume cannot continue it exactly. Start a new run from its weights "
-                              f"with --init-from {tag_dir} (a new optimizer and schedule).")
+                              f"data-loader or RNG state: it was written by `widenet-ds convert reshard "
+                              f"--model-states-only`, resharded from such a checkpoint, or copied partially), so "
+                              f"--resume cannot continue it exactly. Start a new run from its weights with "
+                              f"--init-from {tag_dir} (a new optimizer and schedule).")
 
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:

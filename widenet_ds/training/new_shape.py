@@ -28,22 +28,30 @@ class Shape:
                 f"ZeRO {self.zero_stage}")
 
 
+def trained_world_size(meta: CheckpointMeta) -> int:
+    """The ranks the checkpoint's run trained on (a resharded tag records the new ones, and where it came from)."""
+    return (meta.run.get("resharded_from") or {}).get("world_size") or meta.world_size
+
+
 def saved_settings(meta: CheckpointMeta, has_moe: bool) -> DeepSpeedSettings | None:
     """The checkpoint's DeepSpeed settings as its run resolved them (None: a marker that did not record them)."""
     if not meta.deepspeed_config:
         return None
-    return validate_ds_config(meta.deepspeed_config, world_size=meta.world_size, has_moe=has_moe,
+    return validate_ds_config(meta.deepspeed_config, world_size=trained_world_size(meta), has_moe=has_moe,
                               cuda_available=torch.cuda.is_available())
 
 
 def plan_new_shape(source: Path, meta: CheckpointMeta, parallel: ParallelPlan, ds: DeepSpeedSettings,
                    has_moe: bool) -> str | None:
     """None when the checkpoint was written on this run's shape; else the line naming old and new shape, after
-    refusing, with the fix, a shape change that cannot continue the run exactly."""
+    refusing, with the fix, a shape change that cannot continue the run exactly. A resharded checkpoint's state
+    (`convert reshard`) is always re-laid out: its old shape is the run's it came from."""
     saved = saved_settings(meta, has_moe)
-    old = Shape(meta.world_size, meta.ep_size, saved.zero_stage if saved else ds.zero_stage)
+    resharded = meta.run.get("resharded_from") or {}
+    old = Shape(trained_world_size(meta), resharded.get("ep_size") or meta.ep_size,
+                saved.zero_stage if saved else ds.zero_stage)
     new = Shape(parallel.world_size, parallel.ep_size, ds.zero_stage)
-    if old == new:
+    if old == new and not meta.shape_free_state:
         return None
     own_shape = (f"resume on its own shape ({old}), or start a new run from its weights with --init-from {source} "
                  f"(a new optimizer and schedule)")
