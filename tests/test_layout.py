@@ -123,6 +123,12 @@ def test_the_entry_scripts_import_only_the_one_entry():
         assert imported == {"widenet_ds.train"}, f"{script.name} imports {imported}: a script form holds no logic"
 
 
+def test_launcher_sh_stays_small():
+    """launcher.sh only sets up, tests and starts the demos; everything else is `widenet-ds`."""
+    lines = (PACKAGE.parent / "launcher.sh").read_text().splitlines()
+    assert len(lines) <= 80, f"launcher.sh has {len(lines)} lines; move logic into widenet-ds"
+
+
 # --- the tests mirror the package -----------------------------------------------------------------------
 TESTS = PACKAGE.parent / "tests"
 # A module without a test file of its own name, and the test files that cover it instead (with why).

@@ -1,11 +1,12 @@
 """The one task registry (widenet_ds/task_registry.py) against everything that lists or tells apart the tasks:
-the configurations and trainers it names, `python -m widenet_ds.train`, `widenet-ds launch`, the run folder
-and the report."""
+the configurations and trainers it names, `python -m widenet_ds.train`, `widenet-ds launch`, the run folder,
+the report, and launcher.sh, which cannot import it: it names exactly its tasks."""
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,8 @@ from widenet_ds.train import usage
 from widenet_ds.training import run_config
 from widenet_ds.training.command_line import build_parser
 from widenet_ds.training.trainer import Task
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_every_row_names_its_configuration_and_trainer():
@@ -55,4 +58,12 @@ def test_a_task_outside_the_registry_is_no_task(tmp_path):
     folder = RunFolder(tmp_path / "run")
     folder.write_run_config({"task": "translate"})
     assert folder.task() is None
+
+
+def test_launcher_sh_launches_and_lists_exactly_the_registry_tasks():
+    text = (REPO / "launcher.sh").read_text()
+    launched = re.search(r'case "\$cmd" in ([\w|-]+)\) exec "\$WDS" launch "\$cmd"', text).group(1)
+    assert launched.split("|") == list(TASKS)
+    listed = re.search(r"TASK: ([\w\s]+);", text).group(1)
+    assert listed.split() == list(TASKS)
 
