@@ -1,6 +1,7 @@
 """The one task registry (widenet_ds/task_registry.py) against everything that lists or tells apart the tasks:
 the configurations and trainers it names, `python -m widenet_ds.train`, `widenet-ds launch`, the run folder,
-the report, and launcher.sh, which cannot import it: it names exactly its tasks."""
+the report, and the shell scripts, which cannot import it: launcher.sh names exactly its tasks, and the one
+Slurm script names none (it hands its arguments to the trainer) but documents every one."""
 
 from __future__ import annotations
 
@@ -67,3 +68,14 @@ def test_launcher_sh_launches_and_lists_exactly_the_registry_tasks():
     listed = re.search(r"TASK: ([\w\s]+);", text).group(1)
     assert listed.split() == list(TASKS)
 
+
+def test_the_one_slurm_script_takes_its_task_from_its_arguments_and_shows_every_task():
+    scripts = sorted(p.name for p in (REPO / "slurm").glob("*.sbatch"))
+    assert scripts == ["train.sbatch"], "one batch script for every task (its first argument is the task)"
+    lines = (REPO / "slurm" / "train.sbatch").read_text().splitlines()
+    code = "\n".join(line for line in lines if not line.lstrip().startswith("#"))
+    named = [name for name in TASKS if re.search(rf"\b{name}\b", code)]
+    assert not named, f"the script's commands name tasks {named}: it should pass its first argument on"
+    assert 'widenet_ds.train "$TASK" "$@"' in code
+    examples = {m.group(1) for line in lines for m in re.finditer(r"slurm/train\.sbatch ([a-z]\w*)", line)}
+    assert examples == set(TASKS)
