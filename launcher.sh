@@ -9,20 +9,18 @@ PY="$VENV/bin/python"
 WDS="$VENV/bin/widenet-ds"
 export WIDENET_SHARED_DATA="${WIDENET_SHARED_DATA:-$(dirname "$ROOT")/shared/data}"
 
-usage() {
-  cat <<'EOF'
+usage() { cat <<'EOF_USAGE'
 usage: ./launcher.sh <command> [options]
   setup                  create .venv and install widenet-ds with its pinned packages (idempotent)
   demo [OPTIONS]         set up, then `widenet-ds demo`: pretrain widenet-tiny-e4 on the embedded corpus on 2 CPU
                          ranks (expert parallelism 2), finetune it on SST-2, print the scores, write a report
   vision-demo [OPTIONS]  set up, install Fashion-MNIST (Debian package, as root), then `widenet-ds vision-demo`
   test [PYTEST ARGS]     set up, install Slurm, Chromium and Fashion-MNIST (as root), then run the tests
-  pretrain|vision [L] -- ARGS      widenet-ds launch pretrain|classify [L] -- ARGS (L: `widenet-ds launch --help`)
-  finetune [--squad] [L] -- ARGS   widenet-ds launch glue (--squad: squad) [L] -- ARGS
+  TASK [L] -- ARGS       widenet-ds launch TASK [L] -- ARGS (L: `widenet-ds launch --help`); TASK: pretrain glue
+                         squad classify; also `vision` (classify), `finetune` (glue), `finetune --squad` (squad)
   anything else          widenet-ds with the same arguments (launch, convert, report, ...)
-Environment: WIDENET_VENV (default .venv), WIDENET_SHARED_DATA (default ../shared/data), WIDENET_TEST_WORKERS
-(pytest workers of `test`, default 2).
-EOF
+Environment (default): WIDENET_VENV (.venv), WIDENET_SHARED_DATA (../shared/data), WIDENET_TEST_WORKERS (2)
+EOF_USAGE
 }
 
 setup() {
@@ -40,27 +38,17 @@ setup() {
   echo "$want" > "$stamp"
 }
 
-install_tcmalloc() {
-  # Debian's libtcmalloc-minimal4: the allocator `widenet-ds launch` gives CPU ranks where it is installed
-  # (widenet_ds/runtime/host_allocator.py); without it they get glibc's malloc, tuned.
-  "$PY" -c "import ctypes.util, sys; sys.exit(ctypes.util.find_library('tcmalloc_minimal') is None)" && return 0
-  if [[ "$(id -u)" != "0" ]]; then
-    echo "[setup] not root: cannot install tcmalloc for CPU runs; 'sudo apt-get install libtcmalloc-minimal4'" \
-         "makes them use less memory (optional)" >&2
-    return 1
-  fi
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4; } >&2
+apt_install() {  # PACKAGE HINT: a Debian package, installed as root; anyone else is told how
+  [[ "$(id -u)" == "0" ]] || { echo "[setup] not root: cannot install $1; 'sudo apt-get install $1' $2" >&2; return 1; }
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1"; } >&2
 }
-
-install_fashion_mnist() {
-  # Debian's dataset-fashion-mnist (MIT): the vision path's offline default data set.
-  [[ -d /usr/share/datasets/fashion-mnist ]] && return 0
-  if [[ "$(id -u)" != "0" ]]; then
-    echo "[setup] not root: cannot install Debian's dataset-fashion-mnist; run 'sudo apt-get install" \
-         "dataset-fashion-mnist' or pass the folder of the Fashion-MNIST IDX files as classify's --data" >&2
-    return 1
-  fi
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; } >&2
+install_tcmalloc() {  # the allocator `widenet-ds launch` gives CPU ranks (runtime/host_allocator.py)
+  "$PY" -c "import ctypes.util, sys; sys.exit(ctypes.util.find_library('tcmalloc_minimal') is None)" ||
+    apt_install libtcmalloc-minimal4 "makes CPU runs use less memory (optional)"
+}
+install_fashion_mnist() {  # Debian's dataset-fashion-mnist (MIT): the vision path's offline default data
+  [[ -d /usr/share/datasets/fashion-mnist ]] ||
+    apt_install dataset-fashion-mnist "or pass the folder of the Fashion-MNIST IDX files as classify's --data"
 }
 
 run_tests() {
@@ -71,10 +59,8 @@ run_tests() {
     install_tcmalloc || echo "[test] tcmalloc install failed; CPU ranks get glibc's malloc, tuned; its test will skip" >&2
   fi
   install_fashion_mnist || echo "[test] Fashion-MNIST not installed; its test will skip" >&2
-  cd "$ROOT"
-  # Two pytest workers, a test file each at a time (its module fixtures built once): on 2 cores a serial
-  # suite left ~37% of the CPU idle (one-rank runs, start-ups, waits); `-n 0` runs serially (pdb, -s).
-  "$PY" -m pytest -n "${WIDENET_TEST_WORKERS:-2}" --dist loadfile "$@"
+  # Two workers, a test file each at a time: a serial suite left ~37% of 2 cores idle; `-n 0` runs serially.
+  cd "$ROOT" && "$PY" -m pytest -n "${WIDENET_TEST_WORKERS:-2}" --dist loadfile "$@"
 }
 
 cmd="${1:-}"; shift || true
@@ -82,16 +68,13 @@ cmd="${1:-}"; shift || true
 case "$cmd" in
   setup) setup ;;
   test) run_tests "$@" ;;
-  demo) setup; exec "$WDS" demo --output "$ROOT/runs/demo" "$@" ;;
-  vision-demo) setup; install_fashion_mnist || exit 1; exec "$WDS" vision-demo --output "$ROOT/runs/vision-demo" "$@" ;;
+  demo|vision-demo) setup; [[ "$cmd" == demo ]] || install_fashion_mnist || exit 1
+    exec "$WDS" "$cmd" --output "$ROOT/runs/$cmd" "$@" ;;
   -h|--help|help|"") usage; if [[ -x "$WDS" ]]; then echo; "$WDS" --help; fi ;;
-  *)
-    [[ -x "$WDS" ]] || setup
-    case "$cmd" in
-      pretrain) exec "$WDS" launch pretrain "$@" ;;
-      finetune) if [[ "${1:-}" == "--squad" ]]; then shift; exec "$WDS" launch squad "$@"; fi
-                exec "$WDS" launch glue "$@" ;;
-      vision) exec "$WDS" launch classify "$@" ;;
-      *) exec "$WDS" "$cmd" "$@" ;;
-    esac ;;
+  *) [[ -x "$WDS" ]] || setup
+    [[ "$cmd" == vision ]] && cmd=classify
+    [[ "$cmd" == finetune ]] && { [[ "${1:-}" == --squad ]] && shift && cmd=squad || cmd=glue; }
+    # the tasks of widenet_ds/task_registry.py (tests/test_task_registry.py compares them)
+    case "$cmd" in pretrain|glue|squad|classify) exec "$WDS" launch "$cmd" "$@" ;; esac
+    exec "$WDS" "$cmd" "$@" ;;
 esac

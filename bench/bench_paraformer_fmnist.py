@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO))
 from widenet_ds.report.branches import ACCURACY  # noqa: E402
 from widenet_ds.report.cli import write_report  # noqa: E402
 from widenet_ds.run_folder import RunFolder  # noqa: E402
+from widenet_ds.training.run_config import ClassifyConfig  # noqa: E402
 from widenet_ds.vision.config import VisionConfig  # noqa: E402
 from widenet_ds.vision.model import build_model, count_trainable_parameters  # noqa: E402
 
@@ -47,15 +48,14 @@ def train(name: str, steps: int, args: argparse.Namespace, tag: str) -> dict:
     ds["scheduler"]["params"].update(total_num_steps=steps, warmup_num_steps=max(1, steps // 10))
     ds_path = args.output / f"ds-{steps}.json"
     ds_path.write_text(json.dumps(ds))
-    cmd = [sys.executable, "-m", "widenet_ds.train", "classify", "--model-config", name,
-           "--deepspeed_config", str(ds_path), "--output-dir", str(out.path), "--max-steps", str(steps),
-           "--log-interval", "25", "--eval-interval", "0", "--save-interval", str(10 * steps), "--workers", "0",
-           "--no-progress-bar", "--no-tensorboard", "--flip", "--seed", str(args.seed)]
-    if VisionConfig.from_preset(name).num_branches > 1:
-        cmd += ["--branch-schedule", "prefix", "--prefix-cycle-batches", str(args.cycle_batches)]
-    if args.max_eval_examples:
-        cmd += ["--max-eval-examples", str(args.max_eval_examples)]
     if not out.results.is_file():
+        schedule = ({"branch_schedule": "prefix", "prefix_cycle_batches": args.cycle_batches}
+                    if VisionConfig.from_preset(name).num_branches > 1 else {})
+        cfg = ClassifyConfig(model_config=name, deepspeed_config=ds_path, output_dir=out.path, max_steps=steps,
+                             log_interval=25, eval_interval=0, save_interval=10 * steps, workers=0, progress_bar=False,
+                             tensorboard=False, flip=True, seed=args.seed,
+                             max_eval_examples=args.max_eval_examples or None, **schedule)
+        cmd = [sys.executable, "-m", "widenet_ds.train", cfg.TASK, *cfg.to_argv()]
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(args.threads)}
         subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
     results = out.read_results()

@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from widenet_ds.run_folder import RunFolder  # noqa: E402
+from widenet_ds.training.run_config import ClassifyConfig  # noqa: E402
 from widenet_ds.vision.config import VisionConfig  # noqa: E402
 from widenet_ds.vision.model import build_model, count_trainable_parameters  # noqa: E402
 
@@ -45,15 +46,11 @@ def main() -> int:
     for name in MODELS:
         out = args.output / name
         ep = args.ranks if VisionConfig.from_preset(name).is_moe else 1
+        cfg = ClassifyConfig(model_config=name, deepspeed_config=ds_path, output_dir=out, max_steps=args.steps,
+                             ep_size=ep, log_interval=50, eval_interval=0, save_interval=args.steps, workers=0,
+                             progress_bar=False, flip=True, max_eval_examples=args.max_eval_examples, data=args.data)
         cmd = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(args.ranks), "--master_port",
-               str(29700 + MODELS.index(name)), "--module", "widenet_ds.train", "classify", "--model-config", name,
-               "--deepspeed_config", str(ds_path), "--output-dir", str(out), "--max-steps", str(args.steps),
-               "--ep-size", str(ep), "--log-interval", "50", "--eval-interval", "0", "--save-interval",
-               str(args.steps), "--workers", "0", "--no-progress-bar", "--flip"]
-        if args.max_eval_examples:
-            cmd += ["--max-eval-examples", str(args.max_eval_examples)]
-        if args.data:
-            cmd += ["--data", args.data]
+               str(29700 + MODELS.index(name)), "--module", "widenet_ds.train", cfg.TASK, *cfg.to_argv()]
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.ranks))}
         start = time.monotonic()
         subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)

@@ -43,6 +43,7 @@ from study import (CONFIDENCE, FIRST_SEED, REPO, archive, error_spans, git_state
 from widenet_ds.report.paired import mean_interval, paired_difference  # noqa: E402
 from widenet_ds.run_folder import RunFolder  # noqa: E402
 from widenet_ds.runtime.launch_env import TORCH_VARS  # noqa: E402
+from widenet_ds.training.run_config import LATEST, ClassifyConfig  # noqa: E402
 from widenet_ds.vision.config import VisionConfig  # noqa: E402
 from widenet_ds.vision.model import build_model, count_trainable_parameters  # noqa: E402
 
@@ -111,13 +112,13 @@ CLAIMS = (
 METRICS = {"test_accuracy": "test accuracy (%)", "first_branch_accuracy": "first branch alone: test accuracy (%)"}
 
 
-def schedule_flags(model: ImageModel, steps: int) -> list[str]:
+def schedule_settings(model: ImageModel, steps: int) -> dict:
     n = model.config.num_branches
     if model.schedule == "prefix":  # two cycles: (N prefix steps per batch) x B batches, then B joint steps
-        return ["--branch-schedule", "prefix", "--prefix-cycle-batches", str(max(1, steps // (2 * (n + 1))))]
+        return {"branch_schedule": "prefix", "prefix_cycle_batches": max(1, steps // (2 * (n + 1)))}
     if model.schedule == "staged":  # branch i+1 joins at i x S: the last one at mid-run
-        return ["--branch-schedule", "staged", "--stage-steps", str(max(1, steps // (2 * (n - 1))))]
-    return []
+        return {"branch_schedule": "staged", "stage_steps": [max(1, steps // (2 * (n - 1)))]}
+    return {}
 
 
 def run_folder(out: Path, part: str, model: ImageModel, seed: int) -> Path:
@@ -144,15 +145,12 @@ def train(model: ImageModel, part: str, steps: int, seed: int, out: Path, data: 
     config.to_json(run_dir / "study_model.json")
     ds = write_ds_config(TABLE3_DS if part == "table3" else PARAFORMER_DS, run_dir / "study_ds.json", steps, BATCH)
     evals = 4 if part == "table3" else 1  # the accuracy curve of the Table 3 models; ParaFormer: the end only
-    command = [sys.executable, "-m", "widenet_ds.train", "classify", "--model-config", str(run_dir / "study_model.json"),
-               "--deepspeed_config", str(ds), "--output-dir", str(run_dir), "--max-steps", str(steps),
-               "--log-interval", str(max(1, steps // 20)), "--eval-interval", str(steps // evals),
-               "--save-interval", str(steps), "--keep-last", "1", "--workers", "0", "--flip", "--seed", str(seed),
-               "--no-tensorboard", "--no-progress-bar", "--resume", *schedule_flags(model, steps)]
-    if data:
-        command += ["--data", data]
-    if eval_examples:
-        command += ["--max-eval-examples", str(eval_examples)]
+    cfg = ClassifyConfig(model_config=str(run_dir / "study_model.json"), deepspeed_config=ds, output_dir=run_dir,
+                         max_steps=steps, log_interval=max(1, steps // 20), eval_interval=steps // evals,
+                         save_interval=steps, keep_last=1, workers=0, flip=True, seed=seed, tensorboard=False,
+                         progress_bar=False, resume=LATEST, data=data or None, max_eval_examples=eval_examples or None,
+                         **schedule_settings(model, steps))
+    command = [sys.executable, "-m", "widenet_ds.train", cfg.TASK, *cfg.to_argv()]
     git = git_state()
     start = time.perf_counter()
     # a job of its own: never the rendezvous of whatever started the study (a launcher's or a test's MASTER_PORT)

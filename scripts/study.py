@@ -59,8 +59,8 @@ from widenet_ds.report.cli import write_report  # noqa: E402
 from widenet_ds.report.paired import format_interval, mean_interval, paired_difference  # noqa: E402
 from widenet_ds.run_folder import RunFolder  # noqa: E402
 from widenet_ds.runtime.distributed import init_distributed  # noqa: E402
-from widenet_ds.training.command_line import parse  # noqa: E402
 from widenet_ds.training.run import run_task  # noqa: E402
+from widenet_ds.training.run_config import LATEST, GlueConfig, PretrainConfig, SquadConfig  # noqa: E402
 
 PRETRAIN_DS = REPO / "ds_configs" / "cpu_small.json"
 FINETUNE_DS = REPO / "ds_configs" / "finetune_cpu_small.json"
@@ -221,11 +221,11 @@ def pretrain(variant: Variant, steps: int, budget: str, data: Path, out: Path, s
     git = git_state()  # when the stage starts: the code it runs
     start = time.perf_counter()
     with quiet(run_dir / "console.log"):
-        assert run_task(parse("pretrain", [
-            "--model-config", str(run_dir / "study_model.json"), "--deepspeed_config", str(ds), "--data", str(data),
-            "--output-dir", str(run_dir), "--max-steps", str(steps), "--log-interval", str(max(1, steps // 40)),
-            "--eval-interval", str(_eval_interval(steps)), "--eval-batches", "8", "--save-interval", str(steps),
-            "--keep-last", "1", "--seed", str(seed), "--no-tensorboard", "--no-progress-bar", "--resume"])) is not None
+        assert run_task(PretrainConfig(
+            model_config=str(run_dir / "study_model.json"), deepspeed_config=ds, data=data, output_dir=run_dir,
+            max_steps=steps, log_interval=max(1, steps // 40), eval_interval=_eval_interval(steps), eval_batches=8,
+            save_interval=steps, keep_last=1, seed=seed, tensorboard=False, progress_bar=False,
+            resume=LATEST)) is not None
     records = RunFolder(run_dir).read_metrics().records
     valid = [r for r in records if "valid/mlm_loss" in r][-1]
     train = [r for r in records if "train/mlm_loss" in r][-1]
@@ -284,25 +284,24 @@ def finetune(pre: dict, task: str, shared: Path, data: Path, out: Path, sizes: d
         run_dir.mkdir(parents=True, exist_ok=True)
         steps = sizes["finetune_steps"]
         ds = write_ds_config(FINETUNE_DS, run_dir.parent / f"study_ds_{run_dir.name}.json", steps, batch=32)
-        common = ["--init-from", pre["run_dir"], "--tokenizer", str(data), "--deepspeed_config", str(ds),
-                  "--output-dir", str(run_dir), "--max-steps", str(steps), "--seeds", str(finetune_seeds),
-                  "--log-interval", str(max(1, steps // 10)), "--max-seq-length", str(SEQ_LENGTH),
-                  # the study's small schedule is not the paper's recipe on purpose
-                  "--allow-recipe-mismatch", "--no-tensorboard", "--no-progress-bar",
-                  "--resume"]  # a stage stopped part-way continues where it was (finished seeds are kept)
+        common = dict(init_from=Path(pre["run_dir"]), tokenizer=str(data), deepspeed_config=ds, output_dir=run_dir,
+                      max_steps=steps, seeds=finetune_seeds, log_interval=max(1, steps // 10),
+                      max_seq_length=SEQ_LENGTH,
+                      # the study's small schedule is not the paper's recipe on purpose
+                      allow_recipe_mismatch=True, tensorboard=False, progress_bar=False,
+                      resume=LATEST)  # a stage stopped part-way continues where it was (finished seeds are kept)
         git = git_state()
         with quiet(run_dir.parent / "console.log"):
             if task == "SQuAD1.1":
                 train, dev = squad_split(shared, out)
-                results = run_task(parse("squad", [
-                    "--version", "1.1", "--data", str(dev), "--train-file", str(train), "--dev-file", str(dev),
-                    "--max-train-examples", str(sizes["squad_train"]), "--max-eval-examples",
-                    str(sizes["squad_eval"]), "--doc-stride", "16", *common]))
+                results = run_task(SquadConfig(
+                    version="1.1", data=str(dev), train_file=str(train), dev_file=str(dev),
+                    max_train_examples=sizes["squad_train"], max_eval_examples=sizes["squad_eval"], doc_stride=16,
+                    **common))
             else:
-                results = run_task(parse("glue", [
-                    "--task", task, "--data", str(shared / "glue" / task),
-                    "--max-train-examples", str(sizes["train_examples"]),
-                    "--max-eval-examples", str(sizes["eval_examples"]), *common]))
+                results = run_task(GlueConfig(
+                    glue_task=task, data=str(shared / "glue" / task), max_train_examples=sizes["train_examples"],
+                    max_eval_examples=sizes["eval_examples"], **common))
         assert results is not None, (f"finetuning {task} of {pre['variant']} stopped (see "
                                      f"{run_dir.parent / 'console.log'})")
         (run_dir / "study_git.json").write_text(json.dumps(git, indent=2))

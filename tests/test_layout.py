@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "widenet_ds"
 # checkpoint stack registers; its trainer is a task of `training` (`training/classification.py`).
 LAYERS = [
     {"widenet_ds", "widenet_ds.errors", "widenet_ds.atomic", "widenet_ds.writable", "widenet_ds.run_folder",
-     "widenet_ds.run_lock", "widenet_ds.disk_space", "widenet_ds.checksums"},
+     "widenet_ds.task_registry", "widenet_ds.run_lock", "widenet_ds.disk_space", "widenet_ds.checksums"},
     {"widenet_ds.data", "widenet_ds.tasks", "widenet_ds.model", "widenet_ds.runtime", "widenet_ds.vision"},
     {"widenet_ds.checkpoint", "widenet_ds.params"},
     {"widenet_ds.training", "widenet_ds.report"},
@@ -121,6 +121,12 @@ def test_the_entry_scripts_import_only_the_one_entry():
                     for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
                     for alias in node.names}
         assert imported == {"widenet_ds.train"}, f"{script.name} imports {imported}: a script form holds no logic"
+
+
+def test_launcher_sh_stays_small():
+    """launcher.sh only sets up, tests and starts the demos; everything else is `widenet-ds`."""
+    lines = (PACKAGE.parent / "launcher.sh").read_text().splitlines()
+    assert len(lines) <= 80, f"launcher.sh has {len(lines)} lines; move logic into widenet-ds"
 
 
 # --- the tests mirror the package -----------------------------------------------------------------------

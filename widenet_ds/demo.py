@@ -27,6 +27,7 @@ from widenet_ds.model.config import ModelConfig
 from widenet_ds.report.cli import cli as write_report
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.launch import LaunchOptions, launch
+from widenet_ds.training.run_config import LATEST, ClassifyConfig, GlueConfig, PretrainConfig, RunConfig
 from widenet_ds.vision.datasets import DEBIAN_FASHION_MNIST, FASHION_MNIST_FIX
 
 CHECKOUT = Path(widenet_ds.__file__).resolve().parents[1]
@@ -46,6 +47,12 @@ def ds_config(name: str) -> Path:
         raise ConfigError(f"{path} not found: the demos use the DeepSpeed JSONs of a widenet-ds checkout; run them "
                           f"from one (./launcher.sh demo)")
     return path
+
+
+def launch_run(cfg: RunConfig) -> int:
+    """Train `cfg` on RANKS CPU ranks: the configuration is built (and checked) here, the ranks get it as the
+    command line that parses back to it."""
+    return launch(LaunchOptions(cfg.TASK, ranks_per_node=RANKS, train_args=tuple(cfg.to_argv())))
 
 
 def shared_data() -> Path:
@@ -84,10 +91,9 @@ def demo(output: Path, steps: int, finetune_steps: int) -> int:
     ModelConfig.from_preset(MODEL_PRESET, vocab_size=read_manifest(data)["vocab_size"]).to_json(model)
 
     say(f"[demo] 2/3 pretraining {MODEL_PRESET} on {RANKS} CPU ranks, expert parallel {EP_SIZE}, {steps} steps")
-    status = launch(LaunchOptions("pretrain", ranks_per_node=RANKS, train_args=(
-        "--model-config", str(model), "--deepspeed_config", str(ds_config("cpu_small.json")), "--data", str(data),
-        "--output-dir", str(pretrain.path), "--max-steps", str(steps), "--ep-size", str(EP_SIZE),
-        "--save-interval", "100", "--eval-interval", "100", "--resume")))
+    status = launch_run(PretrainConfig(
+        model_config=str(model), deepspeed_config=ds_config("cpu_small.json"), data=data, output_dir=pretrain.path,
+        max_steps=steps, ep_size=EP_SIZE, save_interval=100, eval_interval=100, resume=LATEST))
     if status:
         return status
 
@@ -95,11 +101,10 @@ def demo(output: Path, steps: int, finetune_steps: int) -> int:
     found = find_sst2(local_sst2)
     if found is not None:
         say(f"[demo] 3/3 finetuning on SST-2 ({found[1]}), {finetune_steps} steps")
-        status = launch(LaunchOptions("glue", ranks_per_node=RANKS, train_args=(
-            "--task", "sst2", "--data", found[0], "--init-from", str(pretrain.path), "--tokenizer", str(data),
-            "--output-dir", str(sst2.path), "--deepspeed_config", str(ds_config("finetune_cpu_small.json")),
-            "--allow-recipe-mismatch", "--max-steps", str(finetune_steps), "--max-train-examples", "6000",
-            "--max-seq-length", "64", "--resume")))
+        status = launch_run(GlueConfig(
+            glue_task="sst2", data=found[0], init_from=pretrain.path, tokenizer=str(data), output_dir=sst2.path,
+            deepspeed_config=ds_config("finetune_cpu_small.json"), allow_recipe_mismatch=True,
+            max_steps=finetune_steps, max_train_examples=6000, max_seq_length=64, resume=LATEST))
         if status:
             return status
 
@@ -134,11 +139,10 @@ def vision_demo(output: Path, steps: int) -> int:
     run = RunFolder(output)
     say(f"[vision-demo] training {VISION_PRESET} on Fashion-MNIST, {RANKS} CPU ranks, expert parallel {EP_SIZE}, "
         f"{steps} steps -> {output}")
-    status = launch(LaunchOptions("classify", ranks_per_node=RANKS, train_args=(
-        "--model-config", VISION_PRESET, "--dataset", "fashion-mnist", "--deepspeed_config",
-        str(ds_config("vision_cpu_small.json")), "--output-dir", str(output), "--ep-size", str(EP_SIZE),
-        "--max-steps", str(steps), "--save-interval", "200", "--eval-interval", "200", "--max-eval-examples", "2000",
-        "--log-interval", "50", "--workers", "1", "--flip", "--resume")))
+    status = launch_run(ClassifyConfig(
+        model_config=VISION_PRESET, dataset="fashion-mnist", deepspeed_config=ds_config("vision_cpu_small.json"),
+        output_dir=output, ep_size=EP_SIZE, max_steps=steps, save_interval=200, eval_interval=200,
+        max_eval_examples=2000, log_interval=50, workers=1, flip=True, resume=LATEST))
     if status:
         return status
     results = run.read_results()

@@ -27,6 +27,7 @@ from typing import Any
 
 from widenet_ds.atomic import atomic_write_json, atomic_write_text
 from widenet_ds.errors import WideNetError
+from widenet_ds.task_registry import TASKS
 
 RUN_CONFIG_FILE = "run_config.json"
 MODEL_CONFIG_FILE = "model_config.json"
@@ -36,7 +37,6 @@ CHECKPOINTS_DIR = "checkpoints"
 RESULTS_FILE = "results.json"
 OLD_VISION_CONFIG_FILE = "vision_config.json"  # image runs' model config in folders before model_config.json
 SEED_DIR = re.compile(r"^seed(\d+)$")
-TASKS = ("pretrain", "glue", "squad", "classify")
 
 
 class RunFolderError(WideNetError, ValueError):

@@ -24,14 +24,15 @@ from widenet_ds.errors import WideNetError, mark_same_on_every_rank  # noqa: E40
 from widenet_ds.runtime.distributed import exit_rank  # noqa: E402
 from widenet_ds.training.console import report_error  # noqa: E402
 from widenet_ds.training.run import run_task  # noqa: E402
-from widenet_ds.training.command_line import CONFIGS, DESCRIPTIONS, parse  # noqa: E402
+from widenet_ds.task_registry import TASKS  # noqa: E402
+from widenet_ds.training.command_line import parse  # noqa: E402
 
 PROG = "python -m widenet_ds.train"
 
 
 def usage() -> str:
     return "\n".join([f"usage: {PROG} TASK [options]", "", "tasks:"]
-                     + [f"  {name:<10} {DESCRIPTIONS[name]}" for name in CONFIGS]
+                     + [f"  {name:<10} {spec.description}" for name, spec in TASKS.items()]
                      + ["", f"`{PROG} TASK --help` lists the options of one task (docs/flags.md: all of them)."])
 
 
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         print(usage())
         return 0
     task, rest = argv[0], argv[1:]
-    if task not in CONFIGS:
+    if task not in TASKS:
         print(f"{PROG}: unknown task {task!r}.\n\n{usage()}", file=sys.stderr)
         return 2
     try:

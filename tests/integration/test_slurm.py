@@ -1,7 +1,8 @@
-"""slurm/pretrain.sbatch, slurm/finetune.sbatch and slurm/classify.sbatch on a real single-node Slurm
-(Debian's slurmctld + slurmd + munge, 2 CPUs): 2 ranks train and checkpoint; a preempted job checkpoints,
-requeues itself and resumes without repeating a step (finetuning: and ends with the results of an
-uninterrupted run; images: and writes its results); a job missing what it needs fails fast naming the fix.
+"""slurm/train.sbatch, the one batch script of every task, on a real single-node Slurm (Debian's slurmctld +
+slurmd + munge, 2 CPUs): 2 ranks train and checkpoint; a preempted job checkpoints, requeues itself and
+resumes without repeating a step (pretraining; finetuning: and ends with the results of an uninterrupted run;
+images: and writes its results); every task of the registry starts through it with its own options; a job
+missing what it needs fails fast naming the fix.
 
 CI installs the daemons with scripts/install_slurm.sh; elsewhere these tests skip when they are absent.
 """
@@ -19,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from golden_curves import TOLERANCE_ULPS, ulps
-from launch_inputs import DS_CONFIG, REPO, prepare_tiny_corpus, tiny_model_config
+from launch_inputs import DS_CONFIG, REPO, prepare_tiny_corpus
 from launching import run_train
 from slurm_cluster import missing_tools, slurm_cluster
 from widenet_ds.model.config import ModelConfig
+from widenet_ds.task_registry import TASKS
 
 if missing_tools():
     pytest.skip(f"Slurm/munge not installed (missing {', '.join(missing_tools())}); run scripts/install_slurm.sh "
@@ -31,9 +33,7 @@ if os.geteuid() != 0:
     pytest.skip("the test Slurm runs its daemons as root; run as root (CI does)", allow_module_level=True)
 
 pytestmark = pytest.mark.slurm
-PRETRAIN_SBATCH = REPO / "slurm" / "pretrain.sbatch"
-FINETUNE_SBATCH = REPO / "slurm" / "finetune.sbatch"
-CLASSIFY_SBATCH = REPO / "slurm" / "classify.sbatch"
+TRAIN_SBATCH = REPO / "slurm" / "train.sbatch"
 # The test node has 2 CPUs: the scripts' GPU-node defaults are overridden on the command line.
 TWO_RANKS = ["--ntasks-per-node=2", "--cpus-per-task=1", "--time=10"]
 
@@ -64,8 +64,8 @@ def wait_for(predicate, timeout: float, what: str, cluster, job_id: int) -> None
 
 @pytest.mark.slow
 @pytest.mark.multirank
-def test_pretrain_sbatch_preempted_on_two_ranks_continues_on_one_and_ends_as_the_uninterrupted_run(cluster, corpus,
-                                                                                                     tmp_path):
+def test_a_pretraining_job_preempted_on_two_ranks_continues_on_one_and_ends_as_the_uninterrupted_run(
+        cluster, corpus, tmp_path):
     """A job gets what is free: its 2 tasks checkpoint when preempted and it requeues itself; the requeued job
     is cancelled and the run goes on in a job of 1 task with the same OUTPUT_DIR (Slurm keeps a requeued job's
     task count in its environment, measured: `scontrol update NumTasks=1` on the pending job still starts it
@@ -79,9 +79,10 @@ def test_pretrain_sbatch_preempted_on_two_ranks_continues_on_one_and_ends_as_the
     ModelConfig.from_preset("widenet-tiny-e4", vocab_size=1000, moe={"noise": "none"},
                             classifier_dropout=0.0).to_json(model)
     extra = "--log-interval 1 --save-interval 5 --keep-last 10 --eval-interval 0 --no-tensorboard --seed 7"
-    env = dict(cluster.env, DATA=str(corpus), DS_CONFIG=str(DS_CONFIG), OUTPUT_DIR=str(run), MODEL_CONFIG=str(model),
-               EXTRA_ARGS=f"--max-steps {max_steps} {extra}")
-    job = cluster.sbatch(*TWO_RANKS, f"--output={log}", str(PRETRAIN_SBATCH), env=env)
+    options = ["pretrain", "--data", str(corpus), "--deepspeed_config", str(DS_CONFIG), "--model-config", str(model),
+               "--max-steps", str(max_steps), *extra.split()]
+    env = dict(cluster.env, OUTPUT_DIR=str(run))
+    job = cluster.sbatch(*TWO_RANKS, f"--output={log}", str(TRAIN_SBATCH), *options, env=env)
     metrics = run / "metrics.jsonl"
 
     def trained_two_steps() -> bool:
@@ -95,11 +96,11 @@ def test_pretrain_sbatch_preempted_on_two_ranks_continues_on_one_and_ends_as_the
     cluster.run("scancel", str(job))
     assert "requeueing job" in log.read_text()
     smaller = cluster.sbatch("--ntasks-per-node=1", "--cpus-per-task=1", "--time=10", f"--output={log}",
-                             str(PRETRAIN_SBATCH), env=env)
+                             str(TRAIN_SBATCH), *options, env=env)
     assert cluster.wait_state(smaller, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240) == "COMPLETED", log.read_text()
 
     text = log.read_text()
-    assert f"job {job} run 1, 2 ranks" in text and f"job {smaller} run 1, 1 ranks" in text
+    assert f"pretrain: job {job} run 1, 2 ranks" in text and f"pretrain: job {smaller} run 1, 1 ranks" in text
     assert "SIGTERM received, asking the tasks" in text
     events = [json.loads(line) for line in metrics.read_text().splitlines()]
     stopped = [e["step"] for e in events if "stopped by" in e.get("event", "")]
@@ -124,7 +125,7 @@ def test_pretrain_sbatch_preempted_on_two_ranks_continues_on_one_and_ends_as_the
 
 @pytest.fixture(scope="module")
 def pretrained(shared_data, tmp_path_factory):
-    """What MODEL points at: a tiny WideNet exported as a checkpoint folder with the BERT vocabulary."""
+    """What --init-from points at: a tiny WideNet exported as a checkpoint folder with the BERT vocabulary."""
     import torch
 
     from widenet_ds.checkpoint.format import PortableCheckpoint, save_folder
@@ -149,7 +150,7 @@ def logged_numbers(seed_dir: Path) -> dict[tuple[int, str], float]:
 
 @pytest.mark.slow
 @pytest.mark.multirank
-def test_finetune_sbatch_is_preempted_requeued_and_ends_as_an_uninterrupted_run(cluster, shared_data, pretrained,
+def test_a_glue_job_is_preempted_requeued_and_ends_as_an_uninterrupted_run(cluster, shared_data, pretrained,
                                                                                  tmp_path):
     max_steps = 16
     options = ["--max-steps", str(max_steps), "--seed", "7", "--max-train-examples", "512", "--max-eval-examples",
@@ -157,9 +158,9 @@ def test_finetune_sbatch_is_preempted_requeued_and_ends_as_an_uninterrupted_run(
                "--allow-recipe-mismatch"]
     data, ds_config = shared_data / "glue" / "SST-2", REPO / "ds_configs" / "finetune_cpu_small.json"
     run, log = tmp_path / "run", tmp_path / "job.log"
-    env = dict(cluster.env, TASK="SST-2", DATA=str(data), MODEL=str(pretrained), DS_CONFIG=str(ds_config),
-               OUTPUT_DIR=str(run), EXTRA_ARGS=" ".join(options))
-    job = cluster.sbatch(*TWO_RANKS, f"--output={log}", str(FINETUNE_SBATCH), env=env)
+    job = cluster.sbatch(*TWO_RANKS, f"--output={log}", str(TRAIN_SBATCH), "glue", "--task", "SST-2", "--data",
+                         str(data), "--init-from", str(pretrained), "--deepspeed_config", str(ds_config), *options,
+                         env=dict(cluster.env, OUTPUT_DIR=str(run)))
 
     def trained_two_steps() -> bool:
         return (run / "seed7" / "metrics.jsonl").exists() and (2, "train/loss") in logged_numbers(run / "seed7")
@@ -191,7 +192,7 @@ def test_finetune_sbatch_is_preempted_requeued_and_ends_as_an_uninterrupted_run(
 
 @pytest.mark.slow
 @pytest.mark.multirank
-def test_classify_sbatch_trains_images_on_two_ranks_and_resumes_after_preemption(cluster, tmp_path):
+def test_an_image_job_trains_on_two_ranks_and_resumes_after_preemption(cluster, tmp_path):
     from widenet_ds.run_folder import RunFolder
 
     max_steps = 16
@@ -200,11 +201,11 @@ def test_classify_sbatch_trains_images_on_two_ranks_and_resumes_after_preemption
     ds_config = tmp_path / "ds.json"
     ds_config.write_text(json.dumps(config))
     run, log = RunFolder(tmp_path / "run"), tmp_path / "job.log"
-    env = dict(cluster.env, DS_CONFIG=str(ds_config), MODEL_CONFIG="widenet-vit-digits", DATASET="digits",
-               OUTPUT_DIR=str(run.path), EP_SIZE="2",
-               EXTRA_ARGS=f"--max-steps {max_steps} --log-interval 1 --save-interval 5 --keep-last 10 "
-                          f"--eval-interval 0 --workers 0 --no-tensorboard --seed 7")
-    job = cluster.sbatch(*TWO_RANKS, f"--output={log}", str(CLASSIFY_SBATCH), env=env)
+    job = cluster.sbatch(*TWO_RANKS, f"--output={log}", str(TRAIN_SBATCH), "classify", "--deepspeed_config",
+                         str(ds_config), "--model-config", "widenet-vit-digits", "--dataset", "digits", "--ep-size",
+                         "2", "--max-steps", str(max_steps), "--log-interval", "1", "--save-interval", "5",
+                         "--keep-last", "10", "--eval-interval", "0", "--workers", "0", "--no-tensorboard", "--seed",
+                         "7", env=dict(cluster.env, OUTPUT_DIR=str(run.path)))
 
     def trained_two_steps() -> bool:
         return run.metrics.exists() and max(run.read_metrics(live=True).series("train/loss"), default=0) >= 2
@@ -215,7 +216,7 @@ def test_classify_sbatch_trains_images_on_two_ranks_and_resumes_after_preemption
     assert cluster.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=400) == "COMPLETED", log.read_text()
     text = log.read_text()
     assert cluster.job_field(job, "Restarts") == "1" and cluster.job_field(job, "ExitCode") == "0:0", text
-    assert "classify digits: job" in text and "run 1, 2 ranks" in text and "run 2, 2 ranks" in text
+    assert "classify: job" in text and "run 1, 2 ranks" in text and "run 2, 2 ranks" in text
     assert "SIGUSR1 received, asking the tasks" in text and "requeueing job" in text
     events = [e["event"] for e in run.read_metrics().events]
     assert len([e for e in events if e.startswith("stopped by SIGUSR1")]) == 1, events
@@ -238,9 +239,30 @@ def test_job_without_srun_fails_fast_naming_srun(cluster, tmp_path):
     assert "srun python" in log.read_text()
 
 
-def test_pretrain_sbatch_without_data_fails_fast_naming_the_variable(cluster, tmp_path):
+def test_a_job_without_a_task_fails_fast_listing_the_tasks(cluster, tmp_path):
     log = tmp_path / "job.log"
-    env = {k: v for k, v in cluster.env.items() if k not in ("DATA", "DS_CONFIG")}
-    job = cluster.sbatch(*TWO_RANKS, f"--output={log}", str(PRETRAIN_SBATCH), env=env)
+    job = cluster.sbatch(*TWO_RANKS, f"--output={log}", str(TRAIN_SBATCH), "--data", "x")
     assert cluster.wait_state(job, {"COMPLETED", "FAILED"}, timeout=60) == "FAILED"
-    assert "set DATA to the prepared data folder" in log.read_text()
+    text = log.read_text()
+    assert "usage: sbatch [sbatch options] slurm/train.sbatch TASK [options of the task]" in text
+    assert all(spec.description in text for spec in TASKS.values()), text
+
+
+def test_output_dir_is_the_environment_s_not_an_option(cluster, tmp_path):
+    log = tmp_path / "job.log"
+    job = cluster.sbatch(*TWO_RANKS, f"--output={log}", str(TRAIN_SBATCH), "pretrain", "--output-dir", "x")
+    assert cluster.wait_state(job, {"COMPLETED", "FAILED"}, timeout=60) == "FAILED"
+    assert "set OUTPUT_DIR instead of passing --output-dir" in log.read_text()
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_every_task_starts_on_every_rank_with_its_own_options(cluster, tmp_path, task):
+    """The one script, one vocabulary: the task and its options reach `python -m widenet_ds.train` on each rank
+    (`--help`: each rank prints the task's usage and exits 0, before reading any data)."""
+    log = tmp_path / "job.log"
+    job = cluster.sbatch(*TWO_RANKS, f"--output={log}", str(TRAIN_SBATCH), task, "--help",
+                         env=dict(cluster.env, OUTPUT_DIR=str(tmp_path / "run")))
+    assert cluster.wait_state(job, {"COMPLETED", "FAILED"}, timeout=120) == "COMPLETED", log.read_text()
+    text = log.read_text()
+    assert f"{task}: job {job} run 1, 2 ranks" in text
+    assert text.count(f"usage: python -m widenet_ds.train {task}") == 2, text

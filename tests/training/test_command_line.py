@@ -51,3 +51,23 @@ def test_the_shared_flags_parse_alike_in_every_task(tmp_path):
         assert cfg.eval_interval == 1000 and cfg.TASK == task
         record = cfg.record()
         assert record["task"] == task and record["output_dir"] == str(tmp_path / "out")
+
+
+def test_a_configuration_written_as_a_command_line_parses_back_to_itself(tmp_path):
+    extra = {"pretrain": ["--data", str(tmp_path), "--max-steps", "7"],
+             "glue": ["--data", "hf", "--task", "sst2", "--seeds", "2", "--predict-test"],
+             "squad": ["--data", "hf", "--version", "2.0", "--doc-stride", "64"],
+             "classify": ["--dataset", "digits", "--flip", "--randaugment", "2,15"]}
+    for task in CONFIGS:
+        for argv in ([*_common(tmp_path), *extra[task], "--model-config", "widenet-tiny-e4"],
+                     [*_common(tmp_path), *extra[task], "--model-config", "widenet-tiny-e4", "--set", "moe.top_k=1",
+                      "--set", "hidden_dropout=0.1", "--resume", "--compile", "blocks", "--stage-steps", "3,5",
+                      "--no-tensorboard", "--ep-size", "2", "--seed", "7", "--branch-schedule", "staged"]):
+            cfg = parse(task, argv)
+            assert parse(task, cfg.to_argv()) == cfg, (task, cfg.to_argv())
+    cfg = parse("pretrain", [*_common(tmp_path), "--data", str(tmp_path), "--resume", "--compile", "--ep-size", "2",
+                             "--model-config", "widenet-tiny-e4"])
+    # defaults are left out; a flag whose value is its bare form (--resume: latest) is written bare
+    assert cfg.to_argv() == ["--deepspeed-config", str(REPO / "ds_configs/cpu_small.json"), "--output-dir",
+                             str(tmp_path / "out"), "--model-config", "widenet-tiny-e4", "--resume", "--ep-size", "2",
+                             "--compile", "--data", str(tmp_path)]

@@ -1,6 +1,7 @@
 """Reading run folders as they are on disk: finished, still being written, partial or broken.
 
-Three kinds of run, told apart by `RunFolder.task()` (widenet_ds/run_folder.py names every file):
+Three kinds of run, told apart by the report kind of `RunFolder.task()` (widenet_ds/task_registry.py; GLUE and
+SQuAD runs are shown alike; widenet_ds/run_folder.py names every file):
 - pretraining: `metrics.jsonl` (one record per logged step) and the model config;
 - image classification: the same, plus `results.json` when it has finished (test accuracy and, for
   ParaFormer models, the accuracy of the first k branches);
@@ -15,18 +16,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from widenet_ds.run_folder import METRICS_FILE, MODEL_CONFIG_FILE, RESULTS_FILE, Metrics, RunFolder, \
     RunFolderError, read_json, read_metrics
+from widenet_ds.task_registry import TASKS
 
 EXPERT_LOAD_KEY = re.compile(r"^moe/block_(\d+)/expert_(\d+)_load$")
 DROPPED_KEY = re.compile(r"^moe/block_(\d+)/dropped_fraction$")
 BRANCH_MLM_KEY = re.compile(r"^valid_branches_(\d+)/mlm_loss$")  # pretraining's held-out loss of k branches
 # A finetuning seed's loss: `train/loss` (the trainer's log since the restructuring), `finetune/loss` before.
 FINETUNE_LOSS_KEYS = ("train/loss", "finetune/loss")
-# RunFolder.task() -> the report's kind of run (GLUE and SQuAD runs are shown alike).
-KINDS = {"pretrain": "pretrain", "classify": "classify", "glue": "finetune", "squad": "finetune"}
 
 
 @dataclass
@@ -158,6 +158,7 @@ class PretrainRun(LoggedRun):
     """A pretraining output folder."""
 
     kind: str = "pretrain"
+    title: ClassVar[str] = "pretraining"
 
     def mlm_loss_by_branches(self) -> tuple[int, dict[int, float]] | None:
         """(step, {k: held-out MLM loss of the first k branches}) of the last evaluation that logged them
@@ -180,6 +181,7 @@ class ImageRun(LoggedRun):
     results: dict[str, Any] | None = None
     settings: dict[str, Any] | None = None  # run_config.json (folders of the one trainer)
     kind: str = "classify"
+    title: ClassVar[str] = "image classification"
 
     @property
     def finished(self) -> bool:
@@ -253,6 +255,7 @@ class FinetuneRun:
     seeds: list[SeedRun]
     notes: list[str] = field(default_factory=list)
     kind: str = "finetune"
+    title: ClassVar[str] = "finetuning"
 
     @property
     def finished(self) -> bool:
@@ -351,7 +354,8 @@ def _is_run(folder: RunFolder) -> bool:
 
 
 def _load(folder: RunFolder, name: str) -> Run | Problem:
-    kind = KINDS.get(folder.task())
+    task = folder.task()
+    kind = TASKS[task].report_kind if task is not None else None
     if kind == "finetune":
         return _load_finetune(folder, name)
     if kind is not None:

@@ -33,7 +33,6 @@ IMAGE_COLUMNS = (
 IMAGE_RESULTS = (("test/accuracy", "test accuracy"), ("test/task_loss", "test loss (cross-entropy)"),
                  ("test/balance_loss", "test balance loss"), ("parameters", "trainable parameters"),
                  ("step", "steps"))
-KIND_NAMES = {"pretrain": "pretraining", "classify": "image classification", "finetune": "finetuning"}
 
 CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 2em auto; max-width: 1150px;
@@ -97,7 +96,7 @@ def _runs_table(runs: list[Run]) -> str:
             step = run.results.get("steps") if run.results else max(
                 (s.records[-1]["step"] for s in run.seeds if s.records), default=None)
             state = f"finished ({RESULTS_FILE})" if run.finished else "running or stopped"
-        rows.append(f"<tr><td>{_e(run.name)}</td><td>{_e(KIND_NAMES[run.kind])}</td><td><code>{_e(run.path)}</code>"
+        rows.append(f"<tr><td>{_e(run.name)}</td><td>{_e(run.title)}</td><td><code>{_e(run.path)}</code>"
                     f"</td><td>{_e(what)}</td>{_num(step, run.name, 'last', 'step')}<td>{_e(state)}"
                     f"{_notes(run.notes)}</td></tr>")
     return ("<table><tr><th>run</th><th>kind</th><th>folder</th><th>model / task</th><th>last step</th>"

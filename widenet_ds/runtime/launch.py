@@ -28,14 +28,14 @@ from pathlib import Path
 
 import widenet_ds
 from widenet_ds.errors import LaunchError
-from widenet_ds.run_folder import TASKS
 from widenet_ds.runtime.host_allocator import allocator_env, find_tcmalloc
 from widenet_ds.runtime.launch_env import check_hostfile
 from widenet_ds.runtime.ports import free_port, port_holder, port_is_free
 from widenet_ds.runtime.signals import forward
+from widenet_ds.task_registry import TASKS
 
 PROG = "widenet-ds launch"
-TRAIN_MODULE = "widenet_ds.train"  # its tasks: run_folder.TASKS
+TRAIN_MODULE = "widenet_ds.train"  # its tasks: task_registry.TASKS
 MAX_CPU_RANKS = 8
 LOG_LEVEL_VAR = "WIDENET_DEEPSPEED_LOG_LEVEL"
 # A terminal's Ctrl-C (INT) and a closed terminal (HUP) stop the run like a scheduler's TERM: saved, exit 0.

@@ -171,7 +171,7 @@ def _first_address() -> str:
 # ---- Slurm -----------------------------------------------------------------------------------
 
 SLURM_FIX = ("launch the ranks with `srun` inside the batch script (one task per GPU: "
-             "`#SBATCH --ntasks-per-node=<GPUs>` and `srun python ...`), as slurm/pretrain.sbatch does")
+             "`#SBATCH --ntasks-per-node=<GPUs>` and `srun python ...`), as slurm/train.sbatch does")
 
 
 def _slurm_step_tasks(environ: MutableMapping[str, str]) -> int | None:

@@ -6,17 +6,11 @@ from __future__ import annotations
 import argparse
 
 from widenet_ds.errors import ConfigError
+from widenet_ds.task_registry import TASKS
 from widenet_ds.training.flags import add_flags, values
-from widenet_ds.training.run_config import ClassifyConfig, GlueConfig, PretrainConfig, RunConfig, SquadConfig
+from widenet_ds.training.run_config import RunConfig
 
-CONFIGS: dict[str, type[RunConfig]] = {cls.TASK: cls for cls in (PretrainConfig, GlueConfig, SquadConfig,
-                                                                   ClassifyConfig)}
-DESCRIPTIONS = {
-    "pretrain": "WideNet / ALBERT / BERT MLM + sentence-order pretraining on a prepared data folder.",
-    "glue": "Finetuning on a GLUE task (seeds, median of each metric).",
-    "squad": "Finetuning on SQuAD v1.1 / v2.0 (predictions.json, null_odds.json for v2.0).",
-    "classify": "ViT-WideNet / ViT / ViT-MoE / ParaFormer image classification (docs/vision.md).",
-}
+CONFIGS: dict[str, type[RunConfig]] = {name: spec.config_class() for name, spec in TASKS.items()}
 
 
 def build_parser(task: str) -> argparse.ArgumentParser:
@@ -25,7 +19,7 @@ def build_parser(task: str) -> argparse.ArgumentParser:
         raise ConfigError(f"unknown task {task!r}; pick one of {', '.join(CONFIGS)}.")
     parser = argparse.ArgumentParser(
         prog=f"python -m widenet_ds.train {task}",
-        description=f"{DESCRIPTIONS[task]} Start it with `widenet-ds launch {task}`, the `deepspeed` launcher "
+        description=f"{TASKS[task].description} Start it with `widenet-ds launch {task}`, the `deepspeed` launcher "
                     f"(--module widenet_ds.train {task}), srun or mpiexec. Batch sizes, learning rate, schedule, "
                     f"precision and ZeRO stage come from the DeepSpeed JSON only; flags: docs/flags.md.")
     add_flags(parser, CONFIGS[task])

@@ -28,11 +28,12 @@ from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
 from widenet_ds.errors import CheckpointError, ConfigError, WideNetError, mark_same_on_every_rank, raise_config_problems
 from widenet_ds.run_folder import read_metrics
 from widenet_ds.runtime.ds_config import DeepSpeedSettings
+from widenet_ds.task_registry import TASKS
 from widenet_ds.tasks.features import check_max_length, check_tokenizer_matches
 from widenet_ds.tasks.recipes import FinetuneRecipe
 from widenet_ds.training.console import say
 from widenet_ds.training.epoch_batches import EpochBatches
-from widenet_ds.training.finetune_tasks import GlueTaskRun, SquadTaskRun, TaskRun
+from widenet_ds.training.finetune_tasks import TaskRun
 from widenet_ds.training.finetune_weights import finetune_model_config, load_tokenizer_for, model_overrides, \
     save_finetuned
 from widenet_ds.training.log import TrainingLog
@@ -43,7 +44,6 @@ from widenet_ds.training.preemption import StopRequest
 from widenet_ds.training.run_config import FinetuneConfig
 from widenet_ds.training.trainer import Task, Trainer
 
-TASK_RUNS: dict[str, type] = {"glue": GlueTaskRun, "squad": SquadTaskRun}
 # Finetuning trains several seeds in one process: each seed's rank streams are spaced this far apart, so that
 # seed s's training streams never coincide with seed s + 1's initialisation.
 SEED_STREAM_SPACING = 1_000_003
@@ -183,7 +183,7 @@ class FinetuneRun:
 
     def __init__(self, cfg: FinetuneConfig, world: int, rank: int) -> None:
         self.cfg = cfg
-        self.task_run: TaskRun = TASK_RUNS[cfg.TASK](cfg)
+        self.task_run: TaskRun = TASKS[cfg.TASK].task_class()(cfg)
         self.recipe = self.task_run.recipe()
         self.tokenizer = load_tokenizer_for(cfg)
         self.checkpoint = read_checkpoint(cfg.init_from) if cfg.init_from is not None else None

@@ -4,7 +4,8 @@ Each field that is a flag carries `field(metadata=flag(help, ...))`; `add_flags`
 dataclass (its bases' first) into argparse arguments whose dest, default, type and choices are the
 field's: `--name-with-dashes` for `name_with_dashes`, `Literal[...]` as choices, `X | None` as an optional
 X, a `bool` defaulting to False as a switch and one defaulting to True as `--no-name`, `const` for a flag
-whose value may be left out (`--resume [CHECKPOINT]`), `append` for a repeatable one (`--set`).
+whose value may be left out (`--resume [CHECKPOINT]`), `append` for a repeatable one (`--set`). `to_argv`
+writes a configuration back as the command line that parses to it, from the same metadata.
 """
 
 from __future__ import annotations
@@ -60,25 +61,30 @@ def _default(field: dataclasses.Field) -> Any:
     return MISSING
 
 
-def add_flags(parser: argparse.ArgumentParser, config_class: type) -> None:
-    """The flags of every field of `config_class` that carries `flag(...)` metadata."""
+def _flags(config_class: type) -> list[tuple[dataclasses.Field, Flag, Any, Any, tuple[str, ...]]]:
+    """(field, its Flag, its type without `| None`, its default, its option names) of every flag field."""
     hints = typing.get_type_hints(config_class)
-    groups: dict[str, argparse._ArgumentGroup] = {}
+    found = []
     for field in dataclasses.fields(config_class):
         spec: Flag | None = field.metadata.get("flag")
         if spec is None:
             continue
+        default, kind, dashed = _default(field), _unwrap_optional(hints[field.name]), field.name.replace("_", "-")
+        switch_off = kind is bool and default is True
+        found.append((field, spec, kind, default, spec.names or (f"--no-{dashed}" if switch_off else f"--{dashed}",)))
+    return found
+
+
+def add_flags(parser: argparse.ArgumentParser, config_class: type) -> None:
+    """The flags of every field of `config_class` that carries `flag(...)` metadata."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for field, spec, kind, default, names in _flags(config_class):
         target = parser if spec.group is None else groups.setdefault(spec.group, parser.add_argument_group(spec.group))
-        default = _default(field)
-        kind = _unwrap_optional(hints[field.name])
-        dashed = field.name.replace("_", "-")
         options: dict[str, Any] = {"dest": field.name, "help": spec.help}
         if kind is bool:
-            names = spec.names or ((f"--no-{dashed}",) if default is True else (f"--{dashed}",))
             options["action"] = "store_false" if default is True else "store_true"
             options["default"] = default
         else:
-            names = spec.names or (f"--{dashed}",)
             if default is MISSING:
                 options["required"] = True
             else:
@@ -102,3 +108,26 @@ def add_flags(parser: argparse.ArgumentParser, config_class: type) -> None:
 def values(namespace: argparse.Namespace, config_class: type) -> dict[str, Any]:
     """The parsed values of `config_class`'s flag fields (a fresh list for every repeatable flag)."""
     return {f.name: getattr(namespace, f.name) for f in dataclasses.fields(config_class) if "flag" in f.metadata}
+
+
+def to_argv(config: Any) -> list[str]:
+    """The command line that parses back to `config` (`parse(TASK, to_argv(cfg)) == cfg`): its flag fields that
+    differ from their defaults, under their first option name."""
+    argv: list[str] = []
+    for field, spec, kind, default, names in _flags(type(config)):
+        value = getattr(config, field.name)
+        if default is not MISSING and value == default:
+            continue
+        if kind is bool:
+            argv.append(names[0])
+        elif value is None:
+            raise ValueError(f"{field.name}=None has no command line: its flag's default is {default!r}")
+        elif spec.append:
+            argv += [part for item in value for part in (names[0], str(item))]
+        elif spec.const is not _NO_CONST and value == spec.const:
+            argv.append(names[0])
+        elif isinstance(value, (list, tuple)):  # parsed from one comma-separated text (int_list, OPS,MAGNITUDE)
+            argv += [names[0], ",".join(map(str, value))]
+        else:
+            argv += [names[0], str(value)]
+    return argv

@@ -14,16 +14,13 @@ from widenet_ds.disk_space import DiskFullError
 from widenet_ds.errors import WideNetError, mark_same_on_every_rank
 from widenet_ds.run_lock import FolderLockedError, folder_lock
 from widenet_ds.runtime.distributed import init_distributed, rank0_value
-from widenet_ds.training.classification import ClassifyTask
+from widenet_ds.task_registry import TASKS
 from widenet_ds.training.console import say
 from widenet_ds.training.finetuning import run_finetune
 from widenet_ds.training.plan import plan_task
 from widenet_ds.training.preemption import StopRequest
-from widenet_ds.training.pretraining import PretrainTask
 from widenet_ds.training.run_config import RunConfig
 from widenet_ds.training.trainer import Task, Trainer
-
-SINGLE_RUN_TASKS: dict[str, type[Task]] = {"pretrain": PretrainTask, "classify": ClassifyTask}
 
 
 def run_task(cfg: RunConfig) -> Any:
@@ -40,11 +37,12 @@ def run_task(cfg: RunConfig) -> Any:
                     init_source = CheckpointSource.open(cfg.init_from, "--init-from")
                 except WideNetError as err:
                     raise mark_same_on_every_rank(err)
-            if cfg.TASK in SINGLE_RUN_TASKS:
-                task = SINGLE_RUN_TASKS[cfg.TASK](cfg)
+            task_class = TASKS[cfg.TASK].task_class()
+            if issubclass(task_class, Task):
+                task = task_class(cfg)
                 task.init_source = init_source
                 result = run_single(cfg, task, stop)
-            else:
+            else:  # a finetuning TaskRun: one trainer per seed
                 result = run_finetune(cfg, stop)
             # Every rank leaves together: a rank tearing its gloo group down while another still writes the
             # results (rank 0) aborts at exit ("terminate called without an active exception").

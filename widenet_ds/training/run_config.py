@@ -23,7 +23,7 @@ from widenet_ds.run_lock import folder_lock
 from widenet_ds.runtime.compile import CompileMode
 from widenet_ds.tasks.glue import get_glue_task, glue_split_path
 from widenet_ds.training.branch_schedule import ScheduleKind
-from widenet_ds.training.flags import flag, int_list
+from widenet_ds.training.flags import flag, int_list, to_argv
 from widenet_ds.vision.augment import AugmentConfig
 from widenet_ds.vision.datasets import DATASETS
 from widenet_ds.writable import check_output_folder
@@ -185,6 +185,11 @@ class RunConfig:
             value = getattr(self, f.name)
             record[f.name] = str(value) if isinstance(value, Path) else value
         return json.loads(json.dumps(record))  # as read back from the file (tuples as lists)
+
+    def to_argv(self) -> list[str]:
+        """The options of `python -m widenet_ds.train TASK` that give these settings (for callers that start
+        ranks: build the configuration, check it here, pass this)."""
+        return to_argv(self)
 
 
 def compile_backend_problems(backend: str) -> list[str]:
