@@ -58,9 +58,11 @@ class Node:
     local_dir: Path  # what this node sees at cluster.local, read from outside
     sshd: subprocess.Popen = field(repr=False)
 
-    def command(self, args: list[str]) -> list[str]:
-        """`args` run inside this node: its network, hostname and mounts (those of its sshd)."""
-        return ["nsenter", "--target", str(self.sshd.pid), "--net", "--uts", "--mount", "--", *args]
+    def command(self, args: list[str], cwd: Path | None = None) -> list[str]:
+        """`args` run inside this node: its network, hostname and mounts (those of its sshd), in `cwd` (entering
+        a mount namespace otherwise starts in its /)."""
+        return ["nsenter", "--target", str(self.sshd.pid), "--net", "--uts", "--mount", f"--wdns={cwd or '/'}",
+                "--", *args]
 
     def pids(self) -> list[int]:
         out = subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True, text=True).stdout
