@@ -21,6 +21,7 @@ sshd, mount or /etc/netns entry of this cluster is left: also after a failing te
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -32,6 +33,7 @@ from pathlib import Path
 
 SUBNET = "10.77.0"  # exists only inside the namespaces made here
 SSHD = "/usr/sbin/sshd"
+_CLUSTERS = itertools.count()
 TOOLS = ("ip", "unshare", "nsenter", "ssh", "ssh-keygen", SSHD, "pdsh")
 
 
@@ -81,6 +83,7 @@ class Node:
 
 @dataclass(frozen=True)
 class NetnsCluster:
+    prefix: str  # of its namespaces' and links' names
     root: Path  # on the shared file system
     nodes: tuple[Node, ...]
     local: Path  # the node-local folder's path, the same on every node
@@ -167,6 +170,21 @@ def _wait_for_sshd(node: Node, ssh_bin: Path, log: Path, timeout: float = 30) ->
         time.sleep(0.3)
 
 
+def _cgroup_mounts() -> str:
+    """Shell commands that mount this machine's cgroup hierarchies again inside a node: `ip netns exec` mounts a
+    fresh /sys for the namespace, without /sys/fs/cgroup, and slurmd refuses to start without it."""
+    commands = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        point, kind = fields[4], fields[fields.index("-") + 1]
+        options = ",".join(o for o in fields[fields.index("-") + 3].split(",") if o not in ("rw", "ro"))
+        if point == "/sys/fs/cgroup":
+            commands.append(f"mount -t {kind} -o {options or 'defaults'} {kind} {point}")
+        elif point.startswith("/sys/fs/cgroup/") and kind == "cgroup":
+            commands.append(f"mkdir -p {point} && mount -t cgroup -o {options} cgroup {point}")
+    return "".join(f"{{ {command}; }} 2>/dev/null; " for command in commands)
+
+
 def leftovers(prefix: str, root: Path) -> list[str]:
     """What of a cluster named `prefix` still exists: namespaces, links, sshd processes, mounts, /etc/netns."""
     found = [f"namespace {ns}" for ns in _run("ip", "netns", "list").split() if ns.startswith(prefix)]
@@ -189,7 +207,8 @@ def netns_cluster(root: Path, num_nodes: int = 2) -> Iterator[NetnsCluster]:
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(reason)
-    prefix = f"wn{os.getpid()}"  # namespaces and links of this test process only: sessions side by side differ
+    # Names of this cluster only: test processes side by side, and clusters one after another in one, differ.
+    prefix = f"wn{os.getpid()}x{next(_CLUSTERS)}-"
     names = [f"node{i}" for i in range(1, num_nodes + 1)]
     addresses = [f"{SUBNET}.{i}" for i in range(1, num_nodes + 1)]
     namespaces = [f"{prefix}{name}" for name in names]
@@ -222,7 +241,7 @@ def netns_cluster(root: Path, num_nodes: int = 2) -> Iterator[NetnsCluster]:
             config = _sshd_config(ssh_dir, node_dir, name, address)
             log = node_dir / "sshd.log"
             # The hostname and the node-local mount live in the sshd's own namespaces; every session inherits them.
-            setup = (f"hostname {name} && mount --bind {node_dir / 'local'} {local} && "
+            setup = (f"hostname {name} && mount --bind {node_dir / 'local'} {local} && {_cgroup_mounts()}"
                      f"exec {SSHD} -D -e -f {config}")
             with open(log, "wb") as out:
                 sshd = subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--uts", "--mount",
@@ -231,7 +250,7 @@ def netns_cluster(root: Path, num_nodes: int = 2) -> Iterator[NetnsCluster]:
             node = Node(name, address, ns, node_dir / "local", sshd)
             nodes.append(node)
             _wait_for_sshd(node, ssh_bin, log)
-        yield NetnsCluster(root, tuple(nodes), local, ssh_bin)
+        yield NetnsCluster(prefix, root, tuple(nodes), local, ssh_bin)
     finally:
         _tear_down(nodes, namespaces)
         left = leftovers(prefix, root)

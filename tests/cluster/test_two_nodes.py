@@ -5,9 +5,12 @@ node), one rank per node, a text run with ep_size 2 so that the MoE all-to-all c
   the rendezvous on node 1's address, the ranks get the launch's environment, and the losses equal the same run
   with 2 ranks on one node (within the golden curves' tolerance);
 - `mpiexec -hosts node1,node2` (MPICH's hydra over the same ssh): the same losses;
+- `sbatch --nodes=2 slurm/pretrain.sbatch` on slurmctld + one slurmd per node (tests/netns_slurm.py): the same
+  losses;
 - node 2's rank SIGKILLed mid-run: node 1's rank ends within a bounded time with one clear error, and the last
   checkpoint is untouched (same file hashes) and passes `widenet-ds verify`.
-The cluster is brought up once for the file; its teardown asserts that nothing of it is left.
+The cluster is brought up once for the file; its teardown asserts that nothing of it is left, also when the test
+using it fails (checked by a cluster of its own).
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from pathlib import Path
 import pytest
 
 from golden_curves import beyond_tolerance
-from launch_inputs import prepare_tiny_corpus, pretrain_args, tiny_model_config
+from launch_inputs import DS_CONFIG, prepare_tiny_corpus, pretrain_args, tiny_model_config
 from launching import REPO, child_env, clear_stale_build_locks
-from netns_cluster import netns_cluster, unavailable_reason
+from netns_cluster import leftovers, netns_cluster, unavailable_reason
+from netns_slurm import slurm_on
+from slurm_cluster import missing_tools
 from pretrain_support import train_losses
 
 pytestmark = [pytest.mark.multirank, pytest.mark.cluster, pytest.mark.slow]
@@ -80,13 +85,12 @@ def environment_of(pid: int) -> dict[str, str]:
     return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
 
 
-def watch_ranks(cluster, proc: subprocess.Popen, timeout: float,
-                rank_var: str = "RANK") -> tuple[str, dict[str, dict[str, str]]]:
-    """Wait for `proc` (its output merged), reading the environment each node's rank was started with (`rank_var`
-    names the launcher's rank variable): node -> its RANK_VARS and `rank_var`."""
+def rank_environments(cluster, running, timeout: float, rank_var: str = "RANK") -> dict[str, dict[str, str]]:
+    """While `running()`, read the environment each node's rank was started with (`rank_var` names the launcher's
+    rank variable): node -> its RANK_VARS and `rank_var`."""
     seen: dict[str, dict[str, str]] = {}
     deadline = time.monotonic() + timeout
-    while proc.poll() is None and time.monotonic() < deadline:
+    while running() and time.monotonic() < deadline:
         for node in cluster.nodes:
             for pid in node.processes(RANK):
                 try:
@@ -96,7 +100,14 @@ def watch_ranks(cluster, proc: subprocess.Popen, timeout: float,
                 if rank_var in env:
                     seen.setdefault(node.name, {name: env[name] for name in (rank_var, *RANK_VARS) if name in env})
         time.sleep(0.2)
-    output, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    return seen
+
+
+def watch_ranks(cluster, proc: subprocess.Popen, timeout: float,
+                rank_var: str = "RANK") -> tuple[str, dict[str, dict[str, str]]]:
+    """Wait for `proc` (its output merged) while reading its ranks' environments (rank_environments)."""
+    seen = rank_environments(cluster, lambda: proc.poll() is None, timeout, rank_var)
+    output, _ = proc.communicate(timeout=30)
     return output, seen
 
 
@@ -156,6 +167,33 @@ def test_mpiexec_with_two_hosts_equals_one_node(cluster, inputs, one_node, tmp_p
     assert_losses_equal_one_node(one_node, out)
 
 
+@pytest.fixture(scope="module")
+def slurm(cluster, tmp_path_factory):
+    if missing_tools():
+        pytest.skip(f"Slurm/munge not installed (missing {', '.join(missing_tools())}); run scripts/install_slurm.sh")
+    with slurm_on(cluster, tmp_path_factory.mktemp("slurm") / "slurm",
+                  child_env(WIDENET_HOME=str(REPO), PYTHON=sys.executable)) as started:
+        yield started
+
+
+def test_sbatch_on_two_nodes_equals_one_node(slurm, cluster, inputs, one_node, tmp_path):
+    out, log = tmp_path / "slurm", tmp_path / "job.log"
+    corpus, model = inputs
+    env = dict(slurm.env, DATA=str(corpus), DS_CONFIG=str(DS_CONFIG), MODEL_CONFIG=str(model), OUTPUT_DIR=str(out),
+               EP_SIZE="2", EXTRA_ARGS=f"--max-steps {STEPS} --log-interval 1 --eval-interval 0 --no-tensorboard --seed 7")
+    job = slurm.sbatch("--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1", "--time=10", f"--output={log}",
+                       str(REPO / "slurm" / "pretrain.sbatch"), env=env)
+    ranks = rank_environments(cluster, lambda: slurm.job_state(job) in ("PENDING", "CONFIGURING", "RUNNING"), 300,
+                              rank_var="SLURM_PROCID")
+    state = slurm.wait_done(job, 60)
+    assert state == "COMPLETED", (log.read_text() if log.exists() else "") + slurm.logs()
+    node1, node2 = cluster.nodes
+    assert "2 ranks on node[1-2]" in log.read_text()
+    # srun started task 0 on node 1 and task 1 on node 2; the tasks met at node 1 (the first of the node list)
+    assert {node: env["SLURM_PROCID"] for node, env in ranks.items()} == {node1.name: "0", node2.name: "1"}, ranks
+    assert_losses_equal_one_node(one_node, out)
+
+
 def file_hashes(folder: Path) -> dict[str, str]:
     return {str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
             for path in sorted(folder.rglob("*")) if path.is_file()}
@@ -205,3 +243,15 @@ def test_node2_killed_mid_run_ends_node1_soon_with_one_error_and_the_last_checkp
     verify = subprocess.run([*WIDENET_DS, "verify", str(saved)], cwd=REPO, env=child_env(), capture_output=True,
                             text=True, timeout=120)
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_a_failing_test_leaves_no_namespace_link_sshd_or_mount_of_its_cluster_behind(tmp_path):
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with pytest.raises(RuntimeError, match="the test failed"):
+        with netns_cluster(tmp_path / "c") as failing:
+            assert len(leftovers(failing.prefix, failing.root)) > 0  # the check sees a running cluster
+            raise RuntimeError("the test failed")
+    # the teardown's own assertion would have replaced the RuntimeError; checked again here all the same
+    assert leftovers(failing.prefix, failing.root) == []
