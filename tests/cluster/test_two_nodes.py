@@ -7,6 +7,8 @@ node), one rank per node, a text run with ep_size 2 so that the MoE all-to-all c
 - `mpiexec -hosts node1,node2` (MPICH's hydra over the same ssh): the same losses;
 - `sbatch --nodes=2 slurm/pretrain.sbatch` on slurmctld + one slurmd per node (tests/netns_slurm.py): the same
   losses;
+- the rendezvous port busy on node 1 (rank 0's): refused there before training, naming node and holder, and
+  node 2's rank, which would wait for that rendezvous for 30 minutes, is stopped by `widenet-ds launch`;
 - node 2's rank SIGKILLed mid-run: node 1's rank ends within a bounded time with one clear error, and the last
   checkpoint is untouched (same file hashes) and passes `widenet-ds verify`.
 The cluster is brought up once for the file; its teardown asserts that nothing of it is left, also when the test
@@ -43,6 +45,9 @@ RANK = "-m widenet_ds.train"  # a rank's command line (its launcher's says `--mo
 # What every rank must find in its environment however it was started on its node.
 RANK_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "OMP_NUM_THREADS", "DS_ACCELERATOR", "TORCH_EXTENSIONS_DIR")
 KILL_BOUND_S = 60  # node 1's rank must end this soon after node 2's died (not a 30-minute collective timeout)
+# start-up, rank 0's refusal, launch's 10 s grace before it stops node 2, whose launcher SIGKILLs its rank 30 s
+# after a SIGTERM the rank (blocked in the rendezvous) cannot act on
+BUSY_PORT_BOUND_S = 120
 KILLED_RUN_STEPS = 200  # far more than run before the kill (cpu_small.json schedules 300)
 
 
@@ -192,6 +197,44 @@ def test_sbatch_on_two_nodes_equals_one_node(slurm, cluster, inputs, one_node, t
     # srun started task 0 on node 1 and task 1 on node 2; the tasks met at node 1 (the first of the node list)
     assert {node: env["SLURM_PROCID"] for node, env in ranks.items()} == {node1.name: "0", node2.name: "1"}, ranks
     assert_losses_equal_one_node(one_node, out)
+
+
+def test_a_busy_rendezvous_port_on_node1_is_refused_naming_node_and_holder_and_node2_is_stopped(
+        cluster, inputs, tmp_path):
+    node1, node2 = cluster.nodes
+    port = 29611
+    holder = subprocess.Popen(node1.command([sys.executable, "-c", (
+        f"import socket, time; s = socket.socket(); s.bind(('0.0.0.0', {port})); s.listen(); time.sleep(600)")]))
+    try:
+        deadline = time.monotonic() + 30
+        while not any(f":{port:04X} " in line for line in subprocess.run(
+                node1.command(["cat", "/proc/net/tcp"]), capture_output=True, text=True).stdout.splitlines()):
+            assert time.monotonic() < deadline, "the port holder never listened"
+            time.sleep(0.1)
+        out = tmp_path / "busy"
+        start = time.monotonic()
+        proc = on_node1(cluster, [*WIDENET_DS, "launch", "pretrain", "--hostfile", str(cluster.hostfile(slots=1)),
+                                  "--num-nodes", "2", "--num-ranks", "1", "--master-port", str(port), "--",
+                                  *run_args(inputs, out)], child_env())
+        try:
+            output, _ = proc.communicate(timeout=BUSY_PORT_BOUND_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail(f"the launch still ran {BUSY_PORT_BOUND_S} s after start, port {port} busy on node 1")
+        took = time.monotonic() - start
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode == 2, output[-6000:]  # rank 0's user error, printed once
+    assert f"the rendezvous port {port} on {node1.name} is in use by PID {holder.pid} " in output, output[-6000:]
+    assert f"widenet-ds launch: node {node1.name} ended with exit status 2 and the other nodes still run" in output
+    # node 2's launcher got the runner's kill and takes its rank with it (SIGTERM, SIGKILL 30 s later)
+    while node2.processes(RANK) and time.monotonic() - start < BUSY_PORT_BOUND_S:
+        time.sleep(0.2)
+    took = time.monotonic() - start
+    assert not node2.processes(RANK), "node 2's rank still waits for the rendezvous"
+    assert not (out / "checkpoints").exists()
+    assert took < BUSY_PORT_BOUND_S
 
 
 def file_hashes(folder: Path) -> dict[str, str]:

@@ -33,6 +33,7 @@ from widenet_ds.run_folder import TASKS
 from widenet_ds.runtime.host_allocator import allocator_env, find_tcmalloc
 from widenet_ds.runtime.launch_env import check_hostfile
 from widenet_ds.runtime.node_env import ranks_env, runner_env_file
+from widenet_ds.runtime.node_failures import NodeWatch
 from widenet_ds.runtime.ports import free_port, port_holder, port_is_free
 from widenet_ds.runtime.signals import forward
 
@@ -158,13 +159,15 @@ def run(plan: LaunchPlan) -> int:
         env = {**os.environ, **plan.env_changes}
         if plan.node_env:
             env.update(runner_env_file(plan.node_env, Path(folder)))
-        return _run_runner(plan.command, env)
+        return _run_runner(plan.command, env, watch_nodes=bool(plan.node_env))
 
 
-def _run_runner(command: list[str], env: dict[str, str]) -> int:
+def _run_runner(command: list[str], env: dict[str, str], watch_nodes: bool) -> int:
     # Its own process group: a terminal's Ctrl-C reaches this process only, which relays it as a TERM
     # (the ranks would otherwise die of the INT while deepspeed's launch.py kills the rest).
-    runner = subprocess.Popen(command, env=env, process_group=0)
+    runner = subprocess.Popen(command, env=env, process_group=0, stderr=subprocess.PIPE if watch_nodes else None)
+    # Several nodes: one that failed must not leave the run waiting for the others (runtime/node_failures.py).
+    watch = NodeWatch(runner) if watch_nodes else None
 
     def relay(signum: int, frame) -> None:
         message = forward(RELAYED[signal.Signals(signum)], runner.pid)
@@ -180,6 +183,10 @@ def _run_runner(command: list[str], env: dict[str, str]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if watch is not None:
+            watch.close()
+    if watch is not None and watch.stopped:
+        status = watch.failed[1]  # the failed node's, not that of the runner we stopped
     if status < 0:  # the runner itself was killed
         status = 128 - status
     # 2 is a user error the ranks printed once; anything else gets a line (their own output is above).
