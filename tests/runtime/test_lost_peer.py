@@ -1,4 +1,4 @@
-"""The one line of a rank whose peer died (runtime/lost_peer.py; the real case: tests/cluster)."""
+"""The one line of a rank whose peer died (runtime/lost_peer.py; the real case: tests/integration/test_two_nodes.py)."""
 
 from __future__ import annotations
 
