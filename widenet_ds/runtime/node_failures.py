@@ -37,8 +37,11 @@ class NodeWatch:
 
     def _pass_through(self, stream: BinaryIO) -> None:
         for line in iter(stream.readline, b""):
-            sys.stderr.buffer.write(line)
-            sys.stderr.flush()
+            try:
+                sys.stderr.buffer.write(line)
+                sys.stderr.flush()
+            except (OSError, ValueError):  # the terminal has gone (HUP): keep draining, or the runner would block
+                pass
             match = NODE_EXIT.match(line)
             if match and int(match["status"]) != 0 and self.failed is None:
                 self.failed = (match["node"].decode(), int(match["status"]))
