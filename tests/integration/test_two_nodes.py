@@ -9,6 +9,7 @@ node), one rank per node, a text run with ep_size 2 so that the MoE all-to-all c
   losses;
 - the rendezvous port busy on node 1 (rank 0's): refused there before training, naming node and holder, and
   node 2's rank, which would wait for that rendezvous for 30 minutes, is stopped by `widenet-ds launch`;
+- a second run into the same folder started on node 2 while the first runs from node 1: refused, naming node 1;
 - node 2's rank SIGKILLed mid-run: node 1's rank ends within a bounded time with one clear error, and the last
   checkpoint is untouched (same file hashes) and passes `widenet-ds verify`.
 The cluster is brought up once for the file; its teardown asserts that nothing of it is left, also when the test
@@ -242,12 +243,13 @@ def file_hashes(folder: Path) -> dict[str, str]:
             for path in sorted(folder.rglob("*")) if path.is_file()}
 
 
-def test_node2_killed_mid_run_ends_node1_soon_with_one_error_and_the_last_checkpoint_intact(
+def test_a_second_writer_on_node2_is_refused_then_node2_killed_ends_node1_with_one_error_checkpoint_intact(
         cluster, inputs, tmp_path):
     out = tmp_path / "killed"
+    # --keep-last: the checkpoint hashed below stays, however many saves follow before the kill
+    train = run_args(inputs, out, KILLED_RUN_STEPS, "--save-interval", "3", "--keep-last", "100")
     proc = on_node1(cluster, [*WIDENET_DS, "launch", "pretrain", "--hostfile", str(cluster.hostfile(slots=1)),
-                              "--num-nodes", "2", "--num-ranks", "1", "--",
-                              *run_args(inputs, out, KILLED_RUN_STEPS, "--save-interval", "3")], child_env())
+                              "--num-nodes", "2", "--num-ranks", "1", "--", *train], child_env())
     latest = out / "checkpoints" / "latest"
     deadline = time.monotonic() + 240
     while not latest.exists():
@@ -257,8 +259,18 @@ def test_node2_killed_mid_run_ends_node1_soon_with_one_error_and_the_last_checkp
     tag = latest.read_text().strip()
     saved = out / "checkpoints" / tag
     before = file_hashes(saved)
+    node1, node2 = cluster.nodes
 
-    node2 = cluster.nodes[1]
+    # A second run into the same folder, started on node 2 while this one runs from node 1: refused by the lock,
+    # which names node 1 and says that it cannot check a run on another host.
+    corpus, model = inputs
+    second = subprocess.run(node2.command([sys.executable, "-m", "widenet_ds.train", "pretrain", *pretrain_args(
+        corpus, model, out, KILLED_RUN_STEPS, "--ep-size", "1")], cwd=REPO), env=cluster.env(child_env()),
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2, second.stdout[-3000:] + second.stderr[-3000:]
+    assert f"on {node1.name}, started" in second.stderr and f"It runs on another host ({node1.name})" in second.stderr
+    assert proc.poll() is None, "the first run did not survive the second one's attempt"
+
     victims = node2.processes(RANK)
     assert victims, "no rank on node 2 to kill"
     for pid in victims:
