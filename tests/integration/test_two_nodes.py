@@ -186,7 +186,8 @@ def test_sbatch_on_two_nodes_equals_one_node(slurm, cluster, inputs, one_node, t
     out, log = tmp_path / "slurm", tmp_path / "job.log"
     corpus, model = inputs
     env = dict(slurm.env, DATA=str(corpus), DS_CONFIG=str(DS_CONFIG), MODEL_CONFIG=str(model), OUTPUT_DIR=str(out),
-               EP_SIZE="2", EXTRA_ARGS=f"--max-steps {STEPS} --log-interval 1 --eval-interval 0 --no-tensorboard --seed 7")
+               EP_SIZE="2",
+               EXTRA_ARGS=f"--max-steps {STEPS} --log-interval 1 --eval-interval 0 --no-tensorboard --seed 7")
     job = slurm.sbatch("--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1", "--time=10", f"--output={log}",
                        str(REPO / "slurm" / "pretrain.sbatch"), env=env)
     ranks = rank_environments(cluster, lambda: slurm.job_state(job) in ("PENDING", "CONFIGURING", "RUNNING"), 300,

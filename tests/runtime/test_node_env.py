@@ -1,4 +1,5 @@
-"""What a multi-node launch hands every node's ranks (runtime/node_env.py; the real 2-node runs: tests/integration/test_two_nodes.py)."""
+"""What a multi-node launch hands every node's ranks (runtime/node_env.py; the real 2-node runs:
+tests/integration/test_two_nodes.py)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,9 @@
 When another rank's process ends mid-run (killed, out of memory, its node gone), the next collective of every
 other rank fails with the transport's error: gloo's `Read error [10.77.0.2]:4312: Connection reset by peer`
 under 40 lines of traceback through the model, which reads like a bug of the model. Seen on the 2-node test
-cluster (tests/integration/test_two_nodes.py): node 1's rank ended within seconds, but with that traceback. `lost_peer_message`
-recognises these errors and says what happened, where the other rank's own messages are, and how to continue.
+cluster (tests/integration/test_two_nodes.py): node 1's rank ended within seconds, but with that traceback.
+`lost_peer_message` recognises these errors and says what happened, where the other rank's own messages are,
+and how to continue.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 DeepSpeed's pdsh runner waits until every node's ssh session has ended. When one node's ranks end with an error
 while the others wait for them in a place no peer error reaches (the rendezvous: rank 0 refused a busy port on
 node 1, and rank 1 on node 2 waits for a rendezvous that never answers), the run hangs for the 30-minute
-process-group timeout. Seen on the 2-node test cluster (tests/integration/test_two_nodes.py). pdsh names each node that ended badly
-(`pdsh@node1: node1: ssh exited with exit code 2`); `NodeWatch` passes the runner's stderr through, notices that
-line, and after a grace period (the other ranks usually end by themselves within seconds, each with its own
-message) stops the runner, whose SIGTERM handler kills the launchers on every node.
+process-group timeout. Seen on the 2-node test cluster (tests/integration/test_two_nodes.py). pdsh names each
+node that ended badly (`pdsh@node1: node1: ssh exited with exit code 2`); `NodeWatch` passes the runner's stderr
+through, notices that line, and after a grace period (the other ranks usually end by themselves within seconds,
+each with its own message) stops the runner, whose SIGTERM handler kills the launchers on every node.
 """
 
 from __future__ import annotations
