@@ -55,6 +55,7 @@ run_tests() {
   setup
   if [[ "$(id -u)" == "0" ]]; then
     bash "$ROOT/scripts/install_slurm.sh" >&2 || echo "[test] Slurm install failed; Slurm tests will skip" >&2
+    bash "$ROOT/scripts/install_cluster_tools.sh" >&2 || echo "[test] sshd/pdsh install failed; the 2-node cluster tests will skip" >&2
     bash "$ROOT/scripts/install_chromium.sh" >&2 || echo "[test] Chromium install failed; the report's browser test will skip" >&2
     install_tcmalloc || echo "[test] tcmalloc install failed; CPU ranks get glibc's malloc, tuned; its test will skip" >&2
   fi

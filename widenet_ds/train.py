@@ -22,7 +22,8 @@ quiet_third_party()  # before DeepSpeed is imported
 from widenet_ds.disk_space import DiskFullError, full_disk_message  # noqa: E402
 from widenet_ds.errors import WideNetError, mark_same_on_every_rank  # noqa: E402
 from widenet_ds.runtime.distributed import exit_rank  # noqa: E402
-from widenet_ds.training.console import report_error  # noqa: E402
+from widenet_ds.runtime.lost_peer import lost_peer_message  # noqa: E402
+from widenet_ds.training.console import process_rank, report_error  # noqa: E402
 from widenet_ds.training.run import run_task  # noqa: E402
 from widenet_ds.task_registry import TASKS  # noqa: E402
 from widenet_ds.training.command_line import parse  # noqa: E402
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if task not in TASKS:
         print(f"{PROG}: unknown task {task!r}.\n\n{usage()}", file=sys.stderr)
         return 2
+    cfg = None
     try:
         try:
             cfg = parse(task, rest)
@@ -74,6 +76,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         report_error(f"{PROG} {task}", DiskFullError(message))
         return 2
+    except RuntimeError as err:  # torch's DistBackendError is one
+        message = lost_peer_message(err, process_rank(), cfg.output_dir / "checkpoints" if cfg else None)
+        if message is None:
+            raise
+        # Not 2 (a user error every rank shares): a rank's own failure, which `widenet-ds launch` reports too.
+        print(f"{PROG} {task}: error: {message}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,8 @@ import widenet_ds
 from widenet_ds.errors import LaunchError
 from widenet_ds.runtime.host_allocator import allocator_env, find_tcmalloc
 from widenet_ds.runtime.launch_env import check_hostfile
+from widenet_ds.runtime.node_env import ranks_env, runner_env_file
+from widenet_ds.runtime.node_failures import NodeWatch
 from widenet_ds.runtime.ports import free_port, port_holder, port_is_free
 from widenet_ds.runtime.signals import forward
 from widenet_ds.task_registry import TASKS
@@ -75,6 +78,8 @@ class Machine:
 class LaunchPlan:
     command: list[str]
     env_changes: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
+    # With a hostfile: what every node's ranks must get, which the runner's ssh does not carry (runtime/node_env.py)
+    node_env: dict[str, str] = field(default_factory=dict)
 
     def echo(self) -> str:
         shown = {k: v for k, v in self.env_changes.items() if k != "PYTHONPATH"}
@@ -143,15 +148,26 @@ def plan_launch(options: LaunchOptions, machine: Machine, environ: Mapping[str, 
     # have installed (a second worktree).
     source_root = str(Path(widenet_ds.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, environ.get("PYTHONPATH")) if p)
-    return LaunchPlan([runner, *ds_args, "--module", TRAIN_MODULE, options.task, *options.train_args], env)
+    node_env = ranks_env(environ, env) if options.hostfile is not None else {}
+    return LaunchPlan([runner, *ds_args, "--module", TRAIN_MODULE, options.task, *options.train_args], env, node_env)
 
 
 def run(plan: LaunchPlan) -> int:
     """Start the runner, relay stop signals to the ranks, and return the run's exit status."""
     print(f"{PROG}: {plan.echo()}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="widenet-launch-") as folder:
+        env = {**os.environ, **plan.env_changes}
+        if plan.node_env:
+            env.update(runner_env_file(plan.node_env, Path(folder)))
+        return _run_runner(plan.command, env, watch_nodes=bool(plan.node_env))
+
+
+def _run_runner(command: list[str], env: dict[str, str], watch_nodes: bool) -> int:
     # Its own process group: a terminal's Ctrl-C reaches this process only, which relays it as a TERM
     # (the ranks would otherwise die of the INT while deepspeed's launch.py kills the rest).
-    runner = subprocess.Popen(plan.command, env={**os.environ, **plan.env_changes}, process_group=0)
+    runner = subprocess.Popen(command, env=env, process_group=0, stderr=subprocess.PIPE if watch_nodes else None)
+    # Several nodes: one that failed must not leave the run waiting for the others (runtime/node_failures.py).
+    watch = NodeWatch(runner) if watch_nodes else None
 
     def relay(signum: int, frame) -> None:
         message = forward(RELAYED[signal.Signals(signum)], runner.pid)
@@ -167,6 +183,10 @@ def run(plan: LaunchPlan) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if watch is not None:
+            watch.close()
+    if watch is not None and watch.stopped:
+        status = watch.failed[1]  # the failed node's, not that of the runner we stopped
     if status < 0:  # the runner itself was killed
         status = 128 - status
     # 2 is a user error the ranks printed once; anything else gets a line (their own output is above).

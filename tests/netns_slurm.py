@@ -1,0 +1,161 @@
+"""A real multi-node Slurm on the 2-node test cluster (tests/netns_cluster.py): slurmctld on node 1, one slurmd per
+node, each inside its node's namespaces and reaching the others by the nodes' addresses; one munged (outside the
+namespaces: its socket is a file on the shared file system, as a cluster's is on every node's local disk).
+
+`slurm_on(cluster, root)` starts them, waits until `sinfo` reports every node idle, yields a `ClusterSlurm` whose
+client commands (`sbatch`, `scontrol`) run on node 1, and stops every daemon by its pid file, then asserts none
+is left. Debian's packages: scripts/install_slurm.sh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from netns_cluster import NetnsCluster
+from slurm_cluster import _stop, _wait_for, _write_munge_files, missing_tools
+
+CTLD_PORT, SLURMD_PORT = 6817, 6818  # each node's own network: nothing else listens there
+
+
+@dataclass(frozen=True)
+class ClusterSlurm:
+    cluster: NetnsCluster
+    root: Path
+    env: dict[str, str]  # SLURM_CONF and PATH: pass to every client command (sbatch hands it to the job)
+
+    def run(self, *args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        """A Slurm client command on node 1."""
+        proc = subprocess.run(self.cluster.nodes[0].command(list(args)), env=env or self.env, capture_output=True,
+                              text=True, timeout=60)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}\n{self.logs()}")
+        return proc
+
+    def sbatch(self, *args: str, env: dict[str, str]) -> int:
+        return int(self.run("sbatch", "--parsable", *args, env=env).stdout.strip().split(";")[0])
+
+    def job_state(self, job_id: int) -> str:
+        out = self.run("scontrol", "-o", "show", "job", str(job_id)).stdout
+        return next(item.partition("=")[2] for item in out.split() if item.startswith("JobState="))
+
+    def wait_done(self, job_id: int, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while (state := self.job_state(job_id)) in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {state} after {timeout}s\n{self.logs()}")
+            time.sleep(0.5)
+        return state
+
+    def logs(self) -> str:
+        parts = []
+        for path in sorted(self.root.glob("*.log")):
+            parts.append(f"--- {path.name} (tail) ---\n" + "\n".join(path.read_text().splitlines()[-30:]))
+        return "\n".join(parts)
+
+
+def _slurm_conf(root: Path, cluster: NetnsCluster, munge_socket: Path) -> str:
+    nodes = "".join(f"NodeName={node.name} NodeAddr={node.address} CPUs=2 State=UNKNOWN\n" for node in cluster.nodes)
+    first = cluster.nodes[0]
+    return f"""\
+ClusterName=widenet-netns
+SlurmctldHost={first.name}({first.address})
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort={CTLD_PORT}
+SlurmdPort={SLURMD_PORT}
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={munge_socket},cred_expire=5
+StateSaveLocation={root}/state
+# %n: one folder, pid file and log per node's slurmd (they share this file system)
+SlurmdSpoolDir={root}/spool-%n
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd-%n.pid
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SwitchType=switch/none
+MpiDefault=none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+SchedulerParameters=sched_interval=1,bf_interval=1
+MessageTimeout=10
+KillWait=10
+MinJobAge=300
+InactiveLimit=0
+SlurmctldTimeout=30
+SlurmdTimeout=30
+{nodes}PartitionName=debug Nodes={','.join(node.name for node in cluster.nodes)} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def _daemons_left(conf: Path) -> list[str]:
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode()
+            if str(conf) in text and text.split()[0].rsplit("/", 1)[-1] in ("slurmctld", "slurmd", "slurmstepd"):
+                left.append(f"{cmdline.parent.name}: {text}")
+    return left
+
+
+@contextlib.contextmanager
+def slurm_on(cluster: NetnsCluster, root: Path, base_env: dict[str, str]) -> Iterator[ClusterSlurm]:
+    missing = missing_tools()
+    if missing:
+        raise RuntimeError(f"multi-node Slurm: {missing} not installed; run scripts/install_slurm.sh")
+    root.mkdir(parents=True)
+    for sub in ("state", *(f"spool-{node.name}" for node in cluster.nodes)):
+        (root / sub).mkdir()
+    munge_dir = Path(tempfile.mkdtemp(prefix="widenet-munge-"))  # munged (its own user) cannot enter pytest's folders
+    key = _write_munge_files(munge_dir)
+    munge_socket, munge_pid = munge_dir / "munge.socket", munge_dir / "munged.pid"
+    conf = root / "slurm.conf"
+    conf.write_text(_slurm_conf(root, cluster, munge_socket))
+    env = {**cluster.env(base_env), "SLURM_CONF": str(conf)}
+    slurm = ClusterSlurm(cluster, root, env)
+    node_names = [node.name for node in cluster.nodes]
+    try:
+        subprocess.run(["runuser", "-u", "munge", "--", "munged", f"--socket={munge_socket}", f"--key-file={key}",
+                        f"--pid-file={munge_pid}", f"--log-file={munge_dir}/munged.log",
+                        f"--seed-file={munge_dir}/munged.seed"], check=True, capture_output=True, timeout=30)
+        _wait_for("munged", munge_socket.exists, 10, slurm.logs)
+        # Both daemons fork into the background inside the node's namespaces and write their pid files.
+        subprocess.run(cluster.nodes[0].command(["slurmctld", "-c", "-f", str(conf)]), env=env, check=True,
+                       capture_output=True, timeout=30)
+        for node in cluster.nodes:
+            subprocess.run(node.command(["slurmd", "-c", "-f", str(conf), "-N", node.name]), env=env, check=True,
+                           capture_output=True, timeout=30)
+
+        def all_idle() -> bool:
+            out = slurm.run("sinfo", "-h", "-N", "-o", "%N %T", check=False).stdout.split("\n")
+            return sorted(line.strip() for line in out if line.strip()) == [f"{name} idle" for name in node_names]
+
+        _wait_for("every node idle in sinfo", all_idle, 60, slurm.logs)
+        yield slurm
+    finally:
+        if (root / "slurmctld.pid").exists():
+            slurm.run("scancel", "--user=root", check=False)
+        for name in node_names:
+            _stop(root / f"slurmd-{name}.pid")
+        _stop(root / "slurmctld.pid")
+        _stop(munge_pid)
+        shutil.rmtree(munge_dir, ignore_errors=True)
+        deadline = time.monotonic() + 15  # job steps end after their slurmd
+        while _daemons_left(conf) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = _daemons_left(conf)
+        assert not left, f"multi-node Slurm left these running: {left}"
