@@ -54,9 +54,8 @@ install_fashion_mnist() {  # Debian's dataset-fashion-mnist (MIT): the vision pa
 run_tests() {
   setup
   if [[ "$(id -u)" == "0" ]]; then
-    bash "$ROOT/scripts/install_slurm.sh" >&2 || echo "[test] Slurm install failed; Slurm tests will skip" >&2
-    bash "$ROOT/scripts/install_cluster_tools.sh" >&2 || echo "[test] sshd/pdsh install failed; the 2-node cluster tests will skip" >&2
-    bash "$ROOT/scripts/install_chromium.sh" >&2 || echo "[test] Chromium install failed; the report's browser test will skip" >&2
+    for tool in slurm cluster_tools chromium; do  # Slurm; sshd + pdsh (the 2-node cluster); the report's browser
+      bash "$ROOT/scripts/install_$tool.sh" >&2 || echo "[test] $tool install failed; its tests will skip" >&2; done
     install_tcmalloc || echo "[test] tcmalloc install failed; CPU ranks get glibc's malloc, tuned; its test will skip" >&2
   fi
   install_fashion_mnist || echo "[test] Fashion-MNIST not installed; its test will skip" >&2

@@ -5,7 +5,7 @@ node), one rank per node, a text run with ep_size 2 so that the MoE all-to-all c
   the rendezvous on node 1's address, the ranks get the launch's environment, and the losses equal the same run
   with 2 ranks on one node (within the golden curves' tolerance);
 - `mpiexec -hosts node1,node2` (MPICH's hydra over the same ssh): the same losses;
-- `sbatch --nodes=2 slurm/pretrain.sbatch` on slurmctld + one slurmd per node (tests/netns_slurm.py): the same
+- `sbatch --nodes=2 slurm/train.sbatch pretrain ...` on slurmctld + one slurmd per node (tests/netns_slurm.py): the same
   losses;
 - the rendezvous port busy on node 1 (rank 0's): refused there before training, naming node and holder, and
   node 2's rank, which would wait for that rendezvous for 30 minutes, is stopped by `widenet-ds launch`;
@@ -153,6 +153,22 @@ def test_pdsh_hostfile_launch_across_two_nodes_equals_one_node(cluster, inputs, 
     assert_losses_equal_one_node(one_node, out)
 
 
+def test_an_output_dir_on_node_local_storage_is_refused_before_training(cluster, inputs, tmp_path):
+    """The same path on both nodes, another folder on each (cluster.local): before this check, rank 1's checkpoint
+    files stayed in `step3.partial` on node 2, rank 0 called the checkpoint complete, and a --resume hung."""
+    node1, node2 = cluster.nodes
+    proc = on_node1(cluster, [*WIDENET_DS, "launch", "pretrain", "--hostfile", str(cluster.hostfile(slots=1)),
+                              "--num-nodes", "2", "--num-ranks", "1", "--",
+                              *run_args(inputs, cluster.local / "run")], child_env())
+    output, _ = proc.communicate(timeout=180)
+    assert proc.returncode != 0, output[-4000:]
+    message = (f"is not one folder for all ranks: rank 1 on {node2.name} does not see the file rank 0 on {node1.name} "
+               f"wrote there")
+    assert output.count(message) == 1, output[-4000:]
+    assert "training: steps" not in output
+    assert not (node1.local_dir / "run" / "checkpoints").exists() and not list(node1.local_dir.glob("run/.widenet-ds-shared-*"))
+
+
 def test_mpiexec_with_two_hosts_equals_one_node(cluster, inputs, one_node, tmp_path):
     mpiexec = BIN / "mpiexec"
     if not mpiexec.exists():
@@ -185,11 +201,11 @@ def slurm(cluster, tmp_path_factory):
 def test_sbatch_on_two_nodes_equals_one_node(slurm, cluster, inputs, one_node, tmp_path):
     out, log = tmp_path / "slurm", tmp_path / "job.log"
     corpus, model = inputs
-    env = dict(slurm.env, DATA=str(corpus), DS_CONFIG=str(DS_CONFIG), MODEL_CONFIG=str(model), OUTPUT_DIR=str(out),
-               EP_SIZE="2",
-               EXTRA_ARGS=f"--max-steps {STEPS} --log-interval 1 --eval-interval 0 --no-tensorboard --seed 7")
+    env = dict(slurm.env, OUTPUT_DIR=str(out))
     job = slurm.sbatch("--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1", "--time=10", f"--output={log}",
-                       str(REPO / "slurm" / "pretrain.sbatch"), env=env)
+                       str(REPO / "slurm" / "train.sbatch"), "pretrain", "--data", str(corpus), "--deepspeed_config",
+                       str(DS_CONFIG), "--model-config", str(model), "--ep-size", "2", "--max-steps", str(STEPS),
+                       "--log-interval", "1", "--eval-interval", "0", "--no-tensorboard", "--seed", "7", env=env)
     ranks = rank_environments(cluster, lambda: slurm.job_state(job) in ("PENDING", "CONFIGURING", "RUNNING"), 300,
                               rank_var="SLURM_PROCID")
     state = slurm.wait_done(job, 60)

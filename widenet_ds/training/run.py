@@ -4,16 +4,20 @@ start from checked file by file, every other check, then the one trainer (finetu
 
 from __future__ import annotations
 
+import os
+import socket
+import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch.distributed as torch_dist
 
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.disk_space import DiskFullError
-from widenet_ds.errors import WideNetError, mark_same_on_every_rank
+from widenet_ds.errors import ConfigError, WideNetError, mark_same_on_every_rank
 from widenet_ds.run_lock import FolderLockedError, folder_lock
-from widenet_ds.runtime.distributed import init_distributed, rank0_value
+from widenet_ds.runtime.distributed import all_values, init_distributed, rank0_value
 from widenet_ds.task_registry import TASKS
 from widenet_ds.training.console import say
 from widenet_ds.training.finetuning import run_finetune
@@ -31,6 +35,7 @@ def run_task(cfg: RunConfig) -> Any:
         say("starting: initialising the process group")
         init_distributed(say=say)
         with run_folder_lock(cfg):
+            check_shared_output(cfg.output_dir)
             init_source = None
             if cfg.init_from is not None:
                 try:  # resolved once; a damaged file is named before any rank reads the weights
@@ -50,6 +55,32 @@ def run_task(cfg: RunConfig) -> Any:
         return result
     finally:
         stop.uninstall()
+
+
+def check_shared_output(folder: Path, wait_s: float = 5.0) -> None:
+    """Collective: every rank sees what rank 0 writes in the run folder. Every rank writes its part of a checkpoint
+    there and rank 0 completes it (checkpoint/training.py), so an --output-dir on node-local storage would leave
+    each node a different, incomplete checkpoint (measured on the 2-node test cluster: rank 1's files stayed in
+    `step3.partial` on node 2, and a --resume hung); refused before anything is built."""
+    if torch_dist.get_world_size() == 1:
+        return
+    probe = Path(folder) / rank0_value(f".widenet-ds-shared-{socket.gethostname()}-{os.getpid()}")
+    if torch_dist.get_rank() == 0:
+        probe.write_text(socket.gethostname())
+    torch_dist.barrier()
+    deadline = time.monotonic() + wait_s  # a shared file system may show a new file a moment later
+    while not probe.is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    blind = all_values(None if probe.is_file() else f"rank {torch_dist.get_rank()} on {socket.gethostname()}")
+    torch_dist.barrier()
+    if torch_dist.get_rank() == 0:
+        probe.unlink(missing_ok=True)
+    if blind:
+        raise mark_same_on_every_rank(ConfigError(
+            f"--output-dir {folder} is not one folder for all ranks: {', '.join(blind)} does not see the file rank 0 "
+            f"on {rank0_value(socket.gethostname())} wrote there. Every rank writes its part of each checkpoint into "
+            f"the run folder and rank 0 completes it, so it must be on storage every node mounts at the same path (a "
+            f"shared file system); node-local disks would leave each node an incomplete checkpoint."))
 
 
 @contextmanager
