@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from netns_cluster import NetnsCluster
-from slurm_cluster import _stop, _wait_for, _write_munge_files, missing_tools
+from slurm_cluster import _stop, _wait_for, _write_munge_files, missing_tools, slurm_conf
 
 CTLD_PORT, SLURMD_PORT = 6817, 6818  # each node's own network: nothing else listens there
 
@@ -60,48 +60,6 @@ class ClusterSlurm:
         return "\n".join(parts)
 
 
-def _slurm_conf(root: Path, cluster: NetnsCluster, munge_socket: Path) -> str:
-    nodes = "".join(f"NodeName={node.name} NodeAddr={node.address} CPUs=2 State=UNKNOWN\n" for node in cluster.nodes)
-    first = cluster.nodes[0]
-    return f"""\
-ClusterName=widenet-netns
-SlurmctldHost={first.name}({first.address})
-SlurmUser=root
-SlurmdUser=root
-SlurmctldPort={CTLD_PORT}
-SlurmdPort={SLURMD_PORT}
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={munge_socket},cred_expire=5
-StateSaveLocation={root}/state
-# %n: one folder, pid file and log per node's slurmd (they share this file system)
-SlurmdSpoolDir={root}/spool-%n
-SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd-%n.pid
-SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd-%n.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-SwitchType=switch/none
-MpiDefault=none
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-ReturnToService=2
-SchedulerParameters=sched_interval=1,bf_interval=1
-MessageTimeout=10
-KillWait=10
-MinJobAge=300
-InactiveLimit=0
-SlurmctldTimeout=30
-SlurmdTimeout=30
-{nodes}PartitionName=debug Nodes={','.join(node.name for node in cluster.nodes)} Default=YES MaxTime=INFINITE State=UP
-"""
-
-
 def _daemons_left(conf: Path) -> list[str]:
     left = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
@@ -124,7 +82,8 @@ def slurm_on(cluster: NetnsCluster, root: Path, base_env: dict[str, str]) -> Ite
     key = _write_munge_files(munge_dir)
     munge_socket, munge_pid = munge_dir / "munge.socket", munge_dir / "munged.pid"
     conf = root / "slurm.conf"
-    conf.write_text(_slurm_conf(root, cluster, munge_socket))
+    conf.write_text(slurm_conf(root, [(node.name, node.address) for node in cluster.nodes], CTLD_PORT, SLURMD_PORT,
+                               munge_socket, cluster_name="widenet-netns"))
     env = {**cluster.env(base_env), "SLURM_CONF": str(conf)}
     slurm = ClusterSlurm(cluster, root, env)
     node_names = [node.name for node in cluster.nodes]

@@ -71,7 +71,7 @@ class SlurmCluster:
 
     def logs(self) -> str:
         parts = []
-        for name in ("slurmctld.log", "slurmd.log"):
+        for name in ("slurmctld.log", f"slurmd-{self.node}.log"):
             path = self.root / name
             if path.exists():
                 parts.append(f"--- {name} (tail) ---\n" + "\n".join(path.read_text().splitlines()[-40:]))
@@ -101,10 +101,15 @@ def _write_munge_files(munge_dir: Path) -> Path:
     return key
 
 
-def _slurm_conf(root: Path, node: str, ctld_port: int, slurmd_port: int, munge_socket: Path) -> str:
+def slurm_conf(root: Path, nodes: list[tuple[str, str]], ctld_port: int, slurmd_port: int, munge_socket: Path,
+               cluster_name: str = "widenet-test") -> str:
+    """The test clusters' slurm.conf: `nodes` (name, address), the first one also the controller; each slurmd's
+    spool, pid file and log named by its node (%n), so nodes sharing a file system keep theirs apart."""
+    controller = nodes[0]
+    node_lines = "".join(f"NodeName={name} NodeAddr={address} CPUs=2 State=UNKNOWN\n" for name, address in nodes)
     return f"""\
-ClusterName=widenet-test
-SlurmctldHost={node}(127.0.0.1)
+ClusterName={cluster_name}
+SlurmctldHost={controller[0]}({controller[1]})
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort={ctld_port}
@@ -114,11 +119,11 @@ CredType=cred/munge
 # cred_expire also delays a requeued job's restart (120 s by default): 5 s keeps the test short.
 AuthInfo=socket={munge_socket},cred_expire=5
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool-%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd.log
+SlurmdLogFile={root}/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -140,8 +145,7 @@ MinJobAge=300
 InactiveLimit=0
 SlurmctldTimeout=30
 SlurmdTimeout=30
-NodeName={node} NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
-PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
+{node_lines}PartitionName=debug Nodes={",".join(name for name, _ in nodes)} Default=YES MaxTime=INFINITE State=UP
 """
 
 
@@ -186,16 +190,16 @@ def slurm_cluster(workdir: Path) -> Iterator[SlurmCluster]:
     if missing:
         raise RuntimeError(f"slurm_cluster: {missing} not installed; run scripts/install_slurm.sh")
     root = Path(workdir) / "slurm"
-    for sub in ("state", "spool"):
+    node = socket.gethostname().split(".")[0]
+    for sub in ("state", f"spool-{node}"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     # munged runs as the munge user and cannot enter pytest's 0700 root-owned tmp folders.
     munge_dir = Path(tempfile.mkdtemp(prefix="widenet-munge-"))
     key = _write_munge_files(munge_dir)
     munge_socket = munge_dir / "munge.socket"
-    node = socket.gethostname().split(".")[0]
     ctld_port, slurmd_port = _free_ports(2)
     conf = root / "slurm.conf"
-    conf.write_text(_slurm_conf(root, node, ctld_port, slurmd_port, munge_socket))
+    conf.write_text(slurm_conf(root, [(node, "127.0.0.1")], ctld_port, slurmd_port, munge_socket))
     # Jobs inherit this environment: leave out the test process's own rank variables (see child_env).
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
@@ -222,7 +226,7 @@ def slurm_cluster(workdir: Path) -> Iterator[SlurmCluster]:
         # Jobs first, so slurmd does not leave tasks behind; then the daemons by pid file.
         if (root / "slurmctld.pid").exists():
             cluster.run("scancel", "--user=root", check=False)
-        _stop(root / "slurmd.pid")
+        _stop(root / f"slurmd-{node}.pid")
         _stop(root / "slurmctld.pid")
         _stop(munge_pid)
         shutil.rmtree(munge_dir, ignore_errors=True)
