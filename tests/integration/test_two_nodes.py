@@ -18,6 +18,7 @@ using it fails (checked by a cluster of its own).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -35,7 +36,7 @@ from launching import REPO, child_env, clear_stale_build_locks
 from netns_cluster import leftovers, netns_cluster, unavailable_reason
 from netns_slurm import slurm_on
 from slurm_cluster import missing_tools
-from pretrain_support import train_losses
+from pretrain_support import events, train_losses
 
 pytestmark = [pytest.mark.multirank, pytest.mark.cluster, pytest.mark.slow]
 
@@ -198,22 +199,48 @@ def slurm(cluster, tmp_path_factory):
         yield started
 
 
-def test_sbatch_on_two_nodes_equals_one_node(slurm, cluster, inputs, one_node, tmp_path):
-    out, log = tmp_path / "slurm", tmp_path / "job.log"
-    corpus, model = inputs
+def test_sbatch_on_two_nodes_then_node2_lost_continues_on_node1_and_equals_one_node(slurm, cluster, inputs, one_node,
+                                                                                   tmp_path):
+    """`sbatch --nodes=2` runs task 0 on node 1 and task 1 on node 2 (rendezvous at the node list's first host);
+    node 2's rank is SIGKILLed after the first checkpoint (srun's --kill-on-bad-exit ends the job), and the run
+    goes on in a job on node 1 alone (2 tasks there, the same OUTPUT_DIR): every step's loss equals one node's."""
+    out = tmp_path / "slurm"
     env = dict(slurm.env, OUTPUT_DIR=str(out))
-    job = slurm.sbatch("--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1", "--time=10", f"--output={log}",
-                       str(REPO / "slurm" / "train.sbatch"), "pretrain", "--data", str(corpus), "--deepspeed_config",
-                       str(DS_CONFIG), "--model-config", str(model), "--ep-size", "2", "--max-steps", str(STEPS),
-                       "--log-interval", "1", "--eval-interval", "0", "--no-tensorboard", "--seed", "7", env=env)
-    ranks = rank_environments(cluster, lambda: slurm.job_state(job) in ("PENDING", "CONFIGURING", "RUNNING"), 300,
-                              rank_var="SLURM_PROCID")
-    state = slurm.wait_done(job, 60)
-    assert state == "COMPLETED", (log.read_text() if log.exists() else "") + slurm.logs()
+    corpus, model = inputs
+
+    def submit(log: Path, *placement: str, steps: int) -> int:
+        return slurm.sbatch(*placement, "--cpus-per-task=1", "--time=10", f"--output={log}",
+                            str(REPO / "slurm" / "train.sbatch"), "pretrain", "--data", str(corpus),
+                            "--deepspeed_config", str(DS_CONFIG), "--model-config", str(model), "--ep-size", "2",
+                            "--max-steps", str(steps), "--log-interval", "1", "--save-interval", "2", "--keep-last",
+                            "100", "--eval-interval", "0", "--no-tensorboard", "--seed", "7", env=env)
+
+    job = submit(tmp_path / "two_nodes.log", "--nodes=2", "--ntasks-per-node=1", steps=KILLED_RUN_STEPS)
+    latest, ranks = out / "checkpoints" / "latest", {}
+    deadline = time.monotonic() + 300
+    while not latest.exists():
+        assert slurm.job_state(job) in ("PENDING", "CONFIGURING", "RUNNING"), (tmp_path / "two_nodes.log").read_text()
+        assert time.monotonic() < deadline, "no checkpoint within 300 s"
+        for node in cluster.nodes:  # which task runs where (srun's own command line holds RANK too: no PROCID)
+            for pid in node.processes(RANK):
+                with contextlib.suppress(OSError):
+                    if "SLURM_PROCID" in (found := environment_of(pid)):
+                        ranks.setdefault(node.name, found)
+        time.sleep(0.05)
     node1, node2 = cluster.nodes
-    assert "2 ranks on node[1-2]" in log.read_text()
-    # srun started task 0 on node 1 and task 1 on node 2; the tasks met at node 1 (the first of the node list)
-    assert {node: env["SLURM_PROCID"] for node, env in ranks.items()} == {node1.name: "0", node2.name: "1"}, ranks
+    for pid in node2.processes(RANK):
+        os.kill(pid, signal.SIGKILL)
+    assert slurm.wait_done(job, 120) != "COMPLETED"
+    saved = int(latest.read_text().strip().removeprefix("step"))
+    assert saved < STEPS, "the job got past the compared steps before node 2 was lost"
+    assert "2 ranks on node[1-2]" in (tmp_path / "two_nodes.log").read_text()
+    assert {node: env.get("SLURM_PROCID") for node, env in ranks.items()} == {node1.name: "0", node2.name: "1"}
+
+    log = tmp_path / "node1.log"
+    job = submit(log, "--nodes=1", "--ntasks-per-node=2", f"--nodelist={node1.name}", steps=STEPS)
+    assert slurm.wait_done(job, 300) == "COMPLETED", log.read_text() + slurm.logs()
+    assert "2 ranks on node1" in log.read_text()
+    assert f"resumed from {out / 'checkpoints' / f'step{saved}'}" in events(out)
     assert_losses_equal_one_node(one_node, out)
 
 
