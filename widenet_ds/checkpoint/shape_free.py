@@ -105,13 +105,16 @@ def _hyper(group: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- reading a DeepSpeed tag ------------------------------------------------------------------------------
-def read_shape_free(source: Path, tag: str | None = None, *, verified: bool = False) -> ShapeFreeState:
-    """The shape-free state of a complete widenet-ds training checkpoint (fp32, ZeRO 0/1/2, any W and ep);
-    `verified`: its files were checked against the marker already (a resume checks them before anything loads)."""
-    tag_dir = resolve_tag_dir(source, tag)
-    meta = CheckpointMeta.read(tag_dir)
-    if not verified:
+def read_shape_free(source: Path, tag: str | None = None, *, meta: CheckpointMeta | None = None) -> ShapeFreeState:
+    """The shape-free state of a complete widenet-ds training checkpoint (fp32, ZeRO 0/1/2, any W and ep).
+    `meta`: `source` is a tag folder whose marker the caller read and whose files it checked (a resume does both
+    on every rank before anything loads)."""
+    if meta is None:
+        tag_dir = resolve_tag_dir(source, tag)
+        meta = CheckpointMeta.read(tag_dir)
         check_checkpoint_files(tag_dir, meta)
+    else:
+        tag_dir = Path(source)
     if meta.shape_free_state:  # resharded: the state is kept as it is
         return stored_shape_free(tag_dir, meta)
     if not meta.optimizer_states:
@@ -313,17 +316,15 @@ def resume_on_new_shape(engine, tag_dir: Path, meta: CheckpointMeta, loader, ep_
     """Continue a run from `tag_dir` (written on another shape, or resharded with its shape-free state) in this
     rank's freshly built engine and loader: weights, optimizer state, schedule and the data position. Every rank
     reads the whole checkpoint (nothing of it is modified); the RNG streams of the old ranks mean nothing on the
-    new ones and are not restored."""
-    # (the plan checked the tag's files on every rank)
-    state = read_shape_free(tag_dir, verified=True)
+    new ones and are not restored. `meta`: the tag's marker, its files checked (the plan did it on every rank)."""
+    state = read_shape_free(tag_dir, meta=meta)
     apply_to_engine(engine, state, ep_size, rank)
     positions = {(s["epoch"], s.get("consumed")) for s in state.scalars["loaders"]}
     if len(positions) != 1:
         raise CheckpointError(f"the ranks of {tag_dir} saved different data positions {sorted(positions)}; a checkpoint "
                               f"is taken between steps, where every rank has consumed as much: the folder is mixed up.")
     loader.load_state_dict(state.scalars["loaders"][0])
-    marker = state.scalars["marker"]
-    return TrainingState(step=marker["step"], samples=marker["samples"])
+    return TrainingState(step=meta.step, samples=meta.samples)
 
 
 def _one_hyper(state: ShapeFreeState, names: list[str]) -> dict[str, Any]:

@@ -139,7 +139,7 @@ class Trainer:
             say(f"resuming {plan.resume_from} on another shape: {plan.new_shape}")
             state = resume_on_new_shape(engine, plan.resume_from, plan.resume_meta, loader, cfg.ep_size, rank)
             # The old ranks' streams (dropout, routing noise, augmentation) have no counterpart here: new ones,
-            # from the step, so that a later resume of this run on this shape continues them exactly.
+            # keyed by the step (not the start's streams again); checkpoints from here on save them as usual.
             seed_everything(task.stream_seed + 1 + parallel.data_parallel_rank + NEW_SHAPE_STREAMS * state.step)
         elif plan.resume_from is not None:
             state = checkpoints.load(engine, plan.resume_from, plan.resume_meta, loader)
