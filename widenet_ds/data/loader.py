@@ -18,7 +18,6 @@ import hashlib
 import os
 import random
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -101,7 +100,7 @@ class PretrainingDataLoader:
             self.shard_starts.append(self.shard_starts[-1] + shard.num_examples)
         self.num_examples = self.shard_starts[-1]
 
-        self.micro_batch_size, self.rank, self.world_size, self.seed = micro_batch_size, rank, world_size, seed
+        self.micro_batch_size, self.seed = micro_batch_size, seed  # (rank and world: self.order's)
         self.split = split
         self.batches_per_epoch = self.order.micro_batches_per_epoch(self.num_examples)
         if self.batches_per_epoch == 0:

@@ -78,9 +78,6 @@ class ImageLoader:
                  world_size: int, seed: int, *, train: bool, workers: int = 0, accumulation: int = 1,
                  order: str = GLOBAL_CHUNKS) -> None:
         self.dataset = _Images(source, image_size, channels)
-        self.micro = micro_batch_size
-        self.rank = rank
-        self.world = world_size
         self.seed = seed
         self.train = train
         self.workers = workers
@@ -96,22 +93,22 @@ class ImageLoader:
 
     def batches_per_epoch(self) -> int:
         n = len(self.dataset)
-        return self.order.micro_batches_per_epoch(n) if self.train else -(-n // (self.micro * self.world))
+        return self.order.micro_batches_per_epoch(n) if self.train else -(-n // (self.order.micro * self.order.world))
 
     def state_dict(self) -> dict[str, int | str]:
         return {"epoch": self.epoch, "consumed": self.order.consumed(self.batch), "seed": self.seed,
-                "micro_batch_size": self.micro, "order": "legacy" if self.legacy else GLOBAL_CHUNKS}
+                "micro_batch_size": self.order.micro, "order": "legacy" if self.legacy else GLOBAL_CHUNKS}
 
     def load_state_dict(self, state: dict[str, int | str]) -> None:
         if "consumed" not in state:  # written before the order was recorded: {"batch", "world"}
-            state = {**state, "consumed": int(state["batch"]) * self.micro * int(state["world"]),
-                     "micro_batch_size": self.micro, "order": "legacy"}
+            state = {**state, "consumed": int(state["batch"]) * self.order.micro * int(state["world"]),
+                     "micro_batch_size": self.order.micro, "order": "legacy"}
         if (state["order"] == "legacy") != self.legacy:
             raise DataError(f"loader state of the {state['order']} order cannot continue in the "
                             f"{'legacy' if self.legacy else GLOBAL_CHUNKS} order; resume from the run's own checkpoint.")
-        if state["seed"] != self.seed or state["micro_batch_size"] != self.micro:
+        if state["seed"] != self.seed or state["micro_batch_size"] != self.order.micro:
             raise DataError(f"loader state of seed {state['seed']} and micro batch {state['micro_batch_size']} cannot "
-                            f"continue with seed {self.seed} and micro batch {self.micro}; resume with the run's --seed "
+                            f"continue with seed {self.seed} and micro batch {self.order.micro}; resume with the run's --seed "
                             f"and batch settings.")
         self.epoch = int(state["epoch"])
         self.batch = self.order.index_after(int(state["consumed"]), "the checkpoint's loader")
@@ -119,7 +116,7 @@ class ImageLoader:
     def _order(self, epoch: int) -> np.ndarray:
         n = len(self.dataset)
         if not self.train:
-            return np.concatenate([np.arange(n), np.full(self.batches_per_epoch() * self.micro * self.world - n, PAD)])
+            return np.concatenate([np.arange(n), np.full(self.batches_per_epoch() * self.order.micro * self.order.world - n, PAD)])
         generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
         return torch.randperm(n, generator=generator).numpy()
 
