@@ -9,11 +9,14 @@ import json
 import pytest
 import torch
 from launching import REPO
+from open_counts import counted_opens
 
+from widenet_ds.checkpoint.source import CheckpointSource
+from widenet_ds.data.tokenizer import load_tokenizer
 from widenet_ds.errors import ConfigError
 from widenet_ds.runtime.ds_config import load_ds_config, validate_ds_config
 from widenet_ds.tasks.recipes import recipe_for
-from widenet_ds.training.finetune_weights import finetune_model_config, load_tokenizer_for, model_overrides
+from widenet_ds.training.finetune_weights import finetune_model_config, model_overrides, tokenizer_source
 from widenet_ds.training.finetuning import FinetuneRun, median_over_seeds, recipe_mismatch, requested_steps
 from widenet_ds.training.plan import check_resume_changes, resolve_max_steps, resume_changes
 from widenet_ds.training.predict import Batching
@@ -119,7 +122,7 @@ def test_task_options_are_checked_before_anything_is_loaded(shared_data, tmp_pat
 
 
 def _run(cfg) -> FinetuneRun:
-    return FinetuneRun(cfg, world=2, rank=0)
+    return FinetuneRun(cfg, world=2, rank=0, init_from=None)
 
 
 def test_recipe_and_deepspeed_json_may_not_silently_disagree(shared_data, tmp_path):
@@ -134,14 +137,16 @@ def test_recipe_and_deepspeed_json_may_not_silently_disagree(shared_data, tmp_pa
     run = _run(_cfg(tmp_path, tokenizer=vocab, allow_recipe_mismatch=True))
     assert len(run.mismatch) == 4 and run.max_steps == 200
     # the shipped Table-7 JSONs are the recipes
-    assert FinetuneRun(_cfg(tmp_path, tokenizer=vocab, deepspeed_config=SST2_CONFIG), world=8, rank=0).mismatch == []
+    assert FinetuneRun(_cfg(tmp_path, tokenizer=vocab, deepspeed_config=SST2_CONFIG), world=8, rank=0,
+                       init_from=None).mismatch == []
     for task, name in (("mnli", "mnli"), ("SQuAD1.1", "squad11"), ("SQuAD2.0", "squad20")):
         settings = validate_ds_config(load_ds_config(REPO / f"ds_configs/finetune_{name}.json"), world_size=1,
                                       has_moe=True, cuda_available=True)
         assert recipe_mismatch(recipe_for(task), settings) == [], task
     # another task's JSON is caught (RTE is batch 32, lr 3e-5, 800 steps)
     with pytest.raises(ConfigError, match="disagrees with the RTE recipe"):
-        FinetuneRun(_cfg(tmp_path, glue_task="rte", tokenizer=vocab, deepspeed_config=SST2_CONFIG), world=8, rank=0)
+        FinetuneRun(_cfg(tmp_path, glue_task="rte", tokenizer=vocab, deepspeed_config=SST2_CONFIG), world=8, rank=0,
+                       init_from=None)
 
 
 def test_resume_refuses_changed_settings(tmp_path):
@@ -208,10 +213,12 @@ def test_tokenizer_comes_from_the_init_folder_or_must_be_given(shared_data, tmp_
     with_vocab = save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", state), tmp_path / "a",
                              tokenizer_files=(vocab,))
     without = save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", state), tmp_path / "b")
-    tokenizer = load_tokenizer_for(_cfg(tmp_path, model_config=None, init_from=str(with_vocab)))
+    tokenizer = load_tokenizer(tokenizer_source(_cfg(tmp_path, model_config=None, init_from=str(with_vocab)),
+                                                CheckpointSource.open(with_vocab, "--init-from")))
     assert tokenizer.get_vocab_size() == 30522 and tokenizer.token_to_id("[CLS]") == 101
     with pytest.raises(ConfigError, match="pass --tokenizer"):
-        load_tokenizer_for(_cfg(tmp_path, model_config=None, init_from=str(without)))
+        tokenizer_source(_cfg(tmp_path, model_config=None, init_from=str(without)),
+                         CheckpointSource.open(without, "--init-from"))
 
 
 def test_expert_parallel_batches_have_one_shape_on_every_rank():
@@ -267,3 +274,25 @@ def test_squad_dev_scores_on_the_training_file_come_with_a_note(shared_data, tmp
     held_out = SquadTaskRun(_cfg(tmp_path, SquadConfig, version="1.1", data=str(tmp_path), train_file=str(one),
                                  dev_file=str(other))).prepare(tokenizer, 64)
     assert not any("the file the model trains on" in note for note in held_out.notes), held_out.notes
+
+
+def test_a_finetuning_run_opens_its_init_from_checkpoint_once(shared_data, tmp_path, dist):
+    """--init-from is resolved once (issue 40): the tokenizer, the model config, the tokenizer check and every
+    seed's weights come from one CheckpointSource (before: config.json and the tokenizer opened 3 times each)."""
+    from widenet_ds.checkpoint.format import PortableCheckpoint, save_folder
+    from widenet_ds.model.config import ModelConfig
+    from widenet_ds.model.widenet import WideNetForPreTraining
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_bytes((shared_data / "vocab/bert-base-uncased-vocab.txt").read_bytes())
+    model = ModelConfig.from_preset("widenet-tiny-e4", vocab_size=30522)
+    folder = save_folder(PortableCheckpoint(model, "WideNetForPreTraining", WideNetForPreTraining(model).state_dict()),
+                         tmp_path / "pretrained", tokenizer_files=(vocab,))
+    cfg = _cfg(tmp_path, model_config=None, init_from=str(folder), data=str(shared_data / "glue/SST-2"), seeds=2,
+               max_steps=1, max_train_examples=32, max_eval_examples=16, max_seq_length=32,
+               allow_recipe_mismatch=True, tensorboard=False, progress_bar=False)
+    with counted_opens(*sorted(folder.iterdir())) as opens:
+        assert run_task(cfg)["seeds"] == 2
+    counts = {path.name: opens[str(path)] for path in folder.iterdir()}
+    # each file: hashed against its record, then read once (the tokenizer: its hash is compared, then it is loaded)
+    assert counts["config.json"] == 1 and all(n <= 2 for n in counts.values()), counts

@@ -4,10 +4,6 @@ its DeepSpeed checkpoint or from its portable folder."""
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +12,7 @@ import torch
 from widenet_ds.checkpoint.format import read_folder
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.errors import CheckpointError, ConfigError, DataError
+from open_counts import counted_opens
 from pretrain_support import BOOKS, CPU_CONFIG, events, prepare_data, train_in_process, train_losses, write_ds_config
 
 
@@ -163,23 +160,6 @@ def test_a_run_saved_with_the_capacity_buffers_resumes_with_them_under_the_compa
     assert run(args(data, out, "--resume", model="widenet-tiny-e4")) is not None
     assert sorted(train_losses(out)) == [1, 2]
     assert CheckpointMeta.read(out / "checkpoints" / "step2").model_config["moe"]["dispatch"] == "deepspeed"
-
-
-@contextlib.contextmanager
-def counted_opens(*paths: Path):
-    """path -> how often this process opens it meanwhile (Python's audit hook sees every `open`)."""
-    counts: collections.Counter = collections.Counter()
-    watched, active = {str(p) for p in paths}, [True]
-
-    def hook(event: str, args: tuple) -> None:
-        if active[0] and event == "open" and isinstance(args[0], (str, os.PathLike)) and os.fspath(args[0]) in watched:
-            counts[os.fspath(args[0])] += 1
-
-    sys.addaudithook(hook)  # (a hook cannot be removed: it goes quiet)
-    try:
-        yield counts
-    finally:
-        active[0] = False
 
 
 def test_a_run_opens_its_data_and_its_init_from_checkpoint_once(data, albert_run, tmp_path, dist):

@@ -80,13 +80,17 @@ def read_deepspeed_checkpoint(source: Path, *, tag: str | None = None,
                               model_config: Path | None = None) -> PortableCheckpoint:
     """All weights of a DeepSpeed checkpoint, experts by global index, checked against the model config."""
     tag_dir = resolve_tag_dir(source, tag, require_marker=False)
+    return read_tag(tag_dir, CheckpointMeta.read(tag_dir, required=False), model_config=model_config)
+
+
+def read_tag(tag_dir: Path, meta: CheckpointMeta | None, *, model_config: Path | None = None) -> PortableCheckpoint:
+    """The weights of one tag folder whose marker is already read (None: another program's checkpoint)."""
     if any(tag_dir.glob("zero_pp_rank_*_mp_rank_*_model_states.pt")):
         raise CheckpointError(f"{tag_dir} is a ZeRO stage 3 checkpoint; DeepSpeed MoE trains with ZeRO 1/2 only, and "
                               f"widenet-ds converts those.")
     if any(tag_dir.glob("mp_rank_0[1-9]_model_states.pt")):
         raise CheckpointError(f"{tag_dir} holds several model-parallel ranks; widenet-ds trains without tensor "
                               f"parallelism and cannot merge them.")
-    meta = CheckpointMeta.read(tag_dir, required=False)
     states = load_torch_file(tag_dir / MODEL_STATES)
     if not isinstance(states, dict) or not isinstance(states.get("module"), dict):
         raise CheckpointError(f"{tag_dir / MODEL_STATES} holds no 'module' state dict; not a DeepSpeed checkpoint.")

@@ -131,9 +131,12 @@ def model_card(checkpoint: PortableCheckpoint, source: Path, hf_state: dict[str,
               "folder = \"path/to/this/folder\"  # or its name on the Hub",
               f"model = {auto}.from_pretrained(folder, trust_remote_code=True)  # eval routing = widenet-ds's",
               f"# every route kept: {auto}.from_pretrained(folder, trust_remote_code=True, dispatch=\"dropless\")"]
-    if not image:  # AutoTokenizer reads config.json first, so it asks to run this folder's code; the class does not
-        lines += ["from transformers import BertTokenizerFast",
-                  "tokenizer = BertTokenizerFast.from_pretrained(folder)  # plain WordPiece: no code of this folder runs"]
+    if not image:  # transformers' AutoTokenizer reads config.json before tokenizer_config.json, and its auto_map makes
+        # AutoConfig ask to run this folder's code; a tokenizer type (or the class) skips config.json
+        lines += ["from transformers import AutoTokenizer, BertTokenizerFast",
+                  "tokenizer = AutoTokenizer.from_pretrained(folder, tokenizer_type=\"bert\")  # plain WordPiece: "
+                  "no code of this folder runs",
+                  "tokenizer = BertTokenizerFast.from_pretrained(folder)  # the same tokenizer"]
     if pipeline:
         lines += ["from transformers import pipeline",
                   f"pipe = pipeline(\"{pipeline}\", model=folder, trust_remote_code=True)"]

@@ -191,6 +191,10 @@ def find_tokenizer_files(source: Path, tag: str | None = None) -> tuple[Path, ..
     if is_folder(source):
         return tokenizer_files_in(source)
     tag_dir = resolve_tag_dir(source, tag, require_marker=False)
-    meta = CheckpointMeta.read(tag_dir, required=False)
+    return tag_tokenizer_files(tag_dir, CheckpointMeta.read(tag_dir, required=False))
+
+
+def tag_tokenizer_files(tag_dir: Path, meta: CheckpointMeta | None) -> tuple[Path, ...]:
+    """The tokenizer files of a DeepSpeed tag whose marker is already read: its run folder's, else its data's."""
     candidates = [tag_dir.parent.parent, tag_dir.parent] + (meta.tokenizer_folders if meta else [])
     return next((found for folder in candidates if (found := tokenizer_files_in(folder))), ())

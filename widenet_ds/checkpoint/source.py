@@ -10,11 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from widenet_ds.checkpoint.deepspeed import read_tag
 from widenet_ds.checkpoint.format import (TEXT_DEFAULT, PortableCheckpoint, architecture, is_folder, read_folder,
                                           read_folder_config, stored_model_config)
+from widenet_ds.checkpoint.load import tag_tokenizer_files
 from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta, check_marker
 from widenet_ds.checkpoint.training import resolve_tag_dir
 from widenet_ds.checkpoint.verify import verify_folder, verify_tag
+from widenet_ds.data.tokenizer import tokenizer_files_in
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.model.config import split_run_settings
 
@@ -80,5 +83,12 @@ class CheckpointSource:
                                   f"again.") from None
 
     def read_weights(self) -> PortableCheckpoint:
-        """A folder's weights (a DeepSpeed tag's are loaded into the engine by DeepSpeed)."""
-        return read_folder(self.given, config=self.folder_config)
+        """Every weight, experts by global index (a trainer that resumes a tag's full state loads it into the
+        engine with DeepSpeed instead)."""
+        if self.is_folder:
+            return read_folder(self.given, config=self.folder_config)
+        return read_tag(self.tag_dir, self.meta)
+
+    def tokenizer_files(self) -> tuple[Path, ...]:
+        """The tokenizer saved with it: a folder's own files; a tag's run folder's, else its data folder's."""
+        return tokenizer_files_in(self.given) if self.is_folder else tag_tokenizer_files(self.tag_dir, self.meta)

@@ -62,7 +62,7 @@ def checkpoint_tokenizer(source: Path | CheckpointSource, tag: str | None = None
         meta = opened.meta if opened else CheckpointMeta.read(tag_dir, required=False)
         recorded = meta.tokenizer_sha256 if meta else None
         record = f"{tag_dir / META_FILE} (data_manifest.tokenizer_sha256)"
-        candidates = list(find_tokenizer_files(source, tag))
+        candidates = list(opened.tokenizer_files() if opened else find_tokenizer_files(source, tag))
     reference = None
     for path in candidates:
         if path.name == TOKENIZER_JSON and (recorded is None or file_sha256(path) == recorded):
@@ -92,6 +92,8 @@ def check_tokenizer_for_checkpoint(tokenizer: Tokenizer, given: str, info: Check
                               f"{vocab_size}; use the tokenizer the checkpoint was pretrained with (the data folder "
                               "of its run, or the tokenizer files saved next to it).")
     if info.reference is not None:
+        if given_file is not None and given_file.resolve() == info.reference.resolve():
+            return  # the checkpoint's own tokenizer file, verified against its record: nothing to compare
         try:
             reference = load_tokenizer(info.reference)
         except WideNetError:

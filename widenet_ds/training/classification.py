@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from widenet_ds.checkpoint.load import load_into, match_weights, read_checkpoint
+from widenet_ds.checkpoint.load import load_into, match_weights
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.errors import CheckpointError, DataError
 from widenet_ds.training.console import say
@@ -61,7 +61,7 @@ class ClassifyTask(Task):
         check_data_fits_model(self.splits, model, cfg.dataset)
         self.init = None
         if cfg.init_from is not None:  # the body must fit; a head of another shape starts fresh
-            self.init = read_checkpoint(cfg.init_from)
+            self.init = self.init_source.read_weights()
             match_weights(self.init, ViTWideNetForImageClassification.__name__, model, f"--init-from {cfg.init_from}")
         return model
 

@@ -10,28 +10,23 @@ from typing import Any
 import torch.distributed as torch_dist
 
 from widenet_ds.checkpoint.format import PortableCheckpoint, global_key_map, is_expert_key, save_folder
-from widenet_ds.checkpoint.load import find_tokenizer_files
-from widenet_ds.data.tokenizer import load_tokenizer
-from widenet_ds.errors import ConfigError, WideNetError
+from widenet_ds.checkpoint.source import CheckpointSource
+from widenet_ds.errors import ConfigError
 from widenet_ds.model.config import ModelConfig, parse_overrides
 from widenet_ds.training.model_source import resolve_model_config
 from widenet_ds.training.run_config import FinetuneConfig
 
 
-def load_tokenizer_for(cfg: FinetuneConfig):
-    """--tokenizer, else the tokenizer saved with --init-from (in an exported folder, or next to a run's
+def tokenizer_source(cfg: FinetuneConfig, init_from: CheckpointSource | None) -> str | Path:
+    """--tokenizer, else the tokenizer file saved with --init-from (in an exported folder, or next to a run's
     checkpoints)."""
-    source: str | Path | None = cfg.tokenizer
-    if source is None and cfg.init_from is not None:
-        try:
-            found = find_tokenizer_files(Path(cfg.init_from))
-        except WideNetError:
-            found = ()  # not a checkpoint: loading the weights will say so
-        source = found[0] if found else None
-    if source is None:
+    if cfg.tokenizer is not None:
+        return cfg.tokenizer
+    found = init_from.tokenizer_files() if init_from is not None else ()
+    if not found:
         raise ConfigError("no tokenizer given and none saved with --init-from: pass --tokenizer (the tokenizer.json "
                           "/ vocab.txt or the prepared data folder the model was pretrained with).")
-    return load_tokenizer(source)
+    return found[0]
 
 
 def model_overrides(cfg: FinetuneConfig, recipe) -> dict[str, Any]:

@@ -23,8 +23,10 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from widenet_ds.checkpoint.load import load_into, read_checkpoint
+from widenet_ds.checkpoint.load import load_into
+from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
+from widenet_ds.data.tokenizer import load_tokenizer
 from widenet_ds.errors import CheckpointError, ConfigError, WideNetError, mark_same_on_every_rank, raise_config_problems
 from widenet_ds.run_folder import read_metrics
 from widenet_ds.runtime.ds_config import DeepSpeedSettings
@@ -34,8 +36,8 @@ from widenet_ds.tasks.recipes import FinetuneRecipe
 from widenet_ds.training.console import say
 from widenet_ds.training.epoch_batches import EpochBatches
 from widenet_ds.training.finetune_tasks import TaskRun
-from widenet_ds.training.finetune_weights import finetune_model_config, load_tokenizer_for, model_overrides, \
-    save_finetuned
+from widenet_ds.training.finetune_weights import finetune_model_config, model_overrides, \
+    save_finetuned, tokenizer_source
 from widenet_ds.training.log import TrainingLog
 from widenet_ds.training.metrics import FinetuneMetrics
 from widenet_ds.training.plan import check_resume_changes, plan_layout, plan_task, resolve_max_steps, resume_changes
@@ -181,12 +183,13 @@ def median_over_seeds(per_seed: list[dict]) -> dict[str, dict[str, float]]:
 class FinetuneRun:
     """What every seed shares: the task, its recipe, the tokenizer, the weights to start from, the data."""
 
-    def __init__(self, cfg: FinetuneConfig, world: int, rank: int) -> None:
+    def __init__(self, cfg: FinetuneConfig, world: int, rank: int, init_from: CheckpointSource | None) -> None:
         self.cfg = cfg
         self.task_run: TaskRun = TASKS[cfg.TASK].task_class()(cfg)
         self.recipe = self.task_run.recipe()
-        self.tokenizer = load_tokenizer_for(cfg)
-        self.checkpoint = read_checkpoint(cfg.init_from) if cfg.init_from is not None else None
+        tokenizer_file = tokenizer_source(cfg, init_from)
+        self.tokenizer = load_tokenizer(tokenizer_file)
+        self.checkpoint = init_from.read_weights() if init_from is not None else None
         model_class = self.task_run.model_class.__name__
         if cfg.eval_only and self.checkpoint.architecture != model_class:
             raise CheckpointError(f"--eval-only scores trained weights, but {cfg.init_from} holds a "
@@ -195,10 +198,11 @@ class FinetuneRun:
                                   f"(--save-model writes one).")
         self.model_config = finetune_model_config(cfg, self.recipe, self.tokenizer.get_vocab_size(), self.checkpoint)
         check_tokenizer_matches(self.tokenizer, self.model_config.vocab_size)
-        if cfg.init_from is not None:  # the same vocabulary, not just the same size
+        if init_from is not None:  # the same vocabulary, not just the same size
             check_checkpoint_tokenizer(self.tokenizer, f"--tokenizer {cfg.tokenizer}" if cfg.tokenizer else
-                                       "the tokenizer saved with --init-from", cfg.init_from,
-                                       self.model_config.vocab_size)
+                                       "the tokenizer saved with --init-from", init_from,
+                                       self.model_config.vocab_size,
+                                       tokenizer_file=None if cfg.tokenizer else tokenizer_file)
         # An explicit --max-seq-length above the model's positions is an error; the recipe's is capped.
         self.max_len = cfg.max_seq_length or min(self.recipe.max_seq_length, self.model_config.max_position_embeddings)
         check_max_length(self.max_len, self.model_config.max_position_embeddings)
@@ -259,13 +263,13 @@ class FinetuneRun:
                 "max_seq_length": self.max_len}
 
 
-def run_finetune(cfg: FinetuneConfig, stop: StopRequest) -> dict[str, Any] | None:
-    """Train and evaluate every seed; write results.json; return the summary (None: stopped by a signal, to be
-    continued with --resume)."""
+def run_finetune(cfg: FinetuneConfig, stop: StopRequest, init_from: CheckpointSource | None) -> dict[str, Any] | None:
+    """Train and evaluate every seed from `init_from` (--init-from, opened once by training/run.py); write
+    results.json; return the summary (None: stopped by a signal, to be continued with --resume)."""
     rank, world = torch_dist.get_rank(), torch_dist.get_world_size()
     say(f"{world} rank(s); checking the data, model and DeepSpeed JSON")
     try:  # every rank reads the same inputs: these errors are the same on all of them (printed once)
-        run = FinetuneRun(cfg, world, rank)
+        run = FinetuneRun(cfg, world, rank, init_from)
     except WideNetError as err:
         raise mark_same_on_every_rank(err)
     if rank == 0:

@@ -48,7 +48,7 @@ def run_task(cfg: RunConfig) -> Any:
                 task.init_source = init_source
                 result = run_single(cfg, task, stop)
             else:  # a finetuning TaskRun: one trainer per seed
-                result = run_finetune(cfg, stop)
+                result = run_finetune(cfg, stop, init_source)
             # Every rank leaves together: a rank tearing its gloo group down while another still writes the
             # results (rank 0) aborts at exit ("terminate called without an active exception").
             torch_dist.barrier()
