@@ -52,7 +52,7 @@ def train(name: str, steps: int, args: argparse.Namespace, tag: str) -> dict:
         schedule = ({"branch_schedule": "prefix", "prefix_cycle_batches": args.cycle_batches}
                     if VisionConfig.from_preset(name).num_branches > 1 else {})
         cfg = ClassifyConfig(model_config=name, deepspeed_config=ds_path, output_dir=out.path, max_steps=steps,
-                             log_interval=25, eval_interval=0, save_interval=10 * steps, workers=0, progress_bar=False,
+                             log_interval=max(1, min(25, steps // 4)), eval_interval=0, save_interval=10 * steps, workers=0, progress_bar=False,
                              tensorboard=False, flip=True, seed=args.seed,
                              max_eval_examples=args.max_eval_examples or None, **schedule)
         cmd = [sys.executable, "-m", "widenet_ds.train", cfg.TASK, *cfg.to_argv()]
@@ -61,7 +61,7 @@ def train(name: str, steps: int, args: argparse.Namespace, tag: str) -> dict:
     results = out.read_results()
     records = [r for r in out.read_metrics().records if "perf/samples_per_second" in r]
     # seconds per step between the first and the last logged step (start-up, data decoding, the first
-    # step's allocations and the final evaluation excluded), times the steps taken
+    # step's allocations and the final evaluation excluded), times the steps taken (>= 2 steps: >= 2 records)
     first, last = records[0], records[-1]
     per_step = (last["time"] - first["time"]) / max(1, last["step"] - first["step"])
     seconds = per_step * results["step"]
@@ -88,13 +88,15 @@ def forward_latency_ms(name: str, threads: int, batch: int = 256, repeats: int =
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=600, help="at least 2 (the time per step is measured)")
     parser.add_argument("--cycle-batches", type=int, default=25, help="prefix schedule: batches per phase")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--max-eval-examples", type=int, default=None)
     parser.add_argument("--output", type=Path, default=REPO / "runs" / "bench_paraformer")
     args = parser.parse_args()
+    if args.steps < 2:
+        parser.error("--steps must be at least 2: the seconds per step are measured between two logged steps")
     args.output.mkdir(parents=True, exist_ok=True)
     print(f"load average at start: {os.getloadavg()}", flush=True)
     latency = {name: forward_latency_ms(name, args.threads) for name in MODELS}
@@ -104,7 +106,7 @@ def main() -> int:
         print(json.dumps(rows[-1]), flush=True)
     budget = rows[0]["train_seconds"]  # the sequential ViT's training time
     for row in list(rows[1:]):
-        steps = max(1, round(args.steps * budget / row["train_seconds"]))
+        steps = max(2, round(args.steps * budget / row["train_seconds"]))
         rows.append(train(row["model"], steps, args, "equal-time"))
         print(json.dumps(rows[-1]), flush=True)
     for row in rows:

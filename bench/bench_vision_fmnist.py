@@ -3,7 +3,7 @@ dense (w/o MoE) ablation, same steps, same data order, same DeepSpeed config. No
 
     PYTHONPATH=. python bench/bench_vision_fmnist.py --steps 300 --ranks 2 --output runs/bench_vision
 
-Each model trains through `deepspeed --module widenet_ds.train classify` (ep 2 for the MoE model on
+Each model trains through `widenet-ds launch classify` (launch_config: its ClassifyConfig; ep 2 for the MoE model on
 2 ranks) and is evaluated on the whole test split (or --max-eval-examples); prints a Markdown table of
 trainable parameters, test accuracy, train wall time and images/s.
 """
@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,6 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from widenet_ds.launch_cli import launch_config  # noqa: E402
 from widenet_ds.run_folder import RunFolder  # noqa: E402
 from widenet_ds.training.run_config import ClassifyConfig  # noqa: E402
 from widenet_ds.vision.config import VisionConfig  # noqa: E402
@@ -47,13 +46,12 @@ def main() -> int:
         out = args.output / name
         ep = args.ranks if VisionConfig.from_preset(name).is_moe else 1
         cfg = ClassifyConfig(model_config=name, deepspeed_config=ds_path, output_dir=out, max_steps=args.steps,
-                             ep_size=ep, log_interval=50, eval_interval=0, save_interval=args.steps, workers=0,
+                             ep_size=ep, log_interval=max(1, min(50, args.steps // 2)), eval_interval=0, save_interval=args.steps, workers=0,
                              progress_bar=False, flip=True, max_eval_examples=args.max_eval_examples, data=args.data)
-        cmd = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(args.ranks), "--master_port",
-               str(29700 + MODELS.index(name)), "--module", "widenet_ds.train", cfg.TASK, *cfg.to_argv()]
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.ranks))}
         start = time.monotonic()
-        subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
+        status = launch_config(cfg, ranks_per_node=args.ranks)  # a free port, the cores shared between the ranks
+        if status:
+            return status
         wall = time.monotonic() - start
         run = RunFolder(out)
         train = [r for r in run.read_metrics().records if "train/loss" in r]

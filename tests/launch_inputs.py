@@ -8,6 +8,7 @@ from pathlib import Path
 
 from widenet_ds.data.prepare import cli as prepare_data
 from widenet_ds.model.config import ModelConfig
+from widenet_ds.training.run_config import PretrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 DS_CONFIG = REPO / "ds_configs" / "cpu_small.json"
@@ -27,10 +28,11 @@ def tiny_model_config(out: Path, num_experts: int = 4) -> Path:
     return out
 
 
-def pretrain_args(data: Path, model_config: Path, output_dir: Path, max_steps: int, *extra: str) -> list[str]:
-    return ["--model-config", str(model_config), "--deepspeed_config", str(DS_CONFIG), "--data", str(data),
-            "--output-dir", str(output_dir), "--max-steps", str(max_steps), "--log-interval", "1",
-            "--eval-interval", "0", "--no-tensorboard", "--no-progress-bar", "--seed", "7", *extra]
+def pretrain_args(data: Path, model_config: Path, output_dir: Path, max_steps: int, **settings) -> list[str]:
+    """The command line of a short pretraining run (`settings`: PretrainConfig's fields, e.g. ep_size=2)."""
+    return PretrainConfig(model_config=str(model_config), deepspeed_config=DS_CONFIG, data=data, output_dir=output_dir,
+                          max_steps=max_steps, log_interval=1, eval_interval=0, tensorboard=False, progress_bar=False,
+                          seed=7, **settings).to_argv()
 
 
 def train_losses(output_dir: Path) -> list[tuple[int, float]]:

@@ -136,7 +136,6 @@ COVERED_BY = {
     "widenet_ds/cli.py": ["integration/test_bad_inputs.py"],  # every `widenet-ds` command's errors, the dispatch
     "widenet_ds/train.py": ["integration/test_golden_losses.py", "integration/test_bad_inputs.py"],  # every run
     "widenet_ds/demo.py": ["integration/test_demo.py"],
-    "widenet_ds/launch_cli.py": ["integration/test_bad_inputs.py"],  # the launch rows: task options checked once
     "widenet_ds/writable.py": ["integration/test_bad_inputs.py"],  # the unwritable / file-blocked output rows
     "widenet_ds/checkpoint/branches_cli.py": ["checkpoint/test_branches.py"],
     "widenet_ds/data/batch_order.py": ["data/test_loader.py", "training/test_epoch_batches.py"],  # through the loaders

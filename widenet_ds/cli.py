@@ -1,4 +1,5 @@
-"""The `widenet-ds` console command: one entry, subcommands implemented where their concept lives."""
+"""The `widenet-ds` console command: one entry, subcommands implemented where their concept lives. The one
+dispatcher: `python -m widenet_ds.train` and the pretrain/ and finetune/ scripts run its `train` command."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import sys
 from widenet_ds.disk_space import DiskFullError, full_disk_message
 from widenet_ds.errors import exit_status
 from widenet_ds.runtime.quiet import quiet_third_party
+from widenet_ds.task_registry import TASKS
+from widenet_ds.training.console import report_error
 
 # name -> (module:function, one-line help). Imported lazily so `widenet-ds params` does not pay for
 # the data pipeline's imports and vice versa.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("widenet_ds.train:cli", f"one rank of a training task ({', '.join(TASKS)}): what `launch`, deepspeed "
+                                      f"(--module widenet_ds.train), srun and mpiexec start"),
     "model-config": ("widenet_ds.model.config:cli", "write a model-config JSON from a preset plus overrides"),
     "params": ("widenet_ds.params:cli", "parameter counts of the presets, text and image"),
     "train-tokenizer": ("widenet_ds.data.tokenizer:cli", "train a WordPiece vocabulary over text sources"),
@@ -55,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"widenet-ds: unknown command {name!r}.\n\n{_usage()}", file=sys.stderr)
         return 2
+    return run_command(name, rest, f"widenet-ds {name}")
+
+
+def run_command(name: str, argv: list[str], prog: str) -> int:
+    """Run one command: its exit status, or 2 after one `prog: error: ...` line for an error of the input (a
+    full disk among them), printed once for all ranks of a training run (training/console.py)."""
     if name not in LIGHT_COMMANDS:
         quiet_third_party()
         # DeepSpeed logs to stdout from import on; machine-readable output (--json) must stay clean.
@@ -62,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             import deepspeed  # noqa: F401
     module_name, func_name = SUBCOMMANDS[name][0].split(":")
     func = getattr(importlib.import_module(module_name), func_name)
-    return exit_status(f"widenet-ds {name}", lambda: _full_disk_as_error(func, rest))
+    return exit_status(prog, lambda: _full_disk_as_error(func, argv), report=report_error)
 
 
 def _full_disk_as_error(func, argv: list[str]) -> int | None:

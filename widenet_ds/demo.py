@@ -23,10 +23,10 @@ import widenet_ds
 from widenet_ds.data.prepare import cli as prepare_data
 from widenet_ds.data.shards import MANIFEST_FILE, read_manifest
 from widenet_ds.errors import ConfigError, DataError
+from widenet_ds.launch_cli import launch_config
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.report.cli import cli as write_report
 from widenet_ds.run_folder import RunFolder
-from widenet_ds.runtime.launch import LaunchOptions, launch
 from widenet_ds.training.run_config import LATEST, ClassifyConfig, GlueConfig, PretrainConfig, RunConfig
 from widenet_ds.vision.datasets import DEBIAN_FASHION_MNIST, FASHION_MNIST_FIX
 
@@ -50,9 +50,9 @@ def ds_config(name: str) -> Path:
 
 
 def launch_run(cfg: RunConfig) -> int:
-    """Train `cfg` on RANKS CPU ranks: the configuration is built (and checked) here, the ranks get it as the
-    command line that parses back to it."""
-    return launch(LaunchOptions(cfg.TASK, ranks_per_node=RANKS, train_args=tuple(cfg.to_argv())))
+    """Train `cfg` on RANKS CPU ranks: the configuration is built (and its values checked) here, the ranks get it
+    as the command line that parses back to it."""
+    return launch_config(cfg, ranks_per_node=RANKS)
 
 
 def shared_data() -> Path:

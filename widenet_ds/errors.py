@@ -33,20 +33,31 @@ def mark_same_on_every_rank(err: BaseException) -> BaseException:
     return err
 
 
-def raise_config_problems(problems: list[str], what: str) -> None:
-    """One ConfigError naming every problem found (litgpt's `validate_args` style), so a user fixes all
-    of them in one go; nothing when the list is empty."""
+def problems_text(problems: list[str], what: str) -> str:
+    """One message naming every problem found (litgpt's `validate_args` style), so a user fixes all of them
+    in one go."""
     if len(problems) == 1:
-        raise ConfigError(problems[0])
+        return problems[0]
+    return f"{len(problems)} problems with {what}:\n  - " + "\n  - ".join(problems)
+
+
+def raise_config_problems(problems: list[str], what: str) -> None:
+    """One ConfigError naming every problem found; nothing when the list is empty."""
     if problems:
-        raise ConfigError(f"{len(problems)} problems with {what}:\n  - " + "\n  - ".join(problems))
+        raise ConfigError(problems_text(problems, what))
 
 
-def exit_status(prog: str, command: Callable[[], int | None]) -> int:
-    """Run a command-line command: its exit status, or 2 after one `prog: error: ...` line on stderr when
-    the input was at fault (a WideNetError; no traceback: the message names the problem and the fix)."""
+def print_error(prog: str, err: BaseException) -> None:
+    print(f"{prog}: error: {err}", file=sys.stderr)
+
+
+def exit_status(prog: str, command: Callable[[], int | None],
+                report: Callable[[str, BaseException], None] = print_error) -> int:
+    """Run a command-line command: its exit status, or 2 after one `prog: error: ...` line on stderr (`report`:
+    where several ranks run it, once for all of them) when the input was at fault (a WideNetError; no
+    traceback: the message names the problem and the fix)."""
     try:
         return int(command() or 0)
     except WideNetError as err:
-        print(f"{prog}: error: {err}", file=sys.stderr)
+        report(prog, err)
         return 2

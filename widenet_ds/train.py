@@ -1,4 +1,5 @@
-"""The training entry: `python -m widenet_ds.train TASK [options]`, one process per rank.
+"""The training entry: `python -m widenet_ds.train TASK [options]`, one process per rank; the `train` command of
+`widenet-ds` (cli.py: the one dispatcher, its error handling), also reached as `widenet-ds train TASK`.
 
     deepspeed --module widenet_ds.train pretrain --model-config widenet-base-e4 --data data/phase1 ...
     srun python -m widenet_ds.train glue --task sst2 --data glue/SST-2 --init-from runs/e8 ...
@@ -19,14 +20,15 @@ from widenet_ds.runtime.quiet import quiet_third_party
 
 quiet_third_party()  # before DeepSpeed is imported
 
-from widenet_ds.disk_space import DiskFullError, full_disk_message  # noqa: E402
+from widenet_ds.cli import run_command  # noqa: E402
 from widenet_ds.errors import WideNetError, mark_same_on_every_rank  # noqa: E402
 from widenet_ds.runtime.distributed import exit_rank  # noqa: E402
 from widenet_ds.runtime.lost_peer import lost_peer_message  # noqa: E402
-from widenet_ds.training.console import process_rank, report_error  # noqa: E402
-from widenet_ds.training.run import run_task  # noqa: E402
 from widenet_ds.task_registry import TASKS  # noqa: E402
 from widenet_ds.training.command_line import parse  # noqa: E402
+from widenet_ds.training.console import process_rank  # noqa: E402
+from widenet_ds.training.run import run_task  # noqa: E402
+from widenet_ds.training.run_config import InvalidConfig  # noqa: E402
 
 PROG = "python -m widenet_ds.train"
 
@@ -51,8 +53,10 @@ def without_local_rank(argv: list[str]) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = without_local_rank(list(sys.argv[1:] if argv is None else argv))
+def cli(argv: list[str]) -> int:
+    """The `train` command: TASK and its options. A user error (the settings, the files they name, a full disk)
+    is raised to the dispatcher, which prints it once for all ranks and exits 2."""
+    argv = without_local_rank(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0
@@ -60,30 +64,29 @@ def main(argv: list[str] | None = None) -> int:
     if task not in TASKS:
         print(f"{PROG}: unknown task {task!r}.\n\n{usage()}", file=sys.stderr)
         return 2
-    cfg = None
     try:
-        try:
-            cfg = parse(task, rest)
-        except WideNetError as err:  # every rank parses the same command line
-            raise mark_same_on_every_rank(err)
+        cfg = parse(task, rest)
+    except InvalidConfig as err:  # refused by run_task with what the settings name on this machine: all at once
+        cfg = err.config
+    except WideNetError as err:  # every rank parses the same command line
+        raise mark_same_on_every_rank(err)
+    try:
         run_task(cfg)
-    except WideNetError as err:
-        report_error(f"{PROG} {task}", err)
-        return 2
-    except OSError as err:  # a full disk that no writer foresaw (a log line, a results file)
-        message = full_disk_message(err)
-        if message is None:
-            raise
-        report_error(f"{PROG} {task}", DiskFullError(message))
-        return 2
     except RuntimeError as err:  # torch's DistBackendError is one
-        message = lost_peer_message(err, process_rank(), cfg.output_dir / "checkpoints" if cfg else None)
+        message = lost_peer_message(err, process_rank(), cfg.output_dir / "checkpoints")
         if message is None:
             raise
         # Not 2 (a user error every rank shares): a rank's own failure, which `widenet-ds launch` reports too.
         print(f"{PROG} {task}: error: {message}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m widenet_ds.train TASK ...`: the `train` command, its errors named `python -m widenet_ds.train TASK`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    task = without_local_rank(argv)[:1]
+    return run_command("train", argv, " ".join([PROG, *task]) if set(task) <= set(TASKS) else PROG)
 
 
 def run_script(task: str) -> NoReturn:

@@ -61,3 +61,22 @@ def test_deepspeed_runs_the_glue_script(shared_data, tmp_path):
         "--seed", "1", "--log-interval", "1", "--no-progress-bar", "--no-tensorboard"], num_ranks=1)
     assert sorted(train_losses(out / "seed1")) == [1, 2]
     assert (out / "results.json").is_file()
+
+
+def test_the_train_command_of_widenet_ds_is_the_module_entry(capsys, monkeypatch):
+    """One dispatcher: `widenet-ds train` runs what `python -m widenet_ds.train` runs, usage and errors alike."""
+    from widenet_ds.cli import main as widenet_ds
+    from widenet_ds.train import main
+
+    assert widenet_ds(["train"]) == main([]) == 0
+    usage = capsys.readouterr().out
+    assert usage.count("usage: python -m widenet_ds.train TASK") == 2
+    assert help_text(capsys, monkeypatch, ["-m"], lambda: widenet_ds(["train", "--local_rank=0", "glue", "--help"])) \
+        == help_text(capsys, monkeypatch, ["-m"], lambda: main(["glue", "--help"]))
+    assert widenet_ds(["train", "bogus"]) == main(["bogus"]) == 2
+    assert capsys.readouterr().err.count("unknown task 'bogus'") == 2
+    assert main(["pretrain", "--model-config", "albert-tiny", "--deepspeed_config", "none.json", "--data", "d",
+                 "--output-dir", "o", "--log-interval", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m widenet_ds.train pretrain: error: 2 problems with the pretrain settings:"), err
+    assert "--log-interval must be positive" in err and "none.json does not exist" in err

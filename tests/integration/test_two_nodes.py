@@ -70,9 +70,9 @@ def inputs(shared_data, tmp_path_factory):
     return prepare_tiny_corpus(shared_data, root / "alice"), tiny_model_config(root / "tiny.json")
 
 
-def run_args(inputs, out: Path, steps: int = STEPS, *extra: str) -> list[str]:
+def run_args(inputs, out: Path, steps: int = STEPS, **settings) -> list[str]:
     corpus, model = inputs
-    return pretrain_args(corpus, model, out, steps, "--ep-size", "2", *extra)
+    return pretrain_args(corpus, model, out, steps, **{"ep_size": 2, **settings})
 
 
 @pytest.fixture(scope="module")
@@ -291,7 +291,7 @@ def test_a_second_writer_on_node2_is_refused_then_node2_killed_ends_node1_with_o
         cluster, inputs, tmp_path):
     out = tmp_path / "killed"
     # --keep-last: the checkpoint hashed below stays, however many saves follow before the kill
-    train = run_args(inputs, out, KILLED_RUN_STEPS, "--save-interval", "3", "--keep-last", "100")
+    train = run_args(inputs, out, KILLED_RUN_STEPS, save_interval=3, keep_last=100)
     proc = on_node1(cluster, [*WIDENET_DS, "launch", "pretrain", "--hostfile", str(cluster.hostfile(slots=1)),
                               "--num-nodes", "2", "--num-ranks", "1", "--", *train], child_env())
     latest = out / "checkpoints" / "latest"
@@ -309,7 +309,7 @@ def test_a_second_writer_on_node2_is_refused_then_node2_killed_ends_node1_with_o
     # which names node 1 and says that it cannot check a run on another host.
     corpus, model = inputs
     second = subprocess.run(node2.command([sys.executable, "-m", "widenet_ds.train", "pretrain", *pretrain_args(
-        corpus, model, out, KILLED_RUN_STEPS, "--ep-size", "1")], cwd=REPO), env=cluster.env(child_env()),
+        corpus, model, out, KILLED_RUN_STEPS, ep_size=1)], cwd=REPO), env=cluster.env(child_env()),
         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
     assert second.returncode == 2, second.stdout[-3000:] + second.stderr[-3000:]
     assert f"on {node1.name}, started" in second.stderr and f"It runs on another host ({node1.name})" in second.stderr

@@ -108,7 +108,7 @@ def test_a_checkpoint_that_cannot_fit_is_refused_before_writing_and_resume_conti
     data, model = inputs
     disk = small_disk("20m")
     run = disk / "run"
-    args = pretrain_args(data, model, run, 3, "--save-interval", "1")
+    args = pretrain_args(data, model, run, 3, save_interval=1)
     proc = subprocess.run(python_train_command("pretrain", args), cwd=REPO, env=child_env(), capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -142,7 +142,7 @@ def test_a_disk_filling_up_during_a_save_on_one_rank_is_one_error_and_leaves_no_
     data, model = inputs
     where, mode = filling_disk
     run = where / "run"
-    args = pretrain_args(data, model, run, 3, "--save-interval", "1")
+    args = pretrain_args(data, model, run, 3, save_interval=1)
     env = {"WIDENET_TEST_FULL_RANK": "1", "WIDENET_TEST_FULL_TAG": "step2", "WIDENET_TEST_FULL_MODE": mode}
     proc = run_deepspeed(FULL_DISK, ["pretrain", *args], num_ranks=2, env=env, check=False, timeout=400)
     output = proc.stdout + proc.stderr
@@ -227,7 +227,7 @@ def test_a_truncated_file_of_rank_1_is_named_before_any_rank_trains(inputs, tmp_
     zero = run / "checkpoints" / "step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     size = zero.stat().st_size
     zero.write_bytes(zero.read_bytes()[: size // 3])
-    proc = run_train("pretrain", pretrain_args(data, model, run, 4, "--resume"), num_ranks=2, timeout=400, check=False)
+    proc = run_train("pretrain", pretrain_args(data, model, run, 4, resume="latest"), num_ranks=2, timeout=400, check=False)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 2, output[-4000:]
     assert not no_traceback(output), no_traceback(output)

@@ -317,13 +317,13 @@ def test_mpiexec_and_deepspeed_launcher_give_the_same_losses_with_ep2(tmp_path, 
     model = tiny_model_config(tmp_path / "tiny.json")
     steps = 5
     mpi = subprocess.run([str(BIN / "mpiexec"), "-n", "2", *TRAIN, "pretrain",
-                          *pretrain_args(corpus, model, tmp_path / "mpi", steps, "--ep-size", "2")],
+                          *pretrain_args(corpus, model, tmp_path / "mpi", steps, ep_size=2)],
                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert mpi.returncode == 0, mpi.stdout[-3000:] + mpi.stderr[-3000:]
     hostfile = write(tmp_path / "hosts", "localhost slots=2\n")
     ds = subprocess.run([*WIDENET_DS, "launch", "pretrain", "--hostfile", str(hostfile), "--master-addr", "127.0.0.1",
                          "--master-port", str(free_port()), "--no-ssh-check", "--",
-                         *pretrain_args(corpus, model, tmp_path / "ds", steps, "--ep-size", "2")],
+                         *pretrain_args(corpus, model, tmp_path / "ds", steps, ep_size=2)],
                         env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert ds.returncode == 0, ds.stdout[-3000:] + ds.stderr[-3000:]
     assert "--hostfile" in ds.stdout.splitlines()[0]  # widenet-ds launch handed the hostfile to deepspeed
@@ -345,7 +345,7 @@ def test_ep_size_not_dividing_world_size_fails_fast_under_mpiexec(tmp_path, corp
     model = tiny_model_config(tmp_path / "tiny.json")
     start = time.monotonic()
     proc = subprocess.run([str(BIN / "mpiexec"), "-n", "2", *TRAIN, "pretrain",
-                           *pretrain_args(corpus, model, tmp_path / "run", 5, "--ep-size", "4")],
+                           *pretrain_args(corpus, model, tmp_path / "run", 5, ep_size=4)],
                           env=subprocess_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode != 0
     assert "--ep-size 4 does not divide the 2 rank(s)" in proc.stderr

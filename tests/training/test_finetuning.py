@@ -21,16 +21,27 @@ from widenet_ds.training.finetuning import FinetuneRun, median_over_seeds, recip
 from widenet_ds.training.plan import check_resume_changes, resolve_max_steps, resume_changes
 from widenet_ds.training.predict import Batching
 from widenet_ds.training.run import run_task
-from widenet_ds.training.run_config import GlueConfig, PretrainConfig, SquadConfig
+from widenet_ds.training.run_config import GlueConfig, InvalidConfig, PretrainConfig, SquadConfig
+from widenet_ds.training.environment import check_run
 
 CPU_CONFIG = REPO / "ds_configs/finetune_cpu_small.json"
 SST2_CONFIG = REPO / "ds_configs/finetune_sst2.json"
 
 
+def checked(cls, **fields):
+    """The configuration as a run starts it: its values and what it names on this machine, every problem at once."""
+    try:
+        cfg = cls(**fields)
+    except InvalidConfig as err:
+        cfg = err.config
+    check_run(cfg)
+    return cfg
+
+
 def _cfg(tmp_path, cls=GlueConfig, **fields):
     task = {"glue_task": "sst2"} if cls is GlueConfig else {}
-    return cls(**{**task, "data": "hf", "deepspeed_config": CPU_CONFIG, "output_dir": tmp_path / "out",
-                  "model_config": "widenet-tiny-e4", **fields})
+    return checked(cls, **{**task, "data": "hf", "deepspeed_config": CPU_CONFIG, "output_dir": tmp_path / "out",
+                           "model_config": "widenet-tiny-e4", **fields})
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -60,8 +71,8 @@ def test_every_problem_is_reported_in_one_error(tmp_path):
         assert part in text, part
     # the pretraining settings are collected the same way
     with pytest.raises(ConfigError) as caught:
-        PretrainConfig(model_config="widenet-tiny-e4", deepspeed_config=tmp_path / "none.json", data=tmp_path,
-                       output_dir=tmp_path / "o", log_interval=0, keep_last=0, resume=str(tmp_path), init_from=tmp_path)
+        checked(PretrainConfig, model_config="widenet-tiny-e4", deepspeed_config=tmp_path / "none.json", data=tmp_path,
+                output_dir=tmp_path / "o", log_interval=0, keep_last=0, resume=str(tmp_path), init_from=tmp_path)
     text = str(caught.value)
     assert text.startswith("4 problems with the pretrain settings:")
     assert "--log-interval must be positive" in text and "--keep-last must be positive" in text

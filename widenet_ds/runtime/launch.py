@@ -56,6 +56,7 @@ class LaunchOptions:
     master_addr: str | None = None
     master_port: int | None = None
     ssh_check: bool = True
+    run_config: Path | None = None  # a run's saved settings (run_config.json), read by the caller (launch_cli.py)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -257,6 +258,10 @@ def parser() -> argparse.ArgumentParser:
                    help="rendezvous port (default: a free one locally; 29500 with a hostfile)")
     p.add_argument("--no-ssh-check", dest="ssh_check", action="store_false",
                    help="skip deepspeed's ssh probe of the first host")
+    p.add_argument("--config", dest="run_config", type=Path, metavar="RUN_CONFIG",
+                   help="the task's options from a run's run_config.json (or its run folder), to run it again or "
+                        "continue it elsewhere; options after `--` follow them (a later option wins, e.g. "
+                        "--output-dir, --resume)")
     return p
 
 
@@ -272,5 +277,5 @@ def parse_launch_args(argv: list[str]) -> LaunchOptions:
                 f"options go after `--`")
     return LaunchOptions(task=args.task, train_args=tuple(train_args), ranks_per_node=args.ranks_per_node,
                          num_nodes=args.num_nodes, hostfile=args.hostfile, master_addr=args.master_addr,
-                         master_port=args.master_port, ssh_check=args.ssh_check)
+                         master_port=args.master_port, ssh_check=args.ssh_check, run_config=args.run_config)
 

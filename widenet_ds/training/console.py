@@ -15,13 +15,9 @@ _START = time.monotonic()
 
 
 def process_rank() -> int:
-    try:
-        import torch.distributed as torch_dist
-
-        if torch_dist.is_available() and torch_dist.is_initialized():
-            return torch_dist.get_rank()
-    except ImportError:
-        pass
+    torch_dist = sys.modules.get("torch.distributed")  # not imported: no process group (a light command's error)
+    if torch_dist is not None and torch_dist.is_available() and torch_dist.is_initialized():
+        return torch_dist.get_rank()
     return int(os.environ.get("RANK", "0") or 0)
 
 

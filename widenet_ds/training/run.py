@@ -1,4 +1,5 @@
-"""Running a training task: the stop signals first (a preemption during start-up stops the run at its first
+"""Running a training task: every problem of its settings and of what they name on this machine, at once
+(training/environment.py); then the stop signals (a preemption during start-up stops the run at its first
 step, saved), the process group, the output folder's lock (one writer per run folder), the checkpoint to
 start from checked file by file, every other check, then the one trainer (finetuning: one trainer per seed)."""
 
@@ -20,6 +21,7 @@ from widenet_ds.run_lock import FolderLockedError, folder_lock
 from widenet_ds.runtime.distributed import all_values, init_distributed, rank0_value
 from widenet_ds.task_registry import TASKS
 from widenet_ds.training.console import say
+from widenet_ds.training.environment import check_run
 from widenet_ds.training.finetuning import run_finetune
 from widenet_ds.training.plan import plan_task
 from widenet_ds.training.preemption import StopRequest
@@ -28,7 +30,12 @@ from widenet_ds.training.trainer import Task, Trainer
 
 
 def run_task(cfg: RunConfig) -> Any:
-    """Train `cfg`'s task; its results (None: stopped by a signal, saved; `--resume` continues)."""
+    """Train `cfg`'s task; its results (None: stopped by a signal, saved; `--resume` continues). A `cfg` whose
+    values were refused (`InvalidConfig.config`) is refused here with its environment's problems too."""
+    try:
+        check_run(cfg)
+    except WideNetError as err:  # every rank reads the same settings and the same (shared) files
+        raise mark_same_on_every_rank(err)
     stop = StopRequest()
     stop.install()
     try:

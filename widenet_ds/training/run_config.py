@@ -4,8 +4,10 @@ generated from the fields (widenet_ds/training/command_line.py).
 Batch sizes, learning rate, schedule, precision and ZeRO live ONLY in the DeepSpeed JSON; the model in
 its model config (a preset, a JSON or a checkpoint folder), changed field by field with `--set KEY=VALUE`;
 pretraining's sequence length and vocabulary come from the prepared data. A flag has one meaning in every
-task (docs/flags.md lists them). Every problem of a configuration is reported at once, before any data is
-read or model built.
+task (docs/flags.md lists them). A configuration holds types and values only: building one checks its values and
+touches no file, so it can be built where the run will not start (a launcher, a study); what it names on the
+machine that runs it (files, the output folder's lock, the compile backend) is checked where the run starts
+(training/environment.py), every problem of both reported at once, before any data is read or model built.
 """
 
 from __future__ import annotations
@@ -17,16 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from widenet_ds.errors import ConfigError, DataError, raise_config_problems
+from widenet_ds.errors import ConfigError, problems_text
 from widenet_ds.run_folder import RunFolder
-from widenet_ds.run_lock import folder_lock
 from widenet_ds.runtime.compile import CompileMode
-from widenet_ds.tasks.glue import get_glue_task, glue_split_path
+from widenet_ds.tasks.glue import get_glue_task
 from widenet_ds.training.branch_schedule import ScheduleKind
 from widenet_ds.training.flags import flag, int_list, to_argv
 from widenet_ds.vision.augment import AugmentConfig
 from widenet_ds.vision.datasets import DATASETS
-from widenet_ds.writable import check_output_folder
 
 OptimizerChoice = Literal["auto", "deepspeed-fused", "torch-lamb"]
 LATEST = "latest"
@@ -45,6 +45,15 @@ _DATA = ("the training data: pretraining, a prepared folder (`widenet-ds prepare
          "evaluation's); finetuning, the task's files in their original format (a folder or file) or `hf` for HF "
          "datasets; images, the --dataset's folder (fashion-mnist default: /usr/share/datasets/fashion-mnist)")
 _EVAL_SUBSET = "evaluate on the first N examples of the evaluation split only"
+
+
+class InvalidConfig(ConfigError):
+    """Settings whose values cannot work: every problem, and the configuration built anyway (`config`), so
+    that where a run starts its environment's problems are reported with them (training/environment.py)."""
+
+    def __init__(self, config: RunConfig, problems: list[str]) -> None:
+        super().__init__(problems_text(problems, f"the {config.TASK} settings"))
+        self.config, self.problems = config, problems
 
 
 @dataclass(kw_only=True)
@@ -122,11 +131,13 @@ class RunConfig:
         self.deepspeed_config, self.output_dir = Path(self.deepspeed_config), Path(self.output_dir)
         if self.init_from is not None:
             self.init_from = Path(self.init_from)
-        raise_config_problems(self.problems(), f"the {self.TASK} settings")
+        problems = self.problems()
+        if problems:
+            raise InvalidConfig(self, problems)
 
     # -- checks ---------------------------------------------------------------------------------------
     def problems(self) -> list[str]:
-        """Every setting that cannot work, each with its fix (a task adds its own)."""
+        """Every value that cannot work, each with its fix (a task adds its own); no file is read."""
         problems = []
         for name in ("max_steps", "log_interval", "save_interval", "keep_last", "ep_size", "branch_parallel",
                      *self.POSITIVE):
@@ -139,39 +150,16 @@ class RunConfig:
             problems.append(f"--resume {self.resume} continues that checkpoint's run and --init-from starts from other "
                             f"weights; pass only one of them (a bare --resume with --init-from continues the run in "
                             f"--output-dir, or starts it from --init-from when nothing is saved yet).")
-        if self.init_from is not None and not self.init_from.exists():
-            problems.append(f"--init-from {self.init_from} does not exist; pass a checkpoint folder (`widenet-ds convert "
-                            f"to-folder`), a DeepSpeed checkpoint or a run folder.")
         if self.model_config is None and self.init_from is None:
             problems.append("no model: pass --model-config (a preset, a model-config JSON or a checkpoint folder) or "
                             "--init-from (a checkpoint, whose model is then trained).")
-        if not self.deepspeed_config.is_file():
-            problems.append(f"DeepSpeed config {self.deepspeed_config} does not exist; pass --deepspeed-config with a "
-                            f"JSON file, e.g. ds_configs/{self.EXAMPLE_DS_CONFIG} (see ds_configs/README.md).")
-        if self.compile != "none":
-            problems += compile_backend_problems(self.compile_backend)
-        elif self.compile_backend != DEFAULT_COMPILE_BACKEND:
+        if self.compile == "none" and self.compile_backend != DEFAULT_COMPILE_BACKEND:
             problems.append(f"--compile-backend {self.compile_backend} applies only to a compiled model; add --compile, "
                             f"or drop --compile-backend.")
-        return problems + self._output_dir_problems()
+        return problems
 
     POSITIVE: ClassVar[tuple[str, ...]] = ()  # the task's own settings that must be positive when given
     EXAMPLE_DS_CONFIG: ClassVar[str] = "cpu_small.json"
-
-    def _output_dir_problems(self) -> list[str]:
-        """A folder holding an earlier run is never written into unless that run is to be continued."""
-        try:
-            check_output_folder(self.output_dir, "--output-dir", subfolders=("checkpoints", "tensorboard"))
-        except ConfigError as err:
-            return [str(err)]
-        writer = folder_lock(self.output_dir, self.TASK).holder_problem()  # another run writes it now
-        if writer:
-            return [writer]
-        held = self.folder.holds()
-        if held and self.resume is None:
-            return [f"--output-dir {self.output_dir} already holds a run ({', '.join(held)}); pass --resume to "
-                    f"continue it, or choose another --output-dir (nothing was changed there)."]
-        return []
 
     # -- derived -------------------------------------------------------------------------------------
     @property
@@ -186,22 +174,20 @@ class RunConfig:
             record[f.name] = str(value) if isinstance(value, Path) else value
         return json.loads(json.dumps(record))  # as read back from the file (tuples as lists)
 
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> RunConfig:
+        """The configuration `record()` wrote (a run's run_config.json), checked as any other."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(record) - names - {"task", "deepspeed_settings"})  # (the trainer adds the JSON's)
+        if unknown:
+            raise ConfigError(f"the saved {cls.TASK} settings hold {', '.join(unknown)}, which this version does not "
+                              f"have; pass the run's options on the command line instead.")
+        return cls(**{name: value for name, value in record.items() if name in names})
+
     def to_argv(self) -> list[str]:
         """The options of `python -m widenet_ds.train TASK` that give these settings (for callers that start
         ranks: build the configuration, check it here, pass this)."""
         return to_argv(self)
-
-
-def compile_backend_problems(backend: str) -> list[str]:
-    """torch.compile takes any string and fails on an unknown backend only at the first step, after the model
-    and the engine were built."""
-    import torch._dynamo  # only for runs that compile: the import takes seconds
-
-    if backend in torch._dynamo.list_backends(exclude_tags=()):  # torch's debugging backends too
-        return []
-    # Named: the backends torch lists for users, and the kernel-free one our help names.
-    shown = sorted({*torch._dynamo.list_backends(), "aot_eager"})
-    return [f"--compile-backend {backend!r} is not a torch.compile backend; choose one of {', '.join(shown)}."]
 
 
 def setting_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -269,9 +255,6 @@ class FinetuneConfig(RunConfig):
         if self.resume not in (None, LATEST):
             problems.append(f"--resume {self.resume}: a finetuning run continues from its own output folder (each seed "
                             f"from its latest checkpoint); pass --resume without a value.")
-        if self.data != HF_DATA and not Path(self.data).exists():
-            problems.append(f"--data {self.data} does not exist; pass the folder (or file) in the original format, "
-                            f"or `--data hf` to download through HF datasets.")
         return problems
 
     @property
@@ -303,22 +286,8 @@ class GlueConfig(FinetuneConfig):
         except ConfigError as err:
             return problems + [f"--task: {err}"]
         if not task.eval_splits:
-            return problems + [f"--task {task.name} has no labelled split to finetune on; its test set is predicted "
-                               f"by the MNLI model (--task mnli --predict-test)."]
-        if self.data_path is None or not self.data_path.exists():
-            return problems
-        for split in ("train", *task.eval_splits):
-            try:
-                glue_split_path(task, split, self.data_path)
-            except DataError as err:
-                problems.append(f"--data: {err}")
-        if self.predict_test:
-            for split in task.test_splits:
-                try:
-                    glue_split_path(task, split, self.data_path)
-                except DataError:
-                    problems.append(f"--predict-test: no {task.files[split]} in {self.data_path} (nor in "
-                                    f"{self.data_path / task.name}); add the test file there, or drop --predict-test.")
+            problems.append(f"--task {task.name} has no labelled split to finetune on; its test set is predicted by the "
+                            f"MNLI model (--task mnli --predict-test).")
         return problems
 
 
@@ -338,11 +307,6 @@ class SquadConfig(FinetuneConfig):
         problems = super().problems()
         if self.doc_stride is not None and self.doc_stride < 0:
             problems.append(f"--doc-stride must be >= 0, got {self.doc_stride}.")
-        for option, split in (("--train-file", "train"), ("--dev-file", "dev")):
-            path = self.file(split)
-            if path is not None and not path.is_file():
-                problems.append(f"{option}: {path} does not exist; pass the SQuAD JSON with {option}, or a --data folder "
-                                f"holding train-v{self.version}.json and dev-v{self.version}.json.")
         return problems
 
     def file(self, split: str) -> Path | None:
