@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor, nn
+from torch import Tensor
 
 from widenet_ds.checkpoint.deepspeed import read_deepspeed_checkpoint
 from widenet_ds.checkpoint.format import (
@@ -37,7 +37,7 @@ from widenet_ds.checkpoint.training import check_explicit_config, config_differe
 from widenet_ds.data.tokenizer import tokenizer_files_in
 from widenet_ds.errors import CheckpointError
 from widenet_ds.model.config import EncoderConfig
-from widenet_ds.model.moe import MoEFeedForward
+from widenet_ds.model.base import EncoderModel
 
 
 def read_checkpoint(source: Path, *, tag: str | None = None, model_config: Path | None = None) -> PortableCheckpoint:
@@ -141,7 +141,7 @@ class LoadReport:
         return "\n".join(lines)
 
 
-def load_into(model: nn.Module, checkpoint: PortableCheckpoint, source: str) -> LoadReport:
+def load_into(model: EncoderModel, checkpoint: PortableCheckpoint, source: str) -> LoadReport:
     """Copy a checkpoint's weights into `model` (any ep_size): the body must fit (`match_weights`), a head of
     another shape or absent keeps the model's own initialisation."""
     to_global = global_key_map(model)
@@ -151,16 +151,16 @@ def load_into(model: nn.Module, checkpoint: PortableCheckpoint, source: str) -> 
     loaded = {local: match.load[key] for local, key in to_global.items() if key in match.load}
     missing, unexpected = model.load_state_dict(loaded, strict=False)
     assert sorted(missing) == match.new and not unexpected, (missing, unexpected)  # heads: local key = global key
-    moe_layers = [m for m in model.modules() if isinstance(m, MoEFeedForward)]
+    moe_layers = model.moe_layers()
     experts = sorted({i for m in moe_layers for i in m.global_expert_indices()})
     return LoadReport(source, checkpoint.architecture, len(loaded), match.new, match.unused, experts,
                       checkpoint.provenance.get("trained_with_ep_size") if checkpoint.config.is_moe else None,
                       moe_layers[0].ep_size if moe_layers else None, dict(checkpoint.provenance))
 
 
-def load_pretrained(cls: type[nn.Module], source, *, ep_size: int = 1, model_overrides: dict[str, Any] | None = None,
+def load_pretrained(cls: type[EncoderModel], source, *, ep_size: int = 1, model_overrides: dict[str, Any] | None = None,
                     tag: str | None = None, model_config: Path | None = None,
-                    **model_kwargs: Any) -> tuple[nn.Module, LoadReport]:
+                    **model_kwargs: Any) -> tuple[EncoderModel, LoadReport]:
     """`load_pretrained(cls, source)` -> (model, report): build `cls` with the saved config, load the weights.
 
     cls: any architecture of checkpoint/format.py (text: WideNetForPreTraining, ...ForSequenceClassification,

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from widenet_ds.errors import ConfigError
+from widenet_ds.model.base import EncoderModel
 from widenet_ds.model.branches import BranchParallel, active_branches, branch_blocks, depth_step
 from widenet_ds.model.config import EncoderConfig, ModelConfig
 from widenet_ds.model.grouped_experts import ExpertWeights
@@ -337,71 +338,17 @@ class MaskedLMHead(nn.Module):
         return F.linear(h, self.word_embeddings[0].weight, self.bias)
 
 
-def _init_weights(model: nn.Module, cfg: ModelConfig) -> None:
-    """BERT/ALBERT initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms.
+class WideNetPreTrainedModel(EncoderModel):
+    """Base of the text task models: the body (embeddings, encoder, pooler) under the prefix `widenet.`."""
 
-    Non-expert parameters draw from the global RNG in module order; experts draw from their own
-    generator keyed by the global expert index, so the model is the same whatever the ep_size.
-    """
-    experts = {id(p) for m in model.modules() if isinstance(m, MoEFeedForward) for p in m.experts.parameters()}
-    for module in model.modules():
-        params = list(module.parameters(recurse=False))
-        if any(id(p) in experts for p in params):
-            continue
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=cfg.initializer_range)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
-    base_seed = torch.initial_seed()
-    for module in model.modules():
-        if isinstance(module, MoEFeedForward):
-            for expert, index in zip(module.experts, module.global_expert_indices()):
-                generator = torch.Generator().manual_seed((base_seed * 1_000_003 + index) % (2 ** 63))
-                for linear in (expert.fc_in, expert.fc_out):
-                    weight = torch.empty(linear.weight.shape).normal_(0.0, cfg.initializer_range, generator=generator)
-                    with torch.no_grad():
-                        linear.weight.copy_(weight)
-                        linear.bias.zero_()
-
-
-class WideNetPreTrainedModel(nn.Module):
-    """Shared plumbing of the task models: init, expert groups, the body's balance-loss bookkeeping.
-
-    `ep_size` (expert parallelism: each rank holds num_experts / ep_size experts) is how the model is laid
-    out over ranks, not what it computes: the run's parallel plan passes it to DeepSpeed's MoE, which sizes
-    its local experts when it is built; the model does not keep it."""
+    ENCODER_PATH = "widenet.encoder"
+    # Expert seeds as the text models have always drawn them: layer 0's for every MoE layer (the presets share
+    # one MoE; an unshared one starts its layers as copies). Per-layer keys would change those weights.
+    EXPERT_SEEDS_PER_LAYER = False
 
     def __init__(self, cfg: ModelConfig, ep_size: int = 1) -> None:
-        super().__init__()
-        self.cfg = cfg
+        super().__init__(cfg)
         self.widenet = WideNetModel(cfg, ep_size)
-
-    def set_activation_checkpointing(self, enabled: bool) -> None:
-        """Recompute each block in the backward pass instead of keeping its activations."""
-        self.widenet.encoder.activation_checkpointing = enabled
-
-    @property
-    def encoder(self) -> WideNetEncoder:
-        return self.widenet.encoder
-
-    def post_init(self) -> None:
-        _init_weights(self, self.cfg)
-
-    def ensure_process_groups(self) -> None:
-        """Expert-parallel groups for use outside a DeepSpeed engine (the engine makes them itself)."""
-        for module in self.modules():
-            if isinstance(module, MoEFeedForward):
-                module.ensure_process_groups()
-
-    def _total_loss(self, task_loss: Tensor | None, balance: Tensor) -> Tensor | None:
-        if task_loss is None:
-            return None
-        if self.cfg.is_moe:
-            return task_loss + self.cfg.moe.balance_loss_weight * balance
-        return task_loss
 
 
 class WideNetForPreTraining(WideNetPreTrainedModel):
@@ -412,7 +359,7 @@ class WideNetForPreTraining(WideNetPreTrainedModel):
         self.mlm_head = MaskedLMHead(cfg, self.widenet.embeddings.word)
         self.sop_dropout = nn.Dropout(cfg.classifier_dropout)
         self.sop_head = nn.Linear(cfg.hidden_size, 2)
-        self.post_init()
+        self.init_weights()
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None, mlm_labels: Tensor | None = None,
@@ -443,7 +390,7 @@ class WideNetForSequenceClassification(WideNetPreTrainedModel):
         self.num_labels = num_labels
         self.dropout = nn.Dropout(cfg.classifier_dropout)
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
-        self.post_init()
+        self.init_weights()
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None, labels: Tensor | None = None,
@@ -466,7 +413,7 @@ class WideNetForQuestionAnswering(WideNetPreTrainedModel):
     def __init__(self, cfg: ModelConfig, ep_size: int = 1) -> None:
         super().__init__(cfg, ep_size)
         self.qa_outputs = nn.Linear(cfg.hidden_size, 2)
-        self.post_init()
+        self.init_weights()
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None, start_positions: Tensor | None = None,

@@ -125,7 +125,7 @@ class Trainer:
 
         seed_everything(task.init_seed)  # the same initial weights on every rank
         model, weight_lines = task.build_model()
-        model.encoder.activation_checkpointing = cfg.activation_checkpointing
+        model.set_activation_checkpointing(cfg.activation_checkpointing)
         parallel.apply(model)
         compile_for_training(model, cfg.compile, cfg.compile_backend)
         say(f"initialising DeepSpeed (ZeRO stage {plan.ds.zero_stage}, {plan.ds.precision}, "

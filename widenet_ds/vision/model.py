@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from widenet_ds.model.base import EncoderModel
 from widenet_ds.model.widenet import RoutingStats, WideNetEncoder
 from widenet_ds.model.moe import FeedForward, MoEFeedForward
 from widenet_ds.vision.config import VisionConfig
@@ -49,18 +50,19 @@ class PatchEmbedding(nn.Module):
         return self.dropout(torch.cat([cls, patches], dim=1) + self.position)
 
 
-class ViTWideNetForImageClassification(nn.Module):
-    """Image classifier for every vision preset; `ep_size` places the experts (a run choice)."""
+class ViTWideNetForImageClassification(EncoderModel):
+    """Image classifier for every vision preset; `ep_size` places the experts (a run choice). Its body has no
+    prefix: `embeddings.*` and `encoder.*` sit beside the heads (checkpoints and HF exports hold these keys)."""
 
-    def __init__(self, cfg: VisionConfig, ep_size: int = 1, activation_checkpointing: bool = False) -> None:
-        super().__init__()
-        self.cfg = cfg
+    ENCODER_PATH = "encoder"
+
+    def __init__(self, cfg: VisionConfig, ep_size: int = 1) -> None:
+        super().__init__(cfg)
         self.embeddings = PatchEmbedding(cfg)
         self.encoder = WideNetEncoder(cfg, ep_size, ffn=self._feed_forwards(cfg, ep_size))
-        self.encoder.activation_checkpointing = activation_checkpointing
         self.pre_logits = nn.Linear(cfg.hidden_size, cfg.hidden_size) if cfg.pre_logits else None
         self.classifier = nn.Linear(cfg.hidden_size, cfg.num_classes)
-        self.reset_parameters()
+        self.init_weights()
 
     @staticmethod
     def _feed_forwards(cfg: VisionConfig, ep_size: int) -> nn.ModuleList:
@@ -71,47 +73,11 @@ class ViTWideNetForImageClassification(nn.Module):
             MoEFeedForward(cfg, ep_size) if i in moe_blocks
             else FeedForward(cfg.hidden_size, cfg.intermediate_size, cfg.activation) for i in blocks)
 
-    def moe_layers(self) -> list[MoEFeedForward]:
-        return [m for m in self.encoder.ffn if isinstance(m, MoEFeedForward)]
-
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """N(0, initializer_range) weights, zero biases, unit LayerNorms, as BERT/ViT.
-
-        Non-expert tensors draw from the global RNG in module order; each expert draws from its own
-        generator keyed by (MoE layer, global expert index), so the model is the same whatever the
-        ep_size, and the MoE layers of ViT-MoE do not start as copies of each other.
-        """
-        std = self.cfg.initializer_range
-        expert_params = {id(p) for moe in self.moe_layers() for p in moe.experts.parameters()}
-        for module in self.modules():
-            own = list(module.parameters(recurse=False))
-            if any(id(p) in expert_params for p in own):
-                continue
-            if isinstance(module, (nn.Linear, nn.Conv2d)):
-                module.weight.normal_(0.0, std)
-                if module.bias is not None:
-                    module.bias.zero_()
-            elif isinstance(module, nn.LayerNorm):
-                module.weight.fill_(1.0)
-                module.bias.zero_()
+    def init_extra_weights(self, std: float) -> None:
+        """The learned positions and the learned CLS token (ViT), after the Linear and Conv2d weights: N(0, std)."""
         self.embeddings.position.normal_(0.0, std)
         if self.embeddings.cls is not None:
             self.embeddings.cls.normal_(0.0, std)
-        base_seed = torch.initial_seed()
-        for layer, moe in enumerate(self.moe_layers()):
-            for expert, index in zip(moe.experts, moe.global_expert_indices()):
-                seed = (base_seed * 1_000_003 + layer * 65_537 + index) % (2 ** 63)
-                generator = torch.Generator().manual_seed(seed)
-                for linear in (expert.fc_in, expert.fc_out):
-                    weight = torch.empty(linear.weight.shape).normal_(0.0, std, generator=generator)
-                    linear.weight.copy_(weight)
-                    linear.bias.zero_()
-
-    def ensure_process_groups(self) -> None:
-        """Expert-parallel groups for use outside a DeepSpeed engine (the engine makes them itself)."""
-        for moe in self.moe_layers():
-            moe.ensure_process_groups()
 
     def forward(self, pixels: Tensor, labels: Tensor | None = None, label_smoothing: float = 0.0,
                 sample_weight: Tensor | None = None, branches: int | None = None) -> ImageClassificationOutput:
@@ -131,7 +97,7 @@ class ViTWideNetForImageClassification(nn.Module):
                 task_loss = per_sample.mean()
             else:
                 task_loss = (per_sample * sample_weight).sum() / sample_weight.sum().clamp(min=1.0)
-            loss = task_loss + self.cfg.moe.balance_loss_weight * balance if self.cfg.is_moe else task_loss
+            loss = self._total_loss(task_loss, balance)
         return ImageClassificationOutput(loss, task_loss, balance, logits, routing)
 
 
@@ -140,10 +106,10 @@ def count_trainable_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def build_model(cfg: VisionConfig, ep_size: int = 1, activation_checkpointing: bool = False,
+def build_model(cfg: VisionConfig, ep_size: int = 1,
                 device: str | torch.device | None = None) -> ViTWideNetForImageClassification:
     """The model, optionally on the meta device (parameter counts of the big presets without memory)."""
     if device is None:
-        return ViTWideNetForImageClassification(cfg, ep_size, activation_checkpointing)
+        return ViTWideNetForImageClassification(cfg, ep_size)
     with torch.device(device):
-        return ViTWideNetForImageClassification(cfg, ep_size, activation_checkpointing)
+        return ViTWideNetForImageClassification(cfg, ep_size)
