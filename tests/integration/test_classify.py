@@ -88,7 +88,7 @@ def test_sigkill_then_resume_gives_identical_losses(tmp_path):
     run_train("classify", resume_args(ds, reference))
     assert sorted(train_losses(reference)) == list(range(1, STEPS + 1))
     # the report's trainable parameters: the whole model's, though each of the 2 ranks holds 2 of the 4 experts
-    assert RunFolder(reference).read_results()["parameters"] == preset_counts("widenet-vit-digits")["total"]
+    assert RunFolder(reference).read_results("classify").parameters == preset_counts("widenet-vit-digits")["total"]
 
     out = tmp_path / "killed"
     proc = subprocess.Popen(train_command("classify", resume_args(ds, out)), cwd=REPO, env=child_env(),

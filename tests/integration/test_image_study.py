@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from widenet_ds.report.paired import format_interval, paired_difference
+from widenet_ds.results import ClassifyResults
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.training.command_line import parse
 from widenet_ds.vision.datasets import DEBIAN_FASHION_MNIST
@@ -49,8 +50,8 @@ def study(tmp_path_factory):
     return module, out, json.loads((out / "image_study.json").read_text())
 
 
-def results(out, part: str, model: str, seed: int) -> dict:
-    return RunFolder(out / part / f"{model}-seed{seed}").read_results()
+def results(out, part: str, model: str, seed: int) -> ClassifyResults:
+    return RunFolder(out / part / f"{model}-seed{seed}").read_results(ClassifyResults)
 
 
 def test_every_model_is_trained_with_every_seed_and_reports_its_runs_numbers(study):
@@ -61,7 +62,7 @@ def test_every_model_is_trained_with_every_seed_and_reports_its_runs_numbers(stu
         assert run["command"][:3] == ["-m", "widenet_ds.train", "classify"]
         assert parse("classify", run["command"][3:]).seed == run["seed"]
         assert run["test_accuracy"] == pytest.approx(100 * results(out, run["part"], run["model"], run["seed"])
-                                                     ["test/accuracy"])
+                                                     .accuracy)
         assert run["commit"] != "unknown"
 
 
