@@ -91,12 +91,12 @@ def test_paired_differences_are_recomputed_from_the_runs_files(study):
                 ("ParaFormer Table 1: PF 3x4 (prefix) vs ViT12", "test accuracy (%)", "pf-3x4-prefix", "vit12",
                  "paraformer", None),
                 ("Progressive training: PF 3x4, prefix vs joint", "first branch alone: test accuracy (%)",
-                 "pf-3x4-prefix", "pf-3x4-joint", "paraformer", "1")]
+                 "pf-3x4-prefix", "pf-3x4-joint", "paraformer", 1)]
     tables = (out / "image_tables.md").read_text()
     for claim, metric, variant, reference, part, k in expected:
         def value(model: str, seed: int) -> float:
             found = results(out, part, model, seed)
-            return 100 * (found["accuracy_by_branches"][k] if k else found["test/accuracy"])
+            return 100 * (found.accuracy_by_branches[k] if k else found.accuracy)
         diff = paired_difference([value(variant, s) for s in SEEDS], [value(reference, s) for s in SEEDS])
         row = rows[(claim, metric)]
         assert (row["mean"], row["low"], row["high"]) == pytest.approx((diff.mean, diff.low, diff.high))
