@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from widenet_ds.report.branches import ACCURACY  # noqa: E402
 from widenet_ds.report.cli import write_report  # noqa: E402
+from widenet_ds.results import ClassifyResults  # noqa: E402
 from widenet_ds.run_folder import RunFolder  # noqa: E402
 from widenet_ds.training.run_config import ClassifyConfig  # noqa: E402
 from widenet_ds.vision.config import VisionConfig  # noqa: E402
@@ -58,15 +59,17 @@ def train(name: str, steps: int, args: argparse.Namespace, tag: str) -> dict:
         cmd = [sys.executable, "-m", "widenet_ds.train", cfg.TASK, *cfg.to_argv()]
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(args.threads)}
         subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
-    results = out.read_results()
+    results = out.read_results(ClassifyResults)
     records = [r for r in out.read_metrics().records if "perf/samples_per_second" in r]
     # seconds per step between the first and the last logged step (start-up, data decoding, the first
     # step's allocations and the final evaluation excluded), times the steps taken (>= 2 steps: >= 2 records)
     first, last = records[0], records[-1]
     per_step = (last["time"] - first["time"]) / max(1, last["step"] - first["step"])
-    seconds = per_step * results["step"]
-    return {"model": name, "budget": tag, "steps": results["step"], "test_accuracy": results["test/accuracy"],
-            "accuracy_by_branches": results.get("accuracy_by_branches"), "train_seconds": seconds,
+    seconds = per_step * results.step
+    return {"model": name, "budget": tag, "steps": results.step, "test_accuracy": results.accuracy,
+            # "k" keys, as in results.json; None without branches
+            "accuracy_by_branches": {str(k): a for k, a in results.accuracy_by_branches.items()} or None,
+            "train_seconds": seconds,
             "seconds_per_step": per_step,
             "last_train_loss": records[-1]["train/task_loss"], "run_dir": str(out.path)}
 

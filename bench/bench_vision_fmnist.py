@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from widenet_ds.launch_cli import launch_config  # noqa: E402
+from widenet_ds.results import ClassifyResults  # noqa: E402
 from widenet_ds.run_folder import RunFolder  # noqa: E402
 from widenet_ds.training.run_config import ClassifyConfig  # noqa: E402
 from widenet_ds.vision.config import VisionConfig  # noqa: E402
@@ -55,10 +56,10 @@ def main() -> int:
         wall = time.monotonic() - start
         run = RunFolder(out)
         train = [r for r in run.read_metrics().records if "train/loss" in r]
-        result = run.read_results()
+        result = run.read_results(ClassifyResults)
         params = count_trainable_parameters(build_model(VisionConfig.from_preset(name), device="meta"))
         speed = sum(r["perf/samples_per_second"] for r in train) / len(train)
-        rows.append((name, params, result["test/accuracy"], train[-1]["train/task_loss"], wall, speed))
+        rows.append((name, params, result.accuracy, train[-1]["train/task_loss"], wall, speed))
     print(f"\nFashion-MNIST, {args.steps} steps x 64 images, {args.ranks} CPU ranks, ds_configs/vision_cpu_small.json "
           f"(schedule fitted to the steps)\n")
     print("| model | trainable params | test accuracy | last train loss | wall time (s, incl. start-up + eval) | images/s |")

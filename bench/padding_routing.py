@@ -64,6 +64,8 @@ def main() -> None:
     glue_args = [a for a in args.glue_args if a != "--"]
 
     from widenet_ds import train
+    from widenet_ds.results import FinetuneResults
+    from widenet_ds.run_folder import RunFolder
     report = {"command": " ".join(sys.argv), "modes": {}}
     for mode, extra in MODES.items():
         counter = RouteCounter(args.pad_id)
@@ -74,7 +76,7 @@ def main() -> None:
             handle.remove()
         if code:
             sys.exit(code)
-        results = json.loads((args.out / mode / "results.json").read_text())
+        results = RunFolder(args.out / mode).read_results(FinetuneResults).to_json()
         counts = dict(counter.counts)
         for phase in ("train", "eval"):
             routes = counts.get(f"{phase}/real_routes", 0)

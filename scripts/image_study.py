@@ -41,6 +41,7 @@ from study import (CONFIDENCE, FIRST_SEED, REPO, archive, error_spans, git_state
                    write_ds_config)
 
 from widenet_ds.report.paired import mean_interval, paired_difference  # noqa: E402
+from widenet_ds.results import ClassifyResults  # noqa: E402
 from widenet_ds.run_folder import RunFolder  # noqa: E402
 from widenet_ds.runtime.launch_env import TORCH_VARS  # noqa: E402
 from widenet_ds.training.run_config import LATEST, ClassifyConfig  # noqa: E402
@@ -161,16 +162,16 @@ def train(model: ImageModel, part: str, steps: int, seed: int, out: Path, data: 
     if finished.returncode:
         raise RuntimeError(f"{model.name} seed {seed} failed (exit {finished.returncode}): see {run_dir / 'console.log'}")
     folder = RunFolder(run_dir)
-    results = folder.read_results()
+    results = folder.read_results(ClassifyResults)
     curve = {}
     for record in folder.read_metrics().records:  # the final evaluation repeats the last interval's: one per step
         if "test/accuracy" in record:
             curve[record["step"]] = 100 * record["test/accuracy"]
-    by_branches = {k: 100 * v for k, v in (results.get("accuracy_by_branches") or {}).items()}  # "k": as in JSON
+    by_branches = {str(k): 100 * v for k, v in results.accuracy_by_branches.items()}  # "k": as in JSON
     summary = {"part": part, "model": model.name, "preset": model.preset, "overrides": model.overrides,
-               "schedule": model.schedule, "branches": config.num_branches, "seed": seed, "steps": results["step"],
+               "schedule": model.schedule, "branches": config.num_branches, "seed": seed, "steps": results.step,
                "params": count_trainable_parameters(build_model(config, device="meta")),
-               "test_accuracy": 100 * results["test/accuracy"], "test_loss": results["test/task_loss"],
+               "test_accuracy": 100 * results.accuracy, "test_loss": results.test["test/task_loss"],
                "curve": sorted(curve.items()), "accuracy_by_branches": by_branches,
                "first_branch_accuracy": by_branches.get("1"), "seconds": time.perf_counter() - start,
                "run_dir": str(run_dir), "command": command[1:], **git}

@@ -57,6 +57,7 @@ from widenet_ds.model.counts import flops_per_token  # noqa: E402
 from widenet_ds.model.layernorm_divergence import layernorm_divergence  # noqa: E402
 from widenet_ds.report.cli import write_report  # noqa: E402
 from widenet_ds.report.paired import format_interval, mean_interval, paired_difference  # noqa: E402
+from widenet_ds.results import FinetuneResults  # noqa: E402
 from widenet_ds.run_folder import RunFolder  # noqa: E402
 from widenet_ds.runtime.distributed import init_distributed  # noqa: E402
 from widenet_ds.training.run import run_task  # noqa: E402
@@ -305,21 +306,21 @@ def finetune(pre: dict, task: str, shared: Path, data: Path, out: Path, sizes: d
         assert results is not None, (f"finetuning {task} of {pre['variant']} stopped (see "
                                      f"{run_dir.parent / 'console.log'})")
         (run_dir / "study_git.json").write_text(json.dumps(git, indent=2))
-    results = folder.read_results()
+    results = folder.read_results(FinetuneResults)
     split = "dev"
-    metric = "f1" if task == "SQuAD1.1" else results["primary_metric"]
-    scores = [run["metrics"][split][metric] for run in results["per_seed"]]
+    metric = "f1" if task == "SQuAD1.1" else results.primary_metric
+    scores = [run.metrics[split][metric] for run in results.per_seed]
     scale100 = 1.0 if task == "SQuAD1.1" else 100.0  # SQuAD scores are already percentages
     git_file = run_dir / "study_git.json"
     return {"task": task, "metric": metric, "median": statistics.median(scores) * scale100,
             "scores": [s * scale100 for s in scores],
-            "exact_match": (results["median"][split].get("exact_match") if task == "SQuAD1.1" else None),
+            "exact_match": (results.median[split].get("exact_match") if task == "SQuAD1.1" else None),
             "baseline": _baseline(results, split, metric, scale100), "run_dir": str(run_dir),
             **(json.loads(git_file.read_text()) if git_file.is_file() else {})}
 
 
-def _baseline(results: dict, split: str, metric: str, scale100: float) -> float | None:
-    value = (results.get("baseline") or {}).get(split, {}).get(metric)
+def _baseline(results: FinetuneResults, split: str, metric: str, scale100: float) -> float | None:
+    value = results.baseline.get(split, {}).get(metric)
     return None if value is None else value * scale100
 
 

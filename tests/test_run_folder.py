@@ -4,10 +4,17 @@ what kind of run a folder holds, for folders of this version and of older ones."
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
-from widenet_ds.run_folder import RunFolder, RunFolderError, keep_records_up_to, read_metrics
+from widenet_ds.errors import RunFolderError
+from widenet_ds.results import ClassifyResults
+from widenet_ds.run_folder import RunFolder, keep_records_up_to, read_metrics
+
+# an image run's results.json as the writers wrote it before the typed results
+IMAGE_RESULTS = Path(__file__).resolve().parent / "assets" / "results_before" / "classify.json"
 
 
 def test_records_events_and_a_partial_last_line(tmp_path):
@@ -35,14 +42,16 @@ def test_what_a_folder_holds_and_which_task_wrote_it(tmp_path):
     folder = RunFolder(tmp_path / "run")
     assert folder.holds() == [] and folder.task() is None
     folder.write_run_config({"task": "classify", "seed": 1})
-    folder.write_results({"step": 3})
+    folder.write_results(ClassifyResults.from_json(json.loads(IMAGE_RESULTS.read_text()), str(IMAGE_RESULTS)))
     assert folder.holds() == ["run_config.json", "results.json"] and folder.task() == "classify"
+    assert folder.read_results("classify") == folder.read_results(ClassifyResults)  # by task or by type
     # older folders, without a task in run_config.json
     old = RunFolder(tmp_path / "old")
     (old.path / "seed3").mkdir(parents=True)
     assert old.task() == "glue" and old.holds() == ["seed3/"] and [s for s, _ in old.seeds()] == [3]
-    images = RunFolder(tmp_path / "images")
-    images.write_results({"dataset": "digits", "test/accuracy": 0.9})
+    images = RunFolder(tmp_path / "images")  # image results name a dataset
+    images.path.mkdir()
+    shutil.copy(IMAGE_RESULTS, images.results)
     assert images.task() == "classify"
     text = RunFolder(tmp_path / "text")
     text.path.mkdir()

@@ -7,20 +7,26 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
+from typing import get_type_hints
 
 import pytest
 
 from widenet_ds.report.metrics import load_runs
+from widenet_ds.results import ClassifyResults, FinetuneResults, PretrainResults
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.launch import parser as launch_parser
 from widenet_ds.task_registry import TASKS
 from widenet_ds.train import usage
 from widenet_ds.training import run_config
 from widenet_ds.training.command_line import build_parser
+from widenet_ds.training.finetuning import run_finetune
 from widenet_ds.training.trainer import Task
 
 REPO = Path(__file__).resolve().parents[1]
+RESULTS_BEFORE = {kind: REPO / "tests" / "assets" / "results_before" / file for kind, file in (
+    (PretrainResults, "pretrain.json"), (FinetuneResults, "finetune.json"), (ClassifyResults, "classify.json"))}
 
 
 def test_every_row_names_its_configuration_and_trainer():
@@ -33,6 +39,17 @@ def test_every_row_names_its_configuration_and_trainer():
     configs = {vars(cls)["TASK"] for cls in vars(run_config).values()
                if isinstance(cls, type) and issubclass(cls, run_config.RunConfig) and "TASK" in vars(cls)}
     assert configs == set(TASKS), "a RunConfig with a TASK of its own is a row of task_registry.TASKS"
+
+
+def test_every_task_writes_the_results_type_it_is_registered_with():
+    assert {name: spec.results for name, spec in TASKS.items()} == {
+        "pretrain": PretrainResults, "glue": FinetuneResults, "squad": FinetuneResults, "classify": ClassifyResults}
+    for name, spec in TASKS.items():
+        if spec.report_kind == "finetune":  # the seeds' trainer writes SeedResults; run_finetune the summary
+            assert get_type_hints(run_finetune)["return"] == spec.results | None, name
+        else:
+            task = spec.task_class()
+            assert task.RESULTS is spec.results and get_type_hints(task.finish)["return"] is spec.results, name
 
 
 def test_the_trainer_and_the_launcher_offer_exactly_the_registry_tasks():
@@ -49,7 +66,7 @@ def test_the_run_folder_and_the_report_know_each_task(tmp_path, name):
     folder = RunFolder(tmp_path / name)
     folder.write_run_config({"task": name})
     (folder.path / "metrics.jsonl").write_text(json.dumps({"step": 1, "train/loss": 2.0}) + "\n")
-    folder.write_results({"step": 1})
+    shutil.copy(RESULTS_BEFORE[TASKS[name].results], folder.results)  # a results.json of its shape
     assert folder.task() == name
     runs, problems = load_runs([folder.path])
     assert not problems and [run.kind for run in runs] == [TASKS[name].report_kind]

@@ -26,6 +26,7 @@ from widenet_ds.errors import ConfigError, DataError
 from widenet_ds.launch_cli import launch_config
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.report.cli import cli as write_report
+from widenet_ds.results import ClassifyResults, FinetuneResults
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.training.run_config import LATEST, ClassifyConfig, GlueConfig, PretrainConfig, RunConfig
 from widenet_ds.vision.datasets import DEBIAN_FASHION_MNIST, FASHION_MNIST_FIX
@@ -116,9 +117,9 @@ def demo(output: Path, steps: int, finetune_steps: int) -> int:
     print(f"pretraining ({last} steps, {MODEL_PRESET}, {RANKS} ranks, ep {EP_SIZE}): MLM loss {train[first]:.3f} -> "
           f"{train[last]:.3f}{held_out}")
     if found is not None:
-        results = sst2.read_results()
-        print(f"SST-2 dev accuracy {results['median']['dev']['acc']:.4f} "
-              f"(majority class {results['baseline']['dev']['acc']:.4f})")
+        results = sst2.read_results(FinetuneResults)
+        print(f"SST-2 dev accuracy {results.median['dev']['acc']:.4f} "
+              f"(majority class {results.baseline['dev']['acc']:.4f})")
     print(f"outputs in {output}", flush=True)
 
     runs = [pretrain.path] + ([sst2.path] if found is not None else [])
@@ -145,10 +146,10 @@ def vision_demo(output: Path, steps: int) -> int:
         max_eval_examples=2000, log_interval=50, workers=1, flip=True, resume=LATEST))
     if status:
         return status
-    results = run.read_results()
+    results = run.read_results(ClassifyResults)
     print("\n== widenet-ds vision demo ==")
-    print(f"{VISION_PRESET}, {results['step']} steps on Fashion-MNIST ({RANKS} ranks, ep {EP_SIZE}): test accuracy "
-          f"{results['test/accuracy']:.4f} on the first 2000 test images (chance 0.1)")
+    print(f"{VISION_PRESET}, {results.step} steps on Fashion-MNIST ({RANKS} ranks, ep {EP_SIZE}): test accuracy "
+          f"{results.accuracy:.4f} on the first 2000 test images (chance 0.1)")
     print(f"outputs in {output}", flush=True)
     return 0
 

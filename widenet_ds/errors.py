@@ -26,6 +26,10 @@ class LaunchError(WideNetError, RuntimeError):
     """A launch environment (hostfile, Slurm, MPI, world size) that cannot run the job."""
 
 
+class RunFolderError(WideNetError, ValueError):
+    """A run-folder file that exists but cannot be read as what it should be."""
+
+
 def mark_same_on_every_rank(err: BaseException) -> BaseException:
     """Tag an error raised alike on every rank (they read the same inputs, or agreed on it): printed once, by
     rank 0 (widenet_ds/training/console.py)."""

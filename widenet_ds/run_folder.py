@@ -23,10 +23,11 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from widenet_ds.atomic import atomic_write_json, atomic_write_text
-from widenet_ds.errors import WideNetError
+from widenet_ds.errors import RunFolderError
+from widenet_ds.results import Results
 from widenet_ds.task_registry import TASKS
 
 RUN_CONFIG_FILE = "run_config.json"
@@ -37,10 +38,7 @@ CHECKPOINTS_DIR = "checkpoints"
 RESULTS_FILE = "results.json"
 OLD_VISION_CONFIG_FILE = "vision_config.json"  # image runs' model config in folders before model_config.json
 SEED_DIR = re.compile(r"^seed(\d+)$")
-
-
-class RunFolderError(WideNetError, ValueError):
-    """A run-folder file that exists but cannot be read as what it should be."""
+R = TypeVar("R", bound=Results)
 
 
 @dataclass
@@ -175,11 +173,14 @@ class RunFolder:
     def write_run_config(self, record: dict[str, Any]) -> None:
         atomic_write_json(self.run_config, record, sort_keys=True)
 
-    def read_results(self) -> dict[str, Any]:
-        return read_json(self.results, "the run's results")
+    def read_results(self, kind: str | type[R]) -> R:
+        """results.json as `kind`: a task's name (its registered results class) or a results class
+        (`SeedResults` in a finetuning seed's folder)."""
+        cls = TASKS[kind].results if isinstance(kind, str) else kind
+        return cls.from_json(read_json(self.results, "the run's results"), str(self.results))
 
-    def write_results(self, results: dict[str, Any]) -> None:
-        atomic_write_json(self.results, results)
+    def write_results(self, results: Results) -> None:
+        atomic_write_json(self.results, results.to_json())
 
     def task(self) -> str | None:
         """What trained here: the task recorded in run_config.json; for folders of older versions, what
@@ -199,8 +200,8 @@ class RunFolder:
         if (self.path / OLD_VISION_CONFIG_FILE).is_file():
             return "classify"
         if self.results.is_file():
-            try:
-                results = self.read_results()
+            try:  # which shape: only image results name a dataset
+                results = read_json(self.results, "the run's results")
             except RunFolderError:
                 results = {}
             if isinstance(results, dict) and "dataset" in results:

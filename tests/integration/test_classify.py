@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from launching import REPO, child_env, python_train_command, run_deepspeed, run_train, train_command
 from pretrain_support import events, train_losses
+from report_page import parse_page, report
 
 from widenet_ds.params import preset_counts
 from widenet_ds.run_folder import RunFolder
@@ -88,7 +89,11 @@ def test_sigkill_then_resume_gives_identical_losses(tmp_path):
     run_train("classify", resume_args(ds, reference))
     assert sorted(train_losses(reference)) == list(range(1, STEPS + 1))
     # the report's trainable parameters: the whole model's, though each of the 2 ranks holds 2 of the 4 experts
-    assert RunFolder(reference).read_results()["parameters"] == preset_counts("widenet-vit-digits")["total"]
+    parameters = preset_counts("widenet-vit-digits")["total"]
+    assert RunFolder(reference).read_results("classify").parameters == parameters
+    assert report(reference, "--output", tmp_path / "report").returncode == 0
+    assert parse_page(tmp_path / "report" / "index.html").cells[("reference", "results", "parameters")] == \
+        str(parameters)
 
     out = tmp_path / "killed"
     proc = subprocess.Popen(train_command("classify", resume_args(ds, out)), cwd=REPO, env=child_env(),

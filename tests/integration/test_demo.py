@@ -12,6 +12,7 @@ import pytest
 
 from launching import REPO, child_env
 
+from widenet_ds.results import ClassifyResults, FinetuneResults
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.vision.datasets import DEBIAN_FASHION_MNIST
 
@@ -52,9 +53,9 @@ def test_demo_pretrains_reports_and_finetunes_once_sst2_is_there(shared_data, tm
     assert f"[step {STEPS}] loss" not in console  # the finished pretraining is reused, not repeated
     # and so is its data: a tokenizer trained again would differ from the one the model learned with
     assert "corpus is prepared already" in console and (out / "data" / "tokenizer.json").read_bytes() == tokenizer
-    results = RunFolder(out / "sst2").read_results()
-    assert f"SST-2 dev accuracy {results['median']['dev']['acc']:.4f} (majority class " \
-           f"{results['baseline']['dev']['acc']:.4f})" in second.stdout
+    results = RunFolder(out / "sst2").read_results(FinetuneResults)
+    assert f"SST-2 dev accuracy {results.median['dev']['acc']:.4f} (majority class " \
+           f"{results.baseline['dev']['acc']:.4f})" in second.stdout
     assert str(out / "sst2") in (out / "report" / "index.html").read_text()
 
 
@@ -62,7 +63,7 @@ def test_demo_pretrains_reports_and_finetunes_once_sst2_is_there(shared_data, tm
                                                                "(./launcher.sh test installs it as root)")
 def test_vision_demo_trains_on_fashion_mnist_and_prints_its_test_accuracy(tmp_path):
     proc = widenet_ds("vision-demo", "--output", str(tmp_path / "run"), "--steps", str(STEPS))
-    results = RunFolder(tmp_path / "run").read_results()
-    assert results["step"] == STEPS
+    results = RunFolder(tmp_path / "run").read_results(ClassifyResults)
+    assert results.step == STEPS
     assert f"widenet-vit-tiny, {STEPS} steps on Fashion-MNIST (2 ranks, ep 2): test accuracy " \
-           f"{results['test/accuracy']:.4f} on the first 2000 test images" in proc.stdout
+           f"{results.accuracy:.4f} on the first 2000 test images" in proc.stdout

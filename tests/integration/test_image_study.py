@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from widenet_ds.report.paired import format_interval, paired_difference
+from widenet_ds.results import ClassifyResults
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.training.command_line import parse
 from widenet_ds.vision.datasets import DEBIAN_FASHION_MNIST
@@ -49,8 +50,8 @@ def study(tmp_path_factory):
     return module, out, json.loads((out / "image_study.json").read_text())
 
 
-def results(out, part: str, model: str, seed: int) -> dict:
-    return RunFolder(out / part / f"{model}-seed{seed}").read_results()
+def results(out, part: str, model: str, seed: int) -> ClassifyResults:
+    return RunFolder(out / part / f"{model}-seed{seed}").read_results(ClassifyResults)
 
 
 def test_every_model_is_trained_with_every_seed_and_reports_its_runs_numbers(study):
@@ -61,7 +62,7 @@ def test_every_model_is_trained_with_every_seed_and_reports_its_runs_numbers(stu
         assert run["command"][:3] == ["-m", "widenet_ds.train", "classify"]
         assert parse("classify", run["command"][3:]).seed == run["seed"]
         assert run["test_accuracy"] == pytest.approx(100 * results(out, run["part"], run["model"], run["seed"])
-                                                     ["test/accuracy"])
+                                                     .accuracy)
         assert run["commit"] != "unknown"
 
 
@@ -90,12 +91,12 @@ def test_paired_differences_are_recomputed_from_the_runs_files(study):
                 ("ParaFormer Table 1: PF 3x4 (prefix) vs ViT12", "test accuracy (%)", "pf-3x4-prefix", "vit12",
                  "paraformer", None),
                 ("Progressive training: PF 3x4, prefix vs joint", "first branch alone: test accuracy (%)",
-                 "pf-3x4-prefix", "pf-3x4-joint", "paraformer", "1")]
+                 "pf-3x4-prefix", "pf-3x4-joint", "paraformer", 1)]
     tables = (out / "image_tables.md").read_text()
     for claim, metric, variant, reference, part, k in expected:
         def value(model: str, seed: int) -> float:
             found = results(out, part, model, seed)
-            return 100 * (found["accuracy_by_branches"][k] if k else found["test/accuracy"])
+            return 100 * (found.accuracy_by_branches[k] if k else found.accuracy)
         diff = paired_difference([value(variant, s) for s in SEEDS], [value(reference, s) for s in SEEDS])
         row = rows[(claim, metric)]
         assert (row["mean"], row["low"], row["high"]) == pytest.approx((diff.mean, diff.low, diff.high))

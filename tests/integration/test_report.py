@@ -78,12 +78,12 @@ def test_tables_show_the_runs_numbers(runs, rendered):
         key = f"moe/block_{block:02d}/dropped_fraction"
         assert_shows(cells, "pretrain", f"step {PRETRAIN_STEPS}", key, final[key])
     # finetuning: the median, each seed and the majority-class baseline, from results.json
-    results = RunFolder(runs["finetune"]).read_results()
-    assert results["median"]["dev"]["acc"] is not None
-    assert_shows(cells, "sst2", "median", "dev/acc", results["median"]["dev"]["acc"])
-    for seed_run in results["per_seed"]:
-        assert_shows(cells, "sst2", f"seed{seed_run['seed']}", "dev/acc", seed_run["metrics"]["dev"]["acc"])
-    assert_shows(cells, "sst2", "baseline", "dev/acc", results["baseline"]["dev"]["acc"])
+    results = RunFolder(runs["finetune"]).read_results("glue")
+    assert results.median["dev"]["acc"] is not None
+    assert_shows(cells, "sst2", "median", "dev/acc", results.median["dev"]["acc"])
+    for seed_run in results.per_seed:
+        assert_shows(cells, "sst2", f"seed{seed_run.seed}", "dev/acc", seed_run.metrics["dev"]["acc"])
+    assert_shows(cells, "sst2", "baseline", "dev/acc", results.baseline["dev"]["acc"])
     assert cells.cells[("sst2", "last", "step")] == str(FINETUNE_STEPS)
 
 

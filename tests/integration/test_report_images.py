@@ -67,11 +67,11 @@ def test_image_runs_are_shown_as_image_runs_with_their_results(runs, rendered):
     assert "Image classification" in cells.headings and "Pretraining" not in cells.headings
     assert "Finetuning" not in cells.headings
     for name in ("vit", "pf"):
-        results = RunFolder(runs[name]).read_results()
-        assert results["dataset"] == "digits" and results["step"] == STEPS
+        results = RunFolder(runs[name]).read_results("classify")
+        assert results.dataset == "digits" and results.step == STEPS
         for key in ("test/accuracy", "test/task_loss", "test/balance_loss"):
-            assert_shows(cells, name, "results", key, results[key])
-        assert cells.cells[(name, "results", "parameters")] == str(results["parameters"])
+            assert_shows(cells, name, "results", key, results.test[key])
+        assert cells.cells[(name, "results", "parameters")] == str(results.parameters)
         assert cells.cells[(name, "last", "step")] == str(STEPS)
         # the last logged value of each series, at the step it was logged
         metrics = RunFolder(runs[name]).read_metrics()
@@ -101,16 +101,17 @@ def test_expert_load_per_block_of_the_moe_image_run(runs, rendered):
 
 def test_the_paraformer_runs_accuracy_by_branches(runs, rendered):
     cells = parse_page(rendered / "index.html")
-    by_branches = RunFolder(runs["pf"]).read_results()["accuracy_by_branches"]
-    assert sorted(by_branches) == ["1", "2"]
-    assert by_branches["2"] == RunFolder(runs["pf"]).read_results()["test/accuracy"]  # all branches: the model
+    results = RunFolder(runs["pf"]).read_results("classify")
+    by_branches = results.accuracy_by_branches
+    assert sorted(by_branches) == [1, 2] and results.branch_schedule == "prefix"
+    assert by_branches[2] == results.accuracy  # all branches: the model
     assert "ParaFormer compression: the first k branches" in cells.headings
     for k in (1, 2):
-        assert_shows(cells, "pf", "results", f"accuracy_by_branches/{k}", by_branches[str(k)])
+        assert_shows(cells, "pf", "results", f"accuracy_by_branches/{k}", by_branches[k])
     assert not any(key[0] == "vit" and key[2].startswith("accuracy_by_branches") for key in cells.cells)
     table = (runs["root"] / "branches.md").read_text().splitlines()
     assert table[2:] == ["| run | k = 1 | k = 2 |", "|---|---:|---:|",
-                         f"| pf | {by_branches['1']:.4f} | {by_branches['2']:.4f} |"]
+                         f"| pf | {by_branches[1]:.4f} | {by_branches[2]:.4f} |"]
 
 
 def test_every_plot_is_a_real_image_referenced_by_the_page(rendered):
@@ -141,7 +142,7 @@ def test_headless_chromium_shows_the_image_runs(runs, rendered, tmp_path):
         assert heading in visit.text
     assert "Pretraining" not in visit.text and "image classification" in visit.text  # the runs table's kind
     for name in ("vit", "pf"):
-        accuracy = RunFolder(runs[name]).read_results()["test/accuracy"]
+        accuracy = RunFolder(runs[name]).read_results("classify").accuracy
         assert f"{accuracy:.4f}" in visit.text
     with Image.open(screenshot) as image:
         assert image.width == 1280 and image.height == visit.height > 2000
@@ -180,18 +181,19 @@ def test_a_live_image_run_is_an_image_run_with_its_last_evaluation(runs, tmp_pat
 
 
 def test_a_hand_edited_image_folder_is_reported_not_fatal(runs, tmp_path):
-    """Values of the wrong type in results.json and the model config: shown as missing, never a crash."""
+    """A value of the wrong type in results.json: a note naming the file and the key, and the run shown from its
+    log as before results.json; a model config of wrong types: the model is not described. Never a crash."""
     edited = RunFolder(tmp_path / "edited")
     shutil.copytree(runs["pf"], edited.path)
-    edited.write_results({"dataset": "digits", "step": STEPS, "test/accuracy": "high", "parameters": True,
-                          "accuracy_by_branches": {"1": 0.5, "2": "?", "all": 0.9}})
+    written = json.loads(edited.results.read_text())
+    edited.results.write_text(json.dumps({**written, "test/accuracy": "high"}))
     edited.model_config.write_text(json.dumps({"num_branches": "2", "num_layers": 4, "moe": 1}))
     out = tmp_path / "report"
     proc = report(edited.path, "--output", out)
     assert proc.returncode == 0, proc.stderr
+    assert f"{edited.results}: image-classification results: 'test/accuracy' is 'high', not a number" in proc.stderr
     cells = parse_page(out / "index.html")
-    assert cells.cells[("edited", "results", "test/accuracy")] == "–"
-    assert cells.cells[("edited", "results", "parameters")] == "–"
-    assert_shows(cells, "edited", "results", "accuracy_by_branches/1", 0.5)
-    assert ("edited", "results", "accuracy_by_branches/2") not in cells.cells  # not a number: left out
+    assert not any(key[0] == "edited" and key[1] == "results" for key in cells.cells)
+    logged = edited.read_metrics().series("test/accuracy")
+    assert_shows(cells, "edited", f"step {STEPS}", "test/accuracy", logged[STEPS])
     assert "edited" in (out / "index.html").read_text() and "2 branches x" not in (out / "index.html").read_text()

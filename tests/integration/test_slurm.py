@@ -224,8 +224,8 @@ def test_an_image_job_trains_on_two_ranks_and_resumes_after_preemption(cluster, 
     # Steps are not repeated: across both runs' console lines every step was trained exactly once.
     trained = [int(step) for step in re.findall(r"^\[step (\d+)\] loss", text, flags=re.MULTILINE)]
     assert trained == list(range(1, max_steps + 1)), trained
-    results = run.read_results()
-    assert results["step"] == max_steps and 0.0 <= results["test/accuracy"] <= 1.0, results
+    results = run.read_results("classify")
+    assert results.step == max_steps and 0.0 <= results.accuracy <= 1.0, results
 
 
 def test_job_without_srun_fails_fast_naming_srun(cluster, tmp_path):

@@ -14,6 +14,7 @@ from open_counts import counted_opens
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.data.tokenizer import load_tokenizer
 from widenet_ds.errors import ConfigError
+from widenet_ds.results import SeedResults
 from widenet_ds.runtime.ds_config import load_ds_config, validate_ds_config
 from widenet_ds.tasks.recipes import recipe_for
 from widenet_ds.training.finetune_weights import finetune_model_config, model_overrides, tokenizer_source
@@ -242,7 +243,8 @@ def test_expert_parallel_batches_have_one_shape_on_every_rank():
 
 
 def test_the_median_is_taken_per_metric_over_seeds():
-    runs = [{"metrics": {"dev": {"acc": a, "f1": f}}} for a, f in ((0.7, 0.1), (0.9, 0.3), (0.8, 0.2))]
+    runs = [SeedResults(seed, {"dev": {"acc": a, "f1": f}})
+            for seed, (a, f) in enumerate(((0.7, 0.1), (0.9, 0.3), (0.8, 0.2)))]
     assert median_over_seeds(runs) == {"dev": {"acc": 0.8, "f1": 0.2}}
 
 
@@ -258,12 +260,13 @@ def test_resume_keeps_finished_seeds_and_leaves_a_complete_run_alone(shared_data
     first = run_task(cfg())
     out = tmp_path / "out"
     seed1 = (out / "seed1234" / "metrics.jsonl").read_bytes()
-    assert json.loads((out / "results.json").read_text()) == first and not (out / "seed1234" / "checkpoints").exists()
+    assert json.loads((out / "results.json").read_text()) == first.to_json()
+    assert not (out / "seed1234" / "checkpoints").exists()
     capsys.readouterr()
     assert run_task(cfg(resume="latest")) == first
     assert "is complete; results in" in capsys.readouterr().out
     more = run_task(cfg(resume="latest", seeds=2))
-    assert more["per_seed"][0] == first["per_seed"][0] and more["per_seed"][1]["seed"] == 1235
+    assert more.per_seed[0] == first.per_seed[0] and more.per_seed[1].seed == 1235
     assert (out / "seed1234" / "metrics.jsonl").read_bytes() == seed1
     assert json.loads((out / "results.json").read_text())["seeds"] == 2
 
@@ -303,7 +306,7 @@ def test_a_finetuning_run_opens_its_init_from_checkpoint_once(shared_data, tmp_p
                max_steps=1, max_train_examples=32, max_eval_examples=16, max_seq_length=32,
                allow_recipe_mismatch=True, tensorboard=False, progress_bar=False)
     with counted_opens(*sorted(folder.iterdir())) as opens:
-        assert run_task(cfg)["seeds"] == 2
+        assert run_task(cfg).seeds == 2
     counts = {path.name: opens[str(path)] for path in folder.iterdir()}
     # each file: hashed against its record, then read once (the tokenizer: its hash is compared, then it is loaded)
     assert counts["config.json"] == 1 and all(n <= 2 for n in counts.values()), counts

@@ -15,8 +15,11 @@ from typing import Any
 from torch import Tensor
 
 from widenet_ds.checkpoint.format import PortableCheckpoint, is_folder
+from widenet_ds.errors import RunFolderError
 from widenet_ds.model.config import ModelConfig
-from widenet_ds.run_folder import RunFolder, RunFolderError
+from widenet_ds.results import ClassifyResults, FinetuneResults, PretrainResults, Results, SeedResults, numbers
+from widenet_ds.run_folder import SEED_DIR, RunFolder
+from widenet_ds.task_registry import TASKS
 from widenet_ds.vision.config import VisionConfig
 
 # run_config.json settings that say what the run trained on, in the order shown.
@@ -39,30 +42,34 @@ def find_run_folder(source: Path, provenance: dict[str, Any]) -> Path | None:
 
 def _scores(run: RunFolder) -> list[str]:
     """Numeric results of a run (a finetuning seed's: its metrics per split; the seeds' median beside them)."""
+    task = run.task()
+    if SEED_DIR.match(run.path.name):
+        sources = [("this run", run, SeedResults), ("all seeds of the run (median)", RunFolder(run.path.parent),
+                                                    FinetuneResults)]
+    else:
+        sources = [("this run", run, TASKS[task].results)] if task is not None else []
     lines = []
-    for label, folder in (("this run", run), ("all seeds of the run (median)", RunFolder(run.path.parent))):
-        if not folder.results.is_file() or (folder is not run and not run.path.name.startswith("seed")):
+    for label, folder, kind in sources:
+        if not folder.results.is_file():
             continue
         try:
-            results = folder.read_results()
+            results = folder.read_results(kind)
         except RunFolderError:
             continue
-        flat = _flatten(results.get("metrics", results.get("median", results)))
-        shown = [f"{key} {value:.4g}" for key, value in flat.items() if not key.startswith(("step", "seed"))]
+        shown = [f"{key} {value:.4g}" for key, value in _flat_scores(results).items() if math.isfinite(value)]
         if shown:
             lines.append(f"- {label}: " + ", ".join(shown))
     return lines
 
 
-def _flatten(values: Any, prefix: str = "") -> dict[str, float]:
-    if isinstance(values, dict):
-        out: dict[str, float] = {}
-        for key, value in values.items():
-            out.update(_flatten(value, f"{prefix}{key}/" if isinstance(value, dict) else f"{prefix}{key}"))
-        return out
-    if isinstance(values, (int, float)) and not isinstance(values, bool) and math.isfinite(values):
-        return {prefix.rstrip("/"): float(values)}
-    return {}
+def _flat_scores(results: Results) -> dict[str, float]:
+    """The scores of a results.json by key: "split/metric" (finetuning), "test/accuracy", "valid/mlm_loss"."""
+    if isinstance(results, PretrainResults):
+        return results.held_out
+    if isinstance(results, ClassifyResults):
+        return {**results.test, **{f"accuracy_by_branches/{k}": v for k, v in results.accuracy_by_branches.items()}}
+    scores = results.metrics if isinstance(results, SeedResults) else results.median
+    return {f"{split}/{name}": value for split, values in numbers(scores).items() for name, value in values.items()}
 
 
 def _architecture(checkpoint: PortableCheckpoint) -> str:

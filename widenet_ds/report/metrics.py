@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from widenet_ds.run_folder import METRICS_FILE, MODEL_CONFIG_FILE, RESULTS_FILE, Metrics, RunFolder, \
-    RunFolderError, read_json, read_metrics
+from widenet_ds.errors import RunFolderError
+from widenet_ds.results import ClassifyResults, FinetuneResults, is_number, numbers
+from widenet_ds.run_folder import METRICS_FILE, MODEL_CONFIG_FILE, RESULTS_FILE, Metrics, RunFolder, read_json, \
+    read_metrics
 from widenet_ds.task_registry import TASKS
 
 EXPERT_LOAD_KEY = re.compile(r"^moe/block_(\d+)/expert_(\d+)_load$")
@@ -48,6 +50,14 @@ def _read_live(path: Path) -> Metrics | str:
         return f"{path.name} cannot be read ({err})"
 
 
+def _read_results(folder: RunFolder, kind: type) -> tuple[Any, str | None]:
+    """The folder's results.json as `kind`, or (None, why not)."""
+    try:
+        return folder.read_results(kind), None
+    except RunFolderError as err:
+        return None, str(err)
+
+
 def _read_object(path: Path, what: str) -> tuple[dict[str, Any] | None, str | None]:
     """A JSON object of the folder, or (None, why not)."""
     try:
@@ -69,10 +79,6 @@ def _metrics_notes(prefix: str, metrics: Metrics) -> list[str]:
         notes.append(f"{prefix}{METRICS_FILE}: the last line is still being written (a live run): read up to the "
                      f"line before")
     return notes
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass
@@ -178,7 +184,7 @@ class PretrainRun(LoggedRun):
 class ImageRun(LoggedRun):
     """An image-classification output folder: its log and, once finished, results.json."""
 
-    results: dict[str, Any] | None = None
+    results: ClassifyResults | None = None
     settings: dict[str, Any] | None = None  # run_config.json (folders of the one trainer)
     kind: str = "classify"
     title: ClassVar[str] = "image classification"
@@ -187,25 +193,22 @@ class ImageRun(LoggedRun):
     def finished(self) -> bool:
         return self.results is not None
 
-    def _setting(self, key: str) -> str:
+    def _setting(self, recorded: str | None, key: str) -> str:
         """A setting as results.json records it, or as run_config.json does while the run is going."""
-        return str((self.results or {}).get(key) or (self.settings or {}).get(key) or "?")
+        return str(recorded or (self.settings or {}).get(key) or "?")
 
     @property
     def dataset(self) -> str:
-        return self._setting("dataset")
+        return self._setting(self.results and self.results.dataset, "dataset")
 
     @property
     def model_name(self) -> str:
         """The preset or config file the run was started with."""
-        return self._setting("model_config")
+        return self._setting(self.results and self.results.model_config, "model_config")
 
     def accuracy_by_branches(self) -> dict[int, float]:
         """k -> test accuracy of the first k branches (ParaFormer models; results.json), empty without."""
-        found = (self.results or {}).get("accuracy_by_branches")
-        if not isinstance(found, dict):
-            return {}
-        return {int(k): float(v) for k, v in found.items() if str(k).isdigit() and is_number(v)}
+        return self.results.accuracy_by_branches if self.results else {}
 
 
 @dataclass
@@ -251,7 +254,7 @@ class FinetuneRun:
 
     name: str
     path: Path
-    results: dict[str, Any] | None
+    results: FinetuneResults | None
     seeds: list[SeedRun]
     notes: list[str] = field(default_factory=list)
     kind: str = "finetune"
@@ -263,14 +266,12 @@ class FinetuneRun:
 
     @property
     def task(self) -> str:
-        return str(self.results.get("task", "?")) if self.results else "? (no results.json yet)"
+        return self.results.task if self.results else "? (no results.json yet)"
 
     def per_seed_metrics(self) -> dict[int, dict[str, dict[str, float]]]:
         """seed -> {split: {metric: value}}: results.json's final scores, else the last logged evaluation."""
         if self.results:
-            return {int(run["seed"]): {split: {k: float(v) for k, v in values.items() if is_number(v)}
-                                       for split, values in run.get("metrics", {}).items()}
-                    for run in self.results.get("per_seed", [])}
+            return {run.seed: numbers(run.metrics) for run in self.results.per_seed}
         return {seed.seed: seed.last_eval() for seed in self.seeds if seed.last_eval()}
 
 
@@ -283,7 +284,7 @@ def _load_logged(folder: RunFolder, name: str, kind: str) -> LoggedRun | Problem
     results = None
     if kind == "classify":
         if folder.results.is_file():
-            results, error = _read_object(folder.results, "the run's results")
+            results, error = _read_results(folder, ClassifyResults)
             if error:
                 notes.append(error)
         else:
@@ -326,7 +327,7 @@ def _load_finetune(folder: RunFolder, name: str) -> FinetuneRun | Problem:
     notes: list[str] = []
     results = None
     if folder.results.is_file():
-        results, error = _read_object(folder.results, "the run's results")
+        results, error = _read_results(folder, FinetuneResults)
         if error:
             notes.append(error)
     else:

@@ -13,8 +13,9 @@ import statistics
 from datetime import datetime, timezone
 
 from widenet_ds.report.branches import BranchCurve, branch_curves, by_measure, widest
-from widenet_ds.report.metrics import FinetuneRun, ImageRun, LoggedRun, PretrainRun, Problem, Run, is_number
+from widenet_ds.report.metrics import FinetuneRun, ImageRun, LoggedRun, PretrainRun, Problem, Run
 from widenet_ds.report.plots import Plot
+from widenet_ds.results import is_number, numbers
 from widenet_ds.run_folder import RESULTS_FILE
 
 PRETRAIN_COLUMNS = (
@@ -92,8 +93,8 @@ def _runs_table(runs: list[Run]) -> str:
             state = (f"finished ({RESULTS_FILE})" if run.finished else
                      "being written (live)" if run.live_tail else "running or stopped")
         else:
-            what = f"{run.task}, init {run.results.get('init', '?')}" if run.results else run.task
-            step = run.results.get("steps") if run.results else max(
+            what = f"{run.task}, init {run.results.init or '?'}" if run.results else run.task
+            step = run.results.steps if run.results else max(
                 (s.records[-1]["step"] for s in run.seeds if s.records), default=None)
             state = f"finished ({RESULTS_FILE})" if run.finished else "running or stopped"
         rows.append(f"<tr><td>{_e(run.name)}</td><td>{_e(run.title)}</td><td><code>{_e(run.path)}</code>"
@@ -130,9 +131,9 @@ def _image_results_table(runs: list[ImageRun]) -> str:
     for run in runs:
         if run.results is not None:
             r = run.results
-            values = {key: r.get(key) for key, _ in IMAGE_RESULTS}
+            values = {**r.test, "parameters": r.parameters, "step": r.step}
             row, origin = "results", RESULTS_FILE
-            ranks = f"{r.get('world_size', '?')} rank(s), ep_size {r.get('ep_size', '?')}"
+            ranks = f"{r.world_size} rank(s), ep_size {r.ep_size}"
         else:
             last = run.last("test/accuracy")
             step = last[0] if last else None
@@ -188,11 +189,11 @@ def _finetune_section(run: FinetuneRun) -> str:
     parts = [f"<h3>{_e(run.name)}: {_e(run.task)}</h3>", _notes(run.notes)]
     if run.results:
         r = run.results
-        ds = r.get("deepspeed") or {}
-        parts.append(f"<p>init <code>{_e(r.get('init'))}</code>; {_e(r.get('steps'))} steps; {_e(r.get('seeds'))} "
-                     f"seed(s); primary metric <b>{_e(r.get('primary_metric'))}</b>; batch "
-                     f"{_e(ds.get('train_batch_size'))}, peak lr {_e(ds.get('lr'))}; max length "
-                     f"{_e(r.get('max_seq_length'))}.</p>")
+        ds = r.deepspeed
+        parts.append(f"<p>init <code>{_e(r.init)}</code>; {_e(r.steps)} steps; {_e(r.seeds)} "
+                     f"seed(s); primary metric <b>{_e(r.primary_metric)}</b>; batch "
+                     f"{_e(ds and ds.train_batch_size)}, peak lr {_e(ds and ds.lr)}; max length "
+                     f"{_e(r.max_seq_length)}.</p>")
     if not columns:
         parts.append("<p>No evaluation logged yet.</p>")
         return "".join(parts)
@@ -204,8 +205,8 @@ def _finetune_section(run: FinetuneRun) -> str:
         return f'<tr class="{cls}"><td>{_e(label)}</td>{cells}</tr>'
 
     rows = []
-    if run.results and isinstance(run.results.get("median"), dict):
-        rows.append(row(f"median of {len(per_seed)} seed(s)", "median", run.results["median"], "median"))
+    if run.results:
+        rows.append(row(f"median of {len(per_seed)} seed(s)", "median", run.results.median, "median"))
     elif len(per_seed) > 1:
         median = {c: statistics.median(m[c.split("/")[0]][c.split("/", 1)[1]] for m in per_seed.values()
                                        if c.split("/", 1)[1] in m.get(c.split("/")[0], {})) for c in columns}
@@ -213,10 +214,8 @@ def _finetune_section(run: FinetuneRun) -> str:
                         _nest(median), "median"))
     for seed, metrics in sorted(per_seed.items()):
         rows.append(row(f"seed {seed}", f"seed{seed}", metrics))
-    baseline = (run.results or {}).get("baseline")
-    if isinstance(baseline, dict):
-        numeric = {split: {k: v for k, v in values.items() if isinstance(v, (int, float))}
-                   for split, values in baseline.items() if isinstance(values, dict)}
+    if run.results:
+        numeric = numbers(run.results.baseline)
         if any(numeric.values()):
             rows.append(row("trivial baseline (majority class / empty answer)", "baseline", numeric, "baseline"))
     parts.append(f"<table><tr><th></th>{head}</tr>{''.join(rows)}</table>")
@@ -225,22 +224,20 @@ def _finetune_section(run: FinetuneRun) -> str:
 
 def _finetune_summary(runs: list[FinetuneRun]) -> str:
     """Finished runs side by side: the median of each task's primary metric, one row per initialisation."""
-    finished = [r for r in runs if r.results and isinstance(r.results.get("median"), dict)]
+    finished = [r for r in runs if r.results]
     if len(finished) < 2:
         return ""
     tasks = sorted({r.task for r in finished})
-    inits = list(dict.fromkeys(str(r.results.get("init")) for r in finished))
+    inits = list(dict.fromkeys(str(r.results.init) for r in finished))
     rows = []
     for init in inits:
         cells = []
         for task in tasks:
-            run = next((r for r in finished if r.task == task and str(r.results.get("init")) == init), None)
+            run = next((r for r in finished if r.task == task and str(r.results.init) == init), None)
             if run is None:
                 cells.append("<td></td>")
                 continue
-            split = next(iter(run.results["median"]), None)
-            key = f"{split}/{run.results.get('primary_metric')}"
-            value = (run.results["median"].get(split) or {}).get(run.results.get("primary_metric"))
+            key, value = run.results.primary_median()
             cells.append(_num(value, run.name, "median", key))
         rows.append(f"<tr><td><code>{_e(init)}</code></td>{''.join(cells)}</tr>")
     head = "".join(f"<th>{_e(t)}</th>" for t in tasks)

@@ -12,6 +12,7 @@ import torch.distributed as torch_dist
 from widenet_ds.checkpoint.load import load_into, match_weights
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.errors import CheckpointError, DataError
+from widenet_ds.results import ClassifyResults
 from widenet_ds.training.console import say
 from widenet_ds.training.log import TrainingLog
 from widenet_ds.training.metrics import ClassifyMetrics
@@ -48,6 +49,7 @@ def _input_dtype(engine) -> torch.dtype:
 
 class ClassifyTask(Task):
     METRICS = ClassifyMetrics
+    RESULTS = ClassifyResults
     cfg: ClassifyConfig
 
     # -- before anything is built --------------------------------------------------------------------
@@ -153,24 +155,25 @@ class ClassifyTask(Task):
         log.console(step, f"test: loss {scalars['test/task_loss']:.4f} | accuracy {scalars['test/accuracy']:.4f}")
         return scalars
 
-    def finish(self, engine, state, log: TrainingLog) -> dict[str, Any]:
+    def finish(self, engine, state, log: TrainingLog) -> ClassifyResults:
         cfg, model = self.cfg, self.plan.model_config
         say(f"evaluating on {len(self.test_loader.dataset)} test images")
         test = self.evaluate(engine, state.step, log)
-        results: dict[str, Any] = {
-            "step": state.step, "dataset": cfg.dataset, "model_config": cfg.model_config or str(cfg.init_from),
-            "ep_size": cfg.ep_size, "world_size": self.plan.parallel.world_size,
-            # the whole model's, counted on the meta device: with ep_size > 1 a rank holds only its share of the experts
-            "parameters": count_trainable_parameters(build_model(model, device="meta")), **test}
+        accuracy_by_branches: dict[int, float] = {}
         if model.num_branches > 1:
             # ParaFormer's compression curve: the test accuracy of the first k branches, no retraining.
             say(f"evaluating the first k of {model.num_branches} branches, k = 1..{model.num_branches}")
             by_branches = self.test(engine, list(range(1, model.num_branches + 1)))
-            results["branch_schedule"] = self.plan.schedule.kind
-            results["accuracy_by_branches"] = {str(k): s["test/accuracy"] for k, s in enumerate(by_branches, start=1)}
-            for k, accuracy in results["accuracy_by_branches"].items():
+            accuracy_by_branches = {k: s["test/accuracy"] for k, s in enumerate(by_branches, start=1)}
+            for k, accuracy in accuracy_by_branches.items():
                 log.console(state.step, f"test accuracy with the first {k} of {model.num_branches} branches: "
                                         f"{accuracy:.4f}")
+        results = ClassifyResults(
+            state.step, cfg.dataset, cfg.model_config or str(cfg.init_from), cfg.ep_size,
+            self.plan.parallel.world_size,
+            # the whole model's, counted on the meta device: with ep_size > 1 a rank holds only its share of the experts
+            count_trainable_parameters(build_model(model, device="meta")), test,
+            self.plan.schedule.kind if accuracy_by_branches else None, accuracy_by_branches)
         if torch_dist.get_rank() == 0:
             cfg.folder.write_results(results)
         log.event(state.step, f"test accuracy {test['test/accuracy']:.4f} (loss {test['test/task_loss']:.4f})")

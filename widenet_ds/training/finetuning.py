@@ -28,6 +28,7 @@ from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
 from widenet_ds.data.tokenizer import load_tokenizer
 from widenet_ds.errors import CheckpointError, ConfigError, WideNetError, mark_same_on_every_rank, raise_config_problems
+from widenet_ds.results import DeepSpeedUsed, FinetuneResults, Scores, SeedResults, numbers
 from widenet_ds.run_folder import read_metrics
 from widenet_ds.runtime.ds_config import DeepSpeedSettings
 from widenet_ds.task_registry import TASKS
@@ -75,6 +76,7 @@ class FinetuneSeedTask(Task):
     """One seed of a finetuning run."""
 
     METRICS = FinetuneMetrics
+    RESULTS = SeedResults
     cfg: FinetuneConfig
 
     def __init__(self, cfg: FinetuneConfig, run: "FinetuneRun", seed: int) -> None:
@@ -145,7 +147,7 @@ class FinetuneSeedTask(Task):
         log.event(step, f"eval {metrics_line(metrics)}")
         return metrics
 
-    def finish(self, engine, state, log: TrainingLog) -> dict[str, Any]:
+    def finish(self, engine, state, log: TrainingLog) -> SeedResults:
         cfg, run = self.cfg, self.run
         metrics = self.evaluate(engine, state.step, log)
         for line in run.task_run.predict_test(engine, run.tokenizer, run.max_len, self.batching, self.folder.path):
@@ -155,10 +157,10 @@ class FinetuneSeedTask(Task):
                                   {"task": run.task_run.name, "seed": self.seed, "steps": state.step,
                                    "init": cfg.weights_source}, cfg.ep_size)
             log.event(state.step, f"finetuned model saved: {path}")
-        result = {"seed": self.seed, "metrics": metrics, "final_train_loss": None}
+        result = SeedResults(self.seed, metrics)
         if torch_dist.get_rank() == 0:
             losses = read_metrics(self.folder.metrics).series("train/loss")
-            result["final_train_loss"] = losses[max(losses)] if losses else None
+            result = SeedResults(self.seed, metrics, losses[max(losses)] if losses else None)
             self.folder.write_results(result)
             # The checkpoints served resuming this seed; its result is now kept instead.
             shutil.rmtree(self.folder.checkpoints, ignore_errors=True)
@@ -166,18 +168,16 @@ class FinetuneSeedTask(Task):
         return result
 
 
-def metrics_line(metrics: dict[str, dict[str, Any]]) -> str:
+def metrics_line(metrics: Scores) -> str:
     return "; ".join(f"{split} " + ", ".join(f"{name} {value:.4f}" for name, value in values.items()
                                              if isinstance(value, (int, float)))
                      for split, values in metrics.items())
 
 
-def median_over_seeds(per_seed: list[dict]) -> dict[str, dict[str, float]]:
+def median_over_seeds(per_seed: list[SeedResults]) -> dict[str, dict[str, float]]:
     """Median over seeds of each metric of each split (the GLUE papers' report: median of 5 seeds)."""
-    splits = per_seed[0]["metrics"]
-    return {split: {name: statistics.median(run["metrics"][split][name] for run in per_seed)
-                    for name in values if isinstance(values[name], (int, float))}
-            for split, values in splits.items()}
+    return {split: {name: statistics.median(run.metrics[split][name] for run in per_seed) for name in values}
+            for split, values in numbers(per_seed[0].metrics).items()}
 
 
 class FinetuneRun:
@@ -226,15 +226,15 @@ class FinetuneRun:
         self.data: Prepared | None = None
         self.load_report = ""  # where the first seed trained in this process got its weights
 
-    def complete_results(self) -> dict[str, Any] | None:
+    def complete_results(self) -> FinetuneResults | None:
         """results.json of a finished run being resumed with the same seeds."""
         folder = self.cfg.folder
         if not (self.cfg.resume and folder.results.is_file()):
             return None
-        results = folder.read_results()
-        if results.get("seeds") != self.cfg.seeds:
+        results = folder.read_results(FinetuneResults)
+        if results.seeds != self.cfg.seeds:
             return None
-        done, asked = results.get("steps"), self.cfg.max_steps
+        done, asked = results.steps, self.cfg.max_steps
         if asked is not None and asked != done:  # pretraining continues to a new --max-steps; finetuning cannot
             raise mark_same_on_every_rank(ConfigError(
                 f"the run in {self.cfg.output_dir} is complete: each seed trained {done} steps ({folder.results}); "
@@ -250,20 +250,20 @@ class FinetuneRun:
                 f"{s.batch.train_batch_size}, lr {peak_lr(s)}, schedule {s.scheduler_type} over {s.total_num_steps} "
                 f"steps")
 
-    def summary(self, per_seed: list[dict], steps: int) -> dict[str, Any]:
+    def summary(self, per_seed: list[SeedResults], steps: int) -> FinetuneResults:
         cfg = self.cfg
-        return {"task": self.task_run.name, "init": cfg.weights_source, "steps": steps, "seed": cfg.seed,
-                "seeds": cfg.seeds, "primary_metric": self.task_run.primary_metric,
-                "median": median_over_seeds(per_seed), "per_seed": per_seed,
-                "baseline": self.task_run.baseline(self.data), "load_report": self.load_report,
-                "recipe": {**asdict(self.recipe), "model_overrides": model_overrides(cfg, self.recipe)},
-                "recipe_mismatch": self.mismatch, "ep_size": cfg.ep_size,
-                "deepspeed": {"config": str(cfg.deepspeed_config), "train_batch_size": self.settings.batch.train_batch_size,
-                              "lr": peak_lr(self.settings)},
-                "max_seq_length": self.max_len}
+        return FinetuneResults(
+            task=self.task_run.name, init=cfg.weights_source, steps=steps, seed=cfg.seed, seeds=cfg.seeds,
+            primary_metric=self.task_run.primary_metric, median=median_over_seeds(per_seed), per_seed=per_seed,
+            baseline=self.task_run.baseline(self.data), load_report=self.load_report,
+            recipe={**asdict(self.recipe), "model_overrides": model_overrides(cfg, self.recipe)},
+            recipe_mismatch=self.mismatch, ep_size=cfg.ep_size,
+            deepspeed=DeepSpeedUsed(str(cfg.deepspeed_config), self.settings.batch.train_batch_size,
+                                    peak_lr(self.settings)),
+            max_seq_length=self.max_len)
 
 
-def run_finetune(cfg: FinetuneConfig, stop: StopRequest, init_from: CheckpointSource | None) -> dict[str, Any] | None:
+def run_finetune(cfg: FinetuneConfig, stop: StopRequest, init_from: CheckpointSource | None) -> FinetuneResults | None:
     """Train and evaluate every seed from `init_from` (--init-from, opened once by training/run.py); write
     results.json; return the summary (None: stopped by a signal, to be continued with --resume)."""
     rank, world = torch_dist.get_rank(), torch_dist.get_world_size()
@@ -303,7 +303,7 @@ def run_finetune(cfg: FinetuneConfig, stop: StopRequest, init_from: CheckpointSo
                 return None
             seed_folder = cfg.folder.seed(seed)
             if cfg.resume and seed_folder.results.is_file():
-                per_seed.append(seed_folder.read_results())
+                per_seed.append(seed_folder.read_results(SeedResults))
                 continue
             task = FinetuneSeedTask(cfg, run, seed)
             plan = plan_task(cfg, task, seed_folder, world, rank, check_settings=False)  # compared once, above
@@ -312,13 +312,13 @@ def run_finetune(cfg: FinetuneConfig, stop: StopRequest, init_from: CheckpointSo
             finished, result = Trainer(cfg, task, plan, seed_folder, stop, console_label=f"seed {seed}").run()
             if not finished:
                 return None
-            runlog.event(None, f"seed {seed} done: {metrics_line(result['metrics'])}")
+            runlog.event(None, f"seed {seed} done: {metrics_line(result.metrics)}")
             per_seed.append(result)
         summary = run.summary(per_seed, steps or run.max_steps)
         if rank == 0:
             cfg.folder.write_results(summary)
-        runlog.event(None, f"{run.task_run.name} median over {cfg.seeds} seed(s): {metrics_line(summary['median'])} "
-                           f"(trivial baseline: {metrics_line(summary['baseline'])}); written to {cfg.folder.results}")
+        runlog.event(None, f"{run.task_run.name} median over {cfg.seeds} seed(s): {metrics_line(summary.median)} "
+                           f"(trivial baseline: {metrics_line(summary.baseline)}); written to {cfg.folder.results}")
         return summary
     finally:
         runlog.close()

@@ -20,6 +20,7 @@ from widenet_ds.data.tokenizer import TOKENIZER_FILES
 from widenet_ds.errors import DataError
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
+from widenet_ds.results import PretrainResults
 from widenet_ds.training.log import TrainingLog
 from widenet_ds.training.metrics import PretrainMetrics
 from widenet_ds.training.model_source import resolve_model_config
@@ -35,6 +36,7 @@ def _to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor
 
 class PretrainTask(Task):
     METRICS = PretrainMetrics
+    RESULTS = PretrainResults
     cfg: PretrainConfig
 
     # -- before anything is built --------------------------------------------------------------------
@@ -155,11 +157,11 @@ class PretrainTask(Task):
                           f"{s['valid/mlm_accuracy']:.3f} | sop {s['valid/sop_loss']:.4f} acc {s['valid/sop_accuracy']:.3f}")
         return s
 
-    def finish(self, engine, state, log: TrainingLog) -> dict[str, Any]:
-        results: dict[str, Any] = {"step": state.step}
+    def finish(self, engine, state, log: TrainingLog) -> PretrainResults:
+        held_out: dict[str, float] = {}
         final = self.evaluate(engine, state.step, log)
         if final is not None:
-            results.update(final)
+            held_out.update(final)
             branches = self.plan.model_config.num_branches
             for k in range(1, branches + 1) if branches > 1 else ():
                 # ParaFormer's compression curve: the held-out loss of the first k branches, no retraining.
@@ -167,7 +169,8 @@ class PretrainTask(Task):
                 log.record(state.step, scalars)
                 log.console(state.step, f"held-out with the first {k} of {branches} branches: mlm loss "
                                         f"{scalars[f'valid_branches_{k}/mlm_loss']:.4f}")
-                results.update(scalars)
+                held_out.update(scalars)
+        results = PretrainResults(state.step, held_out)
         if torch_dist.get_rank() == 0:
             self.cfg.folder.write_results(results)
         return results

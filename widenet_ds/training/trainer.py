@@ -28,6 +28,7 @@ from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.shape_free import resume_on_new_shape
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.training import CheckpointManager, TrainingState, load_weights_only
+from widenet_ds.results import Results
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.compile import compile_for_training
 from widenet_ds.runtime.distributed import seed_everything
@@ -104,8 +105,11 @@ class Task:
     def evaluate(self, engine, step: int, log: TrainingLog) -> None:
         """Collective: evaluate, record the scalars and say them on the console (nothing to evaluate: no-op)."""
 
-    def finish(self, engine, state: TrainingState, log: TrainingLog) -> Any:
-        """Collective, after the last step of a finished run: the final evaluation and results."""
+    RESULTS: ClassVar[type]  # the results.json dataclass (widenet_ds/results.py) that `finish` returns
+
+    def finish(self, engine, state: TrainingState, log: TrainingLog) -> Results | None:
+        """Collective, after the last step of a finished run: the final evaluation and its RESULTS (rank 0
+        writes them to the run folder)."""
         self.evaluate(engine, state.step, log)
 
 
@@ -149,7 +153,7 @@ class Trainer:
 
         if state.step >= plan.max_steps and self.folder.results.is_file():
             say(f"the run in {self.folder.path} is complete (step {state.step}); its results: {self.folder.results}")
-            return True, self.folder.read_results()
+            return True, self.folder.read_results(task.RESULTS)
         # Before the first step: room for a checkpoint (its size known from the resumed one, else estimated).
         checkpoints.expect(engine, cfg.ep_size, plan.resume_meta)
         checkpoints.check_space("a checkpoint of this run", "Free space there, or choose an --output-dir on a disk "
