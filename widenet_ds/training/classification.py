@@ -96,7 +96,7 @@ class ClassifyTask(Task):
 
     # -- building ------------------------------------------------------------------------------------
     def build_model(self) -> tuple[ViTWideNetForImageClassification, list[str]]:
-        model = ViTWideNetForImageClassification(self.plan.model_config, self.cfg.ep_size)
+        model = ViTWideNetForImageClassification(self.plan.model_config, self.plan.parallel.ep_size)
         if self.init is None:
             return model, []
         report = load_into(model, self.init, f"--init-from {self.cfg.init_from}")
@@ -109,7 +109,7 @@ class ClassifyTask(Task):
     def start(self, engine, log: TrainingLog, state) -> None:
         cfg = self.cfg
         log.event(state.step, f"model {cfg.model_config or cfg.init_from}: {count_trainable_parameters(engine.module):,} "
-                              f"trainable parameters (ep_size {cfg.ep_size}: this rank's share); train "
+                              f"trainable parameters (ep_size {self.plan.parallel.ep_size}: this rank's share); train "
                               f"{len(self.splits['train'])} / test {len(self.test_loader.dataset)} images of "
                               f"{cfg.dataset}; {self.workers} loader workers per rank")
 
@@ -169,7 +169,7 @@ class ClassifyTask(Task):
                 log.console(state.step, f"test accuracy with the first {k} of {model.num_branches} branches: "
                                         f"{accuracy:.4f}")
         results = ClassifyResults(
-            state.step, cfg.dataset, cfg.model_config or str(cfg.init_from), cfg.ep_size,
+            state.step, cfg.dataset, cfg.model_config or str(cfg.init_from), self.plan.parallel.ep_size,
             self.plan.parallel.world_size,
             # the whole model's, counted on the meta device: with ep_size > 1 a rank holds only its share of the experts
             count_trainable_parameters(build_model(model, device="meta")), test,

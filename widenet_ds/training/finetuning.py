@@ -108,7 +108,7 @@ class FinetuneSeedTask(Task):
         micro = self.plan.ds.batch.micro_batch_size
         parallel = self.plan.parallel
         # Expert parallelism exchanges capacity buffers sized by each rank's tokens: one shape on every rank.
-        pad_to = self.run.max_len if self.plan.model_config.is_moe and self.cfg.ep_size > 1 else None
+        pad_to = self.run.max_len if self.plan.model_config.is_moe and self.plan.parallel.ep_size > 1 else None
         self.batching = Batching(micro, pad_to)
         self.loader = EpochBatches(self.run.data.train, micro, self.seed, parallel.data_parallel_rank,
                                    parallel.data_parallel_size, self.plan.ds.batch.gradient_accumulation_steps,
@@ -116,7 +116,7 @@ class FinetuneSeedTask(Task):
 
     def build_model(self):
         task_run, checkpoint = self.run.task_run, self.run.checkpoint
-        model = task_run.model_class(self.plan.model_config, ep_size=self.cfg.ep_size, **task_run.model_kwargs())
+        model = task_run.model_class(self.plan.model_config, ep_size=self.plan.parallel.ep_size, **task_run.model_kwargs())
         if checkpoint is None:
             report = f"random initialisation from preset {self.cfg.model_config} (no weights loaded)"
         else:
@@ -155,7 +155,7 @@ class FinetuneSeedTask(Task):
         if cfg.save_model:
             path = save_finetuned(engine.module, self.folder.path / "model", run.tokenizer,
                                   {"task": run.task_run.name, "seed": self.seed, "steps": state.step,
-                                   "init": cfg.weights_source}, cfg.ep_size)
+                                   "init": cfg.weights_source}, self.plan.parallel.ep_size)
             log.event(state.step, f"finetuned model saved: {path}")
         result = SeedResults(self.seed, metrics)
         if torch_dist.get_rank() == 0:
@@ -206,7 +206,7 @@ class FinetuneRun:
         # An explicit --max-seq-length above the model's positions is an error; the recipe's is capped.
         self.max_len = cfg.max_seq_length or min(self.recipe.max_seq_length, self.model_config.max_position_embeddings)
         check_max_length(self.max_len, self.model_config.max_position_embeddings)
-        _, self.settings, _ = plan_layout(cfg, self.model_config, world, rank)
+        self.parallel, self.settings, _ = plan_layout(cfg, self.model_config, world, rank)
         problems = []
         self.max_steps = 0
         try:
@@ -257,7 +257,7 @@ class FinetuneRun:
             primary_metric=self.task_run.primary_metric, median=median_over_seeds(per_seed), per_seed=per_seed,
             baseline=self.task_run.baseline(self.data), load_report=self.load_report,
             recipe={**asdict(self.recipe), "model_overrides": model_overrides(cfg, self.recipe)},
-            recipe_mismatch=self.mismatch, ep_size=cfg.ep_size,
+            recipe_mismatch=self.mismatch, ep_size=self.parallel.ep_size,
             deepspeed=DeepSpeedUsed(str(cfg.deepspeed_config), self.settings.batch.train_batch_size,
                                     peak_lr(self.settings)),
             max_seq_length=self.max_len)

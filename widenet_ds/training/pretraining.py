@@ -103,7 +103,7 @@ class PretrainTask(Task):
 
     # -- building ------------------------------------------------------------------------------------
     def build_model(self) -> tuple[WideNetForPreTraining, list[str]]:
-        model = WideNetForPreTraining(self.plan.model_config, ep_size=self.cfg.ep_size)
+        model = WideNetForPreTraining(self.plan.model_config, ep_size=self.plan.parallel.ep_size)
         init_from = self.init_source
         if init_from is None or not init_from.is_folder:
             return model, []  # a DeepSpeed checkpoint loads into the engine (the trainer does it)

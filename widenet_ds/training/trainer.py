@@ -141,7 +141,7 @@ class Trainer:
         state = TrainingState()
         if plan.new_shape is not None:
             say(f"resuming {plan.resume_from} on another shape: {plan.new_shape}")
-            state = resume_on_new_shape(engine, plan.resume_from, plan.resume_meta, loader, cfg.ep_size, rank)
+            state = resume_on_new_shape(engine, plan.resume_from, plan.resume_meta, loader, parallel.ep_size, rank)
             # The old ranks' streams (dropout, routing noise, augmentation) have no counterpart here: new ones,
             # keyed by the step (not the start's streams again); checkpoints from here on save them as usual.
             seed_everything(task.stream_seed + 1 + parallel.data_parallel_rank + NEW_SHAPE_STREAMS * state.step)
@@ -155,7 +155,7 @@ class Trainer:
             say(f"the run in {self.folder.path} is complete (step {state.step}); its results: {self.folder.results}")
             return True, self.folder.read_results(task.RESULTS)
         # Before the first step: room for a checkpoint (its size known from the resumed one, else estimated).
-        checkpoints.expect(engine, cfg.ep_size, plan.resume_meta)
+        checkpoints.expect(engine, parallel.ep_size, plan.resume_meta)
         checkpoints.check_space("a checkpoint of this run", "Free space there, or choose an --output-dir on a disk "
                                                             "with more space.")
         log = TrainingLog(self.folder, enabled=rank == 0, tensorboard=cfg.tensorboard, progress_bar=cfg.progress_bar,
@@ -187,7 +187,7 @@ class Trainer:
             say(f"training: steps {state.step + 1} to {plan.max_steps}" if state.step < plan.max_steps
                 else f"training: the run already reached step {plan.max_steps}")
             meta = CheckpointMeta(step=state.step, samples=state.samples, world_size=parallel.world_size,
-                                  ep_size=cfg.ep_size, model_config=cfg_model.to_dict(), deepspeed_config=plan.ds.config,
+                                  ep_size=parallel.ep_size, model_config=cfg_model.to_dict(), deepspeed_config=plan.ds.config,
                                   architecture=type(model).__name__, task=cfg.TASK,
                                   branch_schedule=plan.schedule.kind, data_order=plan.data_order, run=task.meta())
             finished = self._steps(engine, loader, checkpoints, state, log, meta)
@@ -237,7 +237,7 @@ class Trainer:
                     output = task.forward(engine, batch, active if branched else None)
                     engine.backward(output.loss)
                     if log_now and own_grad_norm and micro_step == accumulation - 1:
-                        grad_norm = expert_grad_norm_stage0(engine.module, cfg.ep_size)
+                        grad_norm = expert_grad_norm_stage0(engine.module, plan.parallel.ep_size)
                     engine.step()
                     train_metrics.add(output, batch)
                 state.step += 1
