@@ -5,13 +5,14 @@ DeepSpeed's and NVIDIA's BERT recipes start their scripts (`deepspeed SCRIPT --l
 from __future__ import annotations
 
 import runpy
+import subprocess
 import sys
 
 import pytest
 
 from golden_curves import ASSETS, RUNS, VOCAB, beyond_tolerance, golden_args, read_asset
-from launching import REPO, run_deepspeed
-from pretrain_support import prepare_data, train_losses
+from launching import REPO, child_env, free_port, run_deepspeed
+from pretrain_support import events, prepare_data, train_losses
 
 SCRIPTS = {"pretrain": "pretrain/run_pretrain.py", "glue": "finetune/run_glue.py", "squad": "finetune/run_squad.py"}
 
@@ -39,14 +40,24 @@ def test_a_scripts_help_is_the_module_entrys(task, capsys, monkeypatch):
 
 @pytest.mark.multirank
 def test_deepspeed_runs_the_pretraining_script_on_the_golden_curve(tmp_path):
-    """`deepspeed pretrain/run_pretrain.py` on 1 rank: the first steps of the stored widenet-tiny-e4 curve."""
-    steps = 4
+    """`deepspeed pretrain/run_pretrain.py` on 1 rank: the first steps of the stored widenet-tiny-e4 curve; then
+    `widenet-ds launch pretrain --config RUN -- --resume --max-steps 6` continues it from the settings the run saved
+    (run_config.json) and stays on the curve."""
+    steps, more = 4, 6
     data = prepare_data(tmp_path / "data", [], tokenizer=str(VOCAB))
     out = tmp_path / "run"
     args = golden_args(RUNS["widenet_tiny_e4_1rank"], out, {"data": data})
     run_deepspeed(REPO / SCRIPTS["pretrain"], [*args, "--max-steps", str(steps)], num_ranks=1)
-    stored = {step: loss for step, loss in read_asset(ASSETS / "widenet_tiny_e4_1rank.txt").items() if step <= steps}
-    assert not beyond_tolerance(stored, train_losses(out))
+    curve = read_asset(ASSETS / "widenet_tiny_e4_1rank.txt")
+    assert not beyond_tolerance({step: loss for step, loss in curve.items() if step <= steps}, train_losses(out))
+
+    proc = subprocess.run([sys.executable, "-m", "widenet_ds.cli", "launch", "pretrain", "--num-ranks", "1",
+                           "--master-port", str(free_port()), "--config", str(out), "--", "--resume", "--max-steps",
+                           str(more)], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"resumed from {out / 'checkpoints' / f'step{steps}'}" in events(out)
+    assert sorted(train_losses(out)) == list(range(1, more + 1))
+    assert not beyond_tolerance({step: loss for step, loss in curve.items() if step <= more}, train_losses(out))
 
 
 @pytest.mark.multirank
