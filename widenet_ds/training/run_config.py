@@ -53,7 +53,7 @@ class InvalidConfig(ConfigError):
 
     def __init__(self, config: RunConfig, problems: list[str]) -> None:
         super().__init__(problems_text(problems, f"the {config.TASK} settings"))
-        self.config, self.problems = config, problems
+        self.config = config
 
 
 @dataclass(kw_only=True)
