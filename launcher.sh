@@ -59,8 +59,8 @@ run_tests() {
     install_tcmalloc || echo "[test] tcmalloc install failed; CPU ranks get glibc's malloc, tuned; its test will skip" >&2
   fi
   install_fashion_mnist || echo "[test] Fashion-MNIST not installed; its test will skip" >&2
-  # Two workers, a test file each at a time: a serial suite left ~37% of 2 cores idle; `-n 0` runs serially.
-  cd "$ROOT" && "$PY" -m pytest -n "${WIDENET_TEST_WORKERS:-2}" --dist loadfile "$@"
+  # Two workers, a file each at a time, slow files first (tests/conftest.py; xdist would reorder by test count).
+  cd "$ROOT" && "$PY" -m pytest -n "${WIDENET_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
 }
 
 cmd="${1:-}"; shift || true

@@ -121,7 +121,8 @@ def _mapped_files() -> set[str]:
 
 def pytest_collection_modifyitems(config, items):
     """The files holding `slow` tests first (stable otherwise). The suite's workers take a file at a time in
-    collection order (`--dist loadfile`), so a slow file collected late ran on one worker while the other had
-    nothing left: a tail of several minutes on 2 cores."""
+    collection order (`--dist loadfile --no-loadscope-reorder`: xdist's default orders files by their number of
+    tests instead), so a slow file collected late ran on one worker while the other had nothing left: a tail of
+    several minutes on 2 cores."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)

@@ -7,13 +7,18 @@
   - per node a UTS and mount namespace (`unshare --uts --mount`): its own hostname, and its own node-local
     folder mounted on `root/local` (each node sees a different folder there; the test reads them under
     `root/nodes/<name>/local`);
+  - per node a PID namespace with its own /proc (`--pid --mount-proc`; the node's sshd is its PID 1): a node sees
+    only its own processes, as a real one does. Without it, DeepSpeed's multi-node kill (`pdsh ... pkill -f
+    "python -u -m deepspeed.launcher.launch"`, sent when a node failed) ended every launcher on this machine,
+    those of tests running side by side included;
   - per node an sshd listening on the node's address only, with a host key, a user key, a known_hosts and an
     ssh config made for the test (`root/ssh`). `cluster.env()` puts an `ssh` first on PATH that reads that
     config, as a user's ~/.ssh/config would, so DeepSpeed's pdsh runner and its own ssh calls work unchanged;
   - the shared file system is this machine's: the checkout, its venv and `root` are seen by both nodes, as a
     shared home is on a cluster.
 A node runs a command in all of its namespaces through `nsenter` into its sshd (`node.command(...)`), the way a
-user logged in on it would. Teardown kills whatever still runs in the namespaces, stops the sshds, deletes the
+user logged in on it would; the command is then a child of `nsenter` (entering a PID namespace takes a fork), and
+its pid inside the node is `node.pid_inside(host_pid)`. Teardown kills whatever still runs in the namespaces, stops the sshds, deletes the
 namespaces (which takes the veth pair with them) and /etc/netns entries, and then asserts that no namespace, veth,
 sshd, mount or /etc/netns entry of this cluster is left: also after a failing test.
 """
@@ -58,27 +63,51 @@ class Node:
     address: str
     netns: str
     local_dir: Path  # what this node sees at cluster.local, read from outside
-    sshd: subprocess.Popen = field(repr=False)
+    sshd: subprocess.Popen = field(repr=False)  # `unshare`, the parent of the node's first process
+    init_pid: int  # the host's pid of the node's first process, its sshd (PID 1 inside)
 
     def command(self, args: list[str], cwd: Path | None = None) -> list[str]:
-        """`args` run inside this node: its network, hostname and mounts (those of its sshd), in `cwd` (entering
-        a mount namespace otherwise starts in its /)."""
-        return ["nsenter", "--target", str(self.sshd.pid), "--net", "--uts", "--mount", f"--wdns={cwd or '/'}",
-                "--", *args]
+        """`args` run inside this node: its network, hostname, mounts and processes (those of its sshd), in `cwd`
+        (entering a mount namespace otherwise starts in its /)."""
+        return ["nsenter", "--target", str(self.init_pid), "--net", "--uts", "--mount", "--pid",
+                f"--wdns={cwd or '/'}", "--", *args]
 
     def pids(self) -> list[int]:
         out = subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True, text=True).stdout
         return [int(pid) for pid in out.split()]
 
     def processes(self, contains: str) -> list[int]:
-        """Pids of this node's processes whose command line contains `contains` (not the sshd)."""
+        """Host pids of this node's processes whose command line contains `contains`: those in its PID namespace
+        (not the nsenter that started one), the sshd left out."""
         found = []
         for pid in self.pids():
             with contextlib.suppress(OSError):
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-                if contains in cmdline and pid != self.sshd.pid:
+                if contains in cmdline and pid != self.init_pid and len(_namespace_pids(pid)) > 1:
                     found.append(pid)
         return found
+
+    def pid_inside(self, host_pid: int) -> int:
+        """The pid a process of this node has there (what its own messages name)."""
+        return _namespace_pids(host_pid)[-1]
+
+    def host_pid(self, pid_inside: int) -> int | None:
+        """The host's pid of this node's process `pid_inside` (a pid file written on the node names that), or
+        None when it has gone."""
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                pids = _namespace_pids(pid)
+                if len(pids) > 1 and pids[-1] == pid_inside:  # in the node's PID namespace (not an nsenter)
+                    return pid
+        return None
+
+
+def _namespace_pids(host_pid: int) -> list[int]:
+    """A process's pid in each PID namespace it is in, the host's first (/proc/PID/status, NSpid)."""
+    for line in Path(f"/proc/{host_pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return [int(pid) for pid in line.split()[1:]]
+    raise OSError(f"no NSpid line for process {host_pid}")
 
 
 @dataclass(frozen=True)
@@ -244,10 +273,17 @@ def netns_cluster(root: Path, num_nodes: int = 2) -> Iterator[NetnsCluster]:
             setup = (f"hostname {name} && mount --bind {node_dir / 'local'} {local} && {_cgroup_mounts()}"
                      f"exec {SSHD} -D -e -f {config}")
             with open(log, "wb") as out:
-                sshd = subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--uts", "--mount",
-                                         "--propagation", "private", "sh", "-c", setup],
-                                        stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-            node = Node(name, address, ns, node_dir / "local", sshd)
+                # --kill-child: the node's processes end with unshare, should a test kill that.
+                sshd = subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--uts", "--mount", "--pid", "--fork",
+                                         "--kill-child", "--mount-proc", "--propagation", "private", "sh", "-c",
+                                         setup], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                init_pid = _first_child(sshd)
+            except RuntimeError:
+                sshd.kill()  # and, through --kill-child, its child
+                sshd.wait(timeout=10)
+                raise
+            node = Node(name, address, ns, node_dir / "local", sshd, init_pid)
             nodes.append(node)
             _wait_for_sshd(node, ssh_bin, log)
         yield NetnsCluster(prefix, root, tuple(nodes), local, ssh_bin)
@@ -257,8 +293,22 @@ def netns_cluster(root: Path, num_nodes: int = 2) -> Iterator[NetnsCluster]:
         assert not left, f"the 2-node test cluster left these behind: {left}"
 
 
+def _first_child(proc: subprocess.Popen, timeout: float = 10) -> int:
+    """The pid of `proc`'s child (unshare forks the node's first process at once)."""
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(OSError):
+            if found := children.read_text().split():
+                return int(found[0])
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"2-node test cluster: `unshare` (pid {proc.pid}) started no node process")
+        time.sleep(0.01)
+
+
 def _tear_down(nodes: list[Node], namespaces: list[str]) -> None:
-    # Whatever a test started on a node (ranks, launchers, ssh sessions) first, then the sshds.
+    # Whatever a test started on a node (ranks, launchers, ssh sessions) and the sshd, the node's PID 1, whose end
+    # ends whatever is left in its PID namespace; then unshare, which exits once its child has.
     for node in nodes:
         for pid in node.pids():
             if pid != node.sshd.pid:

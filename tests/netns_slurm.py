@@ -108,9 +108,9 @@ def slurm_on(cluster: NetnsCluster, root: Path, base_env: dict[str, str]) -> Ite
     finally:
         if (root / "slurmctld.pid").exists():
             slurm.run("scancel", "--user=root", check=False)
-        for name in node_names:
-            _stop(root / f"slurmd-{name}.pid")
-        _stop(root / "slurmctld.pid")
+        for node in cluster.nodes:  # pid files written inside the nodes: their pids there
+            _stop(root / f"slurmd-{node.name}.pid", host_pid=node.host_pid)
+        _stop(root / "slurmctld.pid", host_pid=cluster.nodes[0].host_pid)
         _stop(munge_pid)
         shutil.rmtree(munge_dir, ignore_errors=True)
         deadline = time.monotonic() + 15  # job steps end after their slurmd

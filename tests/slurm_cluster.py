@@ -18,7 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,14 +149,17 @@ SlurmdTimeout=30
 """
 
 
-def _stop(pid_file: Path, timeout: float = 15.0) -> None:
-    """SIGTERM the daemon named in `pid_file`, SIGKILL if it does not go within `timeout`."""
+def _stop(pid_file: Path, timeout: float = 15.0, host_pid: Callable[[int], int | None] = lambda pid: pid) -> None:
+    """SIGTERM the daemon named in `pid_file`, SIGKILL if it does not go within `timeout`. `host_pid`: this
+    machine's pid of the one the file names (a daemon in a PID namespace writes its pid there), None if gone."""
     if not pid_file.exists():
         return
     text = pid_file.read_text().strip()
     if not text:
         return
-    pid = int(text)
+    pid = host_pid(int(text))
+    if pid is None:
+        return
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout

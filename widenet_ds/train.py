@@ -8,7 +8,8 @@
 
 TASK: pretrain (MLM + SOP), glue, squad (finetuning), classify (images). `TASK --help` lists its options.
 A user error is printed once (not once per rank) and exits 2; a run stopped by SIGTERM/SIGUSR1 has saved
-its checkpoint and exits 0 (Slurm requeues it; --resume continues).
+its checkpoint and exits 0 (Slurm requeues it; --resume continues). A SIGTERM before the process group is up
+ends the rank at once (nothing to save; a rank waiting for a rendezvous that never comes runs no handler).
 """
 
 from __future__ import annotations

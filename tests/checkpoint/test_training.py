@@ -113,3 +113,18 @@ def test_stop_request_catches_preemption_signals(sig):
     finally:
         stop.uninstall()
     assert signal.getsignal(sig) == before
+
+
+def test_stop_request_takes_term_only_once_asked_and_restores_both():
+    """run_task catches USR1 from the start and TERM only after the rendezvous (training/run.py)."""
+    before = {sig: signal.getsignal(sig) for sig in StopRequest.SIGNALS}
+    stop = StopRequest()
+    stop.install(signal.SIGUSR1)
+    try:
+        assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
+        stop.install(signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.agreed() and stop.signal_name == "SIGTERM"
+    finally:
+        stop.uninstall()
+    assert {sig: signal.getsignal(sig) for sig in StopRequest.SIGNALS} == before

@@ -47,8 +47,7 @@ RANK = "-m widenet_ds.train"  # a rank's command line (its launcher's says `--mo
 # What every rank must find in its environment however it was started on its node.
 RANK_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "OMP_NUM_THREADS", "DS_ACCELERATOR", "TORCH_EXTENSIONS_DIR")
 KILL_BOUND_S = 60  # node 1's rank must end this soon after node 2's died (not a 30-minute collective timeout)
-# start-up, rank 0's refusal, launch's 10 s grace before it stops node 2, whose launcher SIGKILLs its rank 30 s
-# after a SIGTERM the rank (blocked in the rendezvous) cannot act on
+# start-up, rank 0's refusal, launch's 10 s grace before it stops node 2, whose launcher TERMs its rank
 BUSY_PORT_BOUND_S = 120
 KILLED_RUN_STEPS = 200  # far more than run before the kill (cpu_small.json schedules 300)
 
@@ -179,7 +178,10 @@ def test_mpiexec_with_two_hosts_equals_one_node(cluster, inputs, one_node, tmp_p
     command = [str(mpiexec), "-n", "2", "-ppn", "1", "-hosts", ",".join(n.name for n in cluster.nodes),
                "-launcher", "ssh", "-launcher-exec", str(cluster.ssh_bin / "ssh"),
                sys.executable, "-m", "widenet_ds.train", "pretrain", *run_args(inputs, out)]
-    proc = on_node1(cluster, command, child_env())
+    # The nodes share this machine's kernel, so UCX (MPICH's transport) takes them for one host and would reach
+    # the other rank through shared memory and its pid, which the other node's PID namespace hides: its network
+    # transport, the one it picks between real nodes.
+    proc = on_node1(cluster, command, child_env(UCX_TLS="self,tcp"))
     output, ranks = watch_ranks(cluster, proc, timeout=300, rank_var="PMI_RANK")
     assert proc.returncode == 0, output[-6000:]
     # MPI rank 0 ran on node 1 and rank 1 on node 2, so rank 0's rendezvous address (its `hostname -I`, shared over
@@ -268,12 +270,15 @@ def test_a_busy_rendezvous_port_on_node1_is_refused_naming_node_and_holder_and_n
             pytest.fail(f"the launch still ran {BUSY_PORT_BOUND_S} s after start, port {port} busy on node 1")
         took = time.monotonic() - start
     finally:
-        holder.kill()
+        for pid in node1.processes("s.listen(); time.sleep(600)"):  # the holder, nsenter's child
+            holder_pid = node1.pid_inside(pid)
+            os.kill(pid, signal.SIGKILL)
         holder.wait()
     assert proc.returncode == 2, output[-6000:]  # rank 0's user error, printed once
-    assert f"the rendezvous port {port} on {node1.name} is in use by PID {holder.pid} " in output, output[-6000:]
+    # the pid node 1 knows it by
+    assert f"the rendezvous port {port} on {node1.name} is in use by PID {holder_pid} " in output, output[-6000:]
     assert f"widenet-ds launch: node {node1.name} ended with exit status 2 and the other nodes still run" in output
-    # node 2's launcher got the runner's kill and takes its rank with it (SIGTERM, SIGKILL 30 s later)
+    # node 2's launcher got the runner's kill and takes its rank with it (a TERM, which ends a rank in the rendezvous)
     while node2.processes(RANK) and time.monotonic() - start < BUSY_PORT_BOUND_S:
         time.sleep(0.2)
     took = time.monotonic() - start
@@ -342,6 +347,33 @@ def test_a_second_writer_on_node2_is_refused_then_node2_killed_ends_node1_with_o
     verify = subprocess.run([*WIDENET_DS, "verify", str(saved)], cwd=REPO, env=child_env(), capture_output=True,
                             text=True, timeout=120)
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_deepspeeds_multi_node_kill_reaches_the_named_nodes_processes_and_no_other(cluster):
+    """DeepSpeed's pdsh runner, stopped (as `widenet-ds launch` stops it when a node failed), runs `pdsh -w NODES
+    pkill -f "<python> -u -m deepspeed.launcher.launch"`. Each node has its own PID namespace: the pkill ends the
+    node's processes only, not the launchers of other runs on this machine (CI saw one of another test, which ran
+    side by side, killed by it before the nodes had their own)."""
+    node1, node2 = cluster.nodes
+    marker = f"widenet-pkill-probe-{os.getpid()}"
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)", marker]
+    here = subprocess.Popen(sleeper)
+    there = subprocess.Popen(node2.command(sleeper))
+    try:
+        deadline = time.monotonic() + 30
+        while not node2.processes(marker):
+            assert time.monotonic() < deadline, "the probe never started on node 2"
+            time.sleep(0.05)
+        pattern = f"[{marker[0]}]{marker[1:]}"  # a regex the remote shell's own command line does not match
+        kill = subprocess.run(node1.command(["pdsh", "-S", "-w", f"{node1.name},{node2.name}", "pkill", "-f",
+                                             pattern]), env=cluster.env({**child_env(), "PDSH_RCMD_TYPE": "ssh"}),
+                              capture_output=True, text=True, timeout=60)
+        assert there.wait(timeout=30) == -signal.SIGTERM, kill.stdout + kill.stderr  # nsenter ends as its child did
+        assert here.poll() is None, "a pkill on the nodes ended a process of this machine outside them"
+    finally:
+        for proc in (here, there):
+            proc.kill()
+            proc.wait()
 
 
 def test_a_failing_test_leaves_no_namespace_link_sshd_or_mount_of_its_cluster_behind(tmp_path):

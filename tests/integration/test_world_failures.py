@@ -195,14 +195,17 @@ def test_deepspeed_started_by_hand_on_a_busy_port_stops_at_rank_0_naming_the_hol
     assert len(error_lines(output)) == 1, output[-4000:]
     assert re.search(rf"error: the rendezvous port {port} on .* is in use by PID {os.getpid()} .*start again with "
                      rf"another port, e.g. `widenet-ds launch --master-port \d+", output), output[-4000:]
-    assert time.monotonic() - start < 120 and not (tmp_path / "out").exists()
+    # Rank 1 waits in the rendezvous rank 0 never served: deepspeed's launch.py TERMs it as rank 0 exits, and it
+    # ends then (its TERM handler comes after the rendezvous), not at launch.py's SIGKILL 30 s later.
+    assert time.monotonic() - start < 30 and not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow
 def test_two_runs_started_together_on_one_master_port_one_trains_the_other_names_it(tmp_path):
     """A job array or script that hard-codes MASTER_PORT: both runs find the port free before either binds it.
-    The bind is the check: the second is one error naming the first, never torch's EADDRINUSE traceback."""
-    for attempt in range(10):
+    The bind is the check: the second is one error naming the first, never torch's EADDRINUSE traceback. Five
+    pairs: either run may win, and each pair races anew."""
+    for attempt in range(5):
         port, outs = free_port(), [tmp_path / f"{attempt}-a", tmp_path / f"{attempt}-b"]
         runs = [subprocess.Popen(python_train_command("classify", digits_args(tmp_path, out, 1, "--max-eval-examples",
                                                                               "8")),

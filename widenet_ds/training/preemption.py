@@ -18,9 +18,11 @@ class StopRequest:
         self.signal_name: str | None = None
         self._previous = {}
 
-    def install(self) -> None:
-        for sig in self.SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
+    def install(self, *signals: signal.Signals) -> None:
+        """Catch `signals` (all of SIGNALS when none are named) from now on."""
+        for sig in signals or self.SIGNALS:
+            if sig not in self._previous:
+                self._previous[sig] = signal.signal(sig, self._handle)
 
     def uninstall(self) -> None:
         for sig, handler in self._previous.items():

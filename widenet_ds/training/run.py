@@ -1,11 +1,13 @@
 """Running a training task: every problem of its settings and of what they name on this machine, at once
 (training/environment.py); then the stop signals (a preemption during start-up stops the run at its first
-step, saved), the process group, the output folder's lock (one writer per run folder), the checkpoint to
-start from checked file by file, every other check, then the one trainer (finetuning: one trainer per seed)."""
+step, saved; a TERM during the rendezvous ends the rank at once), the process group, the output folder's lock
+(one writer per run folder), the checkpoint to start from checked file by file, every other check, then the
+one trainer (finetuning: one trainer per seed)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 from contextlib import contextmanager
@@ -37,10 +39,14 @@ def run_task(cfg: RunConfig) -> Any:
     except WideNetError as err:  # every rank reads the same settings and the same (shared) files
         raise mark_same_on_every_rank(err)
     stop = StopRequest()
-    stop.install()
+    # Slurm's USR1 (slurm/requeue.sh) is kept from the start: the run stops at its first step, saved, and requeues.
+    # TERM only once the process group is up: a rank blocked in the rendezvous (rank 0 refused a busy port, a peer
+    # never came) runs no Python handler, and the launcher's TERM must end it there, not its SIGKILL 30 s later.
+    stop.install(signal.SIGUSR1)
     try:
         say("starting: initialising the process group")
         init_distributed(say=say)
+        stop.install(signal.SIGTERM)
         with run_folder_lock(cfg):
             check_shared_output(cfg.output_dir)
             init_source = None
