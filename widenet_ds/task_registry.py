@@ -20,6 +20,7 @@ from widenet_ds.results import ClassifyResults, FinetuneResults, PretrainResults
 
 TRAINING = "widenet_ds.training"  # the package of every task's configuration and trainer
 ReportKind = Literal["pretrain", "finetune", "classify"]  # the report's sections (report/metrics.py's runs)
+RESULTS: dict[str, type] = {"pretrain": PretrainResults, "finetune": FinetuneResults, "classify": ClassifyResults}
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,14 @@ class TaskSpec:
     name: str          # `python -m widenet_ds.train NAME`, run_config.json's "task"
     description: str   # one line of `python -m widenet_ds.train --help`
     report_kind: ReportKind
-    results: type      # the dataclass of its results.json (widenet_ds/results.py)
     config: str        # "module:Class" in widenet_ds.training of its RunConfig subclass
     task: str          # "module:Class" in widenet_ds.training: a trainer Task (one run) or a finetuning TaskRun
                        # (one run per seed)
+
+    @property
+    def results(self) -> type:
+        """The dataclass of its results.json (widenet_ds/results.py): one per report kind."""
+        return RESULTS[self.report_kind]
 
     def config_class(self) -> Any:
         return _load(self.config)
@@ -48,11 +53,11 @@ def _load(reference: str) -> Any:
 
 TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
     TaskSpec("pretrain", "WideNet / ALBERT / BERT MLM + sentence-order pretraining on a prepared data folder.",
-             "pretrain", PretrainResults, "run_config:PretrainConfig", "pretraining:PretrainTask"),
+             "pretrain", "run_config:PretrainConfig", "pretraining:PretrainTask"),
     TaskSpec("glue", "Finetuning on a GLUE task (seeds, median of each metric).",
-             "finetune", FinetuneResults, "run_config:GlueConfig", "finetune_tasks:GlueTaskRun"),
+             "finetune", "run_config:GlueConfig", "finetune_tasks:GlueTaskRun"),
     TaskSpec("squad", "Finetuning on SQuAD v1.1 / v2.0 (predictions.json, null_odds.json for v2.0).",
-             "finetune", FinetuneResults, "run_config:SquadConfig", "finetune_tasks:SquadTaskRun"),
+             "finetune", "run_config:SquadConfig", "finetune_tasks:SquadTaskRun"),
     TaskSpec("classify", "ViT-WideNet / ViT / ViT-MoE / ParaFormer image classification (docs/vision.md).",
-             "classify", ClassifyResults, "run_config:ClassifyConfig", "classification:ClassifyTask"),
+             "classify", "run_config:ClassifyConfig", "classification:ClassifyTask"),
 )}

@@ -28,7 +28,7 @@ from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
 from widenet_ds.data.tokenizer import load_tokenizer
 from widenet_ds.errors import CheckpointError, ConfigError, WideNetError, mark_same_on_every_rank, raise_config_problems
-from widenet_ds.results import DeepSpeedUsed, FinetuneResults, Scores, SeedResults, numbers
+from widenet_ds.results import DeepSpeedUsed, FinetuneResults, Scores, SeedResults, is_number, numbers
 from widenet_ds.run_folder import read_metrics
 from widenet_ds.runtime.ds_config import DeepSpeedSettings
 from widenet_ds.task_registry import TASKS
@@ -170,7 +170,7 @@ class FinetuneSeedTask(Task):
 
 def metrics_line(metrics: Scores) -> str:
     return "; ".join(f"{split} " + ", ".join(f"{name} {value:.4f}" for name, value in values.items()
-                                             if isinstance(value, (int, float)))
+                                             if is_number(value))
                      for split, values in metrics.items())
 
 
