@@ -6,7 +6,7 @@ evaluation forwards (eval capacity factor), counted at every routing call from t
 returns, whatever the mode (the logged `moe/.../dropped_fraction` counts padding's routes too in the
 literal mode), plus the slots padding took in the literal mode.
 
-    python bench/padding_routing.py --out /tmp/pad -- --task sst2 --data $SHARED/glue/SST-2 \
+    python bench/padding_routing.py --out /tmp/pad -- --glue-task sst2 --data $SHARED/glue/SST-2 \
         --tokenizer $SHARED/vocab/bert-base-uncased-vocab.txt --model-config widenet-tiny-e4 \
         --deepspeed_config ds_configs/finetune_cpu_small.json --allow-recipe-mismatch --seeds 3 ...
 

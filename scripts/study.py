@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from widenet_ds.checkpoint.load import read_checkpoint  # noqa: E402
+from widenet_ds.checkpoint.source import CONVERT, CheckpointSource  # noqa: E402
 from widenet_ds.data.prepare import cli as prepare_cli  # noqa: E402
 from widenet_ds.model import WideNetForPreTraining  # noqa: E402
 from widenet_ds.model.config import ModelConfig  # noqa: E402
@@ -247,7 +247,7 @@ def _eval_interval(steps: int) -> int:
 def layernorm_divergences(run_dir: Path) -> dict[str, dict[str, float]]:
     """Eq. 9 averaged over the elements i, for gamma and beta of each LayerNorm position of the encoder blocks
     (0 for a LayerNorm shared by all blocks), from the run's last checkpoint."""
-    state = read_checkpoint(run_dir).state
+    state = CheckpointSource.open(run_dir, "source", purpose=CONVERT).read_weights().state
     result = {}
     for position, module in LAYERNORMS.items():
         result[position] = {}

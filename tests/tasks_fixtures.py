@@ -1,4 +1,4 @@
-"""Fixtures for the tests of widenet_ds.tasks: a real WordPiece fast tokenizer over the shared BERT vocab.
+"""Fixtures for the tests of widenet_ds.benchmarks: a real WordPiece fast tokenizer over the shared BERT vocab.
 
 Import the fixtures into a test module (`from tasks_fixtures import bert_tokenizer`)."""
 

@@ -84,6 +84,7 @@ class PretrainResults:
     """Pretraining: the step it ended at and the final held-out evaluation (none without held-out data)."""
 
     WHAT: ClassVar[str] = "pretraining results"
+    KIND: ClassVar[str] = "pretrain"  # the report's section (report/metrics.py)
     step: int
     held_out: dict[str, float] = field(default_factory=dict)  # "valid/...", "valid_branches_<k>/..." as logged
 
@@ -101,6 +102,7 @@ class ClassifyResults:
     """Image classification: the test split's scores of the final model and what trained it."""
 
     WHAT: ClassVar[str] = "image-classification results"
+    KIND: ClassVar[str] = "classify"
     step: int
     dataset: str
     model_config: str | None  # the preset or config file (or the --init-from folder) the run started from
@@ -180,6 +182,7 @@ class FinetuneResults:
     Fields after `per_seed` were added over versions: older folders lack some of them."""
 
     WHAT: ClassVar[str] = "finetuning results"
+    KIND: ClassVar[str] = "finetune"
     task: str
     init: str | None  # the weights every seed started from ("preset:<name>" for a random init)
     steps: int
@@ -230,3 +233,8 @@ class FinetuneResults:
 
 
 Results = PretrainResults | ClassifyResults | SeedResults | FinetuneResults
+
+# Each training task's results.json, by the task's name: what the run folder, the report and the launcher know of
+# the tasks without importing the training code (training/registry.py's TASKS, tested equal).
+TASK_RESULTS: dict[str, type[PretrainResults | ClassifyResults | FinetuneResults]] = {
+    "pretrain": PretrainResults, "glue": FinetuneResults, "squad": FinetuneResults, "classify": ClassifyResults}

@@ -27,8 +27,7 @@ from typing import Any, TypeVar
 
 from widenet_ds.atomic import atomic_write_json, atomic_write_text
 from widenet_ds.errors import RunFolderError
-from widenet_ds.results import Results
-from widenet_ds.task_registry import TASKS
+from widenet_ds.results import TASK_RESULTS, Results
 
 RUN_CONFIG_FILE = "run_config.json"
 MODEL_CONFIG_FILE = "model_config.json"
@@ -176,7 +175,7 @@ class RunFolder:
     def read_results(self, kind: str | type[R]) -> R:
         """results.json as `kind`: a task's name (its registered results class) or a results class
         (`SeedResults` in a finetuning seed's folder)."""
-        cls = TASKS[kind].results if isinstance(kind, str) else kind
+        cls = TASK_RESULTS[kind] if isinstance(kind, str) else kind
         return cls.from_json(read_json(self.results, "the run's results"), str(self.results))
 
     def write_results(self, results: Results) -> None:
@@ -191,7 +190,7 @@ class RunFolder:
                 task = self.read_run_config().get("task")
             except (RunFolderError, AttributeError):
                 task = None
-            if isinstance(task, str) and task in TASKS:
+            if isinstance(task, str) and task in TASK_RESULTS:
                 return task
             if isinstance(task, dict):  # finetuning's run_config.json before one task name per run
                 return "squad" if "version" in task else "glue"

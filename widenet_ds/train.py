@@ -2,7 +2,7 @@
 `widenet-ds` (cli.py: the one dispatcher, its error handling), also reached as `widenet-ds train TASK`.
 
     deepspeed --module widenet_ds.train pretrain --model-config widenet-base-e4 --data data/phase1 ...
-    srun python -m widenet_ds.train glue --task sst2 --data glue/SST-2 --init-from runs/e8 ...
+    srun python -m widenet_ds.train glue --glue-task sst2 --data glue/SST-2 --init-from runs/e8 ...
     widenet-ds launch classify --num-ranks 2 -- --model-config widenet-vit-tiny ...
     deepspeed pretrain/run_pretrain.py --model-config ...   (the script forms: pretrain/, finetune/)
 
@@ -25,9 +25,9 @@ from widenet_ds.cli import run_command  # noqa: E402
 from widenet_ds.errors import WideNetError, mark_same_on_every_rank  # noqa: E402
 from widenet_ds.runtime.distributed import exit_rank  # noqa: E402
 from widenet_ds.runtime.lost_peer import lost_peer_message  # noqa: E402
-from widenet_ds.task_registry import TASKS  # noqa: E402
 from widenet_ds.training.command_line import parse  # noqa: E402
 from widenet_ds.training.console import process_rank  # noqa: E402
+from widenet_ds.training.registry import TASKS  # noqa: E402
 from widenet_ds.training.run import run_task  # noqa: E402
 from widenet_ds.training.run_config import InvalidConfig  # noqa: E402
 

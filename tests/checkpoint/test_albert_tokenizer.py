@@ -9,7 +9,8 @@ import torch
 
 from widenet_ds.checkpoint.albert import to_albert
 from widenet_ds.checkpoint.format import PortableCheckpoint, save_folder
-from widenet_ds.data.tokenizer import load_tokenizer
+from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
+from widenet_ds.data.tokenizer import TokenizerFiles, load_tokenizer
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
 
@@ -23,8 +24,9 @@ def test_albert_export_tokenizer_loads_with_autotokenizer(tmp_path, shared_data)
     torch.manual_seed(0)
     state = WideNetForPreTraining(cfg).state_dict()
     folder = save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", state), tmp_path / "folder",
-                         tokenizer_files=(vocab,))
-    hf = to_albert(folder, tmp_path / "hf", tokenizer_files=(vocab,))
+                         tokenizer=TokenizerFiles((vocab,)))
+    source = CheckpointSource.open(folder, "source", purpose=CONVERT)
+    hf = to_albert(source.read_weights(), source, tmp_path / "hf", tokenizer=TokenizerFiles((vocab,)))
     tokenizer = AutoTokenizer.from_pretrained(str(hf))
     text = "The Quick brown fox's naïve résumé, unbelievably!"
     assert tokenizer(text, add_special_tokens=False)["input_ids"] == ours.encode(text, add_special_tokens=False).ids

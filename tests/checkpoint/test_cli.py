@@ -18,9 +18,10 @@ from convert_make_checkpoint import fixed_batch
 from launching import REPO, run_deepspeed
 
 from widenet_ds.checkpoint.cli import cli as convert
-from widenet_ds.checkpoint.deepspeed import read_deepspeed_checkpoint
 from widenet_ds.checkpoint.format import read_folder, save_folder
 from widenet_ds.checkpoint.load import load_pretrained
+from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
+from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError
 from widenet_ds.model.widenet import WideNetForPreTraining, WideNetForSequenceClassification
 
@@ -98,7 +99,7 @@ def test_raw_checkpoint_of_another_ep_size_starts_a_classifier_and_reports_what_
     assert "step 2" in summary and "saved with ep_size 2, loaded with ep_size 1" in summary
     assert "newly initialised: classifier.bias, classifier.weight" in summary
     # the encoder is the checkpoint's, tensor for tensor
-    saved = read_deepspeed_checkpoint(run).state
+    saved = CheckpointSource.open(run, "source", purpose=CONVERT).read_weights().state
     for key, tensor in model.state_dict().items():
         if key.startswith("widenet."):
             assert torch.equal(tensor, saved[key]), key
@@ -133,7 +134,7 @@ def test_reshard_ep2_to_ep1_to_ep2_loads_in_engines_with_identical_logits(checkp
 def save_free_state_keys(run: Path) -> set[str]:
     """The tensors of a checkpoint's shape-free state, read from the checkpoint itself."""
     from widenet_ds.checkpoint.shape_free import read_shape_free
-    state = read_shape_free(run)
+    state = read_shape_free(CheckpointSource.open(run, "source", purpose=CONVERT))
     return {f"master/{n}" for n in state.master} | {f"{k}/{n}" for k, t in state.optimizer.items() for n in t}
 
 
@@ -193,26 +194,26 @@ def test_without_a_recorded_model_config_the_converter_asks_for_one(checkpoints,
 
 def test_a_marker_naming_its_architecture_is_read_and_an_unknown_one_refused(checkpoints, tmp_path):
     import shutil
-    new = read_deepspeed_checkpoint(checkpoints[1])  # markers name their architecture
+    new = CheckpointSource.open(checkpoints[1], "source", purpose=CONVERT).read_weights()  # markers name their architecture
     marker = json.loads((checkpoints[1] / "checkpoints/step2/widenet_checkpoint.json").read_text())
     assert marker["architecture"] == new.architecture == "WideNetForPreTraining"
     unnamed = tmp_path / "unnamed"  # as text markers before the one trainer: no architecture, read off the heads
     shutil.copytree(checkpoints[1] / "checkpoints" / "step2", unnamed)
     (unnamed / "widenet_checkpoint.json").write_text(json.dumps({k: v for k, v in marker.items()
                                                                  if k != "architecture"}))
-    old = read_deepspeed_checkpoint(unnamed)
+    old = CheckpointSource.open(unnamed, "source", purpose=CONVERT).read_weights()
     assert new.architecture == old.architecture and new.config == old.config
     assert all(torch.equal(new.state[k], old.state[k]) for k in old.state)
     named = unnamed
     (named / "widenet_checkpoint.json").write_text(json.dumps({**marker, "architecture": "GPTForCausalLM"}))
     with pytest.raises(CheckpointError, match="names architecture 'GPTForCausalLM', which widenet-ds does not know"):
-        read_deepspeed_checkpoint(named)
+        CheckpointSource.open(named, "source", purpose=CONVERT).read_weights()
 
 
 def test_a_failure_while_writing_leaves_no_output(checkpoints, tmp_path):
-    checkpoint = read_deepspeed_checkpoint(checkpoints[1])
+    checkpoint = CheckpointSource.open(checkpoints[1], "source", purpose=CONVERT).read_weights()
     with pytest.raises(FileNotFoundError):
-        save_folder(checkpoint, tmp_path / "out", tokenizer_files=(tmp_path / "no-such-tokenizer.json",))
+        save_folder(checkpoint, tmp_path / "out", tokenizer=TokenizerFiles((tmp_path / "no-such-tokenizer.json",)))
     assert list(tmp_path.iterdir()) == []
     save_folder(checkpoint, tmp_path / "out")
     with pytest.raises(CheckpointError, match="already exists"):

@@ -26,7 +26,8 @@ from widenet_ds.checkpoint.format import PortableCheckpoint, read_folder, save_f
 from widenet_ds.checkpoint.hf_export import HF_INDEX, from_hf, hf_key_pairs, write_hf_folder  # noqa: E402
 from widenet_ds.checkpoint.hf_template import configuration_widenet  # noqa: E402
 from widenet_ds.cli import main as widenet_ds  # noqa: E402
-from widenet_ds.data.tokenizer import load_tokenizer  # noqa: E402
+from widenet_ds.checkpoint.source import CONVERT, CheckpointSource  # noqa: E402
+from widenet_ds.data.tokenizer import TokenizerFiles, load_tokenizer  # noqa: E402
 from widenet_ds.errors import CheckpointError  # noqa: E402
 from widenet_ds.model.config import ModelConfig, MoEConfig  # noqa: E402
 from widenet_ds.model.widenet import (  # noqa: E402
@@ -86,13 +87,17 @@ def vocab_file(folder: Path, size: int) -> Path:
     return folder / "vocab.txt"
 
 
+def opened(folder: Path) -> CheckpointSource:
+    return CheckpointSource.open(folder, "source", purpose=CONVERT)
+
+
 def export(tmp_path: Path, name: str, checkpoint: PortableCheckpoint) -> Path:
     """Through the real folder and converter; a folder name unique to this process (transformers caches the model
     code per folder name)."""
     source = save_folder(checkpoint, tmp_path / f"ours-{name}")
-    tokenizers = () if isinstance(checkpoint.config, VisionConfig) else \
-        (vocab_file(tmp_path, checkpoint.config.vocab_size),)
-    return write_hf_folder(checkpoint, source, tmp_path / f"hf_{name}_{os.getpid()}", tokenizer_files=tokenizers)
+    tokenizer = TokenizerFiles() if isinstance(checkpoint.config, VisionConfig) else \
+        TokenizerFiles((vocab_file(tmp_path, checkpoint.config.vocab_size),))
+    return write_hf_folder(checkpoint, opened(source), tmp_path / f"hf_{name}_{os.getpid()}", tokenizer=tokenizer)
 
 
 def load(auto: str, folder: Path, **kwargs):
@@ -270,7 +275,8 @@ def test_to_hf_then_from_hf_is_bit_identical(arch, tmp_path):
     checkpoint = PortableCheckpoint(cfg, arch, randomised(model, seed=8).state_dict(), num_labels,
                                     {"task": "sst2", "step": 7})
     source = save_folder(checkpoint, tmp_path / "ours",
-                         tokenizer_files=() if num_labels is None else (vocab_file(tmp_path, cfg.vocab_size),))
+                         tokenizer=TokenizerFiles() if num_labels is None else
+                         TokenizerFiles((vocab_file(tmp_path, cfg.vocab_size),)))
     assert widenet_ds(["convert", "to-hf", str(source), str(tmp_path / "hf")]) == 0
     assert widenet_ds(["convert", "from-hf", str(tmp_path / "hf"), str(tmp_path / "back")]) == 0
     # Every tensor bit for bit (the files' bytes may differ: safetensors writes its metadata in hash-map order).
@@ -293,9 +299,9 @@ def test_a_bf16_folder_stays_bf16_both_ways(tmp_path):
     cfg = ModelConfig(**DIMS)
     checkpoint = PortableCheckpoint(cfg, "WideNetForPreTraining", randomised(WideNetForPreTraining(cfg), 3).state_dict())
     source = save_folder(checkpoint, tmp_path / "ours", dtype="bf16",
-                         tokenizer_files=(vocab_file(tmp_path, cfg.vocab_size),))
-    folder = write_hf_folder(read_folder(source), source, tmp_path / f"hf_bf16_{os.getpid()}",
-                             tokenizer_files=(source / "vocab.txt",))
+                         tokenizer=TokenizerFiles((vocab_file(tmp_path, cfg.vocab_size),)))
+    folder = write_hf_folder(read_folder(source), opened(source), tmp_path / f"hf_bf16_{os.getpid()}",
+                             tokenizer=TokenizerFiles.in_folder(source))
     assert json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
     model = load("AutoModelForMaskedLM", folder)[0]
     assert model.widenet.encoder.ffn[0].experts[0].fc_in.weight.dtype == torch.bfloat16
@@ -344,7 +350,7 @@ def test_from_hf_of_a_sharded_folder_gives_the_tensors_of_the_single_file_folder
 def _text_folder(tmp_path: Path, cfg: ModelConfig) -> Path:
     return save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining",
                                           randomised(WideNetForPreTraining(cfg), 1).state_dict()),
-                       tmp_path / "ours", tokenizer_files=(vocab_file(tmp_path, cfg.vocab_size),))
+                       tmp_path / "ours", tokenizer=TokenizerFiles((vocab_file(tmp_path, cfg.vocab_size),)))
 
 
 def test_from_hf_refuses_an_albert_folder_naming_from_albert(tmp_path, capsys):
@@ -377,8 +383,8 @@ def test_from_hf_refuses_a_truncated_safetensors_file(tmp_path, capsys):
 
 def test_from_hf_refuses_a_masked_lm_folder_naming_the_fix(tmp_path):
     source = _text_folder(tmp_path, ModelConfig(**DIMS))
-    folder = write_hf_folder(read_folder(source), source, tmp_path / f"hf_mlm_{os.getpid()}",
-                             tokenizer_files=(source / "vocab.txt",))
+    folder = write_hf_folder(read_folder(source), opened(source), tmp_path / f"hf_mlm_{os.getpid()}",
+                             tokenizer=TokenizerFiles.in_folder(source))
     load("AutoModelForMaskedLM", folder)[0].save_pretrained(tmp_path / "mlm")
     with pytest.raises(CheckpointError, match="WideNetForMaskedLM, which is none of widenet-ds's architectures.*"
                                               "load it with AutoModelForPreTraining"):
@@ -422,7 +428,7 @@ def test_the_exported_tokenizer_gives_our_ids(shared_data, tmp_path, monkeypatch
     ours = load_tokenizer(vocab)
     cfg = ModelConfig.from_preset("widenet-tiny-e4", vocab_size=ours.get_vocab_size())
     source = save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", WideNetForPreTraining(cfg).state_dict()),
-                         tmp_path / "ours", tokenizer_files=(vocab,))
+                         tmp_path / "ours", tokenizer=TokenizerFiles((vocab,)))
     assert widenet_ds(["convert", "to-hf", str(source), str(tmp_path / "hf")]) == 0
     text = "The Quick brown fox's naïve résumé, unbelievably!"
     with_code = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf", trust_remote_code=True)

@@ -21,7 +21,8 @@ from image_checkpoint_logits import fixed_pixels
 from launching import REPO, run_deepspeed, run_train
 
 from widenet_ds.checkpoint.format import PortableCheckpoint, read_folder, save_folder
-from widenet_ds.checkpoint.load import load_pretrained, match_weights, read_checkpoint
+from widenet_ds.checkpoint.load import load_pretrained, match_weights
+from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.errors import CheckpointError
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.usefixtures("dist")
 
 def init_weights_for(cfg: VisionConfig, folder: Path):
     """What the image trainer checks of an --init-from before it builds anything."""
-    return match_weights(read_checkpoint(folder), ARCHITECTURE, cfg, f"--init-from {folder}")
+    return match_weights(CheckpointSource.open(folder, "source", purpose=CONVERT).read_weights(), ARCHITECTURE, cfg, f"--init-from {folder}")
 ARCHITECTURE = "ViTWideNetForImageClassification"
 SCRIPT = REPO / "tests" / "scripts" / "image_checkpoint_logits.py"
 
@@ -96,7 +97,7 @@ def test_to_folder_of_an_ep2_run_gives_the_engines_logits(image_run, tmp_path):
     # reshard to ep 1 on 1 rank; the shared DeepSpeed reader gives the folder's weights back
     assert widenet_ds(["convert", "reshard", str(image_run), str(tmp_path / "ep1"), "--ep-size", "1",
                        "--world-size", "1"]) == 0
-    resharded = read_checkpoint(tmp_path / "ep1")
+    resharded = CheckpointSource.open(tmp_path / "ep1", "source", purpose=CONVERT).read_weights()
     assert resharded.architecture == ARCHITECTURE and resharded.config == cfg
     assert resharded.provenance["trained_with_ep_size"] == 1 and resharded.state.keys() == state.keys()
     assert all(torch.equal(resharded.state[k], state[k]) for k in state)

@@ -14,9 +14,10 @@ from safetensors.torch import load_file
 from launching import REPO, run_deepspeed
 
 from widenet_ds.checkpoint.cli import cli as convert
-from widenet_ds.checkpoint.deepspeed import load_torch_file, read_deepspeed_checkpoint
+from widenet_ds.checkpoint.deepspeed import load_torch_file
 from widenet_ds.checkpoint.shape_free import (ShapeFreeState, global_expert_name, load_shape_free, read_shape_free,
                                               save_shape_free)
+from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
 from widenet_ds.errors import CheckpointError
 
 pytestmark = [pytest.mark.multirank, pytest.mark.slow]  # slow: its fixture's launcher runs
@@ -38,6 +39,11 @@ def relayout(state_folder: Path, out: Path, ranks: int, ep_size: int, stage: int
     return out / "checkpoints" / "step2"
 
 
+def shape_free_of(path: Path) -> ShapeFreeState:
+    """The shape-free state of the training checkpoint at `path`, opened as `convert` opens it."""
+    return read_shape_free(CheckpointSource.open(path, "source", purpose=CONVERT))
+
+
 def assert_identical(got: ShapeFreeState, want: ShapeFreeState) -> None:
     assert set(got.master) == set(want.master) and set(got.optimizer) == set(want.optimizer) == {"exp_avg", "exp_avg_sq"}
     for name, tensor in want.master.items():
@@ -51,11 +57,11 @@ def assert_identical(got: ShapeFreeState, want: ShapeFreeState) -> None:
 
 def test_zero1_ep2_to_one_rank_zero0_and_back_keeps_every_weight_and_optimizer_tensor(run, tmp_path):
     source = run / "checkpoints" / "step2"
-    original = read_shape_free(run)
+    original = shape_free_of(run)
     assert original.scalars["source"] == {"tag_dir": str(source.resolve()), "world_size": 2, "ep_size": 2,
                                           "zero_stage": 1}
     # every weight, experts by global index; the fp32 partitions are the weights the engine saved
-    weights = read_deepspeed_checkpoint(run).state
+    weights = CheckpointSource.open(run, "source", purpose=CONVERT).read_weights().state
     assert set(original.master) == set(weights) and {f"{EXPERT}.{g}.fc_in.weight" for g in range(4)} <= set(weights)
     assert all(torch.equal(original.master[k], weights[k]) for k in weights)
     assert all(state == {"step": 2} for state in original.param_state.values())
@@ -67,7 +73,7 @@ def test_zero1_ep2_to_one_rank_zero0_and_back_keeps_every_weight_and_optimizer_t
     assert_identical(load_shape_free(tmp_path / "state0"), original)
     one = relayout(tmp_path / "state0", tmp_path / "one", ranks=1, ep_size=1, stage=0)
     assert (one / "expp_rank_0_mp_rank_00_optim_states.pt").is_file() and not list(one.glob("zero_pp_rank_*"))
-    on_one = read_shape_free(one)
+    on_one = shape_free_of(one)
     assert on_one.scalars["source"]["world_size"] == 1 and on_one.scalars["source"]["ep_size"] == 1
     assert_identical(on_one, original)
     marker = json.loads((one / "widenet_checkpoint.json").read_text())
@@ -76,7 +82,7 @@ def test_zero1_ep2_to_one_rank_zero0_and_back_keeps_every_weight_and_optimizer_t
 
     save_shape_free(on_one, tmp_path / "state1")
     back = relayout(tmp_path / "state1", tmp_path / "back", ranks=2, ep_size=2, stage=1)
-    assert_identical(read_shape_free(back), original)
+    assert_identical(shape_free_of(back), original)
     # DeepSpeed's own files are those of the original, padding and all
     for rank in (0, 1):
         name = f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
@@ -92,7 +98,7 @@ def test_zero1_ep2_to_one_rank_zero0_and_back_keeps_every_weight_and_optimizer_t
 
     # ep 1 on 2 ranks, ZeRO 2: every expert group is partitioned over both ranks (expert data parallelism)
     zero2 = relayout(tmp_path / "state1", tmp_path / "zero2", ranks=2, ep_size=1, stage=2)
-    on_zero2 = read_shape_free(zero2)
+    on_zero2 = shape_free_of(zero2)
     assert {k: on_zero2.scalars["source"][k] for k in ("world_size", "ep_size", "zero_stage")} == \
         {"world_size": 2, "ep_size": 1, "zero_stage": 2}
     partitions = load_torch_file(zero2 / "zero_pp_rank_1_mp_rank_00_optim_states.pt")["optimizer_state_dict"]
@@ -115,7 +121,7 @@ def test_convert_to_shape_free_writes_the_state_and_leaves_the_source_as_it_was(
     assert "57 weights with their optimizer states (exp_avg, exp_avg_sq), step 2, from 2 rank(s), ep_size 2, ZeRO 1" \
         in capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["state.json", "tensors.safetensors"]
-    assert_identical(load_shape_free(tmp_path / "state"), read_shape_free(run))
+    assert_identical(load_shape_free(tmp_path / "state"), shape_free_of(run))
     assert {p.name: p.read_bytes() for p in source.iterdir()} == before
     with pytest.raises(CheckpointError, match="already exists"):
         convert(["to-shape-free", str(run), str(tmp_path / "state")])
@@ -123,14 +129,14 @@ def test_convert_to_shape_free_writes_the_state_and_leaves_the_source_as_it_was(
 
 def test_a_resharded_checkpoint_keeps_the_state_and_a_model_states_only_one_is_refused(run, tmp_path):
     assert convert(["reshard", str(run), str(tmp_path / "ep1"), "--ep-size", "1", "--world-size", "1"]) == 0
-    original, kept = read_shape_free(run), read_shape_free(tmp_path / "ep1")
+    original, kept = shape_free_of(run), shape_free_of(tmp_path / "ep1")
     for name, tensor in original.master.items():
         assert torch.equal(kept.master[name], tensor), name
     assert kept.scalars == original.scalars and kept.param_state == original.param_state
     assert convert(["reshard", str(run), str(tmp_path / "bare"), "--ep-size", "1", "--world-size", "1",
                     "--model-states-only"]) == 0
     with pytest.raises(CheckpointError, match="model states only .* no optimizer state to carry"):
-        read_shape_free(tmp_path / "bare")
+        shape_free_of(tmp_path / "bare")
 
 
 def test_expert_names_go_from_local_to_global_index():

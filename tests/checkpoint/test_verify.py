@@ -17,7 +17,8 @@ from widenet_ds.checkpoint.cli import cli as convert
 from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta
 from widenet_ds.checkpoint.training import (CheckpointManager, TrainingState, check_checkpoint_files,
                                             estimate_checkpoint_bytes)
-from widenet_ds.checkpoint.verify import cli as verify_cli, verify_checkpoint
+from widenet_ds.checkpoint.cli import verify_cli
+from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
 from widenet_ds.checksums import total_size
 from widenet_ds.disk_space import DiskFullError
 from widenet_ds.errors import CheckpointError
@@ -64,8 +65,8 @@ def test_a_truncated_file_is_named_with_the_other_checkpoints_as_each_command_ta
                                               rf"zero_pp_rank_0_mp_rank_00_optim_states.pt: {size // 2:,} bytes, "
                                               rf"written with {size:,} \(truncated\).*use another checkpoint of the run "
                                               rf"\(--tag step1; complete tags: step1\)"):
-        verify_checkpoint(copy)
-    verify_checkpoint(copy, "step1")  # the other tag is whole
+        CheckpointSource.open(copy, "checkpoint", purpose=CONVERT).verified
+    CheckpointSource.open(copy, "checkpoint", tag="step1", purpose=CONVERT).verified  # the other tag is whole
     # convert checks its source before writing anything, and takes another tag with --tag
     with pytest.raises(CheckpointError, match=r"(?s)zero_pp_rank_0_mp_rank_00_optim_states.pt: .*truncated.*\(--tag step1;"):
         convert(["to-folder", str(copy), str(tmp_path / "out")])
@@ -81,13 +82,13 @@ def test_an_exported_folder_records_its_files_and_a_changed_byte_is_named(run, t
     assert convert(["to-folder", str(run[0]), str(folder)]) == 0
     config = json.loads((folder / "config.json").read_text())
     assert sorted(config["files"]) == ["README.md", "model.safetensors"]
-    assert verify_checkpoint(folder).files == 2
+    assert CheckpointSource.open(folder, "checkpoint", purpose=CONVERT).verified.files == 2
     weights = bytearray((folder / "model.safetensors").read_bytes())
     weights[-5] ^= 1
     (folder / "model.safetensors").write_bytes(bytes(weights))
     with pytest.raises(CheckpointError, match=r"(?s)export is damaged: 1 of its 2 files.*model\.safetensors: content "
                                               r"differs from what was written \(SHA-256\).*Restore it"):
-        verify_checkpoint(folder)
+        CheckpointSource.open(folder, "checkpoint", purpose=CONVERT).verified
 
 
 def test_checkpoints_of_older_versions_have_nothing_recorded_and_pass(run, tmp_path, capsys):
@@ -96,7 +97,7 @@ def test_checkpoints_of_older_versions_have_nothing_recorded_and_pass(run, tmp_p
     marker = json.loads((old / META_FILE).read_text())
     del marker["files"]
     (old / META_FILE).write_text(json.dumps(marker))
-    assert verify_checkpoint(old).files == 0
+    assert CheckpointSource.open(old, "checkpoint", purpose=CONVERT).verified.files == 0
     assert verify_cli([str(old)]) == 0 and "no checksums recorded" in capsys.readouterr().out
 
 
@@ -106,7 +107,7 @@ def test_a_tag_left_half_written_is_no_checkpoint(run, tmp_path):
     (copy / "step2").rename(copy / "step3.partial")  # as a save killed before its rename
     (copy / "latest").write_text("step1")
     with pytest.raises(CheckpointError, match=r"tag 'step3' does not exist .*available tags: step1\.$"):
-        verify_checkpoint(copy, "step3")
+        CheckpointSource.open(copy, "checkpoint", tag="step3", purpose=CONVERT).verified
     CheckpointManager(copy, keep_last=3, rank=0, world_size=1)._prune(current_step=1)
     assert sorted(p.name for p in copy.iterdir() if p.is_dir()) == ["step1"]
 

@@ -724,18 +724,21 @@ def test_bad_input_fails_with_one_clear_error_and_touches_no_earlier_file(case, 
 def test_finetuning_tokenizer_check_compares_contents_and_names_both_sources(earlier):
     """Item 4, finetuning side: `check_checkpoint_tokenizer` refuses another vocabulary of the same size
     (the vocabulary-size check finetuning does today passes it) and accepts the run's own tokenizer."""
+    from widenet_ds.checkpoint.source import CheckpointSource
     from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
     from widenet_ds.data.tokenizer import load_tokenizer
     from widenet_ds.errors import CheckpointError
-    from widenet_ds.tasks.features import check_tokenizer_matches
+    from widenet_ds.benchmarks.features import check_tokenizer_matches
 
     other = load_tokenizer(earlier["other_tokenizer"] / "tokenizer.json")
     check_tokenizer_matches(other, earlier["vocab"])  # same size: the size check is blind to it
     with pytest.raises(CheckpointError, match=r"--tokenizer other is not the tokenizer of the checkpoint .*run.*"
                                               r"vocabulary differs from .*run/tokenizer\.json"):
-        check_checkpoint_tokenizer(other, "--tokenizer other", earlier["run"], earlier["vocab"])
+        check_checkpoint_tokenizer(other, "--tokenizer other", CheckpointSource.open(earlier["run"], "--init-from"),
+                                   earlier["vocab"])
     for source in ("run", "export"):
-        check_checkpoint_tokenizer(load_tokenizer(earlier["data"]), "--tokenizer data", earlier[source], earlier["vocab"])
+        check_checkpoint_tokenizer(load_tokenizer(earlier["data"]), "--tokenizer data",
+                                   CheckpointSource.open(earlier[source], "--init-from"), earlier["vocab"])
 
 
 def test_exported_folders_are_readable_by_group_and_others(earlier):

@@ -41,6 +41,7 @@ def exported_folder(shared_data, tmp_path):
     import torch
 
     from widenet_ds.checkpoint.format import PortableCheckpoint, save_folder
+    from widenet_ds.data.tokenizer import TokenizerFiles
     from widenet_ds.model.config import ModelConfig
     from widenet_ds.model.widenet import WideNetForPreTraining
 
@@ -52,7 +53,7 @@ def exported_folder(shared_data, tmp_path):
     # as `convert to-folder` writes it: the expert-parallel size it was trained with is recorded
     provenance = {"step": 7, "trained_with_ep_size": 1}
     return save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", state, provenance=provenance),
-                       tmp_path / "exported", tokenizer_files=(vocab,))
+                       tmp_path / "exported", tokenizer=TokenizerFiles((vocab,)))
 
 
 @pytest.mark.multirank

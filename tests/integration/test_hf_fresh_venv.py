@@ -38,7 +38,8 @@ from launching import RANK_VARS, REPO, run_train
 from pretrain_support import prepare_data
 
 from widenet_ds.checkpoint.format import read_folder
-from widenet_ds.checkpoint.load import load_pretrained, read_checkpoint
+from widenet_ds.checkpoint.load import load_pretrained
+from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.data.tokenizer import load_tokenizer
 from widenet_ds.model.widenet import (
@@ -244,7 +245,7 @@ def hf_side(runs, exported, digit_images, fresh_hf_python, shared_data, tmp_path
     for name, run, cls, auto, moe in PARITY:
         source = weights_source(runs, run)
         inputs = {"pixel_values": digit_images[1]} if run == "classify" else \
-            text_inputs(read_checkpoint(source).config.vocab_size)
+            text_inputs(CheckpointSource.open(source, "source", purpose=CONVERT).read_weights().config.vocab_size)
         expected = ours_eval(cls, auto, source, inputs, moe)
         save_file({k: v.contiguous() for k, v in inputs.items()}, root / f"{name}.inputs.safetensors")
         save_file({k: v.contiguous() for k, v in expected.items()}, root / f"{name}.expected.safetensors")
@@ -356,7 +357,7 @@ def test_model_cards_say_what_the_runs_were(runs, exported):
 @pytest.mark.parametrize("run", ["pretrain", "sst2", "classify"])
 def test_real_runs_round_trip_bit_identical(runs, exported, run, tmp_path):
     assert widenet_ds(["convert", "from-hf", str(exported[run]), str(tmp_path / "back")]) == 0
-    original, back = read_checkpoint(weights_source(runs, run)), read_folder(tmp_path / "back")
+    original, back = CheckpointSource.open(weights_source(runs, run), "source", purpose=CONVERT).read_weights(), read_folder(tmp_path / "back")
     assert back.architecture == original.architecture and back.config == original.config
     assert back.num_labels == original.num_labels
     assert back.state.keys() == original.state.keys()

@@ -24,7 +24,7 @@ from launch_inputs import DS_CONFIG, REPO, prepare_tiny_corpus
 from launching import run_train
 from slurm_cluster import missing_tools, slurm_cluster
 from widenet_ds.model.config import ModelConfig
-from widenet_ds.task_registry import TASKS
+from widenet_ds.training.registry import TASKS
 
 if missing_tools():
     pytest.skip(f"Slurm/munge not installed (missing {', '.join(missing_tools())}); run scripts/install_slurm.sh "
@@ -129,6 +129,7 @@ def pretrained(shared_data, tmp_path_factory):
     import torch
 
     from widenet_ds.checkpoint.format import PortableCheckpoint, save_folder
+    from widenet_ds.data.tokenizer import TokenizerFiles
     from widenet_ds.model.config import ModelConfig
     from widenet_ds.model.widenet import WideNetForPreTraining
 
@@ -138,7 +139,7 @@ def pretrained(shared_data, tmp_path_factory):
     cfg = ModelConfig.from_preset("widenet-tiny-e4", vocab_size=30522, max_position_embeddings=64)
     torch.manual_seed(0)
     return save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", WideNetForPreTraining(cfg).state_dict()),
-                       root / "exported", tokenizer_files=(vocab,))
+                       root / "exported", tokenizer=TokenizerFiles((vocab,)))
 
 
 def logged_numbers(seed_dir: Path) -> dict[tuple[int, str], float]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from widenet_ds.checkpoint.load import read_checkpoint
+from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
 from widenet_ds.model.layernorm_divergence import layernorm_divergence
 from widenet_ds.report.paired import paired_difference
 from widenet_ds.run_folder import RunFolder
@@ -118,7 +118,7 @@ def test_paired_differences_are_those_of_the_runs_seed_by_seed(study):
 def test_layernorm_divergence_is_eq9_on_the_checkpoints(study):
     _, _, result = study
     pre = {(p["variant"], p["seed"]): p for p in result["pretrain"] if p["budget"] == "steps"}
-    state = read_checkpoint(Path(pre["widenet", 1234]["run_dir"])).state
+    state = CheckpointSource.open(Path(pre["widenet", 1234]["run_dir"]), "source", purpose=CONVERT).read_weights().state
     gammas = torch.stack([state[f"widenet.encoder.attention_norm.{i}.weight"] for i in range(4)])
     measured = pre["widenet", 1234]["layernorm_divergence"]["before_ffn"]["gamma"]
     assert measured == layernorm_divergence(gammas).mean().item() and measured > 0  # trained: the blocks differ

@@ -29,7 +29,7 @@ from launch_inputs import prepare_tiny_corpus, pretrain_args, tiny_model_config
 from launching import REPO, child_env, deepspeed_launcher, python_train_command, run_deepspeed, run_train
 from pretrain_support import train_losses
 
-from widenet_ds.checkpoint.verify import verify_checkpoint
+from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
 from widenet_ds.run_lock import LOCK_FILE
 from widenet_ds.runtime.ports import free_port, port_is_free
 
@@ -94,7 +94,7 @@ def test_a_second_run_into_the_same_folder_is_refused_and_the_first_is_unharmed(
     steps_logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
                     if "train/loss" in line]
     assert steps_logged == list(range(1, steps + 1))
-    assert verify_checkpoint(out).path.name == f"step{steps}"
+    assert CheckpointSource.open(out, "checkpoint", purpose=CONVERT).verified.path.name == f"step{steps}"
     assert json.loads((out / "results.json").read_text())["test/accuracy"] > 0
     assert not (out / LOCK_FILE).exists()
 
@@ -119,7 +119,7 @@ def test_a_checkpoint_that_cannot_fit_is_refused_before_writing_and_resume_conti
                      rf"{run}/checkpoints, then continue with --resume\.", proc.stderr), \
         proc.stderr[-3000:]
     assert tags(run) == ["step1"] and (run / "checkpoints" / "latest").read_text() == "step1"
-    assert verify_checkpoint(run).files > 0 and not (run / LOCK_FILE).exists()
+    assert CheckpointSource.open(run, "checkpoint", purpose=CONVERT).verified.files > 0 and not (run / LOCK_FILE).exists()
 
     small_disk.resize(disk, "40m")
     proc = subprocess.run(python_train_command("pretrain", [*args, "--resume"]), cwd=REPO, env=child_env(),
@@ -154,7 +154,7 @@ def test_a_disk_filling_up_during_a_save_on_one_rank_is_one_error_and_leaves_no_
                      rf"files were removed and the run stopped at step 2\. The last complete checkpoint is "
                      rf"{run}/checkpoints/step1: free at least", output), output[-4000:]
     assert tags(run) == ["step1"] and (run / "checkpoints" / "latest").read_text() == "step1"
-    assert verify_checkpoint(run).files > 0
+    assert CheckpointSource.open(run, "checkpoint", purpose=CONVERT).verified.files > 0
 
     (run / "filler.bin").unlink(missing_ok=True)  # space freed
     run_train("pretrain", [*args, "--resume"], num_ranks=2, timeout=400)

@@ -40,7 +40,7 @@ def test_every_flag_has_one_meaning_and_the_doc_table_is_current():
 
 
 def test_the_shared_flags_parse_alike_in_every_task(tmp_path):
-    extra = {"pretrain": ["--data", str(tmp_path)], "glue": ["--data", "hf", "--task", "sst2"],
+    extra = {"pretrain": ["--data", str(tmp_path)], "glue": ["--data", "hf", "--glue-task", "sst2"],
              "squad": ["--data", "hf", "--version", "1.1"], "classify": ["--dataset", "digits"]}
     for task in CONFIGS:
         cfg = parse(task, [*_common(tmp_path), "--model-config", "widenet-tiny-e4", "--set", "moe.top_k=1",
@@ -55,7 +55,7 @@ def test_the_shared_flags_parse_alike_in_every_task(tmp_path):
 
 def test_a_configuration_written_as_a_command_line_parses_back_to_itself(tmp_path):
     extra = {"pretrain": ["--data", str(tmp_path), "--max-steps", "7"],
-             "glue": ["--data", "hf", "--task", "sst2", "--seeds", "2", "--predict-test"],
+             "glue": ["--data", "hf", "--glue-task", "sst2", "--seeds", "2", "--predict-test"],
              "squad": ["--data", "hf", "--version", "2.0", "--doc-stride", "64"],
              "classify": ["--dataset", "digits", "--flip", "--randaugment", "2,15"]}
     for task in CONFIGS:

@@ -12,14 +12,17 @@ from launching import REPO
 from open_counts import counted_opens
 
 from widenet_ds.checkpoint.source import CheckpointSource
-from widenet_ds.data.tokenizer import load_tokenizer
+from widenet_ds.data.tokenizer import TokenizerFiles, load_tokenizer
 from widenet_ds.errors import ConfigError
 from widenet_ds.results import SeedResults
 from widenet_ds.runtime.ds_config import load_ds_config, validate_ds_config
-from widenet_ds.tasks.recipes import recipe_for
-from widenet_ds.training.finetune_weights import finetune_model_config, model_overrides, tokenizer_source
-from widenet_ds.training.finetuning import FinetuneRun, median_over_seeds, recipe_mismatch, requested_steps
-from widenet_ds.training.plan import check_resume_changes, resolve_max_steps, resume_changes
+from widenet_ds.benchmarks.recipes import recipe_for
+from widenet_ds.training.benchmark import GlueBenchmark, SquadBenchmark
+from widenet_ds.training.finetune_weights import finetune_model_config, model_overrides
+from widenet_ds.training.finetuning import FinetuneInputs, recipe_mismatch, requested_steps
+from widenet_ds.training import plan as plan_module
+from widenet_ds.training.plan import check_resume_changes, plan_layout, resolve_max_steps, resume_changes
+from widenet_ds.training.sweep import median_over_seeds
 from widenet_ds.training.predict import Batching
 from widenet_ds.training.run import run_task
 from widenet_ds.training.run_config import GlueConfig, InvalidConfig, PretrainConfig, SquadConfig
@@ -68,7 +71,7 @@ def test_every_problem_is_reported_in_one_error(tmp_path):
     text = str(caught.value)
     assert text.startswith("5 problems with the glue settings:")
     for part in ("--seeds must be positive", "--log-interval must be positive", "--eval-interval must be >= 0",
-                 "--data", "nowhere does not exist", "--task: unknown GLUE task 'sst5'"):
+                 "--data", "nowhere does not exist", "--glue-task: unknown GLUE task 'sst5'"):
         assert part in text, part
     # the pretraining settings are collected the same way
     with pytest.raises(ConfigError) as caught:
@@ -133,8 +136,16 @@ def test_task_options_are_checked_before_anything_is_loaded(shared_data, tmp_pat
     assert "--train-file: " in str(caught.value) and "train-v1.1.json does not exist" in str(caught.value)
 
 
-def _run(cfg) -> FinetuneRun:
-    return FinetuneRun(cfg, world=2, rank=0, init_from=None)
+def _run(cfg, world: int = 2) -> FinetuneInputs:
+    """The run's shared inputs, its DeepSpeed settings checked as the planner checks them (training/plan.py)."""
+    inputs = FinetuneInputs(cfg, GlueBenchmark(cfg), None)
+    inputs.check_settings(plan_layout(cfg, inputs.model_config, world, 0)[1])
+    return inputs
+
+
+def _steps(cfg, inputs: FinetuneInputs, world: int = 2) -> int:
+    ds = plan_layout(cfg, inputs.model_config, world, 0)[1]
+    return resolve_max_steps(requested_steps(cfg, ds, inputs.recipe), ds.total_num_steps)
 
 
 def test_recipe_and_deepspeed_json_may_not_silently_disagree(shared_data, tmp_path):
@@ -146,19 +157,18 @@ def test_recipe_and_deepspeed_json_may_not_silently_disagree(shared_data, tmp_pa
     assert "batch size 128 in the recipe, 32 in the DeepSpeed JSON" in text
     assert "learning rate 4e-05 in the recipe, 0.001 in the DeepSpeed JSON" in text
     assert "schedule steps 5234 in the recipe, 200" in text
-    run = _run(_cfg(tmp_path, tokenizer=vocab, allow_recipe_mismatch=True))
-    assert len(run.mismatch) == 4 and run.max_steps == 200
+    cfg = _cfg(tmp_path, tokenizer=vocab, allow_recipe_mismatch=True)
+    run = _run(cfg)
+    assert len(run.mismatch) == 4 and _steps(cfg, run) == 200
     # the shipped Table-7 JSONs are the recipes
-    assert FinetuneRun(_cfg(tmp_path, tokenizer=vocab, deepspeed_config=SST2_CONFIG), world=8, rank=0,
-                       init_from=None).mismatch == []
+    assert _run(_cfg(tmp_path, tokenizer=vocab, deepspeed_config=SST2_CONFIG), world=8).mismatch == []
     for task, name in (("mnli", "mnli"), ("SQuAD1.1", "squad11"), ("SQuAD2.0", "squad20")):
         settings = validate_ds_config(load_ds_config(REPO / f"ds_configs/finetune_{name}.json"), world_size=1,
                                       has_moe=True, cuda_available=True)
         assert recipe_mismatch(recipe_for(task), settings) == [], task
     # another task's JSON is caught (RTE is batch 32, lr 3e-5, 800 steps)
     with pytest.raises(ConfigError, match="disagrees with the RTE recipe"):
-        FinetuneRun(_cfg(tmp_path, glue_task="rte", tokenizer=vocab, deepspeed_config=SST2_CONFIG), world=8, rank=0,
-                       init_from=None)
+        _run(_cfg(tmp_path, glue_task="rte", tokenizer=vocab, deepspeed_config=SST2_CONFIG), world=8)
 
 
 def test_resume_refuses_changed_settings(tmp_path):
@@ -223,14 +233,14 @@ def test_tokenizer_comes_from_the_init_folder_or_must_be_given(shared_data, tmp_
     cfg = ModelConfig.from_preset("albert-tiny", vocab_size=30522)
     state = WideNetForPreTraining(cfg).state_dict()
     with_vocab = save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", state), tmp_path / "a",
-                             tokenizer_files=(vocab,))
+                             tokenizer=TokenizerFiles((vocab,)))
     without = save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", state), tmp_path / "b")
-    tokenizer = load_tokenizer(tokenizer_source(_cfg(tmp_path, model_config=None, init_from=str(with_vocab)),
-                                                CheckpointSource.open(with_vocab, "--init-from")))
+    with_cfg = _cfg(tmp_path, model_config=None, init_from=str(with_vocab))
+    tokenizer = FinetuneInputs(with_cfg, GlueBenchmark(with_cfg), CheckpointSource.open(with_vocab, "--init-from")).tokenizer
     assert tokenizer.get_vocab_size() == 30522 and tokenizer.token_to_id("[CLS]") == 101
+    without_cfg = _cfg(tmp_path, model_config=None, init_from=str(without))
     with pytest.raises(ConfigError, match="pass --tokenizer"):
-        tokenizer_source(_cfg(tmp_path, model_config=None, init_from=str(without)),
-                         CheckpointSource.open(without, "--init-from"))
+        FinetuneInputs(without_cfg, GlueBenchmark(without_cfg), CheckpointSource.open(without, "--init-from"))
 
 
 def test_expert_parallel_batches_have_one_shape_on_every_rank():
@@ -272,27 +282,26 @@ def test_resume_keeps_finished_seeds_and_leaves_a_complete_run_alone(shared_data
 
 
 def test_squad_dev_scores_on_the_training_file_come_with_a_note(shared_data, tmp_path):
-    from widenet_ds.data.tokenizer import load_tokenizer
-    from widenet_ds.training.finetune_tasks import SquadTaskRun
 
     one = tmp_path / "squad.json"
     one.write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": [{
         "context": "The cat sat on the mat.", "qas": [{"id": "q1", "question": "Where did the cat sit?",
                                                       "answers": [{"text": "on the mat", "answer_start": 12}]}]}]}]}))
     tokenizer = load_tokenizer(shared_data / "vocab/bert-base-uncased-vocab.txt")
-    same = SquadTaskRun(_cfg(tmp_path, SquadConfig, version="1.1", data=str(tmp_path), train_file=str(one),
-                             dev_file=str(one))).prepare(tokenizer, 64)
+    same = SquadBenchmark(_cfg(tmp_path, SquadConfig, version="1.1", data=str(tmp_path), train_file=str(one),
+                               dev_file=str(one))).prepare(tokenizer, 64)
     assert any("the file the model trains on" in note for note in same.notes), same.notes
     other = tmp_path / "dev.json"
     other.write_text(one.read_text())
-    held_out = SquadTaskRun(_cfg(tmp_path, SquadConfig, version="1.1", data=str(tmp_path), train_file=str(one),
-                                 dev_file=str(other))).prepare(tokenizer, 64)
+    held_out = SquadBenchmark(_cfg(tmp_path, SquadConfig, version="1.1", data=str(tmp_path), train_file=str(one),
+                                   dev_file=str(other))).prepare(tokenizer, 64)
     assert not any("the file the model trains on" in note for note in held_out.notes), held_out.notes
 
 
-def test_a_finetuning_run_opens_its_init_from_checkpoint_once(shared_data, tmp_path, dist):
+def test_a_finetuning_run_opens_its_init_from_checkpoint_once_and_plans_once(shared_data, tmp_path, dist, monkeypatch):
     """--init-from is resolved once (issue 40): the tokenizer, the model config, the tokenizer check and every
-    seed's weights come from one CheckpointSource (before: config.json and the tokenizer opened 3 times each)."""
+    seed's weights come from one CheckpointSource (before: config.json and the tokenizer opened 3 times each); and
+    the seeds share one plan and one read of the data (issue 47)."""
     from widenet_ds.checkpoint.format import PortableCheckpoint, save_folder
     from widenet_ds.model.config import ModelConfig
     from widenet_ds.model.widenet import WideNetForPreTraining
@@ -301,12 +310,24 @@ def test_a_finetuning_run_opens_its_init_from_checkpoint_once(shared_data, tmp_p
     vocab.write_bytes((shared_data / "vocab/bert-base-uncased-vocab.txt").read_bytes())
     model = ModelConfig.from_preset("widenet-tiny-e4", vocab_size=30522)
     folder = save_folder(PortableCheckpoint(model, "WideNetForPreTraining", WideNetForPreTraining(model).state_dict()),
-                         tmp_path / "pretrained", tokenizer_files=(vocab,))
+                         tmp_path / "pretrained", tokenizer=TokenizerFiles((vocab,)))
     cfg = _cfg(tmp_path, model_config=None, init_from=str(folder), data=str(shared_data / "glue/SST-2"), seeds=2,
                max_steps=1, max_train_examples=32, max_eval_examples=16, max_seq_length=32,
                allow_recipe_mismatch=True, tensorboard=False, progress_bar=False)
+    calls = {"plan_layout": 0, "prepare": 0}
+
+    def counted(name, real):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(plan_module, "plan_layout", counted("plan_layout", plan_module.plan_layout))
+    monkeypatch.setattr(GlueBenchmark, "prepare", counted("prepare", GlueBenchmark.prepare))
     with counted_opens(*sorted(folder.iterdir())) as opens:
         assert run_task(cfg).seeds == 2
     counts = {path.name: opens[str(path)] for path in folder.iterdir()}
     # each file: hashed against its record, then read once (the tokenizer: its hash is compared, then it is loaded)
     assert counts["config.json"] == 1 and all(n <= 2 for n in counts.values()), counts
+    # the run is planned once and its data read once for both seeds (before: planned once, then again per seed)
+    assert calls == {"plan_layout": 1, "prepare": 1}, calls

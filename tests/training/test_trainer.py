@@ -12,12 +12,14 @@ import torch
 from pretrain_support import CPU_CONFIG, events, train_losses
 from widenet_ds.checkpoint.training import complete_tags
 from widenet_ds.model.config import ModelConfig
+from widenet_ds.results import PretrainResults
 from widenet_ds.model.widenet import WideNetForPreTraining
 from widenet_ds.training.command_line import parse
 from widenet_ds.training.metrics import PretrainMetrics
 from widenet_ds.training.plan import plan_task
 from widenet_ds.training.preemption import StopRequest
-from widenet_ds.training.trainer import Task, Trainer
+from widenet_ds.training.task import Task
+from widenet_ds.training.trainer import Trainer
 
 VOCAB, SEQ = 64, 16
 
@@ -48,8 +50,10 @@ class RandomTokens:
 class FakeTask(Task):
     METRICS = PretrainMetrics
 
+    RESULTS = PretrainResults
+
     def __init__(self, cfg, stop: StopRequest, signal_in_step: int | None = None) -> None:
-        super().__init__(cfg)
+        super().__init__(cfg, cfg.folder)
         self.stop, self.signal_in_step = stop, signal_in_step
         self.evaluated: list[int] = []
         self.drawn = 0
@@ -63,11 +67,9 @@ class FakeTask(Task):
     def requested_steps(self, ds) -> int | None:
         return self.cfg.max_steps
 
-    def check_resume(self, meta, source) -> None:
-        pass
-
-    def prepare(self) -> None:
-        self.loader = RandomTokens(self.plan.ds.batch.micro_batch_size, self.cfg.seed)
+    def prepare(self, plan) -> None:
+        super().prepare(plan)
+        self.loader = RandomTokens(plan.ds.batch.micro_batch_size, self.cfg.seed)
 
     def build_model(self):
         return WideNetForPreTraining(self.plan.model_config), []
@@ -88,6 +90,10 @@ class FakeTask(Task):
     def train_line(self, scalars: dict[str, float]) -> str:
         return f"loss {scalars['train/loss']:.4f}"
 
+    def finish(self, engine, state, log) -> PretrainResults:
+        self.evaluate(engine, state.step, log)
+        return PretrainResults(state.step)
+
 
 def train(out: Path, *flags: str, signal_in_step: int | None = None) -> tuple[bool, FakeTask]:
     cfg = parse("pretrain", ["--model-config", "widenet-tiny-e4", "--deepspeed_config", str(CPU_CONFIG), "--data",
@@ -95,8 +101,8 @@ def train(out: Path, *flags: str, signal_in_step: int | None = None) -> tuple[bo
                              "--no-tensorboard", "--keep-last", "10", *flags])
     stop = StopRequest()
     task = FakeTask(cfg, stop, signal_in_step)
-    plan = plan_task(cfg, task, cfg.folder, 1, 0, check_settings=True)
-    finished, _ = Trainer(cfg, task, plan, cfg.folder, stop).run()
+    plan = plan_task(cfg, task, 1, 0)
+    finished, _ = Trainer(cfg, task, plan, stop).run()
     return finished, task
 
 

@@ -26,7 +26,6 @@ New: the router, N(0, initializer_range), seeded.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +38,10 @@ from widenet_ds.checkpoint.format import (
     missing_safetensors,
     read_safetensors,
     save_folder,
-    tokenizer_file_name,
     write_safetensors,
 )
-from widenet_ds.checkpoint.load import read_checkpoint
-from widenet_ds.data.tokenizer import tokenizer_files_in
+from widenet_ds.checkpoint.source import CheckpointSource
+from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.model.config import ModelConfig
 
@@ -203,20 +201,19 @@ HF_CONFIG = "config.json"
 HF_WEIGHTS = "model.safetensors"
 
 
-def to_albert(source: Path, target: Path, *, tag: str | None = None, model_config: Path | None = None,
-              tokenizer_files: tuple[Path, ...] = (), overwrite: bool = False) -> Path:
-    checkpoint = read_checkpoint(Path(source), tag=tag, model_config=model_config)
+def to_albert(checkpoint: PortableCheckpoint, source: CheckpointSource, target: Path, *,
+              tokenizer: TokenizerFiles = TokenizerFiles(), overwrite: bool = False) -> Path:
+    """A dense pretraining checkpoint (read from `source`) -> an HF AlbertForPreTraining folder, atomically."""
     if checkpoint.architecture != "WideNetForPreTraining":
-        raise CheckpointError(f"{source} is a {checkpoint.architecture}; the ALBERT export writes the pretraining "
+        raise CheckpointError(f"{source.given} is a {checkpoint.architecture}; the ALBERT export writes the pretraining "
                               f"layout (AlbertForPreTraining) and needs a WideNetForPreTraining checkpoint.")
     hf_config = albert_config(checkpoint.config)  # refuses MoE and pre-LN models, naming to-folder instead
     hf_state = to_albert_state_dict(checkpoint.state, checkpoint.config)
     with atomic_folder(target, overwrite, CheckpointError) as tmp:
         write_safetensors(hf_state, tmp / HF_WEIGHTS, metadata={"format": "pt"})
         (tmp / HF_CONFIG).write_text(json.dumps({**hf_config, "torch_dtype": "float32"}, indent=2) + "\n")
-        for path in tokenizer_files:
-            shutil.copyfile(path, tmp / tokenizer_file_name(path))
-        if tokenizer_files:
+        tokenizer.copy_into(tmp)
+        if tokenizer:
             write_hf_tokenizer_config(tmp, checkpoint.config.max_position_embeddings)
     return Path(target)
 
@@ -260,8 +257,7 @@ def from_albert(source: Path, target: Path, *, upcycle_experts: int | None = Non
                                     f"LayerNorms and heads copied; experts = ALBERT FFN + N(0, ({noise} x weight std)^2) "
                                     f"noise; router new, N(0, {cfg.initializer_range}), seed {seed}")
     checkpoint = PortableCheckpoint(cfg, "WideNetForPreTraining", state, provenance=provenance)
-    tokenizers = tokenizer_files_in(source)
-    return save_folder(checkpoint, target, tokenizer_files=tokenizers, overwrite=overwrite)
+    return save_folder(checkpoint, target, tokenizer=TokenizerFiles.in_folder(source), overwrite=overwrite)
 
 
 def upcycle(cfg: ModelConfig, state: dict[str, Tensor], num_experts: int, noise: float,

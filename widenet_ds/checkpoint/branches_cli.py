@@ -21,7 +21,7 @@ from torch import Tensor
 from widenet_ds.checkpoint.branches import check_keep, compress, expand, expanded_config, layout_of
 from widenet_ds.checkpoint.format import (CONFIG_FILE, PortableCheckpoint, architecture, read_folder,
                                           read_folder_config, save_folder, stored_model_config)
-from widenet_ds.data.tokenizer import tokenizer_files_in
+from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError
 from widenet_ds.model.config import EncoderConfig
 from widenet_ds.writable import check_output_folder
@@ -45,7 +45,7 @@ def fresh_state(architecture_name: str, cfg: EncoderConfig, num_labels: int | No
 
 
 def _write(source: Path, target: Path, stored: dict, checkpoint: PortableCheckpoint, overwrite: bool) -> Path:
-    return save_folder(checkpoint, target, dtype=stored.get("dtype", "fp32"), tokenizer_files=tokenizer_files_in(source),
+    return save_folder(checkpoint, target, dtype=stored.get("dtype", "fp32"), tokenizer=TokenizerFiles.in_folder(source),
                        overwrite=overwrite)
 
 

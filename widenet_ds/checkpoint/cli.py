@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from widenet_ds.checkpoint.albert import from_albert, to_albert
@@ -19,20 +20,16 @@ from widenet_ds.checkpoint.hf_export import (
     write_hf_folder,
 )
 from widenet_ds.checkpoint.hf_vit import to_hf_vit
-from widenet_ds.checkpoint.load import find_tokenizer_files, read_checkpoint
-from widenet_ds.data.tokenizer import TOKENIZER_FILES, tokenizer_files_in
 from widenet_ds.checkpoint.reshard import reshard
 from widenet_ds.checkpoint.shape_free import STATE_FILE, TENSORS_FILE, read_shape_free, save_shape_free
+from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
 from widenet_ds.checkpoint.tokenizer_check import (
     check_tokenizer_for_checkpoint,
     checkpoint_tokenizer,
     saved_tokenizer_problem,
 )
-from widenet_ds.checksums import file_sha256
-from widenet_ds.data.tokenizer import load_tokenizer
-from widenet_ds.checkpoint.training import resolve_tag_dir
-from widenet_ds.checkpoint.verify import verify_checkpoint
-from widenet_ds.disk_space import check_free_space, disk_full_errors
+from widenet_ds.data.tokenizer import TokenizerFiles
+from widenet_ds.disk_space import check_free_space, disk_full_errors, mib
 from widenet_ds.errors import CheckpointError
 from widenet_ds.run_lock import output_lock
 from widenet_ds.writable import check_output_folder
@@ -41,42 +38,19 @@ _SOURCE_HELP = ("a checkpoint folder, or a DeepSpeed checkpoint: a tag folder (<
                 "checkpoints folder or a run's output folder (then --tag, or the latest complete tag)")
 
 
-def _tokenizer_files(paths: list[str]) -> tuple[Path, ...]:
-    """Files named by --tokenizer: tokenizer.json / vocab.txt, or folders holding them."""
-
-    found: list[Path] = []
-    for raw in paths:
-        path = Path(raw)
-        if path.is_file():
-            found.append(path)
-        elif path.is_dir() and tokenizer_files_in(path):
-            found += tokenizer_files_in(path)
-        else:
-            raise CheckpointError(f"--tokenizer {raw}: no such file, nor a folder holding "
-                                  f"{' or '.join(TOKENIZER_FILES)}.")
-    return tuple(found)
-
-
-def _source_tokenizers(args) -> tuple[Path, ...]:
-    if args.tokenizer:
-        return _tokenizer_files(args.tokenizer)
-    return find_tokenizer_files(Path(args.source), args.tag)
-
-
-def _checked_tokenizers(args, vocab_size: int | None) -> tuple[tuple[Path, ...], str | None]:
-    """The tokenizer files to bundle, each checked against what the checkpoint records; and the recorded
-    (or bundled) tokenizer.json hash for the new folder's provenance."""
-    info = checkpoint_tokenizer(Path(args.source), args.tag)
-    files = _source_tokenizers(args)
+def _checked_tokenizers(args, source: CheckpointSource, vocab_size: int | None) -> tuple[TokenizerFiles, str | None]:
+    """The tokenizer files to bundle (--tokenizer, else those saved with the checkpoint), each checked against what
+    the checkpoint records; and the recorded (or bundled) tokenizer.json hash for the new folder's provenance."""
+    info = checkpoint_tokenizer(source)
+    files = TokenizerFiles.named(args.tokenizer, "--tokenizer") if args.tokenizer else source.tokenizer_files()
     if not args.tokenizer and files:
         problem = saved_tokenizer_problem(info)
         if problem:
             raise CheckpointError(f"{problem}. Pass --tokenizer with the data folder the run was trained on.")
-    for path in files:
+    for path in files.paths:
         given = f"--tokenizer {path}" if args.tokenizer else f"the tokenizer saved with the run ({path})"
-        check_tokenizer_for_checkpoint(load_tokenizer(path), given, info, vocab_size, given_file=path)
-    bundled = [p for p in files if p.name == "tokenizer.json"]
-    return files, info.recorded_sha256 or (file_sha256(bundled[0]) if bundled else None)
+        check_tokenizer_for_checkpoint(TokenizerFiles((path,)).load(), given, info, vocab_size, given_file=path)
+    return files, info.recorded_sha256 or files.sha256()
 
 
 def _check_output(args) -> None:
@@ -161,20 +135,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _weights_bytes(args) -> int:
+def _weights_bytes(args, source: CheckpointSource | None) -> int:
     """About what the output takes: the source's weights (their files), at the output's dtype."""
-    source = Path(args.source)
+    path = Path(args.source)
     if args.command == "from-hf":  # anything but an HF WideNet folder is refused first, naming the command that fits
-        read_hf_config(source)
-        size = sum(path.stat().st_size for path in hf_weight_files(source) if path.is_file())
-    elif (source / WEIGHTS_FILE).is_file():  # a checkpoint folder, or an HF one (from-albert)
-        size = (source / WEIGHTS_FILE).stat().st_size
-    elif args.command == "from-albert":
-        size = 0  # not an HF folder: from_albert says so
+        read_hf_config(path)
+        size = sum(file.stat().st_size for file in hf_weight_files(path) if file.is_file())
+    elif (path / WEIGHTS_FILE).is_file():  # a checkpoint folder, or an HF one (from-albert)
+        size = (path / WEIGHTS_FILE).stat().st_size
+    elif source is None:
+        size = 0  # from-albert of a folder that is not an HF one: from_albert says so
     else:
-        tag_dir = resolve_tag_dir(source, args.tag, require_marker=False)
         files = "*_states.pt" if args.command == "to-shape-free" else "*model_states.pt"  # with the optimizer's
-        size = sum(p.stat().st_size for p in tag_dir.glob(files))
+        size = sum(file.stat().st_size for file in source.tag_dir.glob(files))
     return size // 2 if getattr(args, "dtype", "fp32") != "fp32" else size
 
 
@@ -185,36 +158,38 @@ def cli(argv: list[str]) -> int:
     with output_lock(output, f"widenet-ds convert {args.command}") as lock:
         if lock.takeover_message:
             print(f"widenet-ds convert: {lock.takeover_message}", file=sys.stderr)
-        if args.command not in ("from-albert", "from-hf"):  # a damaged file is named before anything is read or written
-            # (HF folders: from_albert and from_hf name a truncated or foreign file themselves)
-            verify_checkpoint(Path(args.source), args.tag)
-        payload, fix = _weights_bytes(args), "Free space there, or write the output to another disk."
+        source = None
+        if args.command not in ("from-albert", "from-hf"):  # opened once: a damaged file is named before anything
+            # is read or written (HF folders: from_albert and from_hf name a truncated or foreign file themselves)
+            source = CheckpointSource.open(args.source, "source", tag=args.tag, purpose=CONVERT)
+        payload, fix = _weights_bytes(args, source), "Free space there, or write the output to another disk."
         check_free_space(output.parent, payload, f"the converted checkpoint {output}", fix)
         with disk_full_errors(output.parent, payload, f"the converted checkpoint {output}", fix):
-            return _convert(args)
+            return _convert(args, source)
 
 
-def _convert(args) -> int:
+def _convert(args, source: CheckpointSource | None) -> int:
     if args.command == "to-folder":
-        checkpoint = read_checkpoint(Path(args.source), tag=args.tag, model_config=args.model_config)
+        checkpoint = source.read_weights(args.model_config)
+        tokenizers = TokenizerFiles()
         if architecture(checkpoint.architecture).tokenized:
-            tokenizers, tokenizer_sha = _checked_tokenizers(args, checkpoint.config.vocab_size)
+            tokenizers, tokenizer_sha = _checked_tokenizers(args, source, checkpoint.config.vocab_size)
             if tokenizer_sha:
                 checkpoint.provenance["tokenizer_sha256"] = tokenizer_sha
-            described = f"tokenizer: {', '.join(p.name for p in tokenizers) or 'none found (pass --tokenizer)'}"
+            described = f"tokenizer: {', '.join(p.name for p in tokenizers.paths) or 'none found (pass --tokenizer)'}"
         elif args.tokenizer:
             raise CheckpointError(f"{args.source} holds a {checkpoint.architecture}, an image model: it has no "
                                   f"tokenizer; drop --tokenizer.")
         else:
-            tokenizers, described = (), f"{checkpoint.config.num_classes} classes"
-        out = save_folder(checkpoint, Path(args.output), dtype=args.dtype, tokenizer_files=tokenizers,
+            described = f"{checkpoint.config.num_classes} classes"
+        out = save_folder(checkpoint, Path(args.output), dtype=args.dtype, tokenizer=tokenizers,
                           overwrite=args.overwrite)
         print(f"wrote {out}: {checkpoint.architecture}, step {checkpoint.provenance.get('step')}, {args.dtype}, "
               f"{described}")
     elif args.command == "reshard":
-        out, why_not = reshard(Path(args.source), Path(args.output), ep_size=args.ep_size,
-                               world_size=args.world_size, tag=args.tag, model_config=args.model_config,
-                               overwrite=args.overwrite, model_states_only=args.model_states_only)
+        out, why_not = reshard(source, Path(args.output), ep_size=args.ep_size, world_size=args.world_size,
+                               model_config=args.model_config, overwrite=args.overwrite,
+                               model_states_only=args.model_states_only)
         if why_not is None:
             print(f"wrote {out} for ep_size {args.ep_size} on {args.world_size} rank(s), with its training state: "
                   f"--resume {out} continues the run (on that shape or another)")
@@ -222,26 +197,24 @@ def _convert(args) -> int:
             print(f"wrote {out} for ep_size {args.ep_size} on {args.world_size} rank(s): model states only ({why_not}); "
                   f"a trainer's --init-from {out} starts a new run from them")
     elif args.command == "to-shape-free":
-        state = read_shape_free(Path(args.source), tag=args.tag)
+        state = read_shape_free(source)
         out = save_shape_free(state, Path(args.output), overwrite=args.overwrite)
         source = state.scalars["source"]
         print(f"wrote {out}: {len(state.master)} weights with their optimizer states "
               f"({', '.join(sorted(state.optimizer))}), step {state.scalars['global_steps']}, from "
               f"{source['world_size']} rank(s), ep_size {source['ep_size']}, ZeRO {source['zero_stage']}")
     elif args.command == "to-hf-vit":
-        out = to_hf_vit(Path(args.source), Path(args.output), tag=args.tag, model_config=args.model_config,
-                        overwrite=args.overwrite)
+        out = to_hf_vit(source.read_weights(args.model_config), source, Path(args.output), overwrite=args.overwrite)
         print(f"wrote {out}: transformers.ViTForImageClassification.from_pretrained({str(out)!r}) loads it")
     elif args.command == "to-hf":
-        checkpoint = read_checkpoint(Path(args.source), tag=args.tag, model_config=args.model_config)
-        tokenizers = ()
+        checkpoint = source.read_weights(args.model_config)
+        tokenizers = TokenizerFiles()
         if architecture(checkpoint.architecture).tokenized:
-            tokenizers = _checked_tokenizers(args, checkpoint.config.vocab_size)[0]
+            tokenizers = _checked_tokenizers(args, source, checkpoint.config.vocab_size)[0]
         elif args.tokenizer:
             raise CheckpointError(f"{args.source} holds a {checkpoint.architecture}, an image model: it has no "
                                   f"tokenizer; drop --tokenizer.")
-        out = write_hf_folder(checkpoint, Path(args.source), Path(args.output), tokenizer_files=tokenizers,
-                              overwrite=args.overwrite)
+        out = write_hf_folder(checkpoint, source, Path(args.output), tokenizer=tokenizers, overwrite=args.overwrite)
         print(f"wrote {out}: transformers' Auto classes load it with trust_remote_code=True (README.md: the model "
               f"card)")
         if (native := native_alternative(checkpoint)) is not None:
@@ -251,12 +224,30 @@ def _convert(args) -> int:
         out = from_hf(Path(args.source), Path(args.output), overwrite=args.overwrite)
         print(f"wrote {out} (weights exact)")
     elif args.command == "to-albert":
-        out = to_albert(Path(args.source), Path(args.output), tag=args.tag, model_config=args.model_config,
-                        tokenizer_files=_checked_tokenizers(args, None)[0], overwrite=args.overwrite)
+        out = to_albert(source.read_weights(args.model_config), source, Path(args.output),
+                        tokenizer=_checked_tokenizers(args, source, None)[0], overwrite=args.overwrite)
         print(f"wrote {out}: transformers.AlbertForPreTraining.from_pretrained({str(out)!r}) loads it")
     else:
         out = from_albert(Path(args.source), Path(args.output), upcycle_experts=args.upcycle_experts,
                           noise=args.upcycle_noise, seed=args.seed, overwrite=args.overwrite)
         kind = f"WideNet upcycled to {args.upcycle_experts} experts" if args.upcycle_experts else "exact conversion"
         print(f"wrote {out} ({kind})")
+    return 0
+
+
+def verify_cli(argv: list[str]) -> int:
+    """`widenet-ds verify CHECKPOINT`: check every file of a checkpoint against its recorded size and SHA-256."""
+    parser = argparse.ArgumentParser(prog="widenet-ds verify", description=verify_cli.__doc__)
+    parser.add_argument("checkpoint", type=Path, help="an exported checkpoint folder, or a DeepSpeed checkpoint: a tag "
+                                                      "folder, a checkpoints folder or a run folder")
+    parser.add_argument("--tag", help="checkpoint tag, e.g. step1000 (default: the latest complete one)")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    verified = CheckpointSource.open(args.checkpoint, "checkpoint", tag=args.tag, purpose=CONVERT).verified
+    if not verified.files:
+        print(f"{verified.path}: no checksums recorded (written by an older widenet-ds or another program); "
+              f"nothing to check against")
+        return 0
+    print(f"{verified.path}: {verified.files} files ({mib(verified.bytes)}) match their recorded sizes and SHA-256 "
+          f"[{time.perf_counter() - start:.1f} s]")
     return 0

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from widenet_ds.checkpoint.format import PortableCheckpoint, architecture, infer_architecture, is_expert_key
 from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta
-from widenet_ds.checkpoint.training import MODEL_STATES, check_explicit_config, resolve_tag_dir
+from widenet_ds.checkpoint.training import MODEL_STATES, check_explicit_config
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.model.config import EncoderConfig
 
@@ -74,13 +74,6 @@ def precision(states: dict) -> str:
         if (config.get(name) or {}).get("enabled"):
             return name
     return "fp32"
-
-
-def read_deepspeed_checkpoint(source: Path, *, tag: str | None = None,
-                              model_config: Path | None = None) -> PortableCheckpoint:
-    """All weights of a DeepSpeed checkpoint, experts by global index, checked against the model config."""
-    tag_dir = resolve_tag_dir(source, tag, require_marker=False)
-    return read_tag(tag_dir, CheckpointMeta.read(tag_dir, required=False), model_config=model_config)
 
 
 def read_tag(tag_dir: Path, meta: CheckpointMeta | None, *, model_config: Path | None = None) -> PortableCheckpoint:

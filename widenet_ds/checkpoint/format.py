@@ -26,7 +26,6 @@ match exactly.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from torch import Tensor, nn
 
 from widenet_ds.atomic import atomic_folder, set_default_permissions
 from widenet_ds.checksums import record_files
+from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.model.config import EncoderConfig, ModelConfig
 from widenet_ds.model.moe import MoEFeedForward
@@ -190,12 +190,6 @@ class PortableCheckpoint:
         check_weights(shapes, expected_shapes(self.architecture, self.config, self.num_labels), where)
 
 
-def tokenizer_file_name(path: Path) -> str:
-    """The name a tokenizer file gets in a folder: what every loader looks for (tokenizer.json, vocab.txt),
-    whatever it was called where it came from (e.g. bert-base-uncased-vocab.txt)."""
-    return "tokenizer.json" if Path(path).suffix == ".json" else "vocab.txt"
-
-
 # --- safetensors ------------------------------------------------------------------------------------
 def read_safetensors(path: Path) -> dict[str, Tensor]:
     """A safetensors file; pickles (PyTorch .bin/.pt) and damaged files are refused, never unpickled."""
@@ -241,7 +235,7 @@ def write_safetensors(state: dict[str, Tensor], path: Path, metadata: dict[str, 
 
 # --- save / read ------------------------------------------------------------------------------------
 def save_folder(checkpoint: PortableCheckpoint, target: Path, *, dtype: str = "fp32",
-                tokenizer_files: tuple[Path, ...] = (), overwrite: bool = False) -> Path:
+                tokenizer: TokenizerFiles = TokenizerFiles(), overwrite: bool = False) -> Path:
     """Write a checked PortableCheckpoint as a folder, atomically."""
     if dtype not in DTYPES:
         raise ConfigError(f"dtype {dtype!r} is not one of {list(DTYPES)}.")
@@ -253,9 +247,8 @@ def save_folder(checkpoint: PortableCheckpoint, target: Path, *, dtype: str = "f
     with atomic_folder(target, overwrite, CheckpointError) as tmp:
         state = {k: t.to(DTYPES[dtype]) if t.is_floating_point() else t for k, t in checkpoint.state.items()}
         write_safetensors(state, tmp / WEIGHTS_FILE, metadata={"format": "pt", "widenet_format_version": "1"})
-        for path in tokenizer_files:
-            shutil.copyfile(path, tmp / tokenizer_file_name(path))
-        (tmp / README_FILE).write_text(_readme(checkpoint, dtype, [tokenizer_file_name(p) for p in tokenizer_files]))
+        tokenizer.copy_into(tmp)
+        (tmp / README_FILE).write_text(_readme(checkpoint, dtype, tokenizer.stored_names))
         config["files"] = record_files(tmp)  # every other file's size and SHA-256 (`widenet-ds verify`)
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return Path(target)

@@ -41,17 +41,16 @@ from widenet_ds.checkpoint.format import (
     missing_safetensors,
     read_safetensors,
     save_folder,
-    tokenizer_file_name,
     write_safetensors,
 )
 from widenet_ds.checkpoint.hf_model_card import model_card
 from widenet_ds.checkpoint.hf_vit import check_hf_convertible
-from widenet_ds.checkpoint.load import read_checkpoint
+from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.training import is_deepspeed_checkpoint
-from widenet_ds.data.tokenizer import tokenizer_files_in
+from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.model.config import ModelConfig, MoEConfig
-from widenet_ds.tasks.glue import get_glue_task
+from widenet_ds.benchmarks.glue import get_glue_task
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.datasets import FASHION_MNIST_CLASSES
 
@@ -164,20 +163,13 @@ def _our_config(hf: dict[str, Any], where: str) -> ModelConfig | VisionConfig:
 
 
 # --- to-hf ------------------------------------------------------------------------------------------------
-def to_hf(source: Path, target: Path, *, tag: str | None = None, model_config: Path | None = None,
-          tokenizer_files: tuple[Path, ...] = (), overwrite: bool = False) -> Path:
-    """Any checkpoint (folder or DeepSpeed run) -> an HF folder loadable with trust_remote_code=True, atomically."""
-    checkpoint = read_checkpoint(Path(source), tag=tag, model_config=model_config)
-    return write_hf_folder(checkpoint, Path(source), Path(target), tokenizer_files=tokenizer_files,
-                           overwrite=overwrite)
-
-
-def write_hf_folder(checkpoint: PortableCheckpoint, source: Path, target: Path, *,
-                    tokenizer_files: tuple[Path, ...] = (), overwrite: bool = False) -> Path:
-    """`to_hf` of a checkpoint already read from `source` (which the model card looks beside for the run)."""
+def write_hf_folder(checkpoint: PortableCheckpoint, source: CheckpointSource, target: Path, *,
+                    tokenizer: TokenizerFiles = TokenizerFiles(), overwrite: bool = False) -> Path:
+    """Any checkpoint (read from `source`, a folder or a DeepSpeed run, which the model card looks beside for the
+    run) -> an HF folder loadable with trust_remote_code=True, atomically."""
     image = isinstance(checkpoint.config, VisionConfig)
-    if not image and not tokenizer_files:
-        raise CheckpointError(f"{source} holds a text model but no tokenizer was found with it; pass --tokenizer with "
+    if not image and not tokenizer:
+        raise CheckpointError(f"{source.given} holds a text model but no tokenizer was found with it; pass --tokenizer with "
                               f"the run's tokenizer.json or vocab.txt (pipelines and users need it to make inputs).")
     state = {theirs: checkpoint.state[ours]
              for ours, theirs in hf_key_pairs(checkpoint.architecture, checkpoint.config, checkpoint.num_labels)}
@@ -190,10 +182,9 @@ def write_hf_folder(checkpoint: PortableCheckpoint, source: Path, target: Path, 
             (tmp / PREPROCESSOR_CONFIG).write_text(json.dumps(image_processor_config(checkpoint.config), indent=2)
                                                    + "\n")
         else:
-            for path in tokenizer_files:
-                shutil.copyfile(path, tmp / tokenizer_file_name(path))
+            tokenizer.copy_into(tmp)
             write_hf_tokenizer_config(tmp, checkpoint.config.max_position_embeddings)
-        (tmp / "README.md").write_text(model_card(checkpoint, Path(source), state))
+        (tmp / "README.md").write_text(model_card(checkpoint, source.path, state))
     return Path(target)
 
 
@@ -285,7 +276,7 @@ def from_hf(source: Path, target: Path, *, overwrite: bool = False) -> Path:
     provenance = {**saved.get("provenance", {}), "converted_from_hf": str(source.resolve())}
     checkpoint = PortableCheckpoint(cfg, ours, state, num_labels, provenance)
     dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(str(hf.get("dtype", hf.get("torch_dtype"))), "fp32")
-    return save_folder(checkpoint, Path(target), dtype=dtype, tokenizer_files=tokenizer_files_in(source),
+    return save_folder(checkpoint, Path(target), dtype=dtype, tokenizer=TokenizerFiles.in_folder(source),
                        overwrite=overwrite)
 
 

@@ -17,9 +17,9 @@ from torch import Tensor
 from widenet_ds.checkpoint.format import PortableCheckpoint, is_folder
 from widenet_ds.errors import RunFolderError
 from widenet_ds.model.config import ModelConfig
-from widenet_ds.results import ClassifyResults, FinetuneResults, PretrainResults, Results, SeedResults, numbers
+from widenet_ds.results import (TASK_RESULTS, ClassifyResults, FinetuneResults, PretrainResults, Results, SeedResults,
+                                numbers)
 from widenet_ds.run_folder import SEED_DIR, RunFolder
-from widenet_ds.task_registry import TASKS
 from widenet_ds.vision.config import VisionConfig
 
 # run_config.json settings that say what the run trained on, in the order shown.
@@ -47,7 +47,7 @@ def _scores(run: RunFolder) -> list[str]:
         sources = [("this run", run, SeedResults), ("all seeds of the run (median)", RunFolder(run.path.parent),
                                                     FinetuneResults)]
     else:
-        sources = [("this run", run, TASKS[task].results)] if task is not None else []
+        sources = [("this run", run, TASK_RESULTS[task])] if task is not None else []
     lines = []
     for label, folder, kind in sources:
         if not folder.results.is_file():

@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 from widenet_ds.atomic import atomic_folder
-from widenet_ds.checkpoint.format import write_safetensors
-from widenet_ds.checkpoint.load import read_checkpoint
+from widenet_ds.checkpoint.format import PortableCheckpoint, write_safetensors
+from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.vision.config import VisionConfig
 
@@ -101,12 +101,12 @@ def to_hf_vit_state_dict(cfg: VisionConfig, state: dict[str, Tensor]) -> dict[st
     return out
 
 
-def to_hf_vit(source: Path, target: Path, *, tag: str | None = None, model_config: Path | None = None,
+def to_hf_vit(checkpoint: PortableCheckpoint, source: CheckpointSource, target: Path, *,
               overwrite: bool = False) -> Path:
-    """An image folder or training checkpoint -> an HF ViTForImageClassification folder, atomically."""
-    checkpoint = read_checkpoint(Path(source), tag=tag, model_config=model_config)
+    """An image checkpoint (read from `source`, a folder or training checkpoint) -> an HF ViTForImageClassification
+    folder, atomically."""
     if checkpoint.architecture != ARCHITECTURE:
-        raise CheckpointError(f"{source} is a {checkpoint.architecture}; the HF ViT export needs a {ARCHITECTURE} "
+        raise CheckpointError(f"{source.given} is a {checkpoint.architecture}; the HF ViT export needs a {ARCHITECTURE} "
                               f"(text models: `widenet-ds convert to-albert`).")
     hf_config = hf_vit_config(checkpoint.config)  # refuses what HF's ViT cannot hold
     hf_state = to_hf_vit_state_dict(checkpoint.config, checkpoint.state)

@@ -1,10 +1,10 @@
 """Loading weights into a model: from a portable folder or any DeepSpeed checkpoint, any ep_size, text or image.
 
-`load_pretrained(cls, source)` is the one answer to "how do I load a checkpoint?": it reads the source
-(`read_checkpoint`: a folder, a DeepSpeed tag folder, a checkpoints folder or a run's output folder),
+`load_pretrained(cls, source)` is the one answer to "how do I load a checkpoint?": it opens the source
+(`CheckpointSource.open`: a folder, a DeepSpeed tag folder, a checkpoints folder or a run's output folder),
 builds `cls` with the saved config and copies the weights, each rank taking its own experts. A model built
 from a config of its own (a trainer's `--init-from` with other classes) takes them with
-`load_into(model, read_checkpoint(source), source)`; `match_weights` makes the same checks before any model
+`load_into(model, source.read_weights(), name)`; `match_weights` makes the same checks before any model
 exists, so that a trainer can refuse a misfit before it builds anything.
 
 The rule, for every architecture: the body (the encoder and its embeddings) must match key for key and shape
@@ -21,7 +21,6 @@ from typing import Any
 
 from torch import Tensor
 
-from widenet_ds.checkpoint.deepspeed import read_deepspeed_checkpoint
 from widenet_ds.checkpoint.format import (
     Architecture,
     PortableCheckpoint,
@@ -29,27 +28,12 @@ from widenet_ds.checkpoint.format import (
     expected_shapes,
     global_key_map,
     is_expert_key,
-    is_folder,
-    read_folder,
 )
-from widenet_ds.checkpoint.marker import CheckpointMeta
-from widenet_ds.checkpoint.training import check_explicit_config, config_differences, resolve_tag_dir
-from widenet_ds.data.tokenizer import tokenizer_files_in
+from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
+from widenet_ds.checkpoint.training import config_differences
 from widenet_ds.errors import CheckpointError
 from widenet_ds.model.config import EncoderConfig
 from widenet_ds.model.base import EncoderModel
-
-
-def read_checkpoint(source: Path, *, tag: str | None = None, model_config: Path | None = None) -> PortableCheckpoint:
-    """A folder, or a DeepSpeed checkpoint (tag folder, checkpoints folder or run output folder)."""
-    if is_folder(source):
-        if tag is not None:
-            raise CheckpointError(f"{source} is a checkpoint folder, which has no tags; drop the tag {tag!r}.")
-        checkpoint = read_folder(source)
-        if model_config is not None:
-            check_explicit_config(checkpoint.config, model_config, f"{source}/config.json")
-        return checkpoint
-    return read_deepspeed_checkpoint(source, tag=tag, model_config=model_config)
 
 
 def _same_family(checkpoint: PortableCheckpoint, arch: Architecture, source: str) -> None:
@@ -174,7 +158,7 @@ def load_pretrained(cls: type[EncoderModel], source, *, ep_size: int = 1, model_
     model_kwargs: the model's own arguments (`num_labels` for sequence classification).
     Log `report.summary()`: what was loaded, newly initialised and left unused.
     """
-    checkpoint = read_checkpoint(Path(source), tag=tag, model_config=model_config)
+    checkpoint = CheckpointSource.open(source, "source", tag=tag, purpose=CONVERT).read_weights(model_config)
     arch = architecture(cls.__name__, "the model")
     _same_family(checkpoint, arch, str(source))
     cfg = checkpoint.config.replace(**dict(model_overrides or {}))
@@ -182,19 +166,3 @@ def load_pretrained(cls: type[EncoderModel], source, *, ep_size: int = 1, model_
         model_kwargs.setdefault("num_labels", checkpoint.num_labels)
     model = cls(cfg, ep_size=ep_size, **model_kwargs)
     return model, load_into(model, checkpoint, str(source))
-
-
-def find_tokenizer_files(source: Path, tag: str | None = None) -> tuple[Path, ...]:
-    """The one tokenizer locator for weights: an exported folder's own files; for a DeepSpeed checkpoint, the
-    files its run folder carries (pretraining copies them there), else the data folder its marker names."""
-    source = Path(source)
-    if is_folder(source):
-        return tokenizer_files_in(source)
-    tag_dir = resolve_tag_dir(source, tag, require_marker=False)
-    return tag_tokenizer_files(tag_dir, CheckpointMeta.read(tag_dir, required=False))
-
-
-def tag_tokenizer_files(tag_dir: Path, meta: CheckpointMeta | None) -> tuple[Path, ...]:
-    """The tokenizer files of a DeepSpeed tag whose marker is already read: its run folder's, else its data's."""
-    candidates = [tag_dir.parent.parent, tag_dir.parent] + (meta.tokenizer_folders if meta else [])
-    return next((found for folder in candidates if (found := tokenizer_files_in(folder))), ())

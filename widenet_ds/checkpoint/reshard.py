@@ -26,10 +26,11 @@ import torch
 
 from widenet_ds.atomic import atomic_folder
 from widenet_ds.checksums import record_files
-from widenet_ds.checkpoint.deepspeed import expert_file, load_torch_file, read_deepspeed_checkpoint
+from widenet_ds.checkpoint.deepspeed import expert_file, load_torch_file
 from widenet_ds.checkpoint.marker import LATEST_FILE, CheckpointMeta
 from widenet_ds.checkpoint.shape_free import ShapeFreeState, read_shape_free, save_shape_free
-from widenet_ds.checkpoint.training import MODEL_STATES, resolve_tag_dir
+from widenet_ds.checkpoint.source import CheckpointSource
+from widenet_ds.checkpoint.training import MODEL_STATES
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.runtime.distributed import check_ep_size
 
@@ -38,13 +39,16 @@ SHAPE_FREE_DIR = "shape_free"
 _OPTIMIZER_LAYOUT = ("optimizer", "param_shapes", "shared_params", "frozen_param_shapes", "frozen_param_fragments")
 
 
-def reshard(source: Path, target: Path, *, ep_size: int, world_size: int, tag: str | None = None,
+def reshard(source: CheckpointSource, target: Path, *, ep_size: int, world_size: int,
             model_config: Path | None = None, overwrite: bool = False,
             model_states_only: bool = False) -> tuple[Path, str | None]:
-    """Write `<target>/<tag>/` + `<target>/latest`; returns the new tag folder, and why it holds model states only
-    (None: it holds the training state too)."""
-    tag_dir = resolve_tag_dir(source, tag, require_marker=False)
-    checkpoint = read_deepspeed_checkpoint(tag_dir, model_config=model_config)  # complete and consistent
+    """Write `<target>/<tag>/` + `<target>/latest` from the DeepSpeed checkpoint `source`; returns the new tag
+    folder, and why it holds model states only (None: it holds the training state too)."""
+    if source.is_folder:
+        raise CheckpointError(f"{source.given} is a checkpoint folder, which has no layout to reshard: any ep_size "
+                              f"loads it as it is (--init-from, load_pretrained).")
+    tag_dir = source.tag_dir
+    checkpoint = source.read_weights(model_config)  # complete and consistent
     cfg = checkpoint.config
     if world_size <= 0:
         raise ConfigError(f"--world-size {world_size} must be positive.")
@@ -54,11 +58,11 @@ def reshard(source: Path, target: Path, *, ep_size: int, world_size: int, tag: s
     states.update({name: None for name in _OPTIMIZER_LAYOUT if name in states})
     states["dp_world_size"] = world_size
     # Every entry of the source's marker is carried over (a marker-less source: another program's checkpoint).
-    meta = CheckpointMeta.read(tag_dir, required=False) or CheckpointMeta(
+    meta = source.meta or CheckpointMeta(
         step=0, samples=states.get("global_samples"), world_size=0, ep_size=0, model_config={}, deepspeed_config={})
     resharded_from = {"source": str(tag_dir.resolve()), "ep_size": checkpoint.provenance["trained_with_ep_size"],
                       "world_size": checkpoint.provenance["world_size"]}
-    state, why_not = (None, "--model-states-only") if model_states_only else _training_state(tag_dir, meta)
+    state, why_not = (None, "--model-states-only") if model_states_only else _training_state(source)
 
     with atomic_folder(target, overwrite, CheckpointError) as tmp:
         out = tmp / tag_dir.name
@@ -79,11 +83,13 @@ def reshard(source: Path, target: Path, *, ep_size: int, world_size: int, tag: s
     return Path(target) / tag_dir.name, why_not
 
 
-def _training_state(tag_dir: Path, meta: CheckpointMeta) -> tuple[ShapeFreeState | None, str | None]:
+def _training_state(source: CheckpointSource) -> tuple[ShapeFreeState | None, str | None]:
     """The source's whole training state, and else why it has none to carry."""
-    if not meta.optimizer_states or not (meta.shape_free_state or any(tag_dir.glob("rank_*_state.pt"))):
+    meta = source.meta
+    if meta is None or not meta.optimizer_states or not (
+            meta.shape_free_state or any(source.tag_dir.glob("rank_*_state.pt"))):
         return None, "the source holds no optimizer state"
     try:
-        return read_shape_free(tag_dir), None
+        return read_shape_free(source), None
     except CheckpointError as err:  # bf16/fp16: the 16-bit optimizer's own files
         return None, str(err)

@@ -38,10 +38,11 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from widenet_ds.atomic import atomic_folder
-from widenet_ds.checkpoint.deepspeed import load_torch_file, precision, read_deepspeed_checkpoint, zero_stage
+from widenet_ds.checkpoint.deepspeed import load_torch_file, precision, read_tag, zero_stage
 from widenet_ds.checkpoint.format import TEXT_DEFAULT, architecture
-from widenet_ds.checkpoint.marker import CheckpointMeta
-from widenet_ds.checkpoint.training import MODEL_STATES, TrainingState, check_checkpoint_files, resolve_tag_dir
+from widenet_ds.checkpoint.marker import CheckpointMeta, check_marker
+from widenet_ds.checkpoint.source import CheckpointSource
+from widenet_ds.checkpoint.training import MODEL_STATES, TrainingState
 from widenet_ds.errors import CheckpointError
 from widenet_ds.runtime.lamb import build_param_groups
 
@@ -105,16 +106,15 @@ def _hyper(group: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- reading a DeepSpeed tag ------------------------------------------------------------------------------
-def read_shape_free(source: Path, tag: str | None = None, *, meta: CheckpointMeta | None = None) -> ShapeFreeState:
-    """The shape-free state of a complete widenet-ds training checkpoint (fp32, ZeRO 0/1/2, any W and ep).
-    `meta`: `source` is a tag folder whose marker the caller read and whose files it checked (a resume does both
-    on every rank before anything loads)."""
+def read_shape_free(source: CheckpointSource) -> ShapeFreeState:
+    """The shape-free state of a complete widenet-ds training checkpoint (fp32, ZeRO 0/1/2, any W and ep), opened
+    (its marker read, its files checked) by the caller."""
+    if source.is_folder:
+        raise CheckpointError(f"{source.given} is a checkpoint folder (weights only): it holds no training state; pass "
+                              f"a training checkpoint (a tag folder, a checkpoints folder or a run folder).")
+    tag_dir, meta = source.tag_dir, source.meta
     if meta is None:
-        tag_dir = resolve_tag_dir(source, tag)
-        meta = CheckpointMeta.read(tag_dir)
-        check_checkpoint_files(tag_dir, meta)
-    else:
-        tag_dir = Path(source)
+        check_marker(tag_dir)  # the error of a tag without our marker, naming the fix
     if meta.shape_free_state:  # resharded: the state is kept as it is
         return stored_shape_free(tag_dir, meta)
     if not meta.optimizer_states:
@@ -191,7 +191,7 @@ def _read_zero_partitions(tag_dir: Path, meta: CheckpointMeta, local_experts: in
 def _read_stage0(tag_dir: Path, meta: CheckpointMeta, local_experts: int) -> ShapeFreeState:
     """ZeRO 0: the module's weights are the master weights; the optimizer state of expert-parallel rank e is a
     torch state dict whose positions follow the engine's param groups, rebuilt here on the meta device."""
-    checkpoint = read_deepspeed_checkpoint(tag_dir)
+    checkpoint = read_tag(tag_dir, meta)
     master = checkpoint.state
     arch = architecture(meta.architecture or TEXT_DEFAULT, str(tag_dir))
     cfg = arch.config.from_stored(meta.model_config)[0]
@@ -311,20 +311,20 @@ def stored_shape_free(tag_dir: Path, meta: CheckpointMeta) -> ShapeFreeState:
     return load_shape_free(Path(tag_dir) / meta.shape_free_state)
 
 
-def resume_on_new_shape(engine, tag_dir: Path, meta: CheckpointMeta, loader, ep_size: int,
-                        rank: int) -> TrainingState:
-    """Continue a run from `tag_dir` (written on another shape, or resharded with its shape-free state) in this
+def resume_on_new_shape(engine, source: CheckpointSource, loader, ep_size: int, rank: int) -> TrainingState:
+    """Continue a run from `source` (written on another shape, or resharded with its shape-free state) in this
     rank's freshly built engine and loader: weights, optimizer state, schedule and the data position. Every rank
     reads the whole checkpoint (nothing of it is modified); the RNG streams of the old ranks mean nothing on the
-    new ones and are not restored. `meta`: the tag's marker, its files checked (the plan did it on every rank)."""
-    state = read_shape_free(tag_dir, meta=meta)
+    new ones and are not restored. `source` was opened for --resume on every rank (marker read, files checked)."""
+    state = read_shape_free(source)
     apply_to_engine(engine, state, ep_size, rank)
     positions = {(s["epoch"], s.get("consumed")) for s in state.scalars["loaders"]}
     if len(positions) != 1:
-        raise CheckpointError(f"the ranks of {tag_dir} saved different data positions {sorted(positions)}; a checkpoint "
-                              f"is taken between steps, where every rank has consumed as much: the folder is mixed up.")
+        raise CheckpointError(f"the ranks of {source.tag_dir} saved different data positions {sorted(positions)}; a "
+                              f"checkpoint is taken between steps, where every rank has consumed as much: the folder "
+                              f"is mixed up.")
     loader.load_state_dict(state.scalars["loaders"][0])
-    return TrainingState(step=meta.step, samples=meta.samples)
+    return TrainingState(step=source.meta.step, samples=source.meta.samples)
 
 
 def _one_hyper(state: ShapeFreeState, names: list[str]) -> dict[str, Any]:

@@ -1,25 +1,34 @@
-"""A checkpoint named on the command line (`--init-from`, `--model-config FOLDER`), resolved once per process: a
+"""The one route from a path to a checkpoint: `CheckpointSource.open(path, flag, tag=..., purpose=...)` resolves a
 portable folder (config.json + model.safetensors) or a DeepSpeed checkpoint (a tag, its `checkpoints/` folder or
-the run folder; the tag `latest` names). Opening it checks its files against their records (checkpoint/verify.py)
-before any rank reads a weight; the run's checks and its weights then read this object, and nothing opens the
-path's config or marker again."""
+the run folder; `tag` picks one, else the tag `latest` names) once, reads its config or marker once and checks its
+files against their records (checkpoint/verify.py) before anything reads a weight. Every consumer -- a run's
+`--init-from` and `--resume`, `widenet-ds convert` and `verify`, `load_pretrained`, reshard, the shape-free state,
+the tokenizer check -- takes the opened object; nothing opens the path's config or marker again.
+
+Purposes: INIT (`--init-from`, `--model-config FOLDER`: weights to start from, a folder or a tag of any program),
+RESUME (`--resume`: a complete widenet-ds tag with the state to continue exactly), CONVERT (`convert`, `verify`,
+`branches`, `load_pretrained`: a folder or a tag of any program, `--tag` to pick another one)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Literal
 
 from widenet_ds.checkpoint.deepspeed import read_tag
 from widenet_ds.checkpoint.format import (TEXT_DEFAULT, PortableCheckpoint, architecture, is_folder, read_folder,
                                           read_folder_config, stored_model_config)
-from widenet_ds.checkpoint.load import tag_tokenizer_files
 from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta, check_marker
-from widenet_ds.checkpoint.training import resolve_tag_dir
-from widenet_ds.checkpoint.verify import verify_folder, verify_tag
-from widenet_ds.data.tokenizer import tokenizer_files_in
+from widenet_ds.checkpoint.training import check_explicit_config, check_resumable, resolve_tag_dir
+from widenet_ds.checkpoint.verify import Verified, verify_folder, verify_tag
+from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.model.config import split_run_settings
+
+Purpose = Literal["init", "resume", "convert"]
+INIT: Purpose = "init"
+RESUME: Purpose = "resume"
+CONVERT: Purpose = "convert"
 
 
 def _is_checkpoint(source: Path) -> bool:
@@ -27,36 +36,51 @@ def _is_checkpoint(source: Path) -> bool:
         or any(source.glob("*_model_states.pt"))
 
 
+def _use_other(purpose: Purpose, flag: str):
+    """How the command at hand takes another tag of the same run (named in a damaged tag's error)."""
+    if purpose == CONVERT:
+        return lambda tag_dir: f"--tag {tag_dir.name}"
+    return lambda tag_dir: f"{flag} {tag_dir}"
+
+
 @dataclass(frozen=True)
 class CheckpointSource:
     given: Path                           # as the command line named it
-    flag: str                             # which option named it ("--init-from")
+    flag: str                             # which option or argument named it ("--init-from", "--resume", "source")
+    purpose: Purpose
     architecture: str
     stored_config: dict[str, Any] | None  # the model config as stored (run settings of old versions inside;
     #                                       None: a DeepSpeed checkpoint of another program, no marker)
     where: Path                           # the file that records it: config.json or the tag's marker
+    verified: Verified                    # what the opening checked: its files against their records
     folder_config: dict[str, Any] | None = None  # a folder's config.json (None: a DeepSpeed tag)
     meta: CheckpointMeta | None = None    # a DeepSpeed tag's marker
 
     @classmethod
-    def open(cls, given: Path, flag: str, use_other: Callable[[Path], str] | None = None) -> CheckpointSource:
-        """Resolve and verify `given`; `use_other(tag_dir)`: how the command takes another tag (default `flag`)."""
+    def open(cls, given: str | Path, flag: str, *, tag: str | None = None,
+             purpose: Purpose = INIT) -> CheckpointSource:
+        """Resolve and verify `given` (named by `flag` in messages) for `purpose`."""
         given = Path(given)
-        if given.is_dir() and not _is_checkpoint(given):
+        if purpose == INIT and given.is_dir() and not _is_checkpoint(given):
             raise ConfigError(f"{flag} {given} is a directory but not a checkpoint (no config.json, no DeepSpeed "
                               f"checkpoint); pass a preset, a model-config JSON, a folder written by `widenet-ds "
                               f"convert to-folder`, or a run folder.")
-        if is_folder(given):
+        if purpose != RESUME and is_folder(given):
+            if tag is not None:
+                raise CheckpointError(f"{given} is a checkpoint folder, which has no tags; drop the tag {tag!r}.")
             config = read_folder_config(given)
             where = given / "config.json"
-            verify_folder(given, config)
-            return cls(given, flag, config.get("architecture", TEXT_DEFAULT), stored_model_config(config, where), where,
-                       folder_config=config)
-        tag_dir = resolve_tag_dir(given, require_marker=False)
-        meta = CheckpointMeta.read(tag_dir, required=False)  # None: another program's DeepSpeed checkpoint
-        verify_tag(tag_dir, meta, use_other or (lambda tag: f"{flag} {tag}"))
-        return cls(given, flag, (meta.architecture if meta else None) or TEXT_DEFAULT,
-                   meta.model_config if meta else None, tag_dir / META_FILE, meta=meta)
+            verified = verify_folder(given, config)
+            return cls(given, flag, purpose, config.get("architecture", TEXT_DEFAULT),
+                       stored_model_config(config, where), where, verified, folder_config=config)
+        resuming = purpose == RESUME
+        tag_dir = resolve_tag_dir(given, tag, require_marker=resuming)
+        meta = CheckpointMeta.read(tag_dir, required=resuming)  # None: another program's DeepSpeed checkpoint
+        verified = verify_tag(tag_dir, meta, _use_other(purpose, flag))
+        if resuming:
+            check_resumable(tag_dir, meta)
+        return cls(given, flag, purpose, (meta.architecture if meta else None) or TEXT_DEFAULT,
+                   meta.model_config if meta else None, tag_dir / META_FILE, verified, meta=meta)
 
     @property
     def is_folder(self) -> bool:
@@ -67,6 +91,11 @@ class CheckpointSource:
         """The DeepSpeed tag folder (a folder source has none)."""
         assert not self.is_folder, f"{self.given} is a portable folder"
         return self.where.parent
+
+    @property
+    def path(self) -> Path:
+        """The folder itself, or the tag folder."""
+        return self.given if self.is_folder else self.tag_dir
 
     def model_config(self, config_class):
         """The model config it records, of this task's config type."""
@@ -82,13 +111,21 @@ class CheckpointSource:
             raise CheckpointError(f"{self.where} holds no readable {config_class.NAME} ({err}); convert the checkpoint "
                                   f"again.") from None
 
-    def read_weights(self) -> PortableCheckpoint:
+    def read_weights(self, model_config: Path | None = None) -> PortableCheckpoint:
         """Every weight, experts by global index (a trainer that resumes a tag's full state loads it into the
-        engine with DeepSpeed instead)."""
-        if self.is_folder:
-            return read_folder(self.given, config=self.folder_config)
-        return read_tag(self.tag_dir, self.meta)
+        engine with DeepSpeed instead). `model_config`: a model-config JSON for a DeepSpeed checkpoint that does
+        not record its own; where one is recorded, it must be the same."""
+        if not self.is_folder:
+            return read_tag(self.tag_dir, self.meta, model_config=model_config)
+        checkpoint = read_folder(self.given, config=self.folder_config)
+        if model_config is not None:
+            check_explicit_config(checkpoint.config, model_config, str(self.where))
+        return checkpoint
 
-    def tokenizer_files(self) -> tuple[Path, ...]:
-        """The tokenizer saved with it: a folder's own files; a tag's run folder's, else its data folder's."""
-        return tokenizer_files_in(self.given) if self.is_folder else tag_tokenizer_files(self.tag_dir, self.meta)
+    def tokenizer_files(self) -> TokenizerFiles:
+        """The tokenizer saved with it: a folder's own files; a tag's run folder's (pretraining copies them there),
+        else the data folder its marker names."""
+        if self.is_folder:
+            return TokenizerFiles.in_folder(self.given)
+        candidates = [self.tag_dir.parent.parent, self.tag_dir.parent] + (self.meta.tokenizer_folders if self.meta else [])
+        return next((found for folder in candidates if (found := TokenizerFiles.in_folder(folder))), TokenizerFiles())

@@ -18,16 +18,10 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from widenet_ds.checkpoint.format import CONFIG_FILE, is_folder
-from widenet_ds.checkpoint.load import find_tokenizer_files
-from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta
 from widenet_ds.checkpoint.source import CheckpointSource
-from widenet_ds.checkpoint.training import resolve_tag_dir
 from widenet_ds.checksums import file_sha256
-from widenet_ds.data.tokenizer import load_tokenizer, tokenizer_files_in
+from widenet_ds.data.tokenizer import TOKENIZER_FILE, load_tokenizer
 from widenet_ds.errors import CheckpointError, WideNetError
-
-TOKENIZER_JSON = "tokenizer.json"
 
 
 @dataclass(frozen=True)
@@ -47,30 +41,24 @@ def vocabulary_sha256(tokenizer: Tokenizer) -> str:
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
 
 
-def checkpoint_tokenizer(source: Path | CheckpointSource, tag: str | None = None) -> CheckpointTokenizer:
-    """The record and the verified reference file of a checkpoint folder or DeepSpeed checkpoint (`source` a path,
-    or a checkpoint already opened: its config or marker is not read again)."""
-    opened = source if isinstance(source, CheckpointSource) else None
-    source = opened.given if opened else Path(source)
-    if is_folder(source):
-        config = opened.folder_config if opened else json.loads((source / CONFIG_FILE).read_text())
-        recorded = (config.get("provenance") or {}).get("tokenizer_sha256")
-        record = f"{source / CONFIG_FILE} (provenance.tokenizer_sha256)"
-        candidates = list(tokenizer_files_in(source))
+def checkpoint_tokenizer(source: CheckpointSource) -> CheckpointTokenizer:
+    """The record and the verified reference file of an opened checkpoint (its config or marker is not read
+    again)."""
+    if source.is_folder:
+        recorded = (source.folder_config.get("provenance") or {}).get("tokenizer_sha256")
+        record = f"{source.where} (provenance.tokenizer_sha256)"
     else:
-        tag_dir = opened.tag_dir if opened else resolve_tag_dir(source, tag, require_marker=False)
-        meta = opened.meta if opened else CheckpointMeta.read(tag_dir, required=False)
-        recorded = meta.tokenizer_sha256 if meta else None
-        record = f"{tag_dir / META_FILE} (data_manifest.tokenizer_sha256)"
-        candidates = list(opened.tokenizer_files() if opened else find_tokenizer_files(source, tag))
+        recorded = source.meta.tokenizer_sha256 if source.meta else None
+        record = f"{source.where} (data_manifest.tokenizer_sha256)"
+    candidates = source.tokenizer_files().paths
     reference = None
     for path in candidates:
-        if path.name == TOKENIZER_JSON and (recorded is None or file_sha256(path) == recorded):
+        if path.name == TOKENIZER_FILE and (recorded is None or file_sha256(path) == recorded):
             reference = path
             break
     if reference is None and recorded is None and candidates:
         reference = candidates[0]
-    return CheckpointTokenizer(str(source), recorded, record, reference)
+    return CheckpointTokenizer(str(source.given), recorded, record, reference)
 
 
 def saved_tokenizer_problem(info: CheckpointTokenizer) -> str | None:
@@ -107,7 +95,7 @@ def check_tokenizer_for_checkpoint(tokenizer: Tokenizer, given: str, info: Check
                                   f"differs from {info.reference} (verified against {info.record}), e.g. tokens "
                                   f"{differing}; pass the tokenizer the checkpoint was pretrained with.")
         return
-    if info.recorded_sha256 is not None and given_file is not None and given_file.name == TOKENIZER_JSON:
+    if info.recorded_sha256 is not None and given_file is not None and given_file.name == TOKENIZER_FILE:
         given_sha = file_sha256(given_file)
         if given_sha != info.recorded_sha256:
             raise CheckpointError(f"{given} (SHA-256 {given_sha[:12]}...) is not the tokenizer the checkpoint "
@@ -116,16 +104,13 @@ def check_tokenizer_for_checkpoint(tokenizer: Tokenizer, given: str, info: Check
                                   "trained on.")
 
 
-def check_checkpoint_tokenizer(tokenizer: Tokenizer, tokenizer_source: str, checkpoint: str | Path | CheckpointSource,
-                               vocab_size: int | None = None, tag: str | None = None,
-                               tokenizer_file: str | Path | None = None) -> None:
-    """The one call for "is this the tokenizer of that checkpoint?" (finetuning, conversion).
+def check_checkpoint_tokenizer(tokenizer: Tokenizer, tokenizer_source: str, checkpoint: CheckpointSource,
+                               vocab_size: int | None = None, tokenizer_file: str | Path | None = None) -> None:
+    """The one call for "is this the tokenizer of that checkpoint?" (finetuning, a new pretraining phase).
 
     tokenizer: the loaded tokenizer; tokenizer_source: how the user named it (e.g. "--tokenizer data/p1");
-    checkpoint: the weights' source (an exported folder or a DeepSpeed checkpoint / run folder);
-    vocab_size: the checkpoint's embedding rows; tokenizer_file: the tokenizer.json it was read from, if any
-    (compared by hash when the checkpoint's own tokenizer file is gone).
+    checkpoint: the weights' source, opened; vocab_size: the checkpoint's embedding rows; tokenizer_file: the
+    tokenizer.json it was read from, if any (compared by hash when the checkpoint's own tokenizer file is gone).
     """
-    info = checkpoint_tokenizer(checkpoint if isinstance(checkpoint, CheckpointSource) else Path(checkpoint), tag)
-    check_tokenizer_for_checkpoint(tokenizer, tokenizer_source, info, vocab_size,
+    check_tokenizer_for_checkpoint(tokenizer, tokenizer_source, checkpoint_tokenizer(checkpoint), vocab_size,
                                    given_file=Path(tokenizer_file) if tokenizer_file else None)

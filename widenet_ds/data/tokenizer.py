@@ -10,12 +10,13 @@ import argparse
 import os
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Encoding, Tokenizer, normalizers
 from tokenizers.implementations import BertWordPieceTokenizer
 
-from widenet_ds.atomic import atomic_write_text
+from widenet_ds.atomic import atomic_write_bytes, atomic_write_text
 from widenet_ds.data.default_corpus import DefaultCorpusSource
 from widenet_ds.checksums import file_sha256
 from widenet_ds.data.shards import read_manifest
@@ -28,9 +29,61 @@ VOCAB_FILE = "vocab.txt"
 TOKENIZER_FILES = (TOKENIZER_FILE, VOCAB_FILE)  # what data folders, run folders and exported folders carry
 
 
-def tokenizer_files_in(folder: str | os.PathLike) -> tuple[Path, ...]:
-    """The tokenizer files a folder holds, tokenizer.json first."""
-    return tuple(Path(folder) / name for name in TOKENIZER_FILES if (Path(folder) / name).is_file())
+@dataclass(frozen=True)
+class TokenizerFiles:
+    """The tokenizer files one folder holds (a prepared data folder, a run folder, an exported checkpoint folder,
+    an HF folder): found, loaded, hashed and copied through this one object."""
+
+    paths: tuple[Path, ...] = ()  # tokenizer.json first, then vocab.txt; empty: the folder holds none
+
+    @classmethod
+    def in_folder(cls, folder: str | os.PathLike) -> TokenizerFiles:
+        return cls(tuple(Path(folder) / name for name in TOKENIZER_FILES if (Path(folder) / name).is_file()))
+
+    @classmethod
+    def named(cls, paths: Iterable[str | os.PathLike], option: str) -> TokenizerFiles:
+        """Files named on a command line (`option`): tokenizer.json / vocab.txt, or folders holding them."""
+        found: list[Path] = []
+        for raw in paths:
+            path = Path(raw)
+            if path.is_file():
+                found.append(path)
+            elif path.is_dir() and (inside := cls.in_folder(path)):
+                found += inside.paths
+            else:
+                raise DataError(f"{option} {raw}: no such file, nor a folder holding {' or '.join(TOKENIZER_FILES)}.")
+        return cls(tuple(found))
+
+    def __bool__(self) -> bool:
+        return bool(self.paths)
+
+    @property
+    def json(self) -> Path | None:
+        """The tokenizer.json among them (the file whose SHA-256 runs and checkpoints record)."""
+        return next((path for path in self.paths if path.name == TOKENIZER_FILE), None)
+
+    def load(self) -> Tokenizer:
+        return load_tokenizer(self.paths[0])
+
+    def sha256(self) -> str | None:
+        """The SHA-256 of the tokenizer.json (None: only a vocab.txt)."""
+        return file_sha256(self.json) if self.json is not None else None
+
+    @staticmethod
+    def stored_name(path: Path) -> str:
+        """The name a tokenizer file gets in a folder: what every loader looks for, whatever it was called where
+        it came from (e.g. bert-base-uncased-vocab.txt)."""
+        return TOKENIZER_FILE if Path(path).suffix == ".json" else VOCAB_FILE
+
+    @property
+    def stored_names(self) -> list[str]:
+        return [self.stored_name(path) for path in self.paths]
+
+    def copy_into(self, folder: Path) -> None:
+        """Into a run or checkpoint folder, under their stored names (each copy atomic: a reader sees the old
+        file or the whole new one)."""
+        for path in self.paths:
+            atomic_write_bytes(Path(folder) / self.stored_name(path), path.read_bytes())
 
 
 def train_tokenizer(documents: Iterable[str], vocab_size: int = 30000, min_frequency: int = 2,

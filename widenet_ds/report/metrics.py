@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from widenet_ds.errors import RunFolderError
-from widenet_ds.results import ClassifyResults, FinetuneResults, is_number, numbers
+from widenet_ds.results import TASK_RESULTS, ClassifyResults, FinetuneResults, is_number, numbers
 from widenet_ds.run_folder import METRICS_FILE, MODEL_CONFIG_FILE, RESULTS_FILE, Metrics, RunFolder, read_json, \
     read_metrics
-from widenet_ds.task_registry import TASKS
 
 EXPERT_LOAD_KEY = re.compile(r"^moe/block_(\d+)/expert_(\d+)_load$")
 DROPPED_KEY = re.compile(r"^moe/block_(\d+)/dropped_fraction$")
@@ -356,7 +355,7 @@ def _is_run(folder: RunFolder) -> bool:
 
 def _load(folder: RunFolder, name: str) -> Run | Problem:
     task = folder.task()
-    kind = TASKS[task].report_kind if task is not None else None
+    kind = TASK_RESULTS[task].KIND if task is not None else None
     if kind == "finetune":
         return _load_finetune(folder, name)
     if kind is not None:

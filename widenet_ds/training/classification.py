@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as torch_dist
 
 from widenet_ds.checkpoint.load import load_into, match_weights
 from widenet_ds.checkpoint.marker import CheckpointMeta
+from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.errors import CheckpointError, DataError
 from widenet_ds.results import ClassifyResults
 from widenet_ds.training.console import say
@@ -18,7 +18,8 @@ from widenet_ds.training.log import TrainingLog
 from widenet_ds.training.metrics import ClassifyMetrics
 from widenet_ds.training.model_source import resolve_model_config
 from widenet_ds.training.run_config import ClassifyConfig
-from widenet_ds.training.trainer import Task
+from widenet_ds.training.plan import RunPlan
+from widenet_ds.training.task import Task
 from widenet_ds.vision.augment import BatchAugmenter, normalize
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.datasets import ImageSource, load_dataset
@@ -75,13 +76,14 @@ class ClassifyTask(Task):
             return self.cfg.max_steps
         return max(1, int(self.cfg.epochs * self.batches_per_epoch(ds.batch.train_batch_size)))
 
-    def check_resume(self, meta: CheckpointMeta, source) -> None:
+    def check_resume(self, meta: CheckpointMeta, source: CheckpointSource) -> None:
         saved = meta.run.get("dataset")
         if saved != self.cfg.dataset:
-            raise CheckpointError(f"checkpoint {source} was trained on {saved}; resume with --dataset {saved}.")
+            raise CheckpointError(f"checkpoint {source.tag_dir} was trained on {saved}; resume with --dataset {saved}.")
 
-    def prepare(self) -> None:
-        cfg, plan = self.cfg, self.plan
+    def prepare(self, plan: RunPlan) -> None:
+        super().prepare(plan)
+        cfg = self.cfg
         model, parallel = plan.model_config, plan.parallel
         micro = plan.ds.batch.micro_batch_size
         rank, world = parallel.data_parallel_rank, parallel.data_parallel_size
@@ -174,7 +176,5 @@ class ClassifyTask(Task):
             # the whole model's, counted on the meta device: with ep_size > 1 a rank holds only its share of the experts
             count_trainable_parameters(build_model(model, device="meta")), test,
             self.plan.schedule.kind if accuracy_by_branches else None, accuracy_by_branches)
-        if torch_dist.get_rank() == 0:
-            cfg.folder.write_results(results)
         log.event(state.step, f"test accuracy {test['test/accuracy']:.4f} (loss {test['test/task_loss']:.4f})")
         return results

@@ -6,11 +6,8 @@ from __future__ import annotations
 import argparse
 
 from widenet_ds.errors import ConfigError
-from widenet_ds.task_registry import TASKS
 from widenet_ds.training.flags import add_flags, values
-from widenet_ds.training.run_config import RunConfig
-
-CONFIGS: dict[str, type[RunConfig]] = {name: spec.config_class() for name, spec in TASKS.items()}
+from widenet_ds.training.run_config import CONFIGS, RunConfig
 
 
 def build_parser(task: str) -> argparse.ArgumentParser:
@@ -19,7 +16,7 @@ def build_parser(task: str) -> argparse.ArgumentParser:
         raise ConfigError(f"unknown task {task!r}; pick one of {', '.join(CONFIGS)}.")
     parser = argparse.ArgumentParser(
         prog=f"python -m widenet_ds.train {task}",
-        description=f"{TASKS[task].description} Start it with `widenet-ds launch {task}`, the `deepspeed` launcher "
+        description=f"{CONFIGS[task].DESCRIPTION} Start it with `widenet-ds launch {task}`, the `deepspeed` launcher "
                     f"(--module widenet_ds.train {task}), srun or mpiexec. Batch sizes, learning rate, schedule, "
                     f"precision and ZeRO stage come from the DeepSpeed JSON only; flags: docs/flags.md.")
     add_flags(parser, CONFIGS[task])

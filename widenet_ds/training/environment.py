@@ -12,7 +12,7 @@ from pathlib import Path
 
 from widenet_ds.errors import ConfigError, DataError, raise_config_problems
 from widenet_ds.run_lock import folder_lock
-from widenet_ds.tasks.glue import get_glue_task, glue_split_path
+from widenet_ds.benchmarks.glue import get_glue_task, glue_split_path
 from widenet_ds.training.run_config import HF_DATA, FinetuneConfig, GlueConfig, RunConfig, SquadConfig
 from widenet_ds.writable import check_output_folder
 

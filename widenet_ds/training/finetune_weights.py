@@ -1,4 +1,4 @@
-"""Where finetuning weights come from and go: the tokenizer that belongs to them, the model config of
+"""Where finetuning weights come from and go: the model config of
 --init-from (pretrained weights) or --model-config (random initialisation) with the recipe's routing and
 dropout settings, and the finetuned model written back as a checkpoint folder."""
 
@@ -10,23 +10,10 @@ from typing import Any
 import torch.distributed as torch_dist
 
 from widenet_ds.checkpoint.format import PortableCheckpoint, global_key_map, is_expert_key, save_folder
-from widenet_ds.checkpoint.source import CheckpointSource
-from widenet_ds.errors import ConfigError
+from widenet_ds.data.tokenizer import TOKENIZER_FILE, TokenizerFiles
 from widenet_ds.model.config import ModelConfig, parse_overrides
 from widenet_ds.training.model_source import resolve_model_config
 from widenet_ds.training.run_config import FinetuneConfig
-
-
-def tokenizer_source(cfg: FinetuneConfig, init_from: CheckpointSource | None) -> str | Path:
-    """--tokenizer, else the tokenizer file saved with --init-from (in an exported folder, or next to a run's
-    checkpoints)."""
-    if cfg.tokenizer is not None:
-        return cfg.tokenizer
-    found = init_from.tokenizer_files() if init_from is not None else ()
-    if not found:
-        raise ConfigError("no tokenizer given and none saved with --init-from: pass --tokenizer (the tokenizer.json "
-                          "/ vocab.txt or the prepared data folder the model was pretrained with).")
-    return found[0]
 
 
 def model_overrides(cfg: FinetuneConfig, recipe) -> dict[str, Any]:
@@ -62,11 +49,11 @@ def save_finetuned(model, target: Path, tokenizer, provenance: dict[str, Any], e
     if torch_dist.get_rank() == 0:
         tokenizer_dir = target.with_name(f".{target.name}-tokenizer")
         tokenizer_dir.mkdir(parents=True, exist_ok=True)
-        tokenizer.save(str(tokenizer_dir / "tokenizer.json"))
+        tokenizer.save(str(tokenizer_dir / TOKENIZER_FILE))
         checkpoint = PortableCheckpoint(model.cfg, type(model).__name__, state, getattr(model, "num_labels", None),
                                         {**provenance, "trained_with_ep_size": ep_size})
-        save_folder(checkpoint, target, tokenizer_files=(tokenizer_dir / "tokenizer.json",), overwrite=True)
-        (tokenizer_dir / "tokenizer.json").unlink()
+        save_folder(checkpoint, target, tokenizer=TokenizerFiles.in_folder(tokenizer_dir), overwrite=True)
+        (tokenizer_dir / TOKENIZER_FILE).unlink()
         tokenizer_dir.rmdir()
     torch_dist.barrier()
     return target

@@ -6,11 +6,11 @@ the shape (data/batch_order.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from widenet_ds.checkpoint.marker import CheckpointMeta
+from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.data.batch_order import GLOBAL_CHUNKS
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.runtime.ds_config import DeepSpeedSettings, validate_ds_config
@@ -41,11 +41,12 @@ def saved_settings(meta: CheckpointMeta, has_moe: bool) -> DeepSpeedSettings | N
                               cuda_available=torch.cuda.is_available())
 
 
-def plan_new_shape(source: Path, meta: CheckpointMeta, parallel: ParallelPlan, ds: DeepSpeedSettings,
+def plan_new_shape(checkpoint: CheckpointSource, parallel: ParallelPlan, ds: DeepSpeedSettings,
                    has_moe: bool) -> str | None:
-    """None when the checkpoint was written on this run's shape; else the line naming old and new shape, after
-    refusing, with the fix, a shape change that cannot continue the run exactly. A resharded checkpoint's state
-    (`convert reshard`) is always re-laid out: its old shape is the run's it came from."""
+    """None when the checkpoint (opened for --resume) was written on this run's shape; else the line naming old and
+    new shape, after refusing, with the fix, a shape change that cannot continue the run exactly. A resharded
+    checkpoint's state (`convert reshard`) is always re-laid out: its old shape is the run's it came from."""
+    meta, source = checkpoint.meta, checkpoint.tag_dir
     saved = saved_settings(meta, has_moe)
     resharded = meta.run.get("resharded_from") or {}
     old = Shape(trained_world_size(meta), resharded.get("ep_size") or meta.ep_size,

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from widenet_ds.checkpoint.marker import CheckpointMeta
-from widenet_ds.checkpoint.training import (check_checkpoint_files, check_resumable, check_same_model, latest_checkpoint,
-                                           resolve_tag_dir)
+from widenet_ds.checkpoint.source import RESUME, CheckpointSource
+from widenet_ds.checkpoint.training import check_same_model, latest_checkpoint
 from widenet_ds.data.batch_order import GLOBAL_CHUNKS
 from widenet_ds.errors import CheckpointError, ConfigError, WideNetError, mark_same_on_every_rank
 from widenet_ds.run_folder import RunFolder
@@ -25,7 +25,7 @@ from widenet_ds.training.new_shape import plan_new_shape
 from widenet_ds.training.run_config import LATEST, RunConfig, setting_changes
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunPlan:
     model_config: Any  # ModelConfig or VisionConfig
     parallel: ParallelPlan
@@ -33,10 +33,9 @@ class RunPlan:
     optimizer: OptimizerPlan
     schedule: BranchSchedule
     max_steps: int
-    resume_from: Path | None = None
-    resume_meta: CheckpointMeta | None = None
-    changes: tuple[str, ...] = ()  # settings changed since the checkpoint, accepted with --accept-changed-settings
     notes: tuple[str, ...] = ()    # what the run does that a user may not expect (logged as events)
+    resume: CheckpointSource | None = None  # the checkpoint to continue from, opened for --resume
+    changes: tuple[str, ...] = ()  # settings changed since the checkpoint, accepted with --accept-changed-settings
     new_shape: str | None = None   # "old -> new" when the checkpoint is re-laid out for this run's shape
     data_order: str = GLOBAL_CHUNKS  # the order the loaders use: the resumed checkpoint's (data/batch_order.py)
 
@@ -94,24 +93,18 @@ def plan_layout(cfg: RunConfig, model_config, world_size: int, rank: int) -> tup
     return parallel, ds, plan_optimizer(ds, cfg.optimizer, cuda)
 
 
-def find_resume_point(cfg: RunConfig, folder: RunFolder, model_config) -> tuple[Path, CheckpointMeta, Any] | None:
-    """The checkpoint to continue from (None: a fresh start), checked to continue this run exactly, and the
-    model config to continue with (the checkpoint's dispatch: see `keep_saved_dispatch`)."""
+def find_resume(cfg: RunConfig, folder: RunFolder) -> CheckpointSource | None:
+    """The checkpoint `--resume` continues in `folder` (None: a fresh start), opened: its files checked and its
+    state complete, on every rank before any rank loads a file of it."""
     existing = latest_checkpoint(folder.checkpoints) if folder.checkpoints.is_dir() else None
     if cfg.resume is None:
         if existing is not None:  # (the settings refuse a used folder; this catches a checkpoints/ alone)
             raise CheckpointError(f"{folder.path} already holds checkpoints (up to {existing.name}); pass --resume to "
                                   f"continue that run, or choose a new --output-dir.")
         return None
-    source = existing if cfg.resume == LATEST else resolve_tag_dir(Path(cfg.resume))
-    if source is None:
+    if cfg.resume == LATEST and existing is None:
         return None  # nothing saved yet: a requeued job starts from step 0
-    meta = CheckpointMeta.read(source)
-    check_checkpoint_files(source, meta)  # every rank, before any rank loads a file of it
-    check_resumable(source, meta)
-    model_config = keep_saved_dispatch(meta.model_config, model_config, cfg.overrides)
-    check_same_model(meta.model_config, model_config.to_dict(), source, meta.architecture)
-    return source, meta, model_config
+    return CheckpointSource.open(existing if cfg.resume == LATEST else cfg.resume, "--resume", purpose=RESUME)
 
 
 def keep_saved_dispatch(saved: dict[str, Any], model_config, overrides: list[str]):
@@ -144,41 +137,49 @@ def check_resume_changes(cfg: RunConfig, where: Path, changes: list[str]) -> Non
                             "changes (they are logged).")
 
 
-def plan_task(cfg: RunConfig, task, folder: RunFolder, world_size: int, rank: int, *,
-              check_settings: bool) -> RunPlan:
-    """Every check of a run of `task` into `folder`, then the task's loaders: errors of every rank alike
-    (they read the same inputs), printed once. `check_settings`: compare a resumed run's settings with
-    its run_config.json here (finetuning compares them once for all its seeds)."""
+def plan_task(cfg: RunConfig, task, world_size: int, rank: int) -> RunPlan:
+    """Every check of a run of `task` into its folder, then the task's loaders: errors of every rank alike (they
+    read the same inputs), printed once. A resumed run's settings are compared with its run_config.json here
+    (a finetuning sweep compares them once for all its seeds: `check_resume_changes`)."""
     try:
-        plan = plan_run(cfg, task, folder, world_size, rank)
-        if check_settings and plan.resume_from is not None:
-            plan.changes = tuple(resume_changes(cfg, folder, plan.ds, plan.resume_meta))
+        plan = plan_resume(cfg, task, plan_run(cfg, task, world_size, rank), task.folder)
+        if plan.resume is not None:
+            plan = replace(plan, changes=tuple(resume_changes(cfg, cfg.folder, plan.ds, plan.resume.meta)))
             check_resume_changes(cfg, cfg.output_dir, list(plan.changes))
-        task.plan = plan
-        task.prepare()
+        task.prepare(plan)
     except WideNetError as err:
         raise mark_same_on_every_rank(err)
     return plan
 
 
-def plan_run(cfg: RunConfig, task, folder: RunFolder, world_size: int, rank: int) -> RunPlan:
-    """The checks every task shares, for `task` writing `folder` (a finetuning seed's folder for each seed):
-    the task's model (its data read and checked), then the layout, schedule, length and resume point."""
+def plan_run(cfg: RunConfig, task, world_size: int, rank: int) -> RunPlan:
+    """The checks every task shares, made once per run (a finetuning sweep's seeds share them): the task's model
+    (its data read and checked), the layout, the DeepSpeed settings, the data, the branch schedule and the
+    length. The hooks are called in the order training/task.py lists."""
     model_config = task.model_config()
     parallel, ds, optimizer = plan_layout(cfg, model_config, world_size, rank)
+    task.check_settings(ds)
+    task.load_data()
     schedule = plan_branch_schedule(cfg.branch_schedule, model_config.num_branches,
                                     task.batches_per_epoch(ds.batch.train_batch_size), ds, cfg.prefix_cycle_batches,
                                     cfg.stage_steps)
     max_steps = schedule.end_step(resolve_max_steps(task.requested_steps(ds), ds.total_num_steps))
-    found = find_resume_point(cfg, folder, model_config)
     notes = schedule_notes(max_steps, ds.total_num_steps) + branch_parallel_notes(parallel, model_config)
-    if found is None:
-        return RunPlan(model_config, parallel, ds, optimizer, schedule, max_steps, notes=notes)
-    source, meta, model_config = found
-    if meta.branch_schedule != schedule.kind:
-        raise CheckpointError(f"checkpoint {source} was trained with --branch-schedule {meta.branch_schedule}; resume "
-                              f"with the same schedule.")
+    return RunPlan(model_config, parallel, ds, optimizer, schedule, max_steps, notes=notes)
+
+
+def plan_resume(cfg: RunConfig, task, plan: RunPlan, folder: RunFolder) -> RunPlan:
+    """`plan` for the run in `folder` (a finetuning seed's folder for each seed): with the checkpoint to continue
+    from, checked to continue this run exactly, and the model with the checkpoint's dispatch."""
+    source = find_resume(cfg, folder)
+    if source is None:
+        return plan
+    meta = source.meta
+    model_config = keep_saved_dispatch(meta.model_config, plan.model_config, cfg.overrides)
+    check_same_model(meta.model_config, model_config.to_dict(), source.tag_dir, meta.architecture)
+    if meta.branch_schedule != plan.schedule.kind:
+        raise CheckpointError(f"checkpoint {source.tag_dir} was trained with --branch-schedule {meta.branch_schedule}; "
+                              f"resume with the same schedule.")
     task.check_resume(meta, source)
-    new_shape = plan_new_shape(source, meta, parallel, ds, model_config.is_moe)
-    return RunPlan(model_config, parallel, ds, optimizer, schedule, max_steps, source, meta, notes=notes,
-                   new_shape=new_shape, data_order=meta.data_order)
+    new_shape = plan_new_shape(source, plan.parallel, plan.ds, model_config.is_moe)
+    return replace(plan, model_config=model_config, resume=source, new_shape=new_shape, data_order=meta.data_order)

@@ -4,7 +4,6 @@ of each prefix of branches: the compression curve)."""
 
 from __future__ import annotations
 
-import shutil
 from typing import Any
 
 import torch
@@ -13,10 +12,11 @@ import torch.distributed as torch_dist
 from widenet_ds.checkpoint.load import load_into
 from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
 from widenet_ds.checkpoint.marker import CheckpointMeta
+from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.training import check_same_model
 from widenet_ds.data.loader import PretrainingDataLoader
 from widenet_ds.data.prepared import PreparedData
-from widenet_ds.data.tokenizer import TOKENIZER_FILES
+from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import DataError
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
@@ -25,7 +25,8 @@ from widenet_ds.training.log import TrainingLog
 from widenet_ds.training.metrics import PretrainMetrics
 from widenet_ds.training.model_source import resolve_model_config
 from widenet_ds.training.run_config import PretrainConfig
-from widenet_ds.training.trainer import Task
+from widenet_ds.training.plan import RunPlan
+from widenet_ds.training.task import Task
 
 MANIFEST_KEYS = ("seq_length", "vocab_size", "tokenizer_sha256")  # what a resumed run's data must match
 
@@ -71,15 +72,16 @@ class PretrainTask(Task):
     def requested_steps(self, ds) -> int | None:
         return self.cfg.max_steps
 
-    def check_resume(self, meta: CheckpointMeta, source) -> None:
+    def check_resume(self, meta: CheckpointMeta, source: CheckpointSource) -> None:
         saved = meta.run.get("data_manifest") or {}
         if saved.get("tokenizer_sha256") != self.manifest["tokenizer_sha256"]:
-            raise DataError(f"checkpoint {source} was trained on data of another tokenizer than {self.cfg.data}; "
+            raise DataError(f"checkpoint {source.tag_dir} was trained on data of another tokenizer than {self.cfg.data}; "
                             f"resume with the same data (a new phase on new data: use --init-from).")
 
-    def prepare(self) -> None:
+    def prepare(self, plan: RunPlan) -> None:
         """This rank's loaders (the ranks of a branch group read the same examples)."""
-        cfg, parallel = self.cfg, self.plan.parallel
+        super().prepare(plan)
+        cfg, parallel = self.cfg, plan.parallel
         micro = self.plan.ds.batch.micro_batch_size
         rank, world = parallel.data_parallel_rank, parallel.data_parallel_size
         self.loader = PretrainingDataLoader(self.data, micro, rank, world, cfg.seed, split="train",
@@ -116,9 +118,7 @@ class PretrainTask(Task):
 
     def start(self, engine, log: TrainingLog, state) -> None:
         if torch_dist.get_rank() == 0:  # the run folder carries its tokenizer: finetuning and convert find it
-            for name in TOKENIZER_FILES:
-                if (self.cfg.data / name).is_file():
-                    shutil.copy2(self.cfg.data / name, self.cfg.output_dir / name)
+            TokenizerFiles.in_folder(self.data.folder).copy_into(self.folder.path)
         if self.no_evaluation:
             log.event(state.step, f"no held-out evaluation: {self.no_evaluation}")
 
@@ -170,7 +170,4 @@ class PretrainTask(Task):
                 log.console(state.step, f"held-out with the first {k} of {branches} branches: mlm loss "
                                         f"{scalars[f'valid_branches_{k}/mlm_loss']:.4f}")
                 held_out.update(scalars)
-        results = PretrainResults(state.step, held_out)
-        if torch_dist.get_rank() == 0:
-            self.cfg.folder.write_results(results)
-        return results
+        return PretrainResults(state.step, held_out)

@@ -21,14 +21,15 @@ from widenet_ds.disk_space import DiskFullError
 from widenet_ds.errors import ConfigError, WideNetError, mark_same_on_every_rank
 from widenet_ds.run_lock import FolderLockedError, folder_lock
 from widenet_ds.runtime.distributed import all_values, init_distributed, rank0_value
-from widenet_ds.task_registry import TASKS
 from widenet_ds.training.console import say
 from widenet_ds.training.environment import check_run
-from widenet_ds.training.finetuning import run_finetune
 from widenet_ds.training.plan import plan_task
 from widenet_ds.training.preemption import StopRequest
+from widenet_ds.training.registry import TASKS
 from widenet_ds.training.run_config import RunConfig
-from widenet_ds.training.trainer import Task, Trainer
+from widenet_ds.training.sweep import SeedSweep
+from widenet_ds.training.task import Task
+from widenet_ds.training.trainer import Trainer
 
 
 def run_task(cfg: RunConfig) -> Any:
@@ -55,13 +56,11 @@ def run_task(cfg: RunConfig) -> Any:
                     init_source = CheckpointSource.open(cfg.init_from, "--init-from")
                 except WideNetError as err:
                     raise mark_same_on_every_rank(err)
-            task_class = TASKS[cfg.TASK].task_class()
-            if issubclass(task_class, Task):
-                task = task_class(cfg)
-                task.init_source = init_source
-                result = run_single(cfg, task, stop)
-            else:  # a finetuning TaskRun: one trainer per seed
-                result = run_finetune(cfg, stop, init_source)
+            spec = TASKS[cfg.TASK]
+            if spec.benchmark is None:
+                result = train_one(cfg, spec.task(cfg, cfg.folder, init_source), stop)
+            else:  # finetuning: one trainer per seed
+                result = SeedSweep(cfg, spec.benchmark(cfg), init_source).run(stop)
             # Every rank leaves together: a rank tearing its gloo group down while another still writes the
             # results (rank 0) aborts at exit ("terminate called without an active exception").
             torch_dist.barrier()
@@ -119,11 +118,12 @@ def run_folder_lock(cfg: RunConfig) -> Iterator[None]:
         lock.release()
 
 
-def run_single(cfg: RunConfig, task: Task, stop: StopRequest) -> Any:
+def train_one(cfg: RunConfig, task: Task, stop: StopRequest) -> Any:
+    """One run of `task`: planned, then trained (its results; None: stopped by a signal, saved)."""
     rank, world = torch_dist.get_rank(), torch_dist.get_world_size()
     say(f"{world} rank(s); checking the data, model config and DeepSpeed JSON")
-    plan = plan_task(cfg, task, cfg.folder, world, rank, check_settings=True)
+    plan = plan_task(cfg, task, world, rank)
     model = plan.model_config
     say(f"building the model ({model.num_layers} blocks, hidden {model.hidden_size})")
-    finished, result = Trainer(cfg, task, plan, cfg.folder, stop).run()
+    finished, result = Trainer(cfg, task, plan, stop).run()
     return result if finished else None

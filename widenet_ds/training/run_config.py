@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal
 from widenet_ds.errors import ConfigError, problems_text
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.compile import CompileMode
-from widenet_ds.tasks.glue import get_glue_task
+from widenet_ds.benchmarks.glue import get_glue_task
 from widenet_ds.training.branch_schedule import ScheduleKind
 from widenet_ds.training.flags import flag, int_list, to_argv
 from widenet_ds.vision.augment import AugmentConfig
@@ -203,6 +203,7 @@ class PretrainConfig(RunConfig):
     """MLM + sentence-order pretraining on a prepared data folder (`widenet-ds prepare-data`)."""
 
     TASK: ClassVar[str] = "pretrain"
+    DESCRIPTION: ClassVar[str] = "WideNet / ALBERT / BERT MLM + sentence-order pretraining on a prepared data folder."
     POSITIVE: ClassVar[tuple[str, ...]] = ("eval_batches",)
 
     data: Path = field(metadata=flag(_DATA))
@@ -273,9 +274,10 @@ class FinetuneConfig(RunConfig):
 @dataclass(kw_only=True)
 class GlueConfig(FinetuneConfig):
     TASK: ClassVar[str] = "glue"
+    DESCRIPTION: ClassVar[str] = "Finetuning on a GLUE task (seeds, median of each metric)."
 
-    glue_task: str = field(metadata=flag("GLUE task name in any spelling (cola sst2 mrpc stsb qqp mnli qnli rte wnli)",
-                                         names=("--task",)))
+    glue_task: str = field(metadata=flag("GLUE task name in any spelling (cola sst2 mrpc stsb qqp mnli qnli rte wnli); "
+                                         "--task is the same flag", names=("--glue-task", "--task")))
     predict_test: bool = field(default=False, metadata=flag(
         "also write test-set predictions in the GLUE submission format (e.g. SST-2.tsv, MNLI-m.tsv)"))
 
@@ -284,16 +286,17 @@ class GlueConfig(FinetuneConfig):
         try:
             task = get_glue_task(self.glue_task)
         except ConfigError as err:
-            return problems + [f"--task: {err}"]
+            return problems + [f"--glue-task: {err}"]
         if not task.eval_splits:
-            problems.append(f"--task {task.name} has no labelled split to finetune on; its test set is predicted by the "
-                            f"MNLI model (--task mnli --predict-test).")
+            problems.append(f"--glue-task {task.name} has no labelled split to finetune on; its test set is predicted by "
+                            f"the MNLI model (--glue-task mnli --predict-test).")
         return problems
 
 
 @dataclass(kw_only=True)
 class SquadConfig(FinetuneConfig):
     TASK: ClassVar[str] = "squad"
+    DESCRIPTION: ClassVar[str] = "Finetuning on SQuAD v1.1 / v2.0 (predictions.json, null_odds.json for v2.0)."
 
     version: Literal["1.1", "2.0"] = field(metadata=flag("SQuAD version"))
     train_file: str | None = field(default=None, metadata=flag(
@@ -339,6 +342,8 @@ class ClassifyConfig(RunConfig):
     over the train split, else the schedule's total_num_steps."""
 
     TASK: ClassVar[str] = "classify"
+    DESCRIPTION: ClassVar[str] = \
+        "ViT-WideNet / ViT / ViT-MoE / ParaFormer image classification (docs/vision.md)."
     POSITIVE: ClassVar[tuple[str, ...]] = ("max_eval_examples",)
     EXAMPLE_DS_CONFIG: ClassVar[str] = "vision_cpu_small.json"
 
@@ -386,3 +391,8 @@ class ClassifyConfig(RunConfig):
                              inception_crop=self.inception_crop, crop_min_area=self.crop_min_area, flip=self.flip,
                              mixup_alpha=self.mixup_alpha, cutmix_alpha=self.cutmix_alpha,
                              label_smoothing=self.label_smoothing)
+
+
+# Every task's settings by its name (the command line, `widenet-ds launch --config`): without the training code,
+# which training/registry.py's TASKS adds to each (tested equal).
+CONFIGS: dict[str, type[RunConfig]] = {cls.TASK: cls for cls in (PretrainConfig, GlueConfig, SquadConfig, ClassifyConfig)}

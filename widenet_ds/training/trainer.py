@@ -1,5 +1,5 @@
-"""The one training loop. `Trainer(cfg, task, folder).run()`: plan -> build -> resume -> steps -> save or
-stop -> the task's final evaluation and results. A task (pretraining, a finetuning seed, image
+"""The one training loop. `Trainer(cfg, task, plan, stop).run()`: build -> resume -> steps -> save or stop -> the
+task's final evaluation and results. A task (training/task.py: pretraining, a finetuning seed, image
 classification) supplies the data, the model, the forward, what is measured and how it is evaluated; the
 loop is the same for all of them (torchtitan's `Trainer` shape).
 
@@ -18,107 +18,43 @@ group share one stream, as they compute on the same examples.
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.distributed as torch_dist
-from torch import nn
 
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.shape_free import resume_on_new_shape
-from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.training import CheckpointManager, TrainingState, load_weights_only
-from widenet_ds.results import Results
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.compile import compile_for_training
 from widenet_ds.runtime.distributed import seed_everything
 from widenet_ds.runtime.engine import build_engine, expert_grad_norm_stage0
 from widenet_ds.training.console import say
 from widenet_ds.training.log import TrainingLog, memory_mib
-from widenet_ds.training.metrics import WindowSums
 from widenet_ds.training.plan import RunPlan
 from widenet_ds.training.preemption import SavePoints, StopRequest
 from widenet_ds.training.run_config import RunConfig
+from widenet_ds.training.task import Task
 
 NEW_SHAPE_STREAMS = 1_000_003  # apart from every rank's stream of the run's start (seed + 1 + rank)
 
 
-class Task:
-    """What the loop asks of a training task. `plan` is set by the trainer before `build_model`."""
-
-    plan: RunPlan
-    init_source: CheckpointSource | None = None  # --init-from, resolved and verified once (training/run.py)
-
-    def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
-
-    # -- seeds and building --------------------------------------------------------------------------
-    @property
-    def init_seed(self) -> int:
-        return self.cfg.seed
-
-    @property
-    def stream_seed(self) -> int:
-        return self.cfg.seed
-
-    def build_model(self) -> tuple[nn.Module, list[str]]:
-        """The model with its initial weights (from --init-from where they come from a folder), and the lines
-        that say where they came from."""
-        raise NotImplementedError
-
-    def train_loader(self):
-        """This rank's resumable training batches (`state_dict`/`load_state_dict`, iterable)."""
-        raise NotImplementedError
-
-    def start(self, engine, log: TrainingLog, state: TrainingState) -> None:
-        """After the engine is built and the run resumed: files of the run folder, first events."""
-
-    def meta(self) -> dict[str, Any]:
-        """The task's entries of a checkpoint's marker (what a resume must find the same)."""
-        return {}
-
-    # -- the step --------------------------------------------------------------------------------------
-    def micro_batch(self, batches, engine) -> dict[str, torch.Tensor]:
-        """The next micro-batch, on the engine's device, ready for `forward`."""
-        raise NotImplementedError
-
-    METRICS: ClassVar[type[WindowSums]]
-
-    def forward(self, engine, batch: dict[str, torch.Tensor], branches: int | None):
-        """The model's output for a micro-batch (with `branches`: the first k branches only)."""
-        return engine(**batch, branches=branches) if branches else engine(**batch)
-
-    def metrics(self) -> WindowSums:
-        """Fresh window sums: the task's figures, per routing call of its model."""
-        model = self.plan.model_config
-        return self.METRICS(model.routing_blocks, model.moe.num_experts if model.is_moe else 0,
-                            self.plan.parallel.branch_parallel)
-
-    def train_scalars(self) -> dict[str, float]:
-        """Scalars of the task's own beside each training record (e.g. the data epoch)."""
-        return {}
-
-    def train_line(self, scalars: dict[str, float]) -> str:
-        raise NotImplementedError
-
-    # -- evaluation and the end ------------------------------------------------------------------------
-    def evaluate(self, engine, step: int, log: TrainingLog) -> None:
-        """Collective: evaluate, record the scalars and say them on the console (nothing to evaluate: no-op)."""
-
-    RESULTS: ClassVar[type]  # the results.json dataclass (widenet_ds/results.py) that `finish` returns
-
-    def finish(self, engine, state: TrainingState, log: TrainingLog) -> Results | None:
-        """Collective, after the last step of a finished run: the final evaluation and its RESULTS (rank 0
-        writes them to the run folder)."""
-        self.evaluate(engine, state.step, log)
+def run_record(cfg: RunConfig, plan: RunPlan) -> dict[str, Any]:
+    """run_config.json: the run's settings and the DeepSpeed settings it trains with (a --resume must find them)."""
+    return {**cfg.record(), "deepspeed_settings": plan.ds.config}
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, task: Task, plan: RunPlan, folder: RunFolder, stop: StopRequest,
+    """Trains `task` by `plan` (`plan_task` made it and gave it to the task) in the task's folder, which it owns: it
+    writes the folder's model_config.json, run_config.json (unless `records_settings` is False: a finetuning
+    seed's settings are the sweep's, in the run folder) and results.json."""
+
+    def __init__(self, cfg: RunConfig, task: Task, plan: RunPlan, stop: StopRequest, *, records_settings: bool = True,
                  console_label: str | None = None) -> None:
-        self.cfg, self.task, self.plan, self.folder, self.stop = cfg, task, plan, folder, stop
-        self.console_label = console_label
-        task.plan = plan
+        self.cfg, self.task, self.plan, self.stop = cfg, task, plan, stop
+        self.folder: RunFolder = task.folder
+        self.records_settings, self.console_label = records_settings, console_label
 
     def run(self) -> tuple[bool, Any]:
         """(finished, the task's final result); finished False: stopped by a signal, saved."""
@@ -140,13 +76,13 @@ class Trainer:
         checkpoints = CheckpointManager(self.folder.checkpoints, cfg.keep_last, rank, parallel.world_size)
         state = TrainingState()
         if plan.new_shape is not None:
-            say(f"resuming {plan.resume_from} on another shape: {plan.new_shape}")
-            state = resume_on_new_shape(engine, plan.resume_from, plan.resume_meta, loader, parallel.ep_size, rank)
+            say(f"resuming {plan.resume.tag_dir} on another shape: {plan.new_shape}")
+            state = resume_on_new_shape(engine, plan.resume, loader, parallel.ep_size, rank)
             # The old ranks' streams (dropout, routing noise, augmentation) have no counterpart here: new ones,
             # keyed by the step (not the start's streams again); checkpoints from here on save them as usual.
             seed_everything(task.stream_seed + 1 + parallel.data_parallel_rank + NEW_SHAPE_STREAMS * state.step)
-        elif plan.resume_from is not None:
-            state = checkpoints.load(engine, plan.resume_from, plan.resume_meta, loader)
+        elif plan.resume is not None:
+            state = checkpoints.load(engine, plan.resume.tag_dir, plan.resume.meta, loader)
         elif task.init_source is not None and not weight_lines:
             load_weights_only(engine, task.init_source.tag_dir)  # a DeepSpeed checkpoint: into the engine
             weight_lines = [f"weights from {cfg.init_from} (new optimizer and schedule)"]
@@ -155,7 +91,7 @@ class Trainer:
             say(f"the run in {self.folder.path} is complete (step {state.step}); its results: {self.folder.results}")
             return True, self.folder.read_results(task.RESULTS)
         # Before the first step: room for a checkpoint (its size known from the resumed one, else estimated).
-        checkpoints.expect(engine, parallel.ep_size, plan.resume_meta)
+        checkpoints.expect(engine, parallel.ep_size, plan.resume.meta if plan.resume else None)
         checkpoints.check_space("a checkpoint of this run", "Free space there, or choose an --output-dir on a disk "
                                                             "with more space.")
         log = TrainingLog(self.folder, enabled=rank == 0, tensorboard=cfg.tensorboard, progress_bar=cfg.progress_bar,
@@ -169,8 +105,8 @@ class Trainer:
             if parallel.branch_parallel > 1:
                 log.event(state.step, f"branch-parallel: groups of {parallel.branch_parallel} ranks, this rank's branches "
                                       f"{list(engine.module.encoder.branch_parallel.branches)}")
-            if plan.resume_from is not None:
-                log.event(state.step, f"resumed from {plan.resume_from}"
+            if plan.resume is not None:
+                log.event(state.step, f"resumed from {plan.resume.tag_dir}"
                           + (f" on another shape ({plan.new_shape}): weights, optimizer state, schedule and data "
                              f"position carried over; new random streams" if plan.new_shape else ""))
                 for change in plan.changes:
@@ -182,7 +118,8 @@ class Trainer:
                 log.event(state.step, note)
             if rank == 0:  # from here on the folder holds this run: a new run there is refused, --resume continues
                 plan.model_config.to_json(self.folder.model_config)
-                cfg.folder.write_run_config({**cfg.record(), "deepspeed_settings": plan.ds.config})
+                if self.records_settings:
+                    self.folder.write_run_config(run_record(cfg, plan))
             task.start(engine, log, state)
             say(f"training: steps {state.step + 1} to {plan.max_steps}" if state.step < plan.max_steps
                 else f"training: the run already reached step {plan.max_steps}")
@@ -195,7 +132,10 @@ class Trainer:
                 return False, None
             if cfg_model.num_branches > 1:
                 engine.module.encoder.set_trainable_branches(cfg_model.num_branches)
-            return True, task.finish(engine, state, log)
+            results = task.finish(engine, state, log)
+            if rank == 0:
+                self.folder.write_results(results)
+            return True, results
         finally:
             log.close()
 
@@ -213,7 +153,7 @@ class Trainer:
         trainable = plan.model_config.num_branches
         window_seconds = 0.0  # training time of the logging window (evaluation and saving excluded)
         save_points = SavePoints(checkpoints, self.stop, log, cfg.save_interval, plan.max_steps,
-                                 saved_step=state.step if plan.resume_from is not None else None)
+                                 saved_step=state.step if plan.resume is not None else None)
         engine.train()
         while state.step < plan.max_steps:
             first_step = state.step

@@ -7,15 +7,15 @@ import pytest
 from tasks_fixtures import bert_tokenizer, hf_reference_tokenizer  # noqa: F401  (fixtures)
 
 from widenet_ds.errors import CheckpointError, ConfigError
-from widenet_ds.tasks.features import (
+from widenet_ds.benchmarks.features import (
     check_max_length,
     check_tokenizer_matches,
     encode_pairs,
     glue_features,
     truncate_longest_first,
 )
-from widenet_ds.tasks.glue import load_glue_split
-from widenet_ds.tasks.recipes import RECIPES, recipe_for
+from widenet_ds.benchmarks.glue import load_glue_split
+from widenet_ds.benchmarks.recipes import RECIPES, recipe_for
 
 
 def test_pairs_match_hf_fast_tokenizer_on_real_rte(shared_data, bert_tokenizer, hf_reference_tokenizer):

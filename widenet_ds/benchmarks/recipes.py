@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 from widenet_ds.errors import ConfigError
-from widenet_ds.tasks.glue import get_glue_task
+from widenet_ds.benchmarks.glue import get_glue_task
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from widenet_ds.errors import DataError
-from widenet_ds.tasks import squad_metrics as sm
+from widenet_ds.benchmarks import squad_metrics as sm
 
 
 def _data(*qas, version="v2.0", context="ctx"):

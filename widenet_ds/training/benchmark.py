@@ -1,8 +1,8 @@
-"""The finetuning tasks as small entries over the one loop in `finetune.py`: data, head, metric, files.
+"""The finetuning benchmarks as small entries over the one loop: data, head, metric, files.
 
-`TaskRun` names what finetuning uses of a task; `GlueTaskRun` and `SquadTaskRun` implement it, each with
-its own settings (`GlueConfig`, `SquadConfig` in run_config.py: the flags only that task has). Tasks print
-nothing: what they have to say comes back as lines that the run logs.
+`Benchmark` names what finetuning (training/finetuning.py) uses of a GLUE dataset or of SQuAD; `GlueBenchmark` and
+`SquadBenchmark` implement it, each with its own settings (`GlueConfig`, `SquadConfig` in run_config.py: the flags
+only that benchmark has). Benchmarks print nothing: what they have to say comes back as lines that the run logs.
 """
 
 from __future__ import annotations
@@ -16,20 +16,20 @@ import torch.distributed as torch_dist
 
 from widenet_ds.errors import DataError
 from widenet_ds.model.widenet import WideNetForQuestionAnswering, WideNetForSequenceClassification
-from widenet_ds.tasks.features import glue_features
-from widenet_ds.tasks.glue import GLUE_TASKS, get_glue_task, glue_split_path, load_glue_split, write_glue_predictions
-from widenet_ds.tasks.glue_metrics import glue_metrics
-from widenet_ds.tasks.recipes import FinetuneRecipe, recipe_for
-from widenet_ds.tasks.squad import load_squad, squad_json_from_examples
-from widenet_ds.tasks.squad_features import SquadFeatureConfig, build_squad_features
-from widenet_ds.tasks.squad_metrics import evaluate_v1, evaluate_v2
-from widenet_ds.tasks.squad_postprocess import decode_squad, tune_null_threshold, write_squad_outputs
+from widenet_ds.benchmarks.features import glue_features
+from widenet_ds.benchmarks.glue import GLUE_TASKS, get_glue_task, glue_split_path, load_glue_split, write_glue_predictions
+from widenet_ds.benchmarks.glue_metrics import glue_metrics
+from widenet_ds.benchmarks.recipes import FinetuneRecipe, recipe_for
+from widenet_ds.benchmarks.squad import load_squad, squad_json_from_examples
+from widenet_ds.benchmarks.squad_features import SquadFeatureConfig, build_squad_features
+from widenet_ds.benchmarks.squad_metrics import evaluate_v1, evaluate_v2
+from widenet_ds.benchmarks.squad_postprocess import decode_squad, tune_null_threshold, write_squad_outputs
 from widenet_ds.training.run_config import FinetuneConfig, GlueConfig, SquadConfig
 from widenet_ds.training.predict import Batching, Prepared, predict
 
 
-class TaskRun(Protocol):
-    """What finetuning uses of a task; built once per run from the validated `GlueConfig` / `SquadConfig`."""
+class Benchmark(Protocol):
+    """What finetuning uses of a benchmark; built once per run from the validated `GlueConfig` / `SquadConfig`."""
 
     name: str  # e.g. "SST-2", "SQuAD1.1": names the recipe and the output files
     primary_metric: str
@@ -65,7 +65,7 @@ def _glue_predictions(task, engine, features, batching: Batching) -> np.ndarray:
     return logits[:, 0] if task.is_regression else logits.argmax(axis=1)
 
 
-class GlueTaskRun:
+class GlueBenchmark:
     """A GLUE task: sequence classification (regression for STS-B), dev metrics, submission files."""
 
     model_class = WideNetForSequenceClassification
@@ -142,7 +142,7 @@ class GlueTaskRun:
                 for split, f in data.evals.items()}
 
 
-class SquadTaskRun:
+class SquadBenchmark:
     """SQuAD v1.1 / v2.0: span start/end head, n-best decoding, null threshold tuned on dev (v2.0)."""
 
     primary_metric = "f1"

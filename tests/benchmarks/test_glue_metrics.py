@@ -7,8 +7,8 @@ import pytest
 from scipy import stats
 from sklearn import metrics as skm
 
-from widenet_ds.tasks.glue import GLUE_TASKS
-from widenet_ds.tasks.glue_metrics import glue_metrics, matthews_corrcoef, spearman
+from widenet_ds.benchmarks.glue import GLUE_TASKS
+from widenet_ds.benchmarks.glue_metrics import glue_metrics, matthews_corrcoef, spearman
 
 LABELLED = [name for name, task in GLUE_TASKS.items() if task.eval_splits]
 

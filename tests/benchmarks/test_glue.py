@@ -9,8 +9,8 @@ import pytest
 from tasks_fixtures import bert_tokenizer  # noqa: F401  (fixture)
 
 from widenet_ds.errors import ConfigError, DataError
-from widenet_ds.tasks.features import glue_features
-from widenet_ds.tasks.glue import (
+from widenet_ds.benchmarks.features import glue_features
+from widenet_ds.benchmarks.glue import (
     GLUE_TASKS,
     get_glue_task,
     glue_split_from_hf_rows,
@@ -19,7 +19,7 @@ from widenet_ds.tasks.glue import (
     read_glue_tsv,
     write_glue_predictions,
 )
-from widenet_ds.tasks.glue_metrics import cli, glue_metrics
+from widenet_ds.benchmarks.glue_metrics import cli, glue_metrics
 
 # Every shared file: (task, split) and how many rows a plain line count says it has.
 SHARED = [("CoLA", "train"), ("CoLA", "dev"), ("CoLA", "test"), ("SST-2", "train"), ("SST-2", "dev"),

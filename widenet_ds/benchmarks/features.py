@@ -140,7 +140,7 @@ def pad_batch(input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Seque
 
 
 def glue_features(split, tokenizer: FastTokenizer, max_seq_length: int) -> GlueFeatures:
-    """Encode a `GlueSplit` (from `widenet_ds.tasks.glue`)."""
+    """Encode a `GlueSplit` (from `widenet_ds.benchmarks.glue`)."""
     special = SpecialIds.from_tokenizer(tokenizer)
     examples = split.examples
     pairs = encode_pairs(tokenizer, [e.text_a for e in examples],

@@ -1,7 +1,8 @@
-"""The one task registry (widenet_ds/task_registry.py) against everything that lists or tells apart the tasks:
-the configurations and trainers it names, `python -m widenet_ds.train`, `widenet-ds launch`, the run folder,
-the report, and the shell scripts, which cannot import it: launcher.sh names exactly its tasks, and the one
-Slurm script names none (it hands its arguments to the trainer) but documents every one."""
+"""The one task registry (widenet_ds/training/registry.py) against everything that lists or tells apart the tasks:
+the configurations, tasks and results types it names, the torch-free lists (`results.TASK_RESULTS`,
+`run_config.CONFIGS`), `python -m widenet_ds.train`, `widenet-ds launch`, the run folder, the report, and the shell
+scripts, which cannot import it: launcher.sh names exactly its tasks, and the one Slurm script names none (it hands
+its arguments to the trainer) but documents every one."""
 
 from __future__ import annotations
 
@@ -14,42 +15,48 @@ from typing import get_type_hints
 import pytest
 
 from widenet_ds.report.metrics import load_runs
-from widenet_ds.results import ClassifyResults, FinetuneResults, PretrainResults
+from widenet_ds.results import TASK_RESULTS, ClassifyResults, FinetuneResults, PretrainResults
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.launch import parser as launch_parser
-from widenet_ds.task_registry import TASKS
 from widenet_ds.train import usage
 from widenet_ds.training import run_config
 from widenet_ds.training.command_line import build_parser
-from widenet_ds.training.finetuning import run_finetune
-from widenet_ds.training.trainer import Task
+from widenet_ds.training.finetuning import FinetuneTask
+from widenet_ds.training.registry import TASKS
+from widenet_ds.training.sweep import SeedSweep
+from widenet_ds.training.task import Task
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RESULTS_BEFORE = {kind: REPO / "tests" / "assets" / "results_before" / file for kind, file in (
     (PretrainResults, "pretrain.json"), (FinetuneResults, "finetune.json"), (ClassifyResults, "classify.json"))}
 
 
-def test_every_row_names_its_configuration_and_trainer():
+def test_every_row_names_its_configuration_and_task_by_reference():
     for name, spec in TASKS.items():
-        assert spec.name == name
-        assert issubclass(spec.config_class(), run_config.RunConfig) and spec.config_class().TASK == name
-        # run.py trains a Task in one run and a finetuning TaskRun once per seed; the report shows the latter
-        # as finetuning
-        assert issubclass(spec.task_class(), Task) == (spec.report_kind != "finetune"), name
+        assert spec.name == name and spec.config.TASK == name
+        assert issubclass(spec.config, run_config.RunConfig) and issubclass(spec.task, Task), name
+        # run.py trains one Task per run, and a finetuning benchmark as a sweep of FinetuneTasks over seeds
+        assert (spec.benchmark is not None) == (spec.task is FinetuneTask), name
     configs = {vars(cls)["TASK"] for cls in vars(run_config).values()
                if isinstance(cls, type) and issubclass(cls, run_config.RunConfig) and "TASK" in vars(cls)}
-    assert configs == set(TASKS), "a RunConfig with a TASK of its own is a row of task_registry.TASKS"
+    assert configs == set(TASKS), "a RunConfig with a TASK of its own is a row of training/registry.py's TASKS"
+
+
+def test_the_torch_free_lists_are_the_registry():
+    assert run_config.CONFIGS == {name: spec.config for name, spec in TASKS.items()}
+    assert TASK_RESULTS == {name: spec.results for name, spec in TASKS.items()}
 
 
 def test_every_task_writes_the_results_type_it_is_registered_with():
     assert {name: spec.results for name, spec in TASKS.items()} == {
         "pretrain": PretrainResults, "glue": FinetuneResults, "squad": FinetuneResults, "classify": ClassifyResults}
     for name, spec in TASKS.items():
-        if spec.report_kind == "finetune":  # the seeds' trainer writes SeedResults; run_finetune the summary
-            assert get_type_hints(run_finetune)["return"] == spec.results | None, name
+        task = spec.task
+        assert get_type_hints(task.finish)["return"] is task.RESULTS, name
+        if spec.benchmark is not None:  # the seeds' trainers write SeedResults; the sweep the summary
+            assert get_type_hints(SeedSweep.run)["return"] == spec.results | None, name
         else:
-            task = spec.task_class()
-            assert task.RESULTS is spec.results and get_type_hints(task.finish)["return"] is spec.results, name
+            assert task.RESULTS is spec.results, name
 
 
 def test_the_trainer_and_the_launcher_offer_exactly_the_registry_tasks():
@@ -69,7 +76,7 @@ def test_the_run_folder_and_the_report_know_each_task(tmp_path, name):
     shutil.copy(RESULTS_BEFORE[TASKS[name].results], folder.results)  # a results.json of its shape
     assert folder.task() == name
     runs, problems = load_runs([folder.path])
-    assert not problems and [run.kind for run in runs] == [TASKS[name].report_kind]
+    assert not problems and [run.kind for run in runs] == [TASKS[name].results.KIND]
 
 
 def test_a_task_outside_the_registry_is_no_task(tmp_path):

@@ -22,8 +22,8 @@ from typing import Sequence
 import torch
 
 from widenet_ds.errors import ConfigError
-from widenet_ds.tasks.features import FastTokenizer, SpecialIds, pad_batch
-from widenet_ds.tasks.squad import SquadExample
+from widenet_ds.benchmarks.features import FastTokenizer, SpecialIds, pad_batch
+from widenet_ds.benchmarks.squad import SquadExample
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 from widenet_ds.errors import DataError
-from widenet_ds.tasks.glue import GlueTask, get_glue_task, read_glue_predictions, read_glue_tsv
+from widenet_ds.benchmarks.glue import GlueTask, get_glue_task, read_glue_predictions, read_glue_tsv
 
 
 def accuracy(preds: np.ndarray, labels: np.ndarray) -> float:
@@ -112,7 +112,8 @@ def evaluate_glue_files(task: GlueTask | str, data_path: str, predictions_path: 
 
 def cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="widenet-ds glue-eval", description="GLUE metrics of a predictions file.")
-    parser.add_argument("--task", required=True, help="CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI")
+    parser.add_argument("--glue-task", "--task", dest="task", required=True,
+                        help="CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI (--task is the same flag)")
     parser.add_argument("--data", required=True, help="labelled GLUE TSV (e.g. dev.tsv, dev_mismatched.tsv)")
     parser.add_argument("--predictions", required=True, help="TSV with header 'index<TAB>prediction'")
     args = parser.parse_args(argv)

@@ -9,16 +9,16 @@ import pytest
 from tasks_fixtures import bert_tokenizer, hf_reference_tokenizer  # noqa: F401  (fixtures)
 
 from widenet_ds.errors import ConfigError, DataError
-from widenet_ds.tasks.squad import (
+from widenet_ds.benchmarks.squad import (
     SquadAnswer,
     SquadExample,
     read_squad_json,
     squad_examples_from_hf_rows,
     squad_json_from_examples,
 )
-from widenet_ds.tasks.squad_features import SquadFeatureConfig, build_squad_features
-from widenet_ds.tasks.squad_metrics import evaluate_v1, evaluate_v2
-from widenet_ds.tasks.squad_postprocess import SquadDecodeConfig, decode_squad, tune_null_threshold, write_squad_outputs
+from widenet_ds.benchmarks.squad_features import SquadFeatureConfig, build_squad_features
+from widenet_ds.benchmarks.squad_metrics import evaluate_v1, evaluate_v2
+from widenet_ds.benchmarks.squad_postprocess import SquadDecodeConfig, decode_squad, tune_null_threshold, write_squad_outputs
 
 V1, V2 = "dev-v1.1.json", "dev-v2.0.reconstructed.json"
 

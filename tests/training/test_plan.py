@@ -1,0 +1,200 @@
+"""The planner (training/plan.py) with a fake task, in this process, without building anything: the hooks it calls
+and in which order, the refusals (a length past the schedule, checkpoints without --resume, another model, changed
+settings, another task's checkpoint), the resume points (nothing saved yet, the latest tag, a named tag) and a
+resume on another shape. Checkpoints are tag folders with a real marker and no tensors: planning reads the
+marker and checks the recorded files, it never loads a weight."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pretrain_support import CPU_CONFIG
+from widenet_ds.checkpoint.marker import LATEST_FILE, CheckpointMeta
+from widenet_ds.checkpoint.training import MODEL_STATES
+from widenet_ds.data.batch_order import GLOBAL_CHUNKS, RANK_STRIDED
+from widenet_ds.errors import CheckpointError, ConfigError, DataError
+from widenet_ds.model.config import ModelConfig
+from widenet_ds.results import PretrainResults
+from widenet_ds.runtime.ds_config import load_ds_config, validate_ds_config
+from widenet_ds.training.command_line import parse
+from widenet_ds.training.metrics import PretrainMetrics
+from widenet_ds.training.plan import plan_resume, plan_run, plan_task
+from widenet_ds.training.task import Task
+
+
+class PlanTask(Task):
+    """Records the hooks the planner calls; builds nothing."""
+
+    METRICS = PretrainMetrics
+    RESULTS = PretrainResults
+
+    def __init__(self, cfg, refuse_resume: str | None = None, model: ModelConfig | None = None) -> None:
+        super().__init__(cfg, cfg.folder)
+        self.calls: list[str] = []
+        self.refuse_resume = refuse_resume
+        self.model = model or ModelConfig.from_preset("widenet-tiny-e4", vocab_size=64, max_position_embeddings=16)
+
+    def model_config(self) -> ModelConfig:
+        self.calls.append("model_config")
+        return self.model
+
+    def check_settings(self, ds) -> None:
+        self.calls.append("check_settings")
+
+    def load_data(self) -> None:
+        self.calls.append("load_data")
+
+    def batches_per_epoch(self, train_batch_size: int) -> int:
+        self.calls.append("batches_per_epoch")
+        return 100
+
+    def requested_steps(self, ds) -> int | None:
+        self.calls.append("requested_steps")
+        return self.cfg.max_steps
+
+    def check_resume(self, meta, source) -> None:
+        self.calls.append("check_resume")
+        if self.refuse_resume:
+            raise DataError(self.refuse_resume)
+
+    def prepare(self, plan) -> None:
+        super().prepare(plan)
+        self.calls.append("prepare")
+
+    def train_loader(self):
+        raise AssertionError("the planner builds no loader")
+
+    build_model = micro_batch = train_line = finish = train_loader
+
+
+def config(out: Path, *flags: str):
+    return parse("pretrain", ["--model-config", "widenet-tiny-e4", "--deepspeed_config", str(CPU_CONFIG), "--data",
+                              str(out.parent / "no-data"), "--output-dir", str(out), "--max-steps", "10", *flags])
+
+
+def save_tag(out: Path, step: int, model: ModelConfig, *, world_size: int = 1, ep_size: int = 1,
+             data_order: str = GLOBAL_CHUNKS, **marker) -> Path:
+    """A complete tag as far as planning reads one: its marker (written last), DeepSpeed's rank-0 file and our
+    per-rank state file (empty: nothing is loaded), and `latest` naming it."""
+    tag = out / "checkpoints" / f"step{step}"
+    tag.mkdir(parents=True)
+    (tag / MODEL_STATES).write_bytes(b"")
+    for rank in range(world_size):
+        (tag / f"rank_{rank:05d}_state.pt").write_bytes(b"")
+    settings = validate_ds_config(load_ds_config(CPU_CONFIG), world_size=world_size, has_moe=True, cuda_available=False)
+    CheckpointMeta(step=step, samples=16 * step, world_size=world_size, ep_size=ep_size, model_config=model.to_dict(),
+                   deepspeed_config=settings.config, architecture="WideNetForPreTraining", task="pretrain",
+                   data_order=data_order, **marker).write(tag)
+    (out / "checkpoints" / LATEST_FILE).write_text(tag.name)
+    return tag
+
+
+def test_a_fresh_run_calls_the_hooks_in_order_and_hands_the_plan_in(tmp_path):
+    cfg = config(tmp_path / "run")
+    task = PlanTask(cfg)
+    plan = plan_task(cfg, task, 1, 0)
+    assert task.calls == ["model_config", "check_settings", "load_data", "batches_per_epoch", "requested_steps",
+                          "prepare"]
+    assert task.plan is plan and plan.resume is None and plan.max_steps == 10 and plan.changes == ()
+    assert plan.ds.batch.train_batch_size == 16 and plan.parallel.world_size == 1
+    assert any("before the DeepSpeed schedule's total_num_steps 300" in note for note in plan.notes)
+
+
+def test_a_length_past_the_schedule_is_refused_before_the_data_is_planned(tmp_path):
+    cfg = config(tmp_path / "run", "--max-steps", "500")
+    task = PlanTask(cfg)
+    with pytest.raises(ConfigError, match="--max-steps 500 runs past the schedule's total_num_steps 300"):
+        plan_task(cfg, task, 1, 0)
+    assert "prepare" not in task.calls
+
+
+def test_checkpoints_are_continued_only_with_resume(tmp_path):
+    out = tmp_path / "run"
+    save_tag(out, 3, PlanTask(config(out)).model)
+    with pytest.raises(CheckpointError, match=r"already holds checkpoints \(up to step3\); pass --resume"):
+        plan_task(config(out), PlanTask(config(out)), 1, 0)
+
+
+def test_resume_with_nothing_saved_starts_at_step_0(tmp_path):
+    cfg = config(tmp_path / "run", "--resume")
+    task = PlanTask(cfg)
+    assert plan_task(cfg, task, 1, 0).resume is None and "check_resume" not in task.calls
+
+
+def test_resume_continues_the_latest_tag_or_the_one_named_after_the_task_accepts_it(tmp_path):
+    out = tmp_path / "run"
+    model = PlanTask(config(out)).model
+    older = save_tag(out, 2, model)
+    latest = save_tag(out, 4, model)
+    cfg = config(out, "--resume")
+    task = PlanTask(cfg)
+    plan = plan_task(cfg, task, 1, 0)
+    assert plan.resume.tag_dir == latest and plan.resume.meta.step == 4 and plan.new_shape is None
+    assert task.calls[-2:] == ["check_resume", "prepare"]
+    assert plan_task(config(out, "--resume", str(older)), PlanTask(config(out)), 1, 0).resume.tag_dir == older
+    with pytest.raises(DataError, match="other data"):
+        plan_task(cfg, PlanTask(cfg, refuse_resume="other data"), 1, 0)
+
+
+def test_a_checkpoint_of_another_model_is_refused_naming_the_fields(tmp_path):
+    out = tmp_path / "run"
+    save_tag(out, 2, ModelConfig.from_preset("widenet-tiny-e4", vocab_size=64, max_position_embeddings=16,
+                                             hidden_dropout=0.3))
+    with pytest.raises(CheckpointError, match=r"of another model config; differing fields:\n  hidden_dropout: 0.3"):
+        plan_task(config(out, "--resume"), PlanTask(config(out)), 1, 0)
+
+
+def test_a_damaged_or_model_states_only_checkpoint_is_refused_before_anything_loads(tmp_path):
+    out = tmp_path / "run"
+    tag = save_tag(out, 2, PlanTask(config(out)).model, optimizer_states=False)
+    with pytest.raises(CheckpointError, match="holds model states only .* --init-from"):
+        plan_task(config(out, "--resume"), PlanTask(config(out)), 1, 0)
+    marker = json.loads((tag / "widenet_checkpoint.json").read_text())
+    (tag / "widenet_checkpoint.json").write_text(json.dumps({**marker, "optimizer_states": True,
+                                                             "files": {MODEL_STATES: {"size": 5, "sha256": "0" * 64}}}))
+    with pytest.raises(CheckpointError, match=rf"checkpoint {tag} is damaged: 1 of its 1 files"):
+        plan_task(config(out, "--resume"), PlanTask(config(out)), 1, 0)
+
+
+def test_changed_settings_are_refused_on_resume_unless_accepted(tmp_path):
+    out = tmp_path / "run"
+    task = PlanTask(config(out))
+    save_tag(out, 2, task.model)
+    first = plan_run(config(out), task, 1, 0)
+    out.joinpath("run_config.json").write_text(json.dumps({**config(out).record(),
+                                                           "deepspeed_settings": first.ds.config}))
+    same = plan_task(config(out, "--resume"), PlanTask(config(out)), 1, 0)
+    assert same.changes == ()
+    with pytest.raises(ConfigError, match=r"(?s)settings that change it:\n  seed: 1234 .* vs 7 .*--accept-changed"):
+        plan_task(config(out, "--resume", "--seed", "7"), PlanTask(config(out)), 1, 0)
+    accepted = plan_task(config(out, "--resume", "--seed", "7", "--accept-changed-settings"), PlanTask(config(out)),
+                         1, 0)
+    assert len(accepted.changes) == 1 and accepted.changes[0].startswith("seed: 1234")
+
+
+def test_a_checkpoint_of_another_shape_is_planned_as_a_re_layout(tmp_path):
+    out = tmp_path / "run"
+    save_tag(out, 2, PlanTask(config(out)).model, world_size=2, ep_size=2)
+    plan = plan_task(config(out, "--resume"), PlanTask(config(out)), 1, 0)
+    assert plan.new_shape == "2 ranks, ep 2, ZeRO 1 -> 1 rank, ep 1, ZeRO 1"
+    # a checkpoint whose micro-batches depended on the number of ranks continues on its own shape only
+    older = tmp_path / "older"
+    save_tag(older, 2, PlanTask(config(older)).model, world_size=2, ep_size=2, data_order=RANK_STRIDED)
+    with pytest.raises(CheckpointError, match=r"rank-strided data order .* resume on its own shape \(2 ranks, ep 2"):
+        plan_task(config(older, "--resume"), PlanTask(config(older)), 1, 0)
+
+
+def test_one_plan_serves_every_folder_of_a_sweep(tmp_path):
+    """A finetuning sweep plans once (`plan_run`) and finds each seed folder's checkpoint (`plan_resume`)."""
+    cfg = config(tmp_path / "run", "--resume")
+    task = PlanTask(cfg)
+    plan = plan_run(cfg, task, 1, 0)
+    trained = cfg.folder.seed(1)
+    save_tag(trained.path, 5, task.model)
+    assert plan_resume(cfg, task, plan, cfg.folder.seed(0)) is plan
+    resumed = plan_resume(cfg, task, plan, trained)
+    assert resumed.resume.meta.step == 5 and resumed.ds is plan.ds and resumed.max_steps == plan.max_steps
+    assert task.calls.count("model_config") == 1 and task.calls.count("check_resume") == 1
