@@ -20,7 +20,6 @@ from widenet_ds.checkpoint.hf_export import (
 )
 from widenet_ds.checkpoint.hf_vit import to_hf_vit
 from widenet_ds.checkpoint.load import find_tokenizer_files, read_checkpoint
-from widenet_ds.data.tokenizer import TOKENIZER_FILES, tokenizer_files_in
 from widenet_ds.checkpoint.reshard import reshard
 from widenet_ds.checkpoint.shape_free import STATE_FILE, TENSORS_FILE, read_shape_free, save_shape_free
 from widenet_ds.checkpoint.tokenizer_check import (
@@ -28,10 +27,10 @@ from widenet_ds.checkpoint.tokenizer_check import (
     checkpoint_tokenizer,
     saved_tokenizer_problem,
 )
-from widenet_ds.checksums import file_sha256
-from widenet_ds.data.tokenizer import load_tokenizer
 from widenet_ds.checkpoint.training import resolve_tag_dir
 from widenet_ds.checkpoint.verify import verify_checkpoint
+from widenet_ds.checksums import file_sha256
+from widenet_ds.data.tokenizer import TOKENIZER_FILES, load_tokenizer, tokenizer_files_in
 from widenet_ds.disk_space import check_free_space, disk_full_errors
 from widenet_ds.errors import CheckpointError
 from widenet_ds.run_lock import output_lock
