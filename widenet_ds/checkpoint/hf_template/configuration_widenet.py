@@ -98,22 +98,19 @@ class WideNetEncoderConfig(PreTrainedConfig):
         return self.num_layers // self.num_branches
 
     @property
+    def experts_width(self) -> int:
+        """The experts' hidden width."""
+        return self.intermediate_size
+
+    @property
     def blocks_per_routing_group(self) -> int:
-        """Consecutive blocks that reuse the routing of the group's first block (text: routing_groups)."""
-        groups = getattr(self, "routing_groups", None) or self.num_layers
-        return self.num_layers // groups if self.is_moe else 1
+        """Consecutive blocks that reuse the routing of the group's first block (1: every MoE block routes)."""
+        return 1
 
     @property
     def moe_block_indices(self) -> list[int]:
-        """Blocks whose FFN is an MoE: all of them, or the last `moe_blocks` (ViT-MoE)."""
-        if not self.is_moe:
-            return []
-        last = getattr(self, "moe_blocks", None) or self.num_layers
-        return list(range(self.num_layers - last, self.num_layers))
-
-    @property
-    def experts_width(self) -> int:
-        return getattr(self, "expert_intermediate_size", None) or self.intermediate_size
+        """Blocks whose FFN is an MoE."""
+        return list(range(self.num_layers)) if self.is_moe else []
 
 
 class WideNetConfig(WideNetEncoderConfig):
@@ -128,6 +125,10 @@ class WideNetConfig(WideNetEncoderConfig):
     classifier_dropout: float = 0.1
     norm_position: str = "post"
     routing_groups: int | None = None
+
+    @property
+    def blocks_per_routing_group(self) -> int:
+        return self.num_layers // (self.routing_groups or self.num_layers) if self.is_moe else 1
 
 
 class ViTWideNetConfig(WideNetEncoderConfig):
@@ -160,3 +161,24 @@ class ViTWideNetConfig(WideNetEncoderConfig):
         super().__post_init__(**kwargs)
         if self.id2label is not None and len(self.id2label) != self.num_classes:
             raise ValueError(f"id2label names {len(self.id2label)} classes, num_classes is {self.num_classes}.")
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def num_tokens(self) -> int:
+        """Patches + the CLS token (which the authors' capacity counts too)."""
+        return self.num_patches + 1
+
+    @property
+    def moe_block_indices(self) -> list[int]:
+        """Blocks whose FFN is an MoE: the last `moe_blocks` (ViT-MoE), else every block."""
+        if not self.is_moe:
+            return []
+        first = self.num_layers - (self.moe_blocks or self.num_layers)
+        return list(range(first, self.num_layers))
+
+    @property
+    def experts_width(self) -> int:
+        return self.expert_intermediate_size or self.intermediate_size

@@ -116,28 +116,44 @@ class Routing:
     dropped: Tensor        # scalar: routes dropped by capacity
 
 
-def expert_capacity(config: WideNetEncoderConfig, num_tokens: int, training: bool) -> int | None:
-    """Slots per expert (None: unbounded). Exact arithmetic, so float rounding never adds or removes a slot."""
-    if config.dispatch == "dropless":
-        return None
-    if not config.drop_tokens:
-        return num_tokens  # an expert gets at most one route per token: nothing is ever dropped
-    factor = config.capacity_factor if training else config.eval_capacity_factor
-    num, den = Fraction(str(factor)).as_integer_ratio()
-    slots = config.num_experts_per_tok * num_tokens * num
-    capacity = slots // (den * config.num_experts) if config.capacity_rounding == "floor" \
-        else -(-slots // (den * config.num_experts))
-    return max(capacity, config.min_capacity)
+def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: float,
+                    rounding: str = "ceil") -> int:
+    """B = ceil(K * C * T / E) (or floor: the authors' vision code, int(T * C * K // E)) in exact arithmetic,
+    so float rounding never adds or removes a slot."""
+    num, den = Fraction(str(capacity_factor)).as_integer_ratio()
+    if rounding == "floor":
+        return (k * num_tokens * num) // (den * num_experts)
+    return -(-(k * num_tokens * num) // (den * num_experts))
 
 
-def gumbel(shape: torch.Size, device: torch.device) -> Tensor:
+def _capacity(config: WideNetEncoderConfig, num_tokens: int, num_experts: int, training: bool) -> int:
+    """Slots per expert of a call that may drop routes (`dispatch` "dropless" has no capacity)."""
+    if config.drop_tokens:
+        factor = config.capacity_factor if training else config.eval_capacity_factor
+        return torch.sym_max(expert_capacity(num_tokens, num_experts, config.num_experts_per_tok, factor,
+                                             config.capacity_rounding), config.min_capacity)
+    # No dropping: an expert gets at most one route per token (a token's choices are distinct experts), so T
+    # slots always suffice.
+    return num_tokens
+
+
+def gumbel_noise(shape: torch.Size, device: torch.device) -> Tensor:
     """Gumbel(0, 1) noise: -log(-log(u)), u uniform in [tiny, 1 - eps) (DeepSpeed's form)."""
     info = torch.finfo(torch.float32)
-    low, high = torch.tensor(info.tiny, device=device), torch.tensor(1.0 - info.eps, device=device)
-    return -torch.log(-torch.log(low + torch.rand(shape, device=device) * (high - low)))
+    low = torch.tensor(info.tiny, device=device)
+    high = torch.tensor(1.0 - info.eps, device=device)
+    uniform = low + torch.rand(shape, device=device) * (high - low)
+    return -torch.log(-torch.log(uniform))
 
 
-def route_tokens(logits: Tensor, config: WideNetEncoderConfig, training: bool,
+def multiplicative_jitter(x: Tensor, epsilon: float = 1e-2) -> Tensor:
+    """x * U(1 - epsilon, 1 + epsilon): DeepSpeed's `multiplicative_jitter` (same numbers for the same RNG state)."""
+    low = torch.tensor(1.0 - epsilon, device=x.device)
+    high = torch.tensor(1.0 + epsilon, device=x.device)
+    return x * (low + torch.rand(x.shape, device=x.device) * (high - low))
+
+
+def route_tokens(logits: Tensor, config: WideNetEncoderConfig, *, training: bool,
                  token_mask: Tensor | None = None) -> Routing:
     """Top-k routing with capacity; logits: fp32 [T, E], one row per position of the call; token_mask: bool [T],
     False for padding (None: every position is a token).
@@ -151,8 +167,9 @@ def route_tokens(logits: Tensor, config: WideNetEncoderConfig, training: bool,
     if training and config.noise == "gaussian":
         logits = logits + torch.randn_like(logits) / num_experts  # eps ~ N(0, 1/E^2)
     probs = F.softmax(logits, dim=1)
-    first_scores = logits + gumbel(logits.shape, logits.device) if training and config.noise == "rsample" else probs
-    later_scores = logits + gumbel(logits.shape, logits.device) if training and config.second_expert_sampling \
+    first_scores = logits + gumbel_noise(logits.shape, logits.device) if training and config.noise == "rsample" \
+        else probs
+    later_scores = logits + gumbel_noise(logits.shape, logits.device) if training and config.second_expert_sampling \
         else logits
 
     # Choice j: the best expert the token's earlier choices did not take.
@@ -185,7 +202,7 @@ def route_tokens(logits: Tensor, config: WideNetEncoderConfig, training: bool,
         balance_loss = num_experts * torch.sum(probs.masked_fill(~token_mask[:, None], 0.0).sum(dim=0) / real
                                                * top1_fraction)
 
-    capacity = expert_capacity(config, num_tokens, training)
+    capacity = None if config.dispatch == "dropless" else _capacity(config, num_tokens, num_experts, training)
     kept = masks if capacity is None else [mask * (location < capacity) for mask, location in zip(masks, locations)]
     weight = torch.stack([(probs * mask.float()).sum(dim=1) for mask in kept])      # [K, T], 0 if dropped
     if config.combine_weights == "renormalize":
@@ -200,10 +217,10 @@ def route_tokens(logits: Tensor, config: WideNetEncoderConfig, training: bool,
 class FeedForward(nn.Module):
     """H -> F -> H with GELU (exact, or tanh for gelu_new): a dense FFN, and the shape of every expert."""
 
-    def __init__(self, hidden_size: int, width: int, activation: str) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, activation: str) -> None:
         super().__init__()
-        self.fc_in = nn.Linear(hidden_size, width)
-        self.fc_out = nn.Linear(width, hidden_size)
+        self.fc_in = nn.Linear(hidden_size, intermediate_size)
+        self.fc_out = nn.Linear(intermediate_size, hidden_size)
         self.approximate = "tanh" if activation == "gelu_new" else "none"
 
     def forward(self, x: Tensor) -> Tensor:
@@ -221,11 +238,12 @@ class WideNetMoE(nn.Module):
                                      for _ in range(config.num_experts))
 
     def route(self, tokens: Tensor, token_mask: Tensor | None = None) -> Routing:
+        """tokens [T, H]; token_mask: bool [T], False for padding (None: all real; see `route_tokens`)."""
         tokens = tokens.float()
         if self.training and self.config.noise == "jitter":  # DeepSpeed's multiplicative jitter, x * U(0.99, 1.01)
-            low, high = torch.tensor(0.99, device=tokens.device), torch.tensor(1.01, device=tokens.device)
-            tokens = tokens * (low + torch.rand(tokens.shape, device=tokens.device) * (high - low))
-        return route_tokens(F.linear(tokens, self.router.weight.float()), self.config, self.training, token_mask)
+            tokens = multiplicative_jitter(tokens)
+        logits = F.linear(tokens, self.router.weight.float())
+        return route_tokens(logits, self.config, training=self.training, token_mask=token_mask)
 
     def forward(self, hidden: Tensor, routing: Routing | None = None,
                 token_mask: Tensor | None = None) -> tuple[Tensor, Routing]:
@@ -248,26 +266,30 @@ class WideNetMoE(nn.Module):
 class SelfAttention(nn.Module):
     def __init__(self, config: WideNetEncoderConfig) -> None:
         super().__init__()
-        hidden = config.hidden_size
         self.num_heads = config.num_heads
-        self.query = nn.Linear(hidden, hidden, bias=config.qkv_bias)
-        self.key = nn.Linear(hidden, hidden, bias=config.qkv_bias)
-        self.value = nn.Linear(hidden, hidden, bias=config.qkv_bias)
-        self.output = nn.Linear(hidden, hidden)
+        self.query = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
+        self.output = nn.Linear(config.hidden_size, config.hidden_size)
         self.attention_dropout = config.attention_dropout
         self.dropout = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, x: Tensor, attend: Tensor | None) -> Tensor:
-        # x: [B, S, H]; attend: bool [B, 1, 1, S], True where a key may be attended (None: every key)
-        batch, seq, hidden = x.shape
+    def context(self, query: Tensor, key: Tensor, value: Tensor, attend: Tensor | None) -> Tensor:
+        """Scaled dot-product attention of projected [B, S, H] queries, keys and values -> [B, S, H]."""
+        batch, seq, hidden = query.shape
 
         def heads(t: Tensor) -> Tensor:  # [B, S, H] -> [B, heads, S, head_dim]
             return t.view(batch, seq, self.num_heads, -1).transpose(1, 2)
 
-        context = F.scaled_dot_product_attention(heads(self.query(x)), heads(self.key(x)), heads(self.value(x)),
-                                                 attn_mask=attend,
-                                                 dropout_p=self.attention_dropout if self.training else 0.0)
-        return self.dropout(self.output(context.transpose(1, 2).reshape(batch, seq, hidden)))
+        context = F.scaled_dot_product_attention(
+            heads(query), heads(key), heads(value), attn_mask=attend,
+            dropout_p=self.attention_dropout if self.training else 0.0)
+        return context.transpose(1, 2).reshape(batch, seq, hidden)
+
+    def forward(self, x: Tensor, attend: Tensor | None) -> Tensor:
+        # x: [B, S, H]; attend: bool [B, 1, 1, S], True where a key may be attended (None: every key); widenet-ds
+        # passes the additive form, which scaled_dot_product_attention makes of a boolean one
+        return self.dropout(self.output(self.context(self.query(x), self.key(x), self.value(x), attend)))
 
 
 # --- the encoder ----------------------------------------------------------------------------------------
@@ -385,11 +407,13 @@ class WideNetPreTrainedModel(PreTrainedModel):
             if module.cls is not None:
                 init.normal_(module.cls, std=self.config.initializer_range)
 
-    def _task_loss(self, task_loss: Tensor | None, body: WideNetModelOutput) -> Tensor | None:
+    def _total_loss(self, task_loss: Tensor | None, balance: Tensor) -> Tensor | None:
         """The loss Trainer optimises: the task's plus balance_loss_weight x the balance loss (MoE models)."""
-        if task_loss is None or not self.config.is_moe:
-            return task_loss
-        return task_loss + self.config.balance_loss_weight * body.aux_loss
+        if task_loss is None:
+            return None
+        if self.config.is_moe:
+            return task_loss + self.config.balance_loss_weight * balance
+        return task_loss
 
 
 def _as_tuple(output: ModelOutput, return_dict: bool | None, config) -> ModelOutput | tuple:
@@ -493,7 +517,7 @@ class WideNetForMaskedLM(WideNetTextPreTrainedModel):
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
-        out = WideNetMaskedLMOutput(loss=self._task_loss(loss, body), logits=logits, **_routing_fields(body))
+        out = WideNetMaskedLMOutput(loss=self._total_loss(loss, body.aux_loss), logits=logits, **_routing_fields(body))
         return _as_tuple(out, return_dict, self.config)
 
 
@@ -526,7 +550,7 @@ class WideNetForPreTraining(WideNetTextPreTrainedModel):
                                           ignore_index=-100))
         if sentence_order_label is not None:
             losses.append(F.cross_entropy(sop_logits.float(), sentence_order_label))
-        out = WideNetForPreTrainingOutput(loss=self._task_loss(sum(losses) if losses else None, body),
+        out = WideNetForPreTrainingOutput(loss=self._total_loss(sum(losses) if losses else None, body.aux_loss),
                                           prediction_logits=mlm_logits, sop_logits=sop_logits, **_routing_fields(body))
         return _as_tuple(out, return_dict, self.config)
 
@@ -557,7 +581,8 @@ class WideNetForSequenceClassification(WideNetTextPreTrainedModel):
                 loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
             else:
                 loss = F.cross_entropy(logits.float(), labels)
-        out = WideNetSequenceClassifierOutput(loss=self._task_loss(loss, body), logits=logits, **_routing_fields(body))
+        out = WideNetSequenceClassifierOutput(loss=self._total_loss(loss, body.aux_loss), logits=logits,
+                                              **_routing_fields(body))
         return _as_tuple(out, return_dict, self.config)
 
 
@@ -585,7 +610,7 @@ class WideNetForQuestionAnswering(WideNetTextPreTrainedModel):
             ignored = start_logits.shape[1]  # positions outside the window (transformers' convention) are ignored
             loss = (F.cross_entropy(start_logits, start_positions.clamp(0, ignored), ignore_index=ignored)
                     + F.cross_entropy(end_logits, end_positions.clamp(0, ignored), ignore_index=ignored)) / 2
-        out = WideNetQuestionAnsweringOutput(loss=self._task_loss(loss, body), start_logits=start_logits,
+        out = WideNetQuestionAnsweringOutput(loss=self._total_loss(loss, body.aux_loss), start_logits=start_logits,
                                              end_logits=end_logits, **_routing_fields(body))
         return _as_tuple(out, return_dict, self.config)
 
@@ -597,17 +622,17 @@ class PatchEmbeddings(nn.Module):
 
     def __init__(self, config: ViTWideNetConfig) -> None:
         super().__init__()
-        num_tokens = (config.image_size // config.patch_size) ** 2 + 1
+        self.config = config
         self.projection = nn.Conv2d(config.num_channels, config.hidden_size, config.patch_size,
                                     stride=config.patch_size)
-        self.position = nn.Parameter(torch.zeros(1, num_tokens, config.hidden_size))
+        self.position = nn.Parameter(torch.zeros(1, config.num_tokens, config.hidden_size))
         self.cls = nn.Parameter(torch.zeros(1, 1, config.hidden_size)) if config.cls_token == "learned" else None
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(self, pixels: Tensor) -> Tensor:
         # pixels: [B, C, H, W] in [-1, 1] -> [B, 1 + N, H_model]
         patches = self.projection(pixels).flatten(2).transpose(1, 2)
-        if self.cls is None:
+        if self.cls is None:  # the WideNet authors' CLS: zeros, not trained
             cls = patches.new_zeros(patches.shape[0], 1, patches.shape[2])
         else:
             cls = self.cls.expand(patches.shape[0], -1, -1)
@@ -667,5 +692,6 @@ class ViTWideNetForImageClassification(ViTWideNetPreTrainedModel):
             pooled = torch.tanh(self.pre_logits(pooled))
         logits = self.classifier(pooled)
         loss = F.cross_entropy(logits.float(), labels) if labels is not None else None
-        out = WideNetSequenceClassifierOutput(loss=self._task_loss(loss, body), logits=logits, **_routing_fields(body))
+        out = WideNetSequenceClassifierOutput(loss=self._total_loss(loss, body.aux_loss), logits=logits,
+                                              **_routing_fields(body))
         return _as_tuple(out, return_dict, self.config)
