@@ -23,6 +23,9 @@ Routing (paper eq. 1-5, 8), once per block (or per routing group, or per depth o
 
 Classes: WideNetModel, WideNetForMaskedLM, WideNetForPreTraining (MLM + sentence order),
 WideNetForSequenceClassification, WideNetForQuestionAnswering; ViTWideNetModel, ViTWideNetForImageClassification.
+
+Above each class and function a comment names the block of widenet-ds it mirrors: "Copied from" (the same code up
+to the renames it lists; widenet-ds's tests keep the two equal), "Adapted from" (how it differs), or "Mirror only".
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from .configuration_widenet import ViTWideNetConfig, WideNetConfig, WideNetEncod
 
 
 # --- outputs: transformers' fields, plus the routing ------------------------------------------------------
+# Adapted from widenet_ds.model.widenet.EncoderOutput: transformers' ModelOutput (last_hidden_state, pooler_output,
+#   aux_loss, hidden_states, router_logits), with RoutingStats' fields as fields of their own
 @dataclass
 class WideNetModelOutput(ModelOutput):
     last_hidden_state: Tensor | None = None          # [B, S, H]
@@ -52,6 +57,8 @@ class WideNetModelOutput(ModelOutput):
     dropped_fraction: Tensor | None = None           # [calls] share of the routes dropped by capacity
 
 
+# Adapted from widenet_ds.model.widenet.PreTrainingOutput: its masked-LM half, as transformers' MaskedLMOutput
+#   plus the routing fields
 @dataclass
 class WideNetMaskedLMOutput(ModelOutput):
     loss: Tensor | None = None
@@ -63,6 +70,8 @@ class WideNetMaskedLMOutput(ModelOutput):
     dropped_fraction: Tensor | None = None
 
 
+# Adapted from widenet_ds.model.widenet.PreTrainingOutput: transformers' field names (prediction_logits,
+#   sop_logits, aux_loss) plus the routing fields; no separate mlm / sop losses
 @dataclass
 class WideNetForPreTrainingOutput(ModelOutput):
     loss: Tensor | None = None
@@ -75,6 +84,8 @@ class WideNetForPreTrainingOutput(ModelOutput):
     dropped_fraction: Tensor | None = None
 
 
+# Adapted from widenet_ds.model.widenet.ClassificationOutput: transformers' SequenceClassifierOutput plus the
+#   routing fields (aux_loss for balance_loss); images use it too (ours: vision.model.ImageClassificationOutput)
 @dataclass
 class WideNetSequenceClassifierOutput(ModelOutput):
     loss: Tensor | None = None
@@ -86,6 +97,8 @@ class WideNetSequenceClassifierOutput(ModelOutput):
     dropped_fraction: Tensor | None = None
 
 
+# Adapted from widenet_ds.model.widenet.QuestionAnsweringOutput: transformers' QuestionAnsweringModelOutput plus
+#   the routing fields (aux_loss for balance_loss)
 @dataclass
 class WideNetQuestionAnsweringOutput(ModelOutput):
     loss: Tensor | None = None
@@ -98,12 +111,15 @@ class WideNetQuestionAnsweringOutput(ModelOutput):
     dropped_fraction: Tensor | None = None
 
 
+# Mirror only: the routing fields a task model's output takes over from the body's (transformers' outputs are flat)
 def _routing_fields(body: WideNetModelOutput) -> dict:
     return dict(aux_loss=body.aux_loss, hidden_states=body.hidden_states, router_logits=body.router_logits,
                 expert_counts=body.expert_counts, dropped_fraction=body.dropped_fraction)
 
 
 # --- routing --------------------------------------------------------------------------------------------
+# Adapted from widenet_ds.model.routing.Routing: what a one-device dispatch and the outputs read (no slots,
+#   locations or capacity for DeepSpeed's all-to-all), plus the logits (router_logits) and the dropped routes
 @dataclass
 class Routing:
     """One routing call's decisions: route j of token t goes to expert_index[j, t] (-1: dropped) with weight[j, t]."""
@@ -116,6 +132,7 @@ class Routing:
     dropped: Tensor        # scalar: routes dropped by capacity
 
 
+# Copied from widenet_ds.model.routing.expert_capacity
 def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: float,
                     rounding: str = "ceil") -> int:
     """B = ceil(K * C * T / E) (or floor: the authors' vision code, int(T * C * K // E)) in exact arithmetic,
@@ -126,6 +143,8 @@ def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: 
     return -(-(k * num_tokens * num) // (den * num_experts))
 
 
+# Copied from widenet_ds.model.routing._capacity with cfg->config, MoEConfig->WideNetEncoderConfig,
+#   top_k->num_experts_per_tok
 def _capacity(config: WideNetEncoderConfig, num_tokens: int, num_experts: int, training: bool) -> int:
     """Slots per expert of a call that may drop routes (`dispatch` "dropless" has no capacity)."""
     if config.drop_tokens:
@@ -137,6 +156,7 @@ def _capacity(config: WideNetEncoderConfig, num_tokens: int, num_experts: int, t
     return num_tokens
 
 
+# Copied from widenet_ds.model.routing.gumbel_noise
 def gumbel_noise(shape: torch.Size, device: torch.device) -> Tensor:
     """Gumbel(0, 1) noise: -log(-log(u)), u uniform in [tiny, 1 - eps) (DeepSpeed's form)."""
     info = torch.finfo(torch.float32)
@@ -146,6 +166,7 @@ def gumbel_noise(shape: torch.Size, device: torch.device) -> Tensor:
     return -torch.log(-torch.log(uniform))
 
 
+# Copied from widenet_ds.model.routing.multiplicative_jitter
 def multiplicative_jitter(x: Tensor, epsilon: float = 1e-2) -> Tensor:
     """x * U(1 - epsilon, 1 + epsilon): DeepSpeed's `multiplicative_jitter` (same numbers for the same RNG state)."""
     low = torch.tensor(1.0 - epsilon, device=x.device)
@@ -153,6 +174,9 @@ def multiplicative_jitter(x: Tensor, epsilon: float = 1e-2) -> Tensor:
     return x * (low + torch.rand(x.shape, device=x.device) * (high - low))
 
 
+# Adapted from widenet_ds.model.routing.route_tokens: the same decisions written plainly for one device (an argmax
+#   per choice and a cumsum per choice where ours takes one top-k and one scan, no slot numbers for DeepSpeed's
+#   dispatch); the parity tests compare the two
 def route_tokens(logits: Tensor, config: WideNetEncoderConfig, *, training: bool,
                  token_mask: Tensor | None = None) -> Routing:
     """Top-k routing with capacity; logits: fp32 [T, E], one row per position of the call; token_mask: bool [T],
@@ -214,6 +238,7 @@ def route_tokens(logits: Tensor, config: WideNetEncoderConfig, *, training: bool
 
 
 # --- layers ---------------------------------------------------------------------------------------------
+# Copied from widenet_ds.model.moe.FeedForward
 class FeedForward(nn.Module):
     """H -> F -> H with GELU (exact, or tanh for gelu_new): a dense FFN, and the shape of every expert."""
 
@@ -227,6 +252,9 @@ class FeedForward(nn.Module):
         return self.fc_out(F.gelu(self.fc_in(x), approximate=self.approximate))
 
 
+# Adapted from widenet_ds.model.moe.MoEFeedForward: a router Linear and a list of experts, run one expert after
+#   the other over its routes, where ours sits in DeepSpeed's MoE container (expert parallelism, all-to-all,
+#   grouped GEMMs over stacked expert weights)
 class WideNetMoE(nn.Module):
     """Router + E experts. Called once per block that uses it; `routing` reuses an earlier call's decisions."""
 
@@ -237,6 +265,7 @@ class WideNetMoE(nn.Module):
         self.experts = nn.ModuleList(FeedForward(config.hidden_size, config.experts_width, config.activation)
                                      for _ in range(config.num_experts))
 
+    # Copied from widenet_ds.model.moe.WideNetGate.forward with forward->route, cfg->config, wg->router
     def route(self, tokens: Tensor, token_mask: Tensor | None = None) -> Routing:
         """tokens [T, H]; token_mask: bool [T], False for padding (None: all real; see `route_tokens`)."""
         tokens = tokens.float()
@@ -263,6 +292,7 @@ class WideNetMoE(nn.Module):
         return combined.to(hidden.dtype).view_as(hidden), routing
 
 
+# Copied from widenet_ds.model.widenet.SelfAttention with cfg->config, EncoderConfig->WideNetEncoderConfig
 class SelfAttention(nn.Module):
     def __init__(self, config: WideNetEncoderConfig) -> None:
         super().__init__()
@@ -293,6 +323,10 @@ class SelfAttention(nn.Module):
 
 
 # --- the encoder ----------------------------------------------------------------------------------------
+# Adapted from widenet_ds.model.widenet.WideNetEncoder: one loop over depths of [N, B, S, H] streams for every
+#   layout (ours: a block loop, and widenet_ds.model.branches.depth_step's stacked GEMMs for branches), a per-block
+#   loop for unshared modules, a boolean attention mask; no activation checkpointing, branch parallelism or
+#   branch prefixes; the FFN list is built here (ours: the image model's _feed_forwards)
 class WideNetEncoder(nn.Module):
     """D blocks over (possibly) shared attention and FFN/MoE, each block with its own two LayerNorms; ParaFormer's
     N branches of D / N blocks run as N streams of the same input, summed at the end."""
@@ -391,6 +425,9 @@ class WideNetEncoder(nn.Module):
         return result
 
 
+# Adapted from widenet_ds.model.base.EncoderModel: transformers' PreTrainedModel, whose _init_weights draws
+#   N(0, initializer_range) module by module (ours: one pass, then each expert from its own seed whatever the
+#   ep_size); no DeepSpeed process groups or activation-checkpointing switch
 class WideNetPreTrainedModel(PreTrainedModel):
     """N(0, initializer_range) weights, zero biases, unit LayerNorms (BERT/ALBERT/ViT)."""
 
@@ -407,6 +444,7 @@ class WideNetPreTrainedModel(PreTrainedModel):
             if module.cls is not None:
                 init.normal_(module.cls, std=self.config.initializer_range)
 
+    # Copied from widenet_ds.model.base.EncoderModel._total_loss with cfg.moe->config, cfg->config
     def _total_loss(self, task_loss: Tensor | None, balance: Tensor) -> Tensor | None:
         """The loss Trainer optimises: the task's plus balance_loss_weight x the balance loss (MoE models)."""
         if task_loss is None:
@@ -416,11 +454,13 @@ class WideNetPreTrainedModel(PreTrainedModel):
         return task_loss
 
 
+# Mirror only: transformers' return_dict convention (a ModelOutput, or its tuple)
 def _as_tuple(output: ModelOutput, return_dict: bool | None, config) -> ModelOutput | tuple:
     return output if (return_dict if return_dict is not None else config.return_dict) else output.to_tuple()
 
 
 # --- text -----------------------------------------------------------------------------------------------
+# Copied from widenet_ds.model.widenet.FactorizedEmbeddings with cfg->config, ModelConfig->WideNetConfig
 class FactorizedEmbeddings(nn.Module):
     """ALBERT's factorized embeddings: V x E_emb tables, LayerNorm(E_emb), dropout, a projection E_emb -> H."""
 
@@ -439,6 +479,9 @@ class FactorizedEmbeddings(nn.Module):
         return self.projection(self.dropout(self.norm(x)))
 
 
+# Adapted from widenet_ds.model.widenet.MaskedLMHead: the tied decoder weight is an argument of forward (the
+#   model passes its current word embeddings, as transformers' tying and resize_token_embeddings expect) where
+#   ours keeps the embedding module in a list
 class MaskedLMHead(nn.Module):
     """H -> E_emb, GELU, LayerNorm, then the decoder tied to the word embeddings (+ bias)."""
 
@@ -454,12 +497,16 @@ class MaskedLMHead(nn.Module):
         return F.linear(h, word_embeddings, self.bias)
 
 
+# Adapted from widenet_ds.model.widenet.WideNetPreTrainedModel: transformers' class attributes of the text
+#   family (config class, the body's prefix "widenet"); each task model builds the body itself
 class WideNetTextPreTrainedModel(WideNetPreTrainedModel):
     config_class = WideNetConfig
     base_model_prefix = "widenet"
     main_input_name = "input_ids"
 
 
+# Adapted from widenet_ds.model.widenet.WideNetModel: transformers' base model (post_init, input-embedding
+#   accessors, output_hidden_states / output_router_logits / return_dict, its output class); no branch prefixes
 class WideNetModel(WideNetTextPreTrainedModel):
     """Embeddings + encoder + pooler (tanh of a Linear on [CLS]): the body every text task model shares."""
 
@@ -494,6 +541,8 @@ class WideNetModel(WideNetTextPreTrainedModel):
         return _as_tuple(out, return_dict, self.config)
 
 
+# Adapted from widenet_ds.model.widenet.WideNetForPreTraining: its masked-LM half alone, for transformers'
+#   AutoModelForMaskedLM and fill-mask pipelines
 class WideNetForMaskedLM(WideNetTextPreTrainedModel):
     """Masked LM (the pretraining checkpoint's MLM head; its SOP head is left unused)."""
 
@@ -521,6 +570,8 @@ class WideNetForMaskedLM(WideNetTextPreTrainedModel):
         return _as_tuple(out, return_dict, self.config)
 
 
+# Adapted from widenet_ds.model.widenet.WideNetForPreTraining: transformers' argument names (labels,
+#   sentence_order_label), outputs and loss (one sum, no separate MLM / SOP losses)
 class WideNetForPreTraining(WideNetTextPreTrainedModel):
     """ALBERT's pretraining heads: masked LM + sentence-order prediction on the pooled [CLS]."""
 
@@ -555,6 +606,8 @@ class WideNetForPreTraining(WideNetTextPreTrainedModel):
         return _as_tuple(out, return_dict, self.config)
 
 
+# Adapted from widenet_ds.model.widenet.WideNetForSequenceClassification: num_labels from the config, and
+#   transformers' problem_type (multi-label classification too)
 class WideNetForSequenceClassification(WideNetTextPreTrainedModel):
     """GLUE-style classification on the pooled [CLS]; num_labels = 1 is regression (STS-B)."""
 
@@ -586,6 +639,8 @@ class WideNetForSequenceClassification(WideNetTextPreTrainedModel):
         return _as_tuple(out, return_dict, self.config)
 
 
+# Adapted from widenet_ds.model.widenet.WideNetForQuestionAnswering: transformers' loss convention (positions
+#   outside the window clamped and ignored)
 class WideNetForQuestionAnswering(WideNetTextPreTrainedModel):
     """SQuAD: start/end logits per token; position 0 ([CLS]) is the null answer of SQuAD 2.0."""
 
@@ -616,6 +671,8 @@ class WideNetForQuestionAnswering(WideNetTextPreTrainedModel):
 
 
 # --- images ---------------------------------------------------------------------------------------------
+# Copied from widenet_ds.vision.model.PatchEmbedding with PatchEmbedding->PatchEmbeddings, cfg->config,
+#   VisionConfig->ViTWideNetConfig
 class PatchEmbeddings(nn.Module):
     """Conv2d(patch, stride patch) -> tokens, the CLS token first (the WideNet authors' constant zeros, or a
     learned one), + learned positions, dropout."""
@@ -639,12 +696,15 @@ class PatchEmbeddings(nn.Module):
         return self.dropout(torch.cat([cls, patches], dim=1) + self.position)
 
 
+# Mirror only: transformers' class attributes of the image family (config class, the body's prefix, input name)
 class ViTWideNetPreTrainedModel(WideNetPreTrainedModel):
     config_class = ViTWideNetConfig
     base_model_prefix = "vit_widenet"
     main_input_name = "pixel_values"
 
 
+# Adapted from widenet_ds.vision.model.ViTWideNetForImageClassification: its body (embeddings, encoder, pooling)
+#   as transformers' base model, which checks the pixel shape and names the image processor
 class ViTWideNetModel(ViTWideNetPreTrainedModel):
     """Patch embeddings + the pre-LN encoder; pooler_output: the mean of all tokens (head "gap", the CLS token
     included, as the authors' code) or the CLS token (head "cls")."""
@@ -672,6 +732,8 @@ class ViTWideNetModel(ViTWideNetPreTrainedModel):
         return _as_tuple(out, return_dict, self.config)
 
 
+# Adapted from widenet_ds.vision.model.ViTWideNetForImageClassification: its head (pre-logits, classifier) on
+#   ViTWideNetModel; plain cross-entropy (ours adds label smoothing and per-sample weights for training)
 class ViTWideNetForImageClassification(ViTWideNetPreTrainedModel):
     """The pooled tokens -> optional pre-logits (Dense + tanh) -> classifier over num_classes."""
 
