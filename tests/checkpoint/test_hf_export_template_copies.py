@@ -1,4 +1,4 @@
-"""The HF mirror against our model: `# Copied from` marks, checked as transformers' utils/check_copies.py checks its.
+"""The HF mirror against our model: `# Copied from` marks, checked as transformers checks its (utils/check_copies.py).
 
 `convert to-hf` ships the files of hf_export.TEMPLATE (hf_template/) into every HF folder: our model written again for
 one device, importable by transformers without widenet_ds. Each of its top-level classes and functions says, in a
@@ -37,7 +37,7 @@ MIRROR = TEMPLATE  # the mirror's folder: named once, by the exporter that ships
 ROOT = Path(widenet_ds.__file__).resolve().parents[1]  # where `widenet_ds.model.widenet` is widenet_ds/model/widenet.py
 MIRROR_MODULE = ".".join(MIRROR.relative_to(ROOT).parts)  # a mark never names the mirror's own blocks
 KINDS = ("Copied from", "Adapted from", "Mirror only")
-MARK = re.compile(r"^\s*#\s*(Copied from|Adapted from|Mirror only)\b\s*(.*)$")
+MARK = re.compile(rf"^\s*#\s*({'|'.join(KINDS)})\b\s*(.*)$")
 COPIED = re.compile(r"^(?P<target>widenet_ds(?:\.\w+)+)(?:\s+with\s+(?P<renames>\S.*))?$")
 ADAPTED = re.compile(r"^(?P<target>widenet_ds(?:\.\w+)+):\s*(?P<reason>\S.*)$")
 RENAME = re.compile(r"^(?P<old>\w+(?:\.\w+)*)->(?P<new>\w+(?:\.\w+)*)$")
