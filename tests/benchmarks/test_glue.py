@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -121,6 +122,29 @@ def test_hf_rows_map_to_the_tsv_label_order():
     test = glue_split_from_hf_rows(GLUE_TASKS["RTE"], "test", [{"sentence1": "a", "sentence2": "b", "label": -1, "idx": 0}],
                                    ["entailment", "not_entailment"], labelled=False)
     assert test.examples[0].label is None
+
+
+# What each label index means, in our label order: the names of HF `datasets`' glue ClassLabels (MNLI and AX in
+# the TSV's order, which differs from HF's). Exported models' id2label come from here.
+LABEL_NAMES = {"CoLA": ("unacceptable", "acceptable"), "SST-2": ("negative", "positive"),
+               "MRPC": ("not_equivalent", "equivalent"), "STS-B": (), "QQP": ("not_duplicate", "duplicate"),
+               "MNLI": ("contradiction", "entailment", "neutral"), "QNLI": ("entailment", "not_entailment"),
+               "RTE": ("entailment", "not_entailment"), "WNLI": ("not_entailment", "entailment"),
+               "AX": ("contradiction", "entailment", "neutral")}
+
+
+def test_every_task_names_what_its_labels_mean():
+    assert {name: task.label_names for name, task in GLUE_TASKS.items()} == LABEL_NAMES
+    for task in GLUE_TASKS.values():
+        if set(task.labels) - {"0", "1"}:  # labels that are words in the TSV are their own names
+            assert task.label_names == task.labels, task.name
+
+
+def test_label_names_that_do_not_fit_the_labels_are_refused():
+    with pytest.raises(ValueError, match="SST-2: label_names .* must name each of the labels"):
+        dataclasses.replace(GLUE_TASKS["SST-2"], label_names=("negative",))
+    with pytest.raises(ValueError, match="label_names"):
+        dataclasses.replace(GLUE_TASKS["STS-B"], label_names=("score",))  # regression has no labels to name
 
 
 def test_hf_rows_through_a_real_datasets_object():

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 transformers = pytest.importorskip("transformers")
 
 from widenet_ds.checkpoint.format import PortableCheckpoint, read_folder, save_folder  # noqa: E402
-from widenet_ds.checkpoint.hf_export import HF_INDEX, from_hf, hf_key_pairs, write_hf_folder  # noqa: E402
+from widenet_ds.checkpoint.hf_export import HF_INDEX, from_hf, hf_config, hf_key_pairs, write_hf_folder  # noqa: E402
 from widenet_ds.checkpoint.hf_template import configuration_widenet  # noqa: E402
 from widenet_ds.cli import main as widenet_ds  # noqa: E402
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource  # noqa: E402
@@ -293,6 +293,41 @@ def test_to_hf_then_from_hf_is_bit_identical(arch, tmp_path):
         hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
         assert hf_config["id2label"] == {"0": "negative", "1": "positive"}
         assert (tmp_path / "back" / "vocab.txt").read_text() == (source / "vocab.txt").read_text()
+
+
+NLI = ["entailment", "not_entailment"]
+FASHION = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
+
+
+@pytest.mark.parametrize("task, num_labels, names", [
+    ("sst2", 2, ["negative", "positive"]), ("CoLA", 2, ["unacceptable", "acceptable"]),
+    ("mrpc", 2, ["not_equivalent", "equivalent"]), ("qqp", 2, ["not_duplicate", "duplicate"]),
+    ("wnli", 2, ["not_entailment", "entailment"]), ("rte", 2, NLI), ("qnli", 2, NLI),
+    ("mnli", 3, ["contradiction", "entailment", "neutral"]), ("AX", 3, ["contradiction", "entailment", "neutral"]),
+    ("stsb", 1, ["score"]),
+    ("sst2", 3, ["LABEL_0", "LABEL_1", "LABEL_2"]),  # a head of another size than the task's labels: no names
+    ("squad", 2, ["LABEL_0", "LABEL_1"]), (None, 2, ["LABEL_0", "LABEL_1"])])
+def test_a_text_classifiers_labels_are_the_names_its_task_gives_them(task, num_labels, names):
+    checkpoint = PortableCheckpoint(ModelConfig(**DIMS), "WideNetForSequenceClassification", {}, num_labels,
+                                    {"task": task} if task else {})
+    config = hf_config(checkpoint)
+    assert config["architectures"] == ["WideNetForSequenceClassification"]
+    assert config["id2label"] == {str(i): name for i, name in enumerate(names)}
+    assert config["label2id"] == {name: i for i, name in enumerate(names)}
+    assert config.get("problem_type") == ("regression" if num_labels == 1 else None)
+
+
+@pytest.mark.parametrize("dataset, num_classes, names", [
+    ("digits", 10, [str(i) for i in range(10)]), ("fashion-mnist", 10, FASHION),
+    ("fashion-mnist", 11, [f"LABEL_{i}" for i in range(11)]),  # another head than the dataset's classes
+    ("cifar10", 10, [f"LABEL_{i}" for i in range(10)]), (None, 10, [f"LABEL_{i}" for i in range(10)])])
+def test_an_image_classifiers_labels_are_its_datasets_class_names(dataset, num_classes, names):
+    cfg = VisionConfig.from_preset("widenet-vit-digits", num_classes=num_classes)
+    config = hf_config(PortableCheckpoint(cfg, "ViTWideNetForImageClassification", {}, None,
+                                          {"dataset": dataset} if dataset else {}))
+    assert config["architectures"] == ["ViTWideNetForImageClassification"]
+    assert config["id2label"] == {str(i): name for i, name in enumerate(names)}
+    assert config["label2id"] == {name: i for i, name in enumerate(names)}
 
 
 def test_a_bf16_folder_stays_bf16_both_ways(tmp_path):

@@ -17,8 +17,8 @@ import torch
 from widenet_ds.errors import ConfigError, DataError
 from widenet_ds.vision.augment import AugmentConfig, BatchAugmenter
 from widenet_ds.vision.config import VisionConfig
-from widenet_ds.vision.datasets import (DEBIAN_FASHION_MNIST, cifar, digits, fashion_mnist, hf_dataset, image_folder,
-                                        load_dataset, read_idx)
+from widenet_ds.vision.datasets import (DEBIAN_FASHION_MNIST, cifar, dataset_class_names, digits, fashion_mnist,
+                                        hf_dataset, image_folder, load_dataset, read_idx)
 from widenet_ds.vision.loader import ImageLoader
 from widenet_ds.training.classification import check_data_fits_model
 
@@ -104,6 +104,17 @@ def test_digits_split_is_fixed_and_disjoint():
     assert np.array_equal(a["train"].labels, b["train"].labels)
     assert len(a["train"]) + len(a["test"]) == 1797
     assert a["train"].load(0, 1).dtype == np.uint8 and a["train"].load(0, 1).max() > 100
+
+
+def test_datasets_with_fixed_classes_name_them_and_their_sources_carry_the_names(tmp_path):
+    assert dataset_class_names("digits") == [str(i) for i in range(10)] == digits()["test"].class_names
+    names = dataset_class_names("fashion-mnist")
+    assert len(names) == 10 and names[0] == "T-shirt/top" and names[9] == "Ankle boot"
+    assert fashion_mnist(make_fashion_mnist(tmp_path))["train"].class_names == names
+    # The others' names come with the data (CIFAR's meta file, folders, ClassLabels); unknown names have none.
+    assert [dataset_class_names(name) for name in ("cifar10", "imagenet-folder", "hf", "mnist", None, 3)] == [None] * 6
+    names.append("changed")  # a copy: the dataset's own list stays as it is
+    assert len(dataset_class_names("fashion-mnist")) == 10
 
 
 @pytest.mark.parametrize("archive", [False, True])

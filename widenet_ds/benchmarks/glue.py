@@ -41,11 +41,19 @@ class GlueTask:
     labels: tuple[str, ...]  # label strings as in the TSV; () for regression
     metrics: tuple[str, ...]
     primary_metric: str  # what "median over seeds" and model selection look at
+    # What label i means, one name per entry of `labels` (the names GLUE and HF `datasets` give them; the TSV's
+    # own words where it has words, not 0/1): the id2label of exported models. () for regression.
+    label_names: tuple[str, ...] = ()
     eval_splits: tuple[str, ...] = ("dev",)
     test_splits: dict[str, str] = field(default_factory=lambda: {"test": ""})  # split -> submission stem
     hf_name: str = ""
     hf_text: tuple[str, str | None] = ("sentence", None)
     hf_splits: dict[str, str] = field(default_factory=lambda: {"train": "train", "dev": "validation", "test": "test"})
+
+    def __post_init__(self) -> None:
+        if len(self.label_names) != len(self.labels):
+            raise ValueError(f"GlueTask {self.name}: label_names {self.label_names} must name each of the labels "
+                             f"{self.labels}, in their order.")
 
     @property
     def is_regression(self) -> bool:
@@ -65,19 +73,23 @@ class GlueTask:
 _PAIR = dict(text_a="sentence1", text_b="sentence2")
 _STD_FILES = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}
 _MNLI_LABELS = ("contradiction", "entailment", "neutral")
+_NLI_PAIR = ("entailment", "not_entailment")
 
 GLUE_TASKS: dict[str, GlueTask] = {
     t.name: t
     for t in [
         GlueTask("CoLA", _STD_FILES, Layout(False, text_a=3, label=1),
                  Layout(True, text_a="sentence", index="index"),
-                 labels=("0", "1"), metrics=("mcc",), primary_metric="mcc", hf_name="cola"),
+                 labels=("0", "1"), label_names=("unacceptable", "acceptable"), metrics=("mcc",),
+                 primary_metric="mcc", hf_name="cola"),
         GlueTask("SST-2", _STD_FILES, Layout(True, text_a="sentence", label="label"),
                  Layout(True, text_a="sentence", index="index"),
-                 labels=("0", "1"), metrics=("acc",), primary_metric="acc", hf_name="sst2"),
+                 labels=("0", "1"), label_names=("negative", "positive"), metrics=("acc",), primary_metric="acc",
+                 hf_name="sst2"),
         GlueTask("MRPC", _STD_FILES, Layout(True, text_a="#1 String", text_b="#2 String", label="Quality"),
                  Layout(True, text_a="#1 String", text_b="#2 String", index="index"),
-                 labels=("0", "1"), metrics=("acc", "f1", "acc_and_f1"), primary_metric="acc_and_f1",
+                 labels=("0", "1"), label_names=("not_equivalent", "equivalent"),
+                 metrics=("acc", "f1", "acc_and_f1"), primary_metric="acc_and_f1",
                  hf_name="mrpc", hf_text=("sentence1", "sentence2")),
         GlueTask("STS-B", _STD_FILES, Layout(True, **_PAIR, label="score", index="index"),
                  Layout(True, **_PAIR, index="index"),
@@ -85,13 +97,14 @@ GLUE_TASKS: dict[str, GlueTask] = {
                  hf_name="stsb", hf_text=("sentence1", "sentence2")),
         GlueTask("QQP", _STD_FILES, Layout(True, text_a="question1", text_b="question2", label="is_duplicate", index="id"),
                  Layout(True, text_a="question1", text_b="question2", index="id"),
-                 labels=("0", "1"), metrics=("acc", "f1", "acc_and_f1"), primary_metric="acc_and_f1",
+                 labels=("0", "1"), label_names=("not_duplicate", "duplicate"),
+                 metrics=("acc", "f1", "acc_and_f1"), primary_metric="acc_and_f1",
                  hf_name="qqp", hf_text=("question1", "question2")),
         GlueTask("MNLI",
                  {"train": "train.tsv", "dev_matched": "dev_matched.tsv", "dev_mismatched": "dev_mismatched.tsv",
                   "test_matched": "test_matched.tsv", "test_mismatched": "test_mismatched.tsv"},
                  Layout(True, **_PAIR, label="gold_label", index="index"), Layout(True, **_PAIR, index="index"),
-                 labels=_MNLI_LABELS, metrics=("acc",), primary_metric="acc",
+                 labels=_MNLI_LABELS, label_names=_MNLI_LABELS, metrics=("acc",), primary_metric="acc",
                  eval_splits=("dev_matched", "dev_mismatched"),
                  test_splits={"test_matched": "MNLI-m", "test_mismatched": "MNLI-mm"},
                  hf_name="mnli", hf_text=("premise", "hypothesis"),
@@ -100,19 +113,20 @@ GLUE_TASKS: dict[str, GlueTask] = {
                             "test_mismatched": "test_mismatched"}),
         GlueTask("QNLI", _STD_FILES, Layout(True, text_a="question", text_b="sentence", label="label", index="index"),
                  Layout(True, text_a="question", text_b="sentence", index="index"),
-                 labels=("entailment", "not_entailment"), metrics=("acc",), primary_metric="acc",
+                 labels=_NLI_PAIR, label_names=_NLI_PAIR, metrics=("acc",), primary_metric="acc",
                  hf_name="qnli", hf_text=("question", "sentence")),
         GlueTask("RTE", _STD_FILES, Layout(True, **_PAIR, label="label", index="index"),
                  Layout(True, **_PAIR, index="index"),
-                 labels=("entailment", "not_entailment"), metrics=("acc",), primary_metric="acc",
+                 labels=_NLI_PAIR, label_names=_NLI_PAIR, metrics=("acc",), primary_metric="acc",
                  hf_name="rte", hf_text=("sentence1", "sentence2")),
         GlueTask("WNLI", _STD_FILES, Layout(True, **_PAIR, label="label", index="index"),
                  Layout(True, **_PAIR, index="index"),
-                 labels=("0", "1"), metrics=("acc",), primary_metric="acc",
-                 hf_name="wnli", hf_text=("sentence1", "sentence2")),
+                 labels=("0", "1"), label_names=("not_entailment", "entailment"), metrics=("acc",),
+                 primary_metric="acc", hf_name="wnli", hf_text=("sentence1", "sentence2")),
         # The diagnostic set: test-only, predicted by the MNLI model, scored by the GLUE server.
         GlueTask("AX", {"test": "AX.tsv"}, Layout(True, **_PAIR, index="index"), Layout(True, **_PAIR, index="index"),
-                 labels=_MNLI_LABELS, metrics=("mcc",), primary_metric="mcc", eval_splits=(),
+                 labels=_MNLI_LABELS, label_names=_MNLI_LABELS, metrics=("mcc",), primary_metric="mcc",
+                 eval_splits=(),
                  hf_name="ax", hf_text=("premise", "hypothesis"), hf_splits={"test": "test"}),
     ]
 }

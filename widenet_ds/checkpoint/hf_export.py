@@ -37,6 +37,7 @@ from widenet_ds.checkpoint.format import (
     FORMAT_VERSION,
     PortableCheckpoint,
     architecture,
+    architectures,
     expected_shapes,
     missing_safetensors,
     read_safetensors,
@@ -52,7 +53,7 @@ from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.model.config import ModelConfig, MoEConfig
 from widenet_ds.benchmarks.glue import get_glue_task
 from widenet_ds.vision.config import VisionConfig
-from widenet_ds.vision.datasets import FASHION_MNIST_CLASSES
+from widenet_ds.vision.datasets import dataset_class_names
 
 TEMPLATE = Path(__file__).resolve().parent / "hf_template"
 MODEL_FILES = ("configuration_widenet.py", "modeling_widenet.py")
@@ -63,7 +64,8 @@ HF_INDEX = "model.safetensors.index.json"
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 MODEL_TYPES = {"widenet": ModelConfig, "vit_widenet": VisionConfig}
 
-# Our architecture -> (its HF class, the family's classes for the Auto factories).
+# Each family's classes for transformers' Auto factories. The HF class of a checkpoint bears the name of its
+# architecture (format.architectures(): every one of ours has its class in hf_template/modeling_widenet.py).
 _TEXT_AUTO = {"AutoConfig": "configuration_widenet.WideNetConfig", "AutoModel": "modeling_widenet.WideNetModel",
               "AutoModelForPreTraining": "modeling_widenet.WideNetForPreTraining",
               "AutoModelForMaskedLM": "modeling_widenet.WideNetForMaskedLM",
@@ -72,18 +74,6 @@ _TEXT_AUTO = {"AutoConfig": "configuration_widenet.WideNetConfig", "AutoModel": 
 _IMAGE_AUTO = {"AutoConfig": "configuration_widenet.ViTWideNetConfig", "AutoModel": "modeling_widenet.ViTWideNetModel",
                "AutoModelForImageClassification": "modeling_widenet.ViTWideNetForImageClassification",
                "AutoImageProcessor": "image_processing_widenet.WideNetImageProcessor"}
-HF_CLASSES = {"WideNetForPreTraining": "WideNetForPreTraining",
-              "WideNetForSequenceClassification": "WideNetForSequenceClassification",
-              "WideNetForQuestionAnswering": "WideNetForQuestionAnswering",
-              "ViTWideNetForImageClassification": "ViTWideNetForImageClassification"}
-# HF classes whose weights are exactly one of our architectures' (the reverse of HF_CLASSES).
-OUR_ARCHITECTURE = {hf: ours for ours, hf in HF_CLASSES.items()}
-
-# GLUE tasks whose TSV labels are 0/1: the names the GLUE datasets give those indices.
-_GLUE_LABEL_NAMES = {"CoLA": ("unacceptable", "acceptable"), "SST-2": ("negative", "positive"),
-                     "MRPC": ("not_equivalent", "equivalent"), "QQP": ("not_duplicate", "duplicate"),
-                     "WNLI": ("not_entailment", "entailment")}
-_CLASS_NAMES = {"digits": [str(i) for i in range(10)], "fashion-mnist": FASHION_MNIST_CLASSES}
 _MOE_KEY = re.compile(r"^(?P<ffn>(.*\.)?ffn\.\d+\.)moe\.deepspeed_moe\.(?:gate\.wg\.(?P<router>weight)|"
                       r"experts\.deepspeed_experts\.(?P<expert>\d+\..+))$")
 
@@ -110,7 +100,7 @@ def _labels(checkpoint: PortableCheckpoint) -> dict[str, Any]:
     """id2label / label2id / problem_type for the classifiers' heads."""
     cfg, provenance = checkpoint.config, checkpoint.provenance
     if isinstance(cfg, VisionConfig):
-        names = _CLASS_NAMES.get(provenance.get("dataset"))
+        names = dataset_class_names(provenance.get("dataset"))
         names = names if names and len(names) == cfg.num_classes else [f"LABEL_{i}" for i in range(cfg.num_classes)]
     elif checkpoint.architecture == "WideNetForSequenceClassification":
         if checkpoint.num_labels == 1:
@@ -118,7 +108,7 @@ def _labels(checkpoint: PortableCheckpoint) -> dict[str, Any]:
         names = [f"LABEL_{i}" for i in range(checkpoint.num_labels)]
         task = _glue_task(provenance.get("task"))
         if task is not None and task.num_labels == checkpoint.num_labels:
-            names = list(_GLUE_LABEL_NAMES.get(task.name, task.labels))
+            names = list(task.label_names)
     else:
         return {}
     return {"id2label": {str(i): name for i, name in enumerate(names)},
@@ -141,7 +131,7 @@ def hf_config(checkpoint: PortableCheckpoint) -> dict[str, Any]:
     moe = fields.pop("moe")
     moe["num_experts_per_tok"] = moe.pop("top_k")
     image = isinstance(checkpoint.config, VisionConfig)
-    return {"model_type": "vit_widenet" if image else "widenet", "architectures": [HF_CLASSES[checkpoint.architecture]],
+    return {"model_type": "vit_widenet" if image else "widenet", "architectures": [checkpoint.architecture],
             "auto_map": dict(_IMAGE_AUTO if image else _TEXT_AUTO), **fields, **moe, **_labels(checkpoint),
             "dtype": dtype,
             "widenet_ds": {"format_version": FORMAT_VERSION, "architecture": checkpoint.architecture,
@@ -248,13 +238,13 @@ def from_hf(source: Path, target: Path, *, overwrite: bool = False) -> Path:
     source = Path(source)
     hf = read_hf_config(source)
     hf_class = (hf.get("architectures") or [None])[0]
-    if hf_class not in OUR_ARCHITECTURE:
+    if hf_class not in architectures():
         base = {"WideNetForMaskedLM": "AutoModelForPreTraining (its SOP head is then newly initialised)"}
         raise CheckpointError(f"{source} holds a {hf_class}, which is none of widenet-ds's architectures "
-                              f"({', '.join(OUR_ARCHITECTURE)})"
+                              f"({', '.join(architectures())})"
                               + (f"; load it with {base[hf_class]}, save_pretrained, and convert that"
                                  if hf_class in base else "") + ".")
-    ours = OUR_ARCHITECTURE[hf_class]
+    ours = hf_class
     cfg = _our_config(hf, str(source / HF_CONFIG))
     if not isinstance(cfg, architecture(ours).config):
         raise CheckpointError(f"{source}: {hf_class} does not belong to model_type {hf['model_type']!r}.")

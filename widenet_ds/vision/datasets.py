@@ -111,6 +111,15 @@ def _find_idx(root: Path, stem: str) -> Path | None:
 
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
                          "Bag", "Ankle boot"]
+DIGITS_CLASSES = [str(digit) for digit in range(10)]
+# The datasets whose classes are fixed, with the name of each class index (the labels of exported models); the
+# others read theirs from the data: CIFAR's meta file, ImageFolder's folders, the HF dataset's ClassLabel.
+CLASS_NAMES = {"fashion-mnist": FASHION_MNIST_CLASSES, "digits": DIGITS_CLASSES}
+
+
+def dataset_class_names(name: object) -> list[str] | None:
+    """The class names of `--dataset name` when the dataset fixes them (`CLASS_NAMES`), else None."""
+    return list(CLASS_NAMES[name]) if isinstance(name, str) and name in CLASS_NAMES else None
 
 
 def fashion_mnist(root: Path | None = None) -> dict[str, ImageSource]:
@@ -141,7 +150,7 @@ def digits(test_fraction: float = 0.2, seed: int = 0) -> dict[str, ImageSource]:
     images = np.clip(data.images * 16, 0, 255).astype(np.uint8)
     order = np.random.default_rng(seed).permutation(len(images))
     cut = int(len(images) * (1 - test_fraction))
-    return {split: _array_source(f"sklearn digits {split}", images[idx], data.target[idx], 10)
+    return {split: _array_source(f"sklearn digits {split}", images[idx], data.target[idx], 10, DIGITS_CLASSES)
             for split, idx in (("train", order[:cut]), ("test", order[cut:]))}
 
 

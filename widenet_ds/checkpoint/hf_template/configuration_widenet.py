@@ -39,6 +39,9 @@ _ALIASES = {"num_hidden_layers": "num_layers", "num_attention_heads": "num_heads
             "router_aux_loss_coef": "balance_loss_weight"}
 
 
+# Adapted from widenet_ds.model.config.EncoderConfig: a transformers PreTrainedConfig holding MoEConfig's fields
+#   flat (top_k as num_experts_per_tok) and transformers' aliases; its checks are the ones loading needs, as
+#   ValueErrors (ours: every check, as ConfigErrors naming the fix)
 class WideNetEncoderConfig(PreTrainedConfig):
     """The encoder both families share: dimensions, sharing, ParaFormer branches, and the shared MoE's router."""
 
@@ -89,33 +92,37 @@ class WideNetEncoderConfig(PreTrainedConfig):
             raise ValueError(f"num_experts_per_tok {self.num_experts_per_tok} exceeds num_experts {self.num_experts}.")
         super().__post_init__(**kwargs)
 
+    # Copied from widenet_ds.model.config.EncoderConfig.is_moe
     @property
     def is_moe(self) -> bool:
         return self.ffn == "moe"
 
+    # Copied from widenet_ds.model.config.EncoderConfig.layers_per_branch
     @property
     def layers_per_branch(self) -> int:
         return self.num_layers // self.num_branches
 
-    @property
-    def blocks_per_routing_group(self) -> int:
-        """Consecutive blocks that reuse the routing of the group's first block (text: routing_groups)."""
-        groups = getattr(self, "routing_groups", None) or self.num_layers
-        return self.num_layers // groups if self.is_moe else 1
-
-    @property
-    def moe_block_indices(self) -> list[int]:
-        """Blocks whose FFN is an MoE: all of them, or the last `moe_blocks` (ViT-MoE)."""
-        if not self.is_moe:
-            return []
-        last = getattr(self, "moe_blocks", None) or self.num_layers
-        return list(range(self.num_layers - last, self.num_layers))
-
+    # Copied from widenet_ds.model.config.EncoderConfig.experts_width
     @property
     def experts_width(self) -> int:
-        return getattr(self, "expert_intermediate_size", None) or self.intermediate_size
+        """The experts' hidden width."""
+        return self.intermediate_size
+
+    # Copied from widenet_ds.model.config.EncoderConfig.blocks_per_routing_group
+    @property
+    def blocks_per_routing_group(self) -> int:
+        """Consecutive blocks that reuse the routing of the group's first block (1: every MoE block routes)."""
+        return 1
+
+    # Copied from widenet_ds.model.config.EncoderConfig.moe_block_indices
+    @property
+    def moe_block_indices(self) -> list[int]:
+        """Blocks whose FFN is an MoE."""
+        return list(range(self.num_layers)) if self.is_moe else []
 
 
+# Adapted from widenet_ds.model.config.ModelConfig: transformers' config fields with our defaults; no presets,
+#   JSON files or overrides (transformers' from_pretrained and keywords do that)
 class WideNetConfig(WideNetEncoderConfig):
     """A WideNet / ALBERT / BERT text model with ALBERT's factorized embeddings (widenet-ds's ModelConfig)."""
 
@@ -129,7 +136,15 @@ class WideNetConfig(WideNetEncoderConfig):
     norm_position: str = "post"
     routing_groups: int | None = None
 
+    # Adapted from widenet_ds.model.config.ModelConfig.blocks_per_routing_group: routing_groups None (a config made
+    #   in Python) is num_layers, which our __post_init__ writes into the field
+    @property
+    def blocks_per_routing_group(self) -> int:
+        return self.num_layers // (self.routing_groups or self.num_layers) if self.is_moe else 1
 
+
+# Adapted from widenet_ds.vision.config.VisionConfig: transformers' config fields with our defaults (the WideNet
+#   authors' ViT) and id2label for transformers' heads and pipelines; no presets
 class ViTWideNetConfig(WideNetEncoderConfig):
     """A ViT body on the WideNet encoder with its classification head (widenet-ds's VisionConfig): always pre-LN
     with a final LayerNorm; the defaults are the WideNet authors' ViT."""
@@ -160,3 +175,28 @@ class ViTWideNetConfig(WideNetEncoderConfig):
         super().__post_init__(**kwargs)
         if self.id2label is not None and len(self.id2label) != self.num_classes:
             raise ValueError(f"id2label names {len(self.id2label)} classes, num_classes is {self.num_classes}.")
+
+    # Copied from widenet_ds.vision.config.VisionConfig.num_patches
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    # Copied from widenet_ds.vision.config.VisionConfig.num_tokens
+    @property
+    def num_tokens(self) -> int:
+        """Patches + the CLS token (which the authors' capacity counts too)."""
+        return self.num_patches + 1
+
+    # Copied from widenet_ds.vision.config.VisionConfig.moe_block_indices
+    @property
+    def moe_block_indices(self) -> list[int]:
+        """Blocks whose FFN is an MoE: the last `moe_blocks` (ViT-MoE), else every block."""
+        if not self.is_moe:
+            return []
+        first = self.num_layers - (self.moe_blocks or self.num_layers)
+        return list(range(first, self.num_layers))
+
+    # Copied from widenet_ds.vision.config.VisionConfig.experts_width
+    @property
+    def experts_width(self) -> int:
+        return self.expert_intermediate_size or self.intermediate_size

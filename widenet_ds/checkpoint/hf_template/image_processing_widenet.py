@@ -19,6 +19,9 @@ import torch.nn.functional as F
 from transformers.image_processing_utils import BaseImageProcessor, BatchFeature
 
 
+# Adapted from widenet_ds.vision.loader._Images: transformers' BaseImageProcessor around our evaluation
+#   preprocessing (PIL images or arrays converted to the model's channels, our resize, then
+#   widenet_ds.vision.augment.normalize as (x * rescale_factor - mean) / std with 1/255, 0.5, 0.5)
 class WideNetImageProcessor(BaseImageProcessor):
     model_input_names = ["pixel_values"]
 

@@ -23,6 +23,9 @@ Routing (paper eq. 1-5, 8), once per block (or per routing group, or per depth o
 
 Classes: WideNetModel, WideNetForMaskedLM, WideNetForPreTraining (MLM + sentence order),
 WideNetForSequenceClassification, WideNetForQuestionAnswering; ViTWideNetModel, ViTWideNetForImageClassification.
+
+Above each class and function a comment names the block of widenet-ds it mirrors: "Copied from" (the same code up
+to the renames it lists; widenet-ds's tests keep the two equal), "Adapted from" (how it differs), or "Mirror only".
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from .configuration_widenet import ViTWideNetConfig, WideNetConfig, WideNetEncod
 
 
 # --- outputs: transformers' fields, plus the routing ------------------------------------------------------
+# Adapted from widenet_ds.model.widenet.EncoderOutput: transformers' ModelOutput (last_hidden_state, pooler_output,
+#   aux_loss, hidden_states, router_logits), with RoutingStats' fields as fields of their own
 @dataclass
 class WideNetModelOutput(ModelOutput):
     last_hidden_state: Tensor | None = None          # [B, S, H]
@@ -52,6 +57,8 @@ class WideNetModelOutput(ModelOutput):
     dropped_fraction: Tensor | None = None           # [calls] share of the routes dropped by capacity
 
 
+# Adapted from widenet_ds.model.widenet.PreTrainingOutput: its masked-LM half, as transformers' MaskedLMOutput
+#   plus the routing fields
 @dataclass
 class WideNetMaskedLMOutput(ModelOutput):
     loss: Tensor | None = None
@@ -63,6 +70,8 @@ class WideNetMaskedLMOutput(ModelOutput):
     dropped_fraction: Tensor | None = None
 
 
+# Adapted from widenet_ds.model.widenet.PreTrainingOutput: transformers' field names (prediction_logits,
+#   sop_logits, aux_loss) plus the routing fields; no separate mlm / sop losses
 @dataclass
 class WideNetForPreTrainingOutput(ModelOutput):
     loss: Tensor | None = None
@@ -75,6 +84,8 @@ class WideNetForPreTrainingOutput(ModelOutput):
     dropped_fraction: Tensor | None = None
 
 
+# Adapted from widenet_ds.model.widenet.ClassificationOutput: transformers' SequenceClassifierOutput plus the
+#   routing fields (aux_loss for balance_loss); images use it too (ours: vision.model.ImageClassificationOutput)
 @dataclass
 class WideNetSequenceClassifierOutput(ModelOutput):
     loss: Tensor | None = None
@@ -86,6 +97,8 @@ class WideNetSequenceClassifierOutput(ModelOutput):
     dropped_fraction: Tensor | None = None
 
 
+# Adapted from widenet_ds.model.widenet.QuestionAnsweringOutput: transformers' QuestionAnsweringModelOutput plus
+#   the routing fields (aux_loss for balance_loss)
 @dataclass
 class WideNetQuestionAnsweringOutput(ModelOutput):
     loss: Tensor | None = None
@@ -98,12 +111,15 @@ class WideNetQuestionAnsweringOutput(ModelOutput):
     dropped_fraction: Tensor | None = None
 
 
+# Mirror only: the routing fields a task model's output takes over from the body's (transformers' outputs are flat)
 def _routing_fields(body: WideNetModelOutput) -> dict:
     return dict(aux_loss=body.aux_loss, hidden_states=body.hidden_states, router_logits=body.router_logits,
                 expert_counts=body.expert_counts, dropped_fraction=body.dropped_fraction)
 
 
 # --- routing --------------------------------------------------------------------------------------------
+# Adapted from widenet_ds.model.routing.Routing: what a one-device dispatch and the outputs read (no slots,
+#   locations or capacity for DeepSpeed's all-to-all), plus the logits (router_logits) and the dropped routes
 @dataclass
 class Routing:
     """One routing call's decisions: route j of token t goes to expert_index[j, t] (-1: dropped) with weight[j, t]."""
@@ -116,28 +132,52 @@ class Routing:
     dropped: Tensor        # scalar: routes dropped by capacity
 
 
-def expert_capacity(config: WideNetEncoderConfig, num_tokens: int, training: bool) -> int | None:
-    """Slots per expert (None: unbounded). Exact arithmetic, so float rounding never adds or removes a slot."""
-    if config.dispatch == "dropless":
-        return None
-    if not config.drop_tokens:
-        return num_tokens  # an expert gets at most one route per token: nothing is ever dropped
-    factor = config.capacity_factor if training else config.eval_capacity_factor
-    num, den = Fraction(str(factor)).as_integer_ratio()
-    slots = config.num_experts_per_tok * num_tokens * num
-    capacity = slots // (den * config.num_experts) if config.capacity_rounding == "floor" \
-        else -(-slots // (den * config.num_experts))
-    return max(capacity, config.min_capacity)
+# Copied from widenet_ds.model.routing.expert_capacity
+def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: float,
+                    rounding: str = "ceil") -> int:
+    """B = ceil(K * C * T / E) (or floor: the authors' vision code, int(T * C * K // E)) in exact arithmetic,
+    so float rounding never adds or removes a slot."""
+    num, den = Fraction(str(capacity_factor)).as_integer_ratio()
+    if rounding == "floor":
+        return (k * num_tokens * num) // (den * num_experts)
+    return -(-(k * num_tokens * num) // (den * num_experts))
 
 
-def gumbel(shape: torch.Size, device: torch.device) -> Tensor:
+# Copied from widenet_ds.model.routing._capacity with cfg->config, MoEConfig->WideNetEncoderConfig,
+#   top_k->num_experts_per_tok
+def _capacity(config: WideNetEncoderConfig, num_tokens: int, num_experts: int, training: bool) -> int:
+    """Slots per expert of a call that may drop routes (`dispatch` "dropless" has no capacity)."""
+    if config.drop_tokens:
+        factor = config.capacity_factor if training else config.eval_capacity_factor
+        return torch.sym_max(expert_capacity(num_tokens, num_experts, config.num_experts_per_tok, factor,
+                                             config.capacity_rounding), config.min_capacity)
+    # No dropping: an expert gets at most one route per token (a token's choices are distinct experts), so T
+    # slots always suffice.
+    return num_tokens
+
+
+# Copied from widenet_ds.model.routing.gumbel_noise
+def gumbel_noise(shape: torch.Size, device: torch.device) -> Tensor:
     """Gumbel(0, 1) noise: -log(-log(u)), u uniform in [tiny, 1 - eps) (DeepSpeed's form)."""
     info = torch.finfo(torch.float32)
-    low, high = torch.tensor(info.tiny, device=device), torch.tensor(1.0 - info.eps, device=device)
-    return -torch.log(-torch.log(low + torch.rand(shape, device=device) * (high - low)))
+    low = torch.tensor(info.tiny, device=device)
+    high = torch.tensor(1.0 - info.eps, device=device)
+    uniform = low + torch.rand(shape, device=device) * (high - low)
+    return -torch.log(-torch.log(uniform))
 
 
-def route_tokens(logits: Tensor, config: WideNetEncoderConfig, training: bool,
+# Copied from widenet_ds.model.routing.multiplicative_jitter
+def multiplicative_jitter(x: Tensor, epsilon: float = 1e-2) -> Tensor:
+    """x * U(1 - epsilon, 1 + epsilon): DeepSpeed's `multiplicative_jitter` (same numbers for the same RNG state)."""
+    low = torch.tensor(1.0 - epsilon, device=x.device)
+    high = torch.tensor(1.0 + epsilon, device=x.device)
+    return x * (low + torch.rand(x.shape, device=x.device) * (high - low))
+
+
+# Adapted from widenet_ds.model.routing.route_tokens: the same decisions written plainly for one device (an argmax
+#   per choice and a cumsum per choice where ours takes one top-k and one scan, no slot numbers for DeepSpeed's
+#   dispatch); the parity tests compare the two
+def route_tokens(logits: Tensor, config: WideNetEncoderConfig, *, training: bool,
                  token_mask: Tensor | None = None) -> Routing:
     """Top-k routing with capacity; logits: fp32 [T, E], one row per position of the call; token_mask: bool [T],
     False for padding (None: every position is a token).
@@ -151,8 +191,9 @@ def route_tokens(logits: Tensor, config: WideNetEncoderConfig, training: bool,
     if training and config.noise == "gaussian":
         logits = logits + torch.randn_like(logits) / num_experts  # eps ~ N(0, 1/E^2)
     probs = F.softmax(logits, dim=1)
-    first_scores = logits + gumbel(logits.shape, logits.device) if training and config.noise == "rsample" else probs
-    later_scores = logits + gumbel(logits.shape, logits.device) if training and config.second_expert_sampling \
+    first_scores = logits + gumbel_noise(logits.shape, logits.device) if training and config.noise == "rsample" \
+        else probs
+    later_scores = logits + gumbel_noise(logits.shape, logits.device) if training and config.second_expert_sampling \
         else logits
 
     # Choice j: the best expert the token's earlier choices did not take.
@@ -185,7 +226,7 @@ def route_tokens(logits: Tensor, config: WideNetEncoderConfig, training: bool,
         balance_loss = num_experts * torch.sum(probs.masked_fill(~token_mask[:, None], 0.0).sum(dim=0) / real
                                                * top1_fraction)
 
-    capacity = expert_capacity(config, num_tokens, training)
+    capacity = None if config.dispatch == "dropless" else _capacity(config, num_tokens, num_experts, training)
     kept = masks if capacity is None else [mask * (location < capacity) for mask, location in zip(masks, locations)]
     weight = torch.stack([(probs * mask.float()).sum(dim=1) for mask in kept])      # [K, T], 0 if dropped
     if config.combine_weights == "renormalize":
@@ -197,19 +238,23 @@ def route_tokens(logits: Tensor, config: WideNetEncoderConfig, training: bool,
 
 
 # --- layers ---------------------------------------------------------------------------------------------
+# Copied from widenet_ds.model.moe.FeedForward
 class FeedForward(nn.Module):
     """H -> F -> H with GELU (exact, or tanh for gelu_new): a dense FFN, and the shape of every expert."""
 
-    def __init__(self, hidden_size: int, width: int, activation: str) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, activation: str) -> None:
         super().__init__()
-        self.fc_in = nn.Linear(hidden_size, width)
-        self.fc_out = nn.Linear(width, hidden_size)
+        self.fc_in = nn.Linear(hidden_size, intermediate_size)
+        self.fc_out = nn.Linear(intermediate_size, hidden_size)
         self.approximate = "tanh" if activation == "gelu_new" else "none"
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc_out(F.gelu(self.fc_in(x), approximate=self.approximate))
 
 
+# Adapted from widenet_ds.model.moe.MoEFeedForward: a router Linear and a list of experts, run one expert after
+#   the other over its routes, where ours sits in DeepSpeed's MoE container (expert parallelism, all-to-all,
+#   grouped GEMMs over stacked expert weights)
 class WideNetMoE(nn.Module):
     """Router + E experts. Called once per block that uses it; `routing` reuses an earlier call's decisions."""
 
@@ -220,12 +265,14 @@ class WideNetMoE(nn.Module):
         self.experts = nn.ModuleList(FeedForward(config.hidden_size, config.experts_width, config.activation)
                                      for _ in range(config.num_experts))
 
+    # Copied from widenet_ds.model.moe.WideNetGate.forward with forward->route, cfg->config, wg->router
     def route(self, tokens: Tensor, token_mask: Tensor | None = None) -> Routing:
+        """tokens [T, H]; token_mask: bool [T], False for padding (None: all real; see `route_tokens`)."""
         tokens = tokens.float()
         if self.training and self.config.noise == "jitter":  # DeepSpeed's multiplicative jitter, x * U(0.99, 1.01)
-            low, high = torch.tensor(0.99, device=tokens.device), torch.tensor(1.01, device=tokens.device)
-            tokens = tokens * (low + torch.rand(tokens.shape, device=tokens.device) * (high - low))
-        return route_tokens(F.linear(tokens, self.router.weight.float()), self.config, self.training, token_mask)
+            tokens = multiplicative_jitter(tokens)
+        logits = F.linear(tokens, self.router.weight.float())
+        return route_tokens(logits, self.config, training=self.training, token_mask=token_mask)
 
     def forward(self, hidden: Tensor, routing: Routing | None = None,
                 token_mask: Tensor | None = None) -> tuple[Tensor, Routing]:
@@ -245,32 +292,41 @@ class WideNetMoE(nn.Module):
         return combined.to(hidden.dtype).view_as(hidden), routing
 
 
+# Copied from widenet_ds.model.widenet.SelfAttention with cfg->config, EncoderConfig->WideNetEncoderConfig
 class SelfAttention(nn.Module):
     def __init__(self, config: WideNetEncoderConfig) -> None:
         super().__init__()
-        hidden = config.hidden_size
         self.num_heads = config.num_heads
-        self.query = nn.Linear(hidden, hidden, bias=config.qkv_bias)
-        self.key = nn.Linear(hidden, hidden, bias=config.qkv_bias)
-        self.value = nn.Linear(hidden, hidden, bias=config.qkv_bias)
-        self.output = nn.Linear(hidden, hidden)
+        self.query = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
+        self.output = nn.Linear(config.hidden_size, config.hidden_size)
         self.attention_dropout = config.attention_dropout
         self.dropout = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, x: Tensor, attend: Tensor | None) -> Tensor:
-        # x: [B, S, H]; attend: bool [B, 1, 1, S], True where a key may be attended (None: every key)
-        batch, seq, hidden = x.shape
+    def context(self, query: Tensor, key: Tensor, value: Tensor, attend: Tensor | None) -> Tensor:
+        """Scaled dot-product attention of projected [B, S, H] queries, keys and values -> [B, S, H]."""
+        batch, seq, hidden = query.shape
 
         def heads(t: Tensor) -> Tensor:  # [B, S, H] -> [B, heads, S, head_dim]
             return t.view(batch, seq, self.num_heads, -1).transpose(1, 2)
 
-        context = F.scaled_dot_product_attention(heads(self.query(x)), heads(self.key(x)), heads(self.value(x)),
-                                                 attn_mask=attend,
-                                                 dropout_p=self.attention_dropout if self.training else 0.0)
-        return self.dropout(self.output(context.transpose(1, 2).reshape(batch, seq, hidden)))
+        context = F.scaled_dot_product_attention(
+            heads(query), heads(key), heads(value), attn_mask=attend,
+            dropout_p=self.attention_dropout if self.training else 0.0)
+        return context.transpose(1, 2).reshape(batch, seq, hidden)
+
+    def forward(self, x: Tensor, attend: Tensor | None) -> Tensor:
+        # x: [B, S, H]; attend: bool [B, 1, 1, S], True where a key may be attended (None: every key); widenet-ds
+        # passes the additive form, which scaled_dot_product_attention makes of a boolean one
+        return self.dropout(self.output(self.context(self.query(x), self.key(x), self.value(x), attend)))
 
 
 # --- the encoder ----------------------------------------------------------------------------------------
+# Adapted from widenet_ds.model.widenet.WideNetEncoder: one loop over depths of [N, B, S, H] streams for every
+#   layout (ours: a block loop, and widenet_ds.model.branches.depth_step's stacked GEMMs for branches), a per-block
+#   loop for unshared modules, a boolean attention mask; no activation checkpointing, branch parallelism or
+#   branch prefixes; the FFN list is built here (ours: the image model's _feed_forwards)
 class WideNetEncoder(nn.Module):
     """D blocks over (possibly) shared attention and FFN/MoE, each block with its own two LayerNorms; ParaFormer's
     N branches of D / N blocks run as N streams of the same input, summed at the end."""
@@ -369,6 +425,9 @@ class WideNetEncoder(nn.Module):
         return result
 
 
+# Adapted from widenet_ds.model.base.EncoderModel: transformers' PreTrainedModel, whose _init_weights draws
+#   N(0, initializer_range) module by module (ours: one pass, then each expert from its own seed whatever the
+#   ep_size); no DeepSpeed process groups or activation-checkpointing switch
 class WideNetPreTrainedModel(PreTrainedModel):
     """N(0, initializer_range) weights, zero biases, unit LayerNorms (BERT/ALBERT/ViT)."""
 
@@ -385,18 +444,23 @@ class WideNetPreTrainedModel(PreTrainedModel):
             if module.cls is not None:
                 init.normal_(module.cls, std=self.config.initializer_range)
 
-    def _task_loss(self, task_loss: Tensor | None, body: WideNetModelOutput) -> Tensor | None:
+    # Copied from widenet_ds.model.base.EncoderModel._total_loss with cfg.moe->config, cfg->config
+    def _total_loss(self, task_loss: Tensor | None, balance: Tensor) -> Tensor | None:
         """The loss Trainer optimises: the task's plus balance_loss_weight x the balance loss (MoE models)."""
-        if task_loss is None or not self.config.is_moe:
-            return task_loss
-        return task_loss + self.config.balance_loss_weight * body.aux_loss
+        if task_loss is None:
+            return None
+        if self.config.is_moe:
+            return task_loss + self.config.balance_loss_weight * balance
+        return task_loss
 
 
+# Mirror only: transformers' return_dict convention (a ModelOutput, or its tuple)
 def _as_tuple(output: ModelOutput, return_dict: bool | None, config) -> ModelOutput | tuple:
     return output if (return_dict if return_dict is not None else config.return_dict) else output.to_tuple()
 
 
 # --- text -----------------------------------------------------------------------------------------------
+# Copied from widenet_ds.model.widenet.FactorizedEmbeddings with cfg->config, ModelConfig->WideNetConfig
 class FactorizedEmbeddings(nn.Module):
     """ALBERT's factorized embeddings: V x E_emb tables, LayerNorm(E_emb), dropout, a projection E_emb -> H."""
 
@@ -415,6 +479,9 @@ class FactorizedEmbeddings(nn.Module):
         return self.projection(self.dropout(self.norm(x)))
 
 
+# Adapted from widenet_ds.model.widenet.MaskedLMHead: the tied decoder weight is an argument of forward (the
+#   model passes its current word embeddings, as transformers' tying and resize_token_embeddings expect) where
+#   ours keeps the embedding module in a list
 class MaskedLMHead(nn.Module):
     """H -> E_emb, GELU, LayerNorm, then the decoder tied to the word embeddings (+ bias)."""
 
@@ -430,12 +497,16 @@ class MaskedLMHead(nn.Module):
         return F.linear(h, word_embeddings, self.bias)
 
 
+# Adapted from widenet_ds.model.widenet.WideNetPreTrainedModel: transformers' class attributes of the text
+#   family (config class, the body's prefix "widenet"); each task model builds the body itself
 class WideNetTextPreTrainedModel(WideNetPreTrainedModel):
     config_class = WideNetConfig
     base_model_prefix = "widenet"
     main_input_name = "input_ids"
 
 
+# Adapted from widenet_ds.model.widenet.WideNetModel: transformers' base model (post_init, input-embedding
+#   accessors, output_hidden_states / output_router_logits / return_dict, its output class); no branch prefixes
 class WideNetModel(WideNetTextPreTrainedModel):
     """Embeddings + encoder + pooler (tanh of a Linear on [CLS]): the body every text task model shares."""
 
@@ -470,6 +541,8 @@ class WideNetModel(WideNetTextPreTrainedModel):
         return _as_tuple(out, return_dict, self.config)
 
 
+# Adapted from widenet_ds.model.widenet.WideNetForPreTraining: its masked-LM half alone, for transformers'
+#   AutoModelForMaskedLM and fill-mask pipelines
 class WideNetForMaskedLM(WideNetTextPreTrainedModel):
     """Masked LM (the pretraining checkpoint's MLM head; its SOP head is left unused)."""
 
@@ -493,10 +566,12 @@ class WideNetForMaskedLM(WideNetTextPreTrainedModel):
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
-        out = WideNetMaskedLMOutput(loss=self._task_loss(loss, body), logits=logits, **_routing_fields(body))
+        out = WideNetMaskedLMOutput(loss=self._total_loss(loss, body.aux_loss), logits=logits, **_routing_fields(body))
         return _as_tuple(out, return_dict, self.config)
 
 
+# Adapted from widenet_ds.model.widenet.WideNetForPreTraining: transformers' argument names (labels,
+#   sentence_order_label), outputs and loss (one sum, no separate MLM / SOP losses)
 class WideNetForPreTraining(WideNetTextPreTrainedModel):
     """ALBERT's pretraining heads: masked LM + sentence-order prediction on the pooled [CLS]."""
 
@@ -526,11 +601,13 @@ class WideNetForPreTraining(WideNetTextPreTrainedModel):
                                           ignore_index=-100))
         if sentence_order_label is not None:
             losses.append(F.cross_entropy(sop_logits.float(), sentence_order_label))
-        out = WideNetForPreTrainingOutput(loss=self._task_loss(sum(losses) if losses else None, body),
+        out = WideNetForPreTrainingOutput(loss=self._total_loss(sum(losses) if losses else None, body.aux_loss),
                                           prediction_logits=mlm_logits, sop_logits=sop_logits, **_routing_fields(body))
         return _as_tuple(out, return_dict, self.config)
 
 
+# Adapted from widenet_ds.model.widenet.WideNetForSequenceClassification: num_labels from the config, and
+#   transformers' problem_type (multi-label classification too)
 class WideNetForSequenceClassification(WideNetTextPreTrainedModel):
     """GLUE-style classification on the pooled [CLS]; num_labels = 1 is regression (STS-B)."""
 
@@ -557,10 +634,13 @@ class WideNetForSequenceClassification(WideNetTextPreTrainedModel):
                 loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
             else:
                 loss = F.cross_entropy(logits.float(), labels)
-        out = WideNetSequenceClassifierOutput(loss=self._task_loss(loss, body), logits=logits, **_routing_fields(body))
+        out = WideNetSequenceClassifierOutput(loss=self._total_loss(loss, body.aux_loss), logits=logits,
+                                              **_routing_fields(body))
         return _as_tuple(out, return_dict, self.config)
 
 
+# Adapted from widenet_ds.model.widenet.WideNetForQuestionAnswering: transformers' loss convention (positions
+#   outside the window clamped and ignored)
 class WideNetForQuestionAnswering(WideNetTextPreTrainedModel):
     """SQuAD: start/end logits per token; position 0 ([CLS]) is the null answer of SQuAD 2.0."""
 
@@ -585,41 +665,46 @@ class WideNetForQuestionAnswering(WideNetTextPreTrainedModel):
             ignored = start_logits.shape[1]  # positions outside the window (transformers' convention) are ignored
             loss = (F.cross_entropy(start_logits, start_positions.clamp(0, ignored), ignore_index=ignored)
                     + F.cross_entropy(end_logits, end_positions.clamp(0, ignored), ignore_index=ignored)) / 2
-        out = WideNetQuestionAnsweringOutput(loss=self._task_loss(loss, body), start_logits=start_logits,
+        out = WideNetQuestionAnsweringOutput(loss=self._total_loss(loss, body.aux_loss), start_logits=start_logits,
                                              end_logits=end_logits, **_routing_fields(body))
         return _as_tuple(out, return_dict, self.config)
 
 
 # --- images ---------------------------------------------------------------------------------------------
+# Copied from widenet_ds.vision.model.PatchEmbedding with PatchEmbedding->PatchEmbeddings, cfg->config,
+#   VisionConfig->ViTWideNetConfig
 class PatchEmbeddings(nn.Module):
     """Conv2d(patch, stride patch) -> tokens, the CLS token first (the WideNet authors' constant zeros, or a
     learned one), + learned positions, dropout."""
 
     def __init__(self, config: ViTWideNetConfig) -> None:
         super().__init__()
-        num_tokens = (config.image_size // config.patch_size) ** 2 + 1
+        self.config = config
         self.projection = nn.Conv2d(config.num_channels, config.hidden_size, config.patch_size,
                                     stride=config.patch_size)
-        self.position = nn.Parameter(torch.zeros(1, num_tokens, config.hidden_size))
+        self.position = nn.Parameter(torch.zeros(1, config.num_tokens, config.hidden_size))
         self.cls = nn.Parameter(torch.zeros(1, 1, config.hidden_size)) if config.cls_token == "learned" else None
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(self, pixels: Tensor) -> Tensor:
         # pixels: [B, C, H, W] in [-1, 1] -> [B, 1 + N, H_model]
         patches = self.projection(pixels).flatten(2).transpose(1, 2)
-        if self.cls is None:
+        if self.cls is None:  # the WideNet authors' CLS: zeros, not trained
             cls = patches.new_zeros(patches.shape[0], 1, patches.shape[2])
         else:
             cls = self.cls.expand(patches.shape[0], -1, -1)
         return self.dropout(torch.cat([cls, patches], dim=1) + self.position)
 
 
+# Mirror only: transformers' class attributes of the image family (config class, the body's prefix, input name)
 class ViTWideNetPreTrainedModel(WideNetPreTrainedModel):
     config_class = ViTWideNetConfig
     base_model_prefix = "vit_widenet"
     main_input_name = "pixel_values"
 
 
+# Adapted from widenet_ds.vision.model.ViTWideNetForImageClassification: its body (embeddings, encoder, pooling)
+#   as transformers' base model, which checks the pixel shape and names the image processor
 class ViTWideNetModel(ViTWideNetPreTrainedModel):
     """Patch embeddings + the pre-LN encoder; pooler_output: the mean of all tokens (head "gap", the CLS token
     included, as the authors' code) or the CLS token (head "cls")."""
@@ -647,6 +732,8 @@ class ViTWideNetModel(ViTWideNetPreTrainedModel):
         return _as_tuple(out, return_dict, self.config)
 
 
+# Adapted from widenet_ds.vision.model.ViTWideNetForImageClassification: its head (pre-logits, classifier) on
+#   ViTWideNetModel; plain cross-entropy (ours adds label smoothing and per-sample weights for training)
 class ViTWideNetForImageClassification(ViTWideNetPreTrainedModel):
     """The pooled tokens -> optional pre-logits (Dense + tanh) -> classifier over num_classes."""
 
@@ -667,5 +754,6 @@ class ViTWideNetForImageClassification(ViTWideNetPreTrainedModel):
             pooled = torch.tanh(self.pre_logits(pooled))
         logits = self.classifier(pooled)
         loss = F.cross_entropy(logits.float(), labels) if labels is not None else None
-        out = WideNetSequenceClassifierOutput(loss=self._task_loss(loss, body), logits=logits, **_routing_fields(body))
+        out = WideNetSequenceClassifierOutput(loss=self._total_loss(loss, body.aux_loss), logits=logits,
+                                              **_routing_fields(body))
         return _as_tuple(out, return_dict, self.config)
