@@ -97,7 +97,7 @@ VARIANTS = (
     Variant("widenet-routing-g1", "widenet-tiny-e4", {"routing_groups": 1},
             "Fig. 3 (ImageNet): fewer routing groups, an obvious top-1 drop"),
 )
-GLUE_TASKS = ("SST-2", "MRPC", "RTE", "STS-B", "CoLA")
+GLUE_DATASETS = ("SST-2", "MRPC", "RTE", "STS-B", "CoLA")
 
 
 @dataclass(frozen=True)
@@ -332,7 +332,7 @@ def by_seed(rows: list[dict], variant: str, budget: str) -> dict[int, dict]:
 def compare(study: dict, budget: str) -> list[dict]:
     """Every comparison of COMPARISONS on every metric both sides have, paired over their common seeds."""
     rows = []
-    tasks = [t for t in [*GLUE_TASKS, "SQuAD1.1"] if any(f["task"] == t for f in study["finetune"])]
+    tasks = [t for t in [*GLUE_DATASETS, "SQuAD1.1"] if any(f["task"] == t for f in study["finetune"])]
     for comparison in COMPARISONS:
         ours, theirs = (by_seed(study["pretrain"], v, budget) for v in (comparison.variant, comparison.reference))
         seeds = sorted(set(ours) & set(theirs))
@@ -443,7 +443,7 @@ def tables(study: dict) -> str:
 
 def finetune_table(study: dict, budget: str, title: str) -> list[str]:
     scores = [f for f in study["finetune"] if f["budget"] == budget]
-    tasks = [t for t in [*GLUE_TASKS, "SQuAD1.1"] if any(f["task"] == t for f in scores)]
+    tasks = [t for t in [*GLUE_DATASETS, "SQuAD1.1"] if any(f["task"] == t for f in scores)]
     if not tasks:
         return []
     counts = " or ".join(str(n) for n in sorted({len(f["scores"]) for f in scores}))  # the runs', not this call's
@@ -521,7 +521,7 @@ def plots(study: dict, folder: Path) -> list[str]:
         order = [v.name for v in VARIANTS]
         against.sort(key=lambda r: order.index(r["name"]))
         scores = [f for f in study["finetune"] if f["budget"] == budget]
-        tasks = [t for t in [*GLUE_TASKS, "SQuAD1.1"] if any(f["task"] == t for f in scores)]
+        tasks = [t for t in [*GLUE_DATASETS, "SQuAD1.1"] if any(f["task"] == t for f in scores)]
         fig = Figure(figsize=(6 + 3.6 * len(tasks), 4.6), layout="constrained")
         axes = fig.subplots(1, 1 + len(tasks), width_ratios=[2] + [1] * len(tasks), squeeze=False)[0]
         ax = axes[0]
@@ -614,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
                         default=Path(os.environ.get("WIDENET_SHARED_DATA", REPO.parent / "shared" / "data")))
     parser.add_argument("--variants", nargs="+", choices=[v.name for v in VARIANTS],
                         help="a subset of the models (default: all)")
-    parser.add_argument("--tasks", nargs="+", choices=[*GLUE_TASKS, "SQuAD1.1"], help="a subset of the tasks")
+    parser.add_argument("--tasks", nargs="+", choices=[*GLUE_DATASETS, "SQuAD1.1"], help="a subset of the tasks")
     parser.add_argument("--pretrain-seeds", type=int, default=3,
                         help="pretrain (and finetune) every model with the seeds 1234 ... 1234+N-1 (default 3): the "
                              "models are compared seed by seed")
@@ -646,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     sizes = scaled(args.scale)
     variants = [v for v in VARIANTS if not args.variants or v.name in args.variants]
-    tasks = args.tasks or [*GLUE_TASKS, "SQuAD1.1"]
+    tasks = args.tasks or [*GLUE_DATASETS, "SQuAD1.1"]
     seeds = list(range(FIRST_SEED, FIRST_SEED + args.pretrain_seeds))
     start = time.perf_counter()
     log(f"scale {args.scale}: {sizes}; seeds {seeds}; output {out}", out)

@@ -12,8 +12,8 @@ from tasks_fixtures import bert_tokenizer  # noqa: F401  (fixture)
 from widenet_ds.errors import ConfigError, DataError
 from widenet_ds.benchmarks.features import glue_features
 from widenet_ds.benchmarks.glue import (
-    GLUE_TASKS,
-    get_glue_task,
+    GLUE_DATASETS,
+    get_glue_dataset,
     glue_split_from_hf_rows,
     load_glue_split,
     read_glue_predictions,
@@ -37,7 +37,7 @@ def _data_rows(path, has_header: bool) -> int:
 def test_every_shared_row_is_used_or_reported(shared_data, bert_tokenizer, capsys):
     glue = shared_data / "glue"
     for name, split in SHARED:
-        task = GLUE_TASKS[name]
+        task = GLUE_DATASETS[name]
         loaded = load_glue_split(name, split, glue)
         layout = task.test if split == "test" else task.labelled
         rows = _data_rows(glue / name / f"{split}.tsv", layout.has_header)
@@ -73,8 +73,8 @@ def test_layout_quirks_are_read_right(shared_data):
 
 def test_unknown_task_and_split():
     with pytest.raises(ConfigError, match="unknown GLUE task 'MNLX'.*CoLA, SST-2"):
-        get_glue_task("MNLX")
-    assert get_glue_task("sst2").name == "SST-2" and get_glue_task("STS-B").name == "STS-B"
+        get_glue_dataset("MNLX")
+    assert get_glue_dataset("sst2").name == "SST-2" and get_glue_dataset("STS-B").name == "STS-B"
     with pytest.raises(ConfigError, match="MNLI has no split 'dev'; splits: train, dev_matched"):
         load_glue_split("MNLI", "dev", "/nonexistent")
 
@@ -113,13 +113,13 @@ def test_hf_rows_map_to_the_tsv_label_order():
     # HF MNLI: 0 entailment, 1 neutral, 2 contradiction; the TSV order is contradiction, entailment, neutral.
     rows = [{"premise": "p", "hypothesis": "h", "label": 2, "idx": 7},
             {"premise": "p", "hypothesis": "h", "label": 0, "idx": 8}]
-    split = glue_split_from_hf_rows(GLUE_TASKS["MNLI"], "dev_matched", rows, ["entailment", "neutral", "contradiction"])
+    split = glue_split_from_hf_rows(GLUE_DATASETS["MNLI"], "dev_matched", rows, ["entailment", "neutral", "contradiction"])
     assert [(e.guid, e.label) for e in split.examples] == [("7", 0), ("8", 1)]
     # CoLA: HF names unacceptable/acceptable, TSV labels 0/1.
-    cola = glue_split_from_hf_rows(GLUE_TASKS["CoLA"], "dev", [{"sentence": "s", "label": 1, "idx": 0}],
+    cola = glue_split_from_hf_rows(GLUE_DATASETS["CoLA"], "dev", [{"sentence": "s", "label": 1, "idx": 0}],
                                    ["unacceptable", "acceptable"])
     assert cola.examples[0].label == 1 and cola.examples[0].text_b is None
-    test = glue_split_from_hf_rows(GLUE_TASKS["RTE"], "test", [{"sentence1": "a", "sentence2": "b", "label": -1, "idx": 0}],
+    test = glue_split_from_hf_rows(GLUE_DATASETS["RTE"], "test", [{"sentence1": "a", "sentence2": "b", "label": -1, "idx": 0}],
                                    ["entailment", "not_entailment"], labelled=False)
     assert test.examples[0].label is None
 
@@ -134,17 +134,17 @@ LABEL_NAMES = {"CoLA": ("unacceptable", "acceptable"), "SST-2": ("negative", "po
 
 
 def test_every_task_names_what_its_labels_mean():
-    assert {name: task.label_names for name, task in GLUE_TASKS.items()} == LABEL_NAMES
-    for task in GLUE_TASKS.values():
+    assert {name: task.label_names for name, task in GLUE_DATASETS.items()} == LABEL_NAMES
+    for task in GLUE_DATASETS.values():
         if set(task.labels) - {"0", "1"}:  # labels that are words in the TSV are their own names
             assert task.label_names == task.labels, task.name
 
 
 def test_label_names_that_do_not_fit_the_labels_are_refused():
     with pytest.raises(ValueError, match="SST-2: label_names .* must name each of the labels"):
-        dataclasses.replace(GLUE_TASKS["SST-2"], label_names=("negative",))
+        dataclasses.replace(GLUE_DATASETS["SST-2"], label_names=("negative",))
     with pytest.raises(ValueError, match="label_names"):
-        dataclasses.replace(GLUE_TASKS["STS-B"], label_names=("score",))  # regression has no labels to name
+        dataclasses.replace(GLUE_DATASETS["STS-B"], label_names=("score",))  # regression has no labels to name
 
 
 def test_hf_rows_through_a_real_datasets_object():
@@ -154,14 +154,14 @@ def test_hf_rows_through_a_real_datasets_object():
         features=datasets.Features({"question": datasets.Value("string"), "sentence": datasets.Value("string"),
                                     "label": datasets.ClassLabel(names=["entailment", "not_entailment"]),
                                     "idx": datasets.Value("int32")}))
-    split = glue_split_from_hf_rows(GLUE_TASKS["QNLI"], "dev", ds, ds.features["label"].names)
+    split = glue_split_from_hf_rows(GLUE_DATASETS["QNLI"], "dev", ds, ds.features["label"].names)
     assert [(e.text_a, e.text_b, e.label) for e in split.examples] == [("q1", "s1", 1), ("q2", "s2", 0)]
 
 
 def test_submission_files_round_trip(tmp_path, shared_data):
-    mnli = GLUE_TASKS["MNLI"]
+    mnli = GLUE_DATASETS["MNLI"]
     assert mnli.submission_name("test_matched") == "MNLI-m.tsv" and mnli.submission_name("test_mismatched") == "MNLI-mm.tsv"
-    assert GLUE_TASKS["AX"].submission_name("test") == "AX.tsv"
+    assert GLUE_DATASETS["AX"].submission_name("test") == "AX.tsv"
     path = write_glue_predictions("QNLI", "test", ["0", "1", "2"], [1, 0, 1], tmp_path)
     assert path.name == "QNLI.tsv"
     assert path.read_text() == "index\tprediction\n0\tnot_entailment\n1\tentailment\n2\tnot_entailment\n"

@@ -7,10 +7,10 @@ import pytest
 from scipy import stats
 from sklearn import metrics as skm
 
-from widenet_ds.benchmarks.glue import GLUE_TASKS
+from widenet_ds.benchmarks.glue import GLUE_DATASETS
 from widenet_ds.benchmarks.glue_metrics import glue_metrics, matthews_corrcoef, spearman
 
-LABELLED = [name for name, task in GLUE_TASKS.items() if task.eval_splits]
+LABELLED = [name for name, task in GLUE_DATASETS.items() if task.eval_splits]
 
 
 def _reference(task, preds, labels) -> dict[str, float]:
@@ -29,7 +29,7 @@ def _reference(task, preds, labels) -> dict[str, float]:
 @pytest.mark.parametrize("name", LABELLED)
 @pytest.mark.parametrize("seed", range(5))
 def test_metrics_match_sklearn_scipy(name, seed):
-    task = GLUE_TASKS[name]
+    task = GLUE_DATASETS[name]
     rng = np.random.default_rng(seed)
     n = int(rng.integers(20, 400))
     if task.is_regression:

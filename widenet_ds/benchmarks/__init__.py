@@ -1,5 +1,6 @@
-"""Finetuning tasks as data: GLUE and SQuAD readers, features, decoding and official metrics.
+"""The finetuning benchmarks as data: GLUE and SQuAD readers, features, decoding, recipes and official metrics.
 
-Each task is a small registry entry (files, columns, labels, metric, recipe); the finetuning loop is
-shared and never branches on a task name beyond looking the entry up.
+Each GLUE dataset is a small registry entry (`glue.GLUE_DATASETS`: files, columns, labels, metric), each benchmark
+a recipe (`recipes.py`); the finetuning loop is shared and never branches on a benchmark's name beyond looking the
+entry up (training/benchmark.py).
 """

@@ -1,5 +1,5 @@
-"""GLUE tasks as data: file layouts, labels and metrics per task; one reader for the original TSVs
-and one thin wrapper for HF `datasets`, both producing the same `GlueExample`s.
+"""The GLUE datasets as data (GLUE calls each a "task"): file layouts, labels and metrics per dataset; one reader
+for the original TSVs and one thin wrapper for HF `datasets`, both producing the same `GlueExample`s.
 
 The TSV layouts are those of the GLUE download (`download_glue_data.py`): CoLA train/dev have no
 header (source, label, original label, sentence), MRPC starts with a UTF-8 BOM, MNLI has matched and
@@ -33,7 +33,7 @@ class Layout:
 
 
 @dataclass(frozen=True)
-class GlueTask:
+class GlueDataset:
     name: str  # the GLUE folder name, also the submission file stem
     files: dict[str, str]  # split -> file name
     labelled: Layout
@@ -52,7 +52,7 @@ class GlueTask:
 
     def __post_init__(self) -> None:
         if len(self.label_names) != len(self.labels):
-            raise ValueError(f"GlueTask {self.name}: label_names {self.label_names} must name each of the labels "
+            raise ValueError(f"GlueDataset {self.name}: label_names {self.label_names} must name each of the labels "
                              f"{self.labels}, in their order.")
 
     @property
@@ -75,32 +75,32 @@ _STD_FILES = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}
 _MNLI_LABELS = ("contradiction", "entailment", "neutral")
 _NLI_PAIR = ("entailment", "not_entailment")
 
-GLUE_TASKS: dict[str, GlueTask] = {
+GLUE_DATASETS: dict[str, GlueDataset] = {
     t.name: t
     for t in [
-        GlueTask("CoLA", _STD_FILES, Layout(False, text_a=3, label=1),
+        GlueDataset("CoLA", _STD_FILES, Layout(False, text_a=3, label=1),
                  Layout(True, text_a="sentence", index="index"),
                  labels=("0", "1"), label_names=("unacceptable", "acceptable"), metrics=("mcc",),
                  primary_metric="mcc", hf_name="cola"),
-        GlueTask("SST-2", _STD_FILES, Layout(True, text_a="sentence", label="label"),
+        GlueDataset("SST-2", _STD_FILES, Layout(True, text_a="sentence", label="label"),
                  Layout(True, text_a="sentence", index="index"),
                  labels=("0", "1"), label_names=("negative", "positive"), metrics=("acc",), primary_metric="acc",
                  hf_name="sst2"),
-        GlueTask("MRPC", _STD_FILES, Layout(True, text_a="#1 String", text_b="#2 String", label="Quality"),
+        GlueDataset("MRPC", _STD_FILES, Layout(True, text_a="#1 String", text_b="#2 String", label="Quality"),
                  Layout(True, text_a="#1 String", text_b="#2 String", index="index"),
                  labels=("0", "1"), label_names=("not_equivalent", "equivalent"),
                  metrics=("acc", "f1", "acc_and_f1"), primary_metric="acc_and_f1",
                  hf_name="mrpc", hf_text=("sentence1", "sentence2")),
-        GlueTask("STS-B", _STD_FILES, Layout(True, **_PAIR, label="score", index="index"),
+        GlueDataset("STS-B", _STD_FILES, Layout(True, **_PAIR, label="score", index="index"),
                  Layout(True, **_PAIR, index="index"),
                  labels=(), metrics=("pearson", "spearmanr", "corr"), primary_metric="corr",
                  hf_name="stsb", hf_text=("sentence1", "sentence2")),
-        GlueTask("QQP", _STD_FILES, Layout(True, text_a="question1", text_b="question2", label="is_duplicate", index="id"),
+        GlueDataset("QQP", _STD_FILES, Layout(True, text_a="question1", text_b="question2", label="is_duplicate", index="id"),
                  Layout(True, text_a="question1", text_b="question2", index="id"),
                  labels=("0", "1"), label_names=("not_duplicate", "duplicate"),
                  metrics=("acc", "f1", "acc_and_f1"), primary_metric="acc_and_f1",
                  hf_name="qqp", hf_text=("question1", "question2")),
-        GlueTask("MNLI",
+        GlueDataset("MNLI",
                  {"train": "train.tsv", "dev_matched": "dev_matched.tsv", "dev_mismatched": "dev_mismatched.tsv",
                   "test_matched": "test_matched.tsv", "test_mismatched": "test_mismatched.tsv"},
                  Layout(True, **_PAIR, label="gold_label", index="index"), Layout(True, **_PAIR, index="index"),
@@ -111,34 +111,34 @@ GLUE_TASKS: dict[str, GlueTask] = {
                  hf_splits={"train": "train", "dev_matched": "validation_matched",
                             "dev_mismatched": "validation_mismatched", "test_matched": "test_matched",
                             "test_mismatched": "test_mismatched"}),
-        GlueTask("QNLI", _STD_FILES, Layout(True, text_a="question", text_b="sentence", label="label", index="index"),
+        GlueDataset("QNLI", _STD_FILES, Layout(True, text_a="question", text_b="sentence", label="label", index="index"),
                  Layout(True, text_a="question", text_b="sentence", index="index"),
                  labels=_NLI_PAIR, label_names=_NLI_PAIR, metrics=("acc",), primary_metric="acc",
                  hf_name="qnli", hf_text=("question", "sentence")),
-        GlueTask("RTE", _STD_FILES, Layout(True, **_PAIR, label="label", index="index"),
+        GlueDataset("RTE", _STD_FILES, Layout(True, **_PAIR, label="label", index="index"),
                  Layout(True, **_PAIR, index="index"),
                  labels=_NLI_PAIR, label_names=_NLI_PAIR, metrics=("acc",), primary_metric="acc",
                  hf_name="rte", hf_text=("sentence1", "sentence2")),
-        GlueTask("WNLI", _STD_FILES, Layout(True, **_PAIR, label="label", index="index"),
+        GlueDataset("WNLI", _STD_FILES, Layout(True, **_PAIR, label="label", index="index"),
                  Layout(True, **_PAIR, index="index"),
                  labels=("0", "1"), label_names=("not_entailment", "entailment"), metrics=("acc",),
                  primary_metric="acc", hf_name="wnli", hf_text=("sentence1", "sentence2")),
         # The diagnostic set: test-only, predicted by the MNLI model, scored by the GLUE server.
-        GlueTask("AX", {"test": "AX.tsv"}, Layout(True, **_PAIR, index="index"), Layout(True, **_PAIR, index="index"),
+        GlueDataset("AX", {"test": "AX.tsv"}, Layout(True, **_PAIR, index="index"), Layout(True, **_PAIR, index="index"),
                  labels=_MNLI_LABELS, label_names=_MNLI_LABELS, metrics=("mcc",), primary_metric="mcc",
                  eval_splits=(),
                  hf_name="ax", hf_text=("premise", "hypothesis"), hf_splits={"test": "test"}),
     ]
 }
-_ALIASES = {name.lower().replace("-", ""): name for name in GLUE_TASKS} | {"mnlimm": "MNLI", "mnlim": "MNLI"}
+_ALIASES = {name.lower().replace("-", ""): name for name in GLUE_DATASETS} | {"mnlimm": "MNLI", "mnlim": "MNLI"}
 
 
-def get_glue_task(name: str) -> GlueTask:
+def get_glue_dataset(name: str) -> GlueDataset:
     """The registry entry for `name`, case- and dash-insensitive (`sst2`, `SST-2`, `sts-b`)."""
     key = name.lower().replace("-", "").replace("_", "")
     if key not in _ALIASES:
-        raise ConfigError(f"unknown GLUE task {name!r}; known tasks: {', '.join(GLUE_TASKS)}")
-    return GLUE_TASKS[_ALIASES[key]]
+        raise ConfigError(f"unknown GLUE task {name!r}; known tasks: {', '.join(GLUE_DATASETS)}")
+    return GLUE_DATASETS[_ALIASES[key]]
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ class GlueExample:
 class GlueSplit:
     """The examples of one split and an account of every row that was not used."""
 
-    task: GlueTask
+    task: GlueDataset
     split: str
     source: str
     examples: list[GlueExample]
@@ -179,10 +179,10 @@ def _resolve(header: list[str] | None, col: Column, path: Path, what: str) -> in
     return header.index(col)
 
 
-def read_glue_tsv(task: GlueTask | str, path: str | os.PathLike, labelled: bool = True, split: str = "") -> GlueSplit:
+def read_glue_tsv(task: GlueDataset | str, path: str | os.PathLike, labelled: bool = True, split: str = "") -> GlueSplit:
     """Read one GLUE TSV. A header without a needed column is an error; a malformed row is skipped and
     counted with its reason; a file where no row can be used is an error naming the first problem."""
-    task = get_glue_task(task) if isinstance(task, str) else task
+    task = get_glue_dataset(task) if isinstance(task, str) else task
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
@@ -247,7 +247,7 @@ def read_glue_tsv(task: GlueTask | str, path: str | os.PathLike, labelled: bool 
     return result
 
 
-def glue_split_path(task: GlueTask, split: str, data_dir: str | os.PathLike) -> Path:
+def glue_split_path(task: GlueDataset, split: str, data_dir: str | os.PathLike) -> Path:
     """The TSV of `split` in `data_dir`, which may be the task folder or the GLUE root above it."""
     if split not in task.files:
         raise ConfigError(f"{task.name} has no split {split!r}; splits: {', '.join(task.files)}")
@@ -259,9 +259,9 @@ def glue_split_path(task: GlueTask, split: str, data_dir: str | os.PathLike) -> 
                     f"the {task.name} TSVs, or no data folder to download through HF datasets")
 
 
-def load_glue_split(task: GlueTask | str, split: str, data_dir: str | os.PathLike | None = None) -> GlueSplit:
+def load_glue_split(task: GlueDataset | str, split: str, data_dir: str | os.PathLike | None = None) -> GlueSplit:
     """Examples of one split from local GLUE TSVs (`data_dir`) or, with no `data_dir`, from HF `datasets`."""
-    task = get_glue_task(task) if isinstance(task, str) else task
+    task = get_glue_dataset(task) if isinstance(task, str) else task
     labelled = split not in task.test_splits
     if data_dir is not None:
         return read_glue_tsv(task, glue_split_path(task, split, data_dir), labelled=labelled, split=split)
@@ -274,7 +274,7 @@ def load_glue_split(task: GlueTask | str, split: str, data_dir: str | os.PathLik
     return glue_split_from_hf_rows(task, split, ds, label_names, labelled=labelled)
 
 
-def glue_split_from_hf_rows(task: GlueTask, split: str, rows: Iterable[dict], label_names: Sequence[str],
+def glue_split_from_hf_rows(task: GlueDataset, split: str, rows: Iterable[dict], label_names: Sequence[str],
                             labelled: bool = True) -> GlueSplit:
     """Map HF `glue` rows (`idx`, text columns, integer `label`; -1 on test) into GlueExamples.
 
@@ -296,11 +296,11 @@ def glue_split_from_hf_rows(task: GlueTask, split: str, rows: Iterable[dict], la
     return result
 
 
-def write_glue_predictions(task: GlueTask | str, split: str, guids: Sequence[str], predictions: Sequence,
+def write_glue_predictions(task: GlueDataset | str, split: str, guids: Sequence[str], predictions: Sequence,
                            out_dir: str | os.PathLike) -> Path:
     """Write `index<TAB>prediction` rows as the GLUE server expects: label strings for classification
     (class indices are mapped back), scores with 3 decimals for STS-B."""
-    task = get_glue_task(task) if isinstance(task, str) else task
+    task = get_glue_dataset(task) if isinstance(task, str) else task
     if len(guids) != len(predictions):
         raise ValueError(f"{len(guids)} ids but {len(predictions)} predictions")
     rows = ["index\tprediction"]
@@ -310,9 +310,9 @@ def write_glue_predictions(task: GlueTask | str, split: str, guids: Sequence[str
     return atomic_write_text(Path(out_dir) / task.submission_name(split), "\n".join(rows) + "\n")
 
 
-def read_glue_predictions(task: GlueTask | str, path: str | os.PathLike) -> dict[str, int | float]:
+def read_glue_predictions(task: GlueDataset | str, path: str | os.PathLike) -> dict[str, int | float]:
     """Read a file written by `write_glue_predictions` (or for the GLUE server) back: guid -> prediction."""
-    task = get_glue_task(task) if isinstance(task, str) else task
+    task = get_glue_dataset(task) if isinstance(task, str) else task
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 from widenet_ds.errors import DataError
-from widenet_ds.benchmarks.glue import GlueTask, get_glue_task, read_glue_predictions, read_glue_tsv
+from widenet_ds.benchmarks.glue import GlueDataset, get_glue_dataset, read_glue_predictions, read_glue_tsv
 
 
 def accuracy(preds: np.ndarray, labels: np.ndarray) -> float:
@@ -69,9 +69,9 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     return pearson(_average_ranks(x), _average_ranks(y))
 
 
-def glue_metrics(task: GlueTask | str, preds, labels) -> dict[str, float]:
+def glue_metrics(task: GlueDataset | str, preds, labels) -> dict[str, float]:
     """The task's metrics; `preds` are class indices (argmax) or regression scores."""
-    task = get_glue_task(task) if isinstance(task, str) else task
+    task = get_glue_dataset(task) if isinstance(task, str) else task
     preds, labels = np.asarray(preds), np.asarray(labels)
     if preds.shape != labels.shape or preds.ndim != 1:
         raise ValueError(f"predictions {preds.shape} and labels {labels.shape} must be equal-length vectors")
@@ -92,9 +92,9 @@ def glue_metrics(task: GlueTask | str, preds, labels) -> dict[str, float]:
     return out
 
 
-def evaluate_glue_files(task: GlueTask | str, data_path: str, predictions_path: str) -> dict[str, float | int | str]:
+def evaluate_glue_files(task: GlueDataset | str, data_path: str, predictions_path: str) -> dict[str, float | int | str]:
     """Score a predictions file (`index<TAB>prediction`, as written for the GLUE server) on a labelled TSV."""
-    task = get_glue_task(task) if isinstance(task, str) else task
+    task = get_glue_dataset(task) if isinstance(task, str) else task
     split = read_glue_tsv(task, data_path, labelled=True)
     preds = read_glue_predictions(task, predictions_path)
     guids = [ex.guid for ex in split.examples]

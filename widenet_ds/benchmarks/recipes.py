@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 from widenet_ds.errors import ConfigError
-from widenet_ds.benchmarks.glue import get_glue_task
+from widenet_ds.benchmarks.glue import get_glue_dataset
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ RECIPES: dict[str, FinetuneRecipe] = {
 def recipe_for(task: str) -> FinetuneRecipe:
     """The recipe of `task`: a GLUE name in any spelling, or SQuAD1.1 / SQuAD2.0."""
     squad = {"squad1.1": "SQuAD1.1", "squad": "SQuAD1.1", "squad2.0": "SQuAD2.0", "squad_v2": "SQuAD2.0"}
-    name = squad.get(task.lower()) or get_glue_task(task).name
+    name = squad.get(task.lower()) or get_glue_dataset(task).name
     if name not in RECIPES:
         raise ConfigError(f"{name} has no finetuning recipe (the diagnostic AX set is predicted by the MNLI model)")
     return RECIPES[name]

@@ -51,7 +51,7 @@ from widenet_ds.checkpoint.training import is_deepspeed_checkpoint
 from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.model.config import ModelConfig, MoEConfig
-from widenet_ds.benchmarks.glue import get_glue_task
+from widenet_ds.benchmarks.glue import get_glue_dataset
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.datasets import dataset_class_names
 
@@ -106,7 +106,7 @@ def _labels(checkpoint: PortableCheckpoint) -> dict[str, Any]:
         if checkpoint.num_labels == 1:
             return {"id2label": {"0": "score"}, "label2id": {"score": 0}, "problem_type": "regression"}
         names = [f"LABEL_{i}" for i in range(checkpoint.num_labels)]
-        task = _glue_task(provenance.get("task"))
+        task = _glue_dataset(provenance.get("task"))
         if task is not None and task.num_labels == checkpoint.num_labels:
             names = list(task.label_names)
     else:
@@ -115,9 +115,9 @@ def _labels(checkpoint: PortableCheckpoint) -> dict[str, Any]:
             "label2id": {name: i for i, name in enumerate(names)}}
 
 
-def _glue_task(name: Any):
+def _glue_dataset(name: Any):
     try:
-        return get_glue_task(name) if isinstance(name, str) else None
+        return get_glue_dataset(name) if isinstance(name, str) else None
     except ConfigError:  # a SQuAD run, or a task of another program
         return None
 

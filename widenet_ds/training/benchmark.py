@@ -17,7 +17,7 @@ import torch.distributed as torch_dist
 from widenet_ds.errors import DataError
 from widenet_ds.model.widenet import WideNetForQuestionAnswering, WideNetForSequenceClassification
 from widenet_ds.benchmarks.features import glue_features
-from widenet_ds.benchmarks.glue import GLUE_TASKS, get_glue_task, glue_split_path, load_glue_split, write_glue_predictions
+from widenet_ds.benchmarks.glue import GLUE_DATASETS, get_glue_dataset, glue_split_path, load_glue_split, write_glue_predictions
 from widenet_ds.benchmarks.glue_metrics import glue_metrics
 from widenet_ds.benchmarks.recipes import FinetuneRecipe, recipe_for
 from widenet_ds.benchmarks.squad import load_squad, squad_json_from_examples
@@ -59,10 +59,10 @@ def _is_main() -> bool:
     return torch_dist.get_rank() == 0
 
 
-def _glue_predictions(task, engine, features, batching: Batching) -> np.ndarray:
+def _glue_predictions(dataset, engine, features, batching: Batching) -> np.ndarray:
     """Class indices (argmax), or scores for regression, in dataset order."""
     logits = np.stack(predict(engine, features, batching, ("logits",))["logits"])
-    return logits[:, 0] if task.is_regression else logits.argmax(axis=1)
+    return logits[:, 0] if dataset.is_regression else logits.argmax(axis=1)
 
 
 class GlueBenchmark:
@@ -72,27 +72,27 @@ class GlueBenchmark:
 
     def __init__(self, cfg: GlueConfig) -> None:
         self.cfg = cfg
-        self.task = get_glue_task(cfg.glue_task)
-        self.name = self.task.name
-        self.primary_metric = self.task.primary_metric
+        self.dataset = get_glue_dataset(cfg.glue_task)
+        self.name = self.dataset.name
+        self.primary_metric = self.dataset.primary_metric
 
     def recipe(self) -> FinetuneRecipe:
         return recipe_for(self.name)
 
     def model_kwargs(self) -> dict[str, Any]:
-        return {"num_labels": self.task.num_labels}
+        return {"num_labels": self.dataset.num_labels}
 
     def prepare(self, tokenizer, max_len: int) -> Prepared:
         cfg = self.cfg
-        train_split = load_glue_split(self.task, "train", cfg.data_path)
+        train_split = load_glue_split(self.dataset, "train", cfg.data_path)
         notes = []
         if cfg.max_train_examples:
             train_split.examples = train_split.examples[: cfg.max_train_examples]
             notes.append(f"--max-train-examples: training on the first {len(train_split.examples)} examples")
         train = glue_features(train_split, tokenizer, max_len)
         evals = {}
-        for split in self.task.eval_splits:
-            eval_split = load_glue_split(self.task, split, cfg.data_path)
+        for split in self.dataset.eval_splits:
+            eval_split = load_glue_split(self.dataset, split, cfg.data_path)
             if cfg.max_eval_examples:
                 eval_split.examples = eval_split.examples[: cfg.max_eval_examples]
             evals[split] = glue_features(eval_split, tokenizer, max_len)
@@ -100,10 +100,10 @@ class GlueBenchmark:
         return Prepared(train, evals, notes)
 
     def evaluate(self, engine, split: str, features, batching: Batching, out_dir: Path) -> dict[str, float]:
-        preds = _glue_predictions(self.task, engine, features, batching)
+        preds = _glue_predictions(self.dataset, engine, features, batching)
         if _is_main():
-            write_glue_predictions(self.task, split, features.guids, preds.tolist(), out_dir)
-        return glue_metrics(self.task, preds, features.labels)
+            write_glue_predictions(self.dataset, split, features.guids, preds.tolist(), out_dir)
+        return glue_metrics(self.dataset, preds, features.labels)
 
     def predict_test(self, engine, tokenizer, max_len: int, batching: Batching, out_dir: Path) -> list[str]:
         """With --predict-test: test-set files in the GLUE submission format (MNLI: MNLI-m.tsv, MNLI-mm.tsv,
@@ -111,34 +111,34 @@ class GlueBenchmark:
         if not self.cfg.predict_test:
             return []
         data_path = self.cfg.data_path
-        jobs = [(self.task, split, data_path) for split in self.task.test_splits]
+        jobs = [(self.dataset, split, data_path) for split in self.dataset.test_splits]
         lines = []
         if self.name == "MNLI" and data_path is not None:
             for folder in (data_path, data_path.parent, data_path.parent / "diagnostic"):
                 try:
-                    glue_split_path(GLUE_TASKS["AX"], "test", folder)
+                    glue_split_path(GLUE_DATASETS["AX"], "test", folder)
                 except DataError:
                     continue
-                jobs.append((GLUE_TASKS["AX"], "test", folder))
+                jobs.append((GLUE_DATASETS["AX"], "test", folder))
                 break
             else:
                 lines.append(f"no AX.tsv near {data_path}: the diagnostic set is not predicted")
-        for task, split, source in jobs:
-            features = glue_features(load_glue_split(task, split, source), tokenizer, max_len)
-            preds = _glue_predictions(task, engine, features, batching)
+        for dataset, split, source in jobs:
+            features = glue_features(load_glue_split(dataset, split, source), tokenizer, max_len)
+            preds = _glue_predictions(dataset, engine, features, batching)
             if _is_main():
-                path = write_glue_predictions(task, split, features.guids, preds.tolist(), out_dir)
+                path = write_glue_predictions(dataset, split, features.guids, preds.tolist(), out_dir)
                 lines.append(f"{len(preds)} test predictions -> {path}")
         return lines
 
     def baseline(self, data: Prepared) -> dict[str, Any]:
         """Majority class of the training labels (mean score for regression), scored on each eval split."""
-        if self.task.is_regression:
+        if self.dataset.is_regression:
             guess = float(np.mean(data.train.labels))
         else:
             guess = Counter(data.train.labels.tolist()).most_common(1)[0][0]
-        return {split: glue_metrics(self.task, np.full(len(f.labels), guess, dtype=f.labels.dtype), f.labels)
-                if not self.task.is_regression else {"note": "constant prediction has no correlation"}
+        return {split: glue_metrics(self.dataset, np.full(len(f.labels), guess, dtype=f.labels.dtype), f.labels)
+                if not self.dataset.is_regression else {"note": "constant prediction has no correlation"}
                 for split, f in data.evals.items()}
 
 

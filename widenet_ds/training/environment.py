@@ -12,7 +12,7 @@ from pathlib import Path
 
 from widenet_ds.errors import ConfigError, DataError, raise_config_problems
 from widenet_ds.run_lock import folder_lock
-from widenet_ds.benchmarks.glue import get_glue_task, glue_split_path
+from widenet_ds.benchmarks.glue import get_glue_dataset, glue_split_path
 from widenet_ds.training.run_config import HF_DATA, FinetuneConfig, GlueConfig, RunConfig, SquadConfig
 from widenet_ds.writable import check_output_folder
 
@@ -59,7 +59,7 @@ def compile_backend_problems(backend: str) -> list[str]:
 def glue_file_problems(cfg: GlueConfig) -> list[str]:
     """The task's files in --data (a missing --data is named once, above)."""
     try:
-        task = get_glue_task(cfg.glue_task)
+        task = get_glue_dataset(cfg.glue_task)
     except ConfigError:  # a value problem: cfg.problems() names it
         return []
     if not task.eval_splits or cfg.data_path is None or not cfg.data_path.exists():

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal
 from widenet_ds.errors import ConfigError, problems_text
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.compile import CompileMode
-from widenet_ds.benchmarks.glue import get_glue_task
+from widenet_ds.benchmarks.glue import get_glue_dataset
 from widenet_ds.training.branch_schedule import ScheduleKind
 from widenet_ds.training.flags import flag, int_list, to_argv
 from widenet_ds.vision.augment import AugmentConfig
@@ -284,7 +284,7 @@ class GlueConfig(FinetuneConfig):
     def problems(self) -> list[str]:
         problems = super().problems()
         try:
-            task = get_glue_task(self.glue_task)
+            task = get_glue_dataset(self.glue_task)
         except ConfigError as err:
             return problems + [f"--glue-task: {err}"]
         if not task.eval_splits:
