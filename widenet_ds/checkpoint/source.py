@@ -19,7 +19,6 @@ from widenet_ds.checkpoint.training import resolve_tag_dir
 from widenet_ds.checkpoint.verify import verify_folder, verify_tag
 from widenet_ds.data.tokenizer import tokenizer_files_in
 from widenet_ds.errors import CheckpointError, ConfigError
-from widenet_ds.model.config import split_run_settings
 
 
 def _is_checkpoint(source: Path) -> bool:
@@ -32,8 +31,8 @@ class CheckpointSource:
     given: Path                           # as the command line named it
     flag: str                             # which option named it ("--init-from")
     architecture: str
-    stored_config: dict[str, Any] | None  # the model config as stored (run settings of old versions inside;
-    #                                       None: a DeepSpeed checkpoint of another program, no marker)
+    stored_config: dict[str, Any] | None  # the model config as stored (None: a DeepSpeed checkpoint of another
+    #                                       program, no marker)
     where: Path                           # the file that records it: config.json or the tag's marker
     folder_config: dict[str, Any] | None = None  # a folder's config.json (None: a DeepSpeed tag)
     meta: CheckpointMeta | None = None    # a DeepSpeed tag's marker
@@ -77,7 +76,7 @@ class CheckpointSource:
             raise CheckpointError(f"{self.flag} {self.given} holds a {arch.name}, whose {arch.config.NAME} is not this "
                                   f"task's ({config_class.NAME}); pass a checkpoint of the model this task trains.")
         try:
-            return config_class.from_dict(split_run_settings(self.stored_config)[0])
+            return config_class.from_dict(self.stored_config)
         except (ConfigError, TypeError) as err:
             raise CheckpointError(f"{self.where} holds no readable {config_class.NAME} ({err}); convert the checkpoint "
                                   f"again.") from None

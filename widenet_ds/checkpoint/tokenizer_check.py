@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from widenet_ds.checkpoint.format import CONFIG_FILE, is_folder
+from widenet_ds.checkpoint.format import CONFIG_FILE, is_folder, read_folder_config
 from widenet_ds.checkpoint.load import find_tokenizer_files
 from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta
 from widenet_ds.checkpoint.source import CheckpointSource
@@ -53,7 +53,7 @@ def checkpoint_tokenizer(source: Path | CheckpointSource, tag: str | None = None
     opened = source if isinstance(source, CheckpointSource) else None
     source = opened.given if opened else Path(source)
     if is_folder(source):
-        config = opened.folder_config if opened else json.loads((source / CONFIG_FILE).read_text())
+        config = opened.folder_config if opened else read_folder_config(source)
         recorded = (config.get("provenance") or {}).get("tokenizer_sha256")
         record = f"{source / CONFIG_FILE} (provenance.tokenizer_sha256)"
         candidates = list(tokenizer_files_in(source))
