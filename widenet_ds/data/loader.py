@@ -22,12 +22,14 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from widenet_ds.data.batch_order import GLOBAL_CHUNKS, RANK_STRIDED, BatchOrder
+from widenet_ds.data.batch_order import GLOBAL_CHUNKS, BatchOrder
 from widenet_ds.data.examples import ExampleConfig, PretrainingIds, mask_tokens
 from widenet_ds.data.prepared import PreparedData
 from widenet_ds.data.shards import Shard, token_dtype
 from widenet_ds.errors import DataError
+from widenet_ds.formats import upgrade, versioned
 
+LOADER_STATE = "loader_state.text"  # its kind in widenet_ds/formats.py
 _M64 = (1 << 64) - 1
 
 
@@ -119,18 +121,18 @@ class PretrainingDataLoader:
 
     def state_dict(self) -> dict[str, int | str]:
         """Where the epoch is, in terms any shape reads: positions consumed over all ranks."""
-        return {"order": self.order.kind, "epoch": self.epoch, "consumed": self.order.consumed(self.batch),
-                "seed": self.seed, "num_examples": self.num_examples, "micro_batch_size": self.micro_batch_size,
-                "global_batch": self.order.global_batch}
+        return versioned(LOADER_STATE, {
+            "order": self.order.kind, "epoch": self.epoch, "consumed": self.order.consumed(self.batch),
+            "seed": self.seed, "num_examples": self.num_examples, "micro_batch_size": self.micro_batch_size,
+            "global_batch": self.order.global_batch})
 
     def load_state_dict(self, state: dict[str, int | str]) -> None:
+        state = upgrade(LOADER_STATE, state, "the checkpoint's pretraining loader state")
         if state["num_examples"] != self.num_examples or state["seed"] != self.seed:
             raise DataError(f"loader state is for {state['num_examples']} examples with seed {state['seed']}, "
                             f"this loader has {self.num_examples} with seed {self.seed}: the data folder or the "
                             "seed changed since the checkpoint; resume with the same data and seed")
-        written = state.get("order", RANK_STRIDED)
-        # Written before the order was recorded: {"position": samples of this rank, "world_size": W}.
-        consumed = state["consumed"] if "consumed" in state else state["position"] * state["world_size"]
+        written, consumed = state["order"], state["consumed"]
         if written != self.order.kind or state["micro_batch_size"] != self.micro_batch_size:
             raise DataError(f"loader state of the {written} order with micro batch {state['micro_batch_size']} "
                             f"cannot continue in the {self.order.kind} order with micro batch {self.micro_batch_size}; "
