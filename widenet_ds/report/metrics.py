@@ -316,9 +316,10 @@ def _load_logged(folder: RunFolder, name: str, kind: str) -> LoggedRun | Problem
     if kind == "classify":
         settings = None
         if folder.run_config.is_file():
-            settings, error = _read_object(folder.run_config, "the run's settings")
-            if error:
-                notes.append(error)
+            try:
+                settings = folder.read_run_config()
+            except RunFolderError as err:
+                notes.append(str(err))
         return ImageRun(name, path, metrics, model_config, notes, results, settings)
     return PretrainRun(name, path, metrics, model_config, notes)
 
