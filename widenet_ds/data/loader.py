@@ -75,28 +75,27 @@ class PretrainingDataLoader:
         self.order = BatchOrder(micro_batch_size, accumulation, rank, world_size, order)
         data = PreparedData.open(data)  # a path: opened here (a task opens its data once for all its loaders)
         self.data_dir, self.manifest = data.folder, data.manifest
-        if split not in self.manifest["splits"]:
-            raise DataError(f"split {split!r} is not in {self.data_dir} (splits: {list(self.manifest['splits'])}); "
+        if split not in self.manifest.splits:
+            raise DataError(f"split {split!r} is not in {self.data_dir} (splits: {list(self.manifest.splits)}); "
                             "a corpus too small for the held-out fraction has no 'valid' split: raise "
                             "--valid-fraction or prepare more documents")
         self.ids = PretrainingIds(data.tokenizer)
-        if self.ids.vocab_size != self.manifest["vocab_size"]:
+        if self.ids.vocab_size != self.manifest.vocab_size:
             raise DataError(f"{self.data_dir}/tokenizer.json has {self.ids.vocab_size} tokens but the shards "
-                            f"were built with {self.manifest['vocab_size']}; re-run `widenet-ds prepare-data`")
-        stored_static = self.manifest["masking"] == "static"
+                            f"were built with {self.manifest.vocab_size}; re-run `widenet-ds prepare-data`")
+        stored_static = self.manifest.masking == "static"
         self.dynamic_masking = not stored_static if dynamic_masking is None else dynamic_masking
         if not self.dynamic_masking and not stored_static:
             raise DataError(f"{self.data_dir} holds no stored masks (prepared with --masking dynamic); use "
                             "dynamic_masking=True or prepare the data with --masking static")
         self.example_config = ExampleConfig(
-            seq_length=self.manifest["seq_length"], short_seq_prob=0.0,
-            masked_lm_prob=self.manifest["masked_lm_prob"],
-            max_predictions_per_seq=self.manifest["max_predictions_per_seq"], max_ngram=self.manifest["max_ngram"])
+            seq_length=self.manifest.seq_length, short_seq_prob=0.0, masked_lm_prob=self.manifest.masked_lm_prob,
+            max_predictions_per_seq=self.manifest.max_predictions_per_seq, max_ngram=self.manifest.max_ngram)
 
-        dtype = token_dtype(self.manifest["vocab_size"])
-        split_info = self.manifest["splits"][split]
-        self.shards = [Shard(self.data_dir / s["name"], s, dtype, self.manifest["vocab_size"])
-                       for s in split_info["shards"]]
+        dtype = token_dtype(self.manifest.vocab_size)
+        split_info = self.manifest.splits[split]
+        self.shards = [Shard(self.data_dir / s["name"], s, dtype, self.manifest.vocab_size)
+                       for s in split_info.shards]
         self.shard_starts = [0]
         for shard in self.shards:
             self.shard_starts.append(self.shard_starts[-1] + shard.num_examples)
