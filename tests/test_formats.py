@@ -1,9 +1,11 @@
 """The one table of on-disk formats (widenet_ds/formats.py): each kind's upgrade chain from version 1 (the files
 older versions wrote, as their readers read them), the error for a file newer than the code and for a version
-entry that is none, and files without a version entry."""
+entry that is none, files without a version entry, every kind documented in docs/formats.md, and no reader or
+writer that goes around the table."""
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import re
@@ -16,6 +18,7 @@ from widenet_ds.errors import CheckpointError, RunFolderError
 from widenet_ds.formats import KINDS, VERSION_KEY, Kind, current, read_json, upgrade, versioned
 
 REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "widenet_ds"
 MODEL = {"hidden_size": 8, "moe": {"num_experts": 4, "top_k": 2}}
 MICRO_AND_WORLD = {"micro_batch_size": 4, "world_size": 2}
 
@@ -155,3 +158,55 @@ def test_read_json_names_a_missing_or_damaged_file(tmp_path):
         read_json("run_config", tmp_path / "run_config.json")
     (tmp_path / "run_config.json").write_text(json.dumps(OLDEST["run_config"][0]))
     assert read_json("run_config", tmp_path / "run_config.json")["task"] == "glue"
+
+
+def test_every_kind_is_documented_with_its_current_version():
+    table = (REPO / "docs" / "formats.md").read_text()
+    documented = dict(re.findall(r"^\| `([\w.]+)` \| .*? \| (\d+) \|", table, re.M))
+    assert documented == {name: str(kind.current) for name, kind in KINDS.items()}
+
+
+# --- nothing goes around the table ------------------------------------------------------------------------------
+def test_no_module_but_formats_spells_a_format_version():
+    """Writers write `versioned(kind, ...)` and readers `upgrade(kind, ...)`: no module has a version number of its
+    own (FORMAT_VERSION = 1 was defined five times and never raised) or reads the entry itself."""
+    spelled = [f"{path.relative_to(REPO)}:{node.lineno}" for path in sorted(PACKAGE.rglob("*.py"))
+               if path.name != "formats.py" for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, (ast.Constant, ast.Name)) and (
+                   getattr(node, "value", None) == VERSION_KEY or getattr(node, "id", "") == "FORMAT_VERSION")]
+    assert not spelled, f"use widenet_ds/formats.py (VERSION_KEY, versioned, upgrade): {spelled}"
+
+
+# Files whose one reader (and writer) is one module: the file's name may appear in an I/O call nowhere else.
+OWNERS = {
+    "widenet_checkpoint.json": ("META_FILE", {"checkpoint/marker.py"}),
+    # data/ sits below run_folder.py: its one look into a run folder (for an error message) reads through formats
+    "run_config.json": ("RUN_CONFIG_FILE", {"run_folder.py", "data/manifest.py"}),
+    "manifest.json": ("MANIFEST_FILE", {"data/manifest.py", "data/prepare.py"}),  # its reader, its writer
+}
+IO_CALLS = {"open", "read_text", "write_text", "read_bytes", "write_bytes", "load", "loads", "read_json",
+            "atomic_write_json", "atomic_write_text", "_write_json"}
+
+
+def file_uses(path: Path, name: str, constant: str) -> list[str]:
+    """Where a module names the file `name` to open, parse or write it: the name as a string, or `constant`
+    inside a call that reads or writes (naming it in a message or an is_file() test is fine)."""
+    tree = ast.parse(path.read_text(), str(path))
+    uses = [f"{path.name}:{node.lineno} spells {name!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.strip("/") == name]
+    for call in ast.walk(tree):
+        if not isinstance(call, ast.Call):
+            continue
+        called = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+        if called in IO_CALLS and any(isinstance(n, ast.Name) and n.id == constant for n in ast.walk(call)):
+            uses.append(f"{path.name}:{call.lineno} {called}(... {constant} ...)")
+    return uses
+
+
+@pytest.mark.parametrize("name", sorted(OWNERS))
+def test_each_file_is_opened_by_its_owners_only(name):
+    constant, owners = OWNERS[name]
+    found = {str(p.relative_to(PACKAGE)): file_uses(p, name, constant) for p in sorted(PACKAGE.rglob("*.py"))}
+    elsewhere = [use for module, uses in found.items() if module not in owners for use in uses]
+    assert not elsewhere, f"read and write {name} through {sorted(owners)} only: {elsewhere}"
+    assert any(found[owner] for owner in owners), "the scan finds nothing, not even the owners' own uses"
