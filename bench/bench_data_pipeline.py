@@ -38,9 +38,9 @@ start = time.perf_counter()
 manifest = prepare([parse_source(text)], out, PrepareConfig(ExampleConfig(seq_length=seq)), tokenizer=vocab,
                    workers=workers, progress=False)
 seconds = time.perf_counter() - start
-splits = manifest["splits"]
-print(json.dumps({"seconds": seconds, "examples": sum(s["examples"] for s in splits.values()),
-                  "tokens": sum(s["tokens"] for s in splits.values())}))
+splits = manifest.splits
+print(json.dumps({"seconds": seconds, "examples": sum(s.examples for s in splits.values()),
+                  "tokens": sum(s.tokens for s in splits.values())}))
 """
 
 HF_RUN_MLM = """

@@ -3,8 +3,9 @@ optimizer step of a 1-step, 1-rank pretraining run, counted with `sys.setprofile
 
     .venv/bin/python bench/bench_startup_path.py [--data DIR]
 
-Prints the distinct `widenet_ds` modules entered, the calls into `widenet_ds` functions, and the modules with
-the most calls. Deterministic for one checkout (it counts calls, not time), so two checkouts compare side by
+Prints the distinct `widenet_ds` modules and functions entered, the calls into them, and the modules (or with
+`--functions`, the functions) with the most calls; `--until loop` stops at the loop's first micro-batch, leaving
+out the first batch's data and model work. Deterministic for one checkout (it counts calls, not time), so two checkouts compare side by
 side; the numbers of a checkout are in docs/benchmarks.md ("The start-up path").
 """
 
@@ -34,16 +35,23 @@ class FirstStep(Exception):
     """Raised out of DeepSpeed's first `step()`: the counting ends there."""
 
 
-def count(argv: list[str]) -> tuple[collections.Counter, int]:
+def count(argv: list[str], until: str) -> tuple[collections.Counter, collections.Counter]:
+    """Calls into widenet_ds per module and per function, from main() to DeepSpeed's first `step()` ("step") or to
+    the loop's first micro-batch ("loop": start-up without the first batch's data and model work)."""
     package = str(REPO / "widenet_ds")
-    calls: collections.Counter = collections.Counter()
+    modules: collections.Counter = collections.Counter()
+    functions: collections.Counter = collections.Counter()
 
     def profile(frame, event, arg):
         if event != "call":
             return
         code = frame.f_code
         if code.co_filename.startswith(package):
-            calls[os.path.relpath(code.co_filename, REPO)] += 1
+            if until == "loop" and code.co_name == "micro_batch":
+                raise FirstStep
+            module = os.path.relpath(code.co_filename, REPO)
+            modules[module] += 1
+            functions[f"{module}:{code.co_name}"] += 1
         elif code.co_name == "step" and code.co_filename.endswith(os.path.join("deepspeed", "runtime", "engine.py")):
             raise FirstStep
 
@@ -58,12 +66,15 @@ def count(argv: list[str]) -> tuple[collections.Counter, int]:
     finally:
         sys.setprofile(None)
         threading.setprofile(None)
-    return calls, sum(calls.values())
+    return modules, functions
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, help="a prepared data folder (default: prepared from the embedded corpus)")
+    parser.add_argument("--until", choices=("step", "loop"), default="step",
+                        help="count to DeepSpeed's first optimizer step (default) or to the loop's first micro-batch")
+    parser.add_argument("--functions", action="store_true", help="list the most-called functions, not modules")
     parser.add_argument("--json", action="store_true", help="print the counts as JSON")
     args = parser.parse_args()
     for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29731", "RANK": "0", "WORLD_SIZE": "1",
@@ -74,15 +85,18 @@ def main() -> int:
         argv = ["pretrain", "--model-config", "widenet-tiny-e4", "--deepspeed_config",
                 str(REPO / "ds_configs" / "cpu_small.json"), "--data", str(data), "--output-dir",
                 str(Path(tmp) / "run"), "--max-steps", "1", "--no-progress-bar", "--no-tensorboard"]
-        calls, total = count(argv)
-    result = {"modules": len(calls), "calls": total, "top": calls.most_common(12)}
+        modules, functions = count(argv, args.until)
+    top = (functions if args.functions else modules).most_common(25 if args.functions else 12)
+    result = {"until": args.until, "modules": len(modules), "functions": len(functions),
+              "calls": sum(modules.values()), "top": top}
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"start-up path (main() -> first optimizer step): {result['modules']} widenet_ds modules, "
-              f"{result['calls']} calls")
-        for module, n in result["top"]:
-            print(f"  {n:6d}  {module}")
+        end = "first optimizer step" if args.until == "step" else "the loop's first micro-batch"
+        print(f"start-up path (main() -> {end}): {result['modules']} widenet_ds modules, {result['functions']} "
+              f"functions, {result['calls']} calls")
+        for name, n in top:
+            print(f"  {n:6d}  {name}")
     return 0
 
 

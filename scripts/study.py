@@ -49,6 +49,7 @@ import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource  # noqa: E402
+from widenet_ds.data.manifest import MANIFEST_FILE, read_manifest  # noqa: E402
 from widenet_ds.data.prepare import cli as prepare_cli  # noqa: E402
 from widenet_ds.model import WideNetForPreTraining  # noqa: E402
 from widenet_ds.model.config import ModelConfig  # noqa: E402
@@ -196,7 +197,7 @@ def seed_suffix(seed: int) -> str:
 # --- stages -----------------------------------------------------------------------------------------
 def prepare(shared: Path, out: Path, workers: int) -> Path:
     data = out / "data"
-    if (data / "manifest.json").is_file():
+    if (data / MANIFEST_FILE).is_file():
         return data
     corpus = shared / "corpus"
     sources = sorted((corpus / "wikitext-2").glob("*.tokens")) + sorted((corpus / "books").glob("*.txt"))
@@ -215,8 +216,7 @@ def pretrain(variant: Variant, steps: int, budget: str, data: Path, out: Path, s
     if done.is_file():
         return {"seed": FIRST_SEED, **json.loads(done.read_text())}  # studies before --pretrain-seeds
     run_dir.mkdir(parents=True, exist_ok=True)
-    manifest = json.loads((data / "manifest.json").read_text())
-    cfg = model_config(variant, manifest["vocab_size"])
+    cfg = model_config(variant, read_manifest(data).vocab_size)
     cfg.to_json(run_dir / "study_model.json")
     ds = write_ds_config(PRETRAIN_DS, run_dir / "study_ds.json", steps, batch=16)
     git = git_state()  # when the stage starts: the code it runs
@@ -653,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
 
     init_distributed()
     data = prepare(args.shared_data, out, workers=args.threads)
-    vocab = json.loads((data / "manifest.json").read_text())["vocab_size"]
+    vocab = read_manifest(data).vocab_size
     log(f"data ready ({vocab} tokens) at {time.perf_counter() - start:.0f} s", out)
 
     # Equal FLOPs: WideNet's training FLOPs at its step count is the budget of every model.

@@ -57,13 +57,16 @@ def test_a_saved_configuration_is_launched_again(tmp_path, launched):
                      model_config="widenet-tiny-e4", overrides=["hidden_dropout=0.0"])
     run = tmp_path / "run"
     run.mkdir()
-    # as the trainer writes it: the settings, the task's name and what the DeepSpeed JSON held
-    (run / "run_config.json").write_text(json.dumps({**cfg.record(), "deepspeed_settings": {"train_batch_size": 8}}))
-    for given in (run, run / "run_config.json"):
-        assert launch_cli.cli(["glue", "--num-ranks", "1", "--config", str(given), "--", "--resume"]) == 0
-        options = launched.pop()
-        assert options.train_args == (*cfg.to_argv(), "--resume") and options.run_config is None
-        assert GlueConfig.from_record(cfg.record()) == cfg
+    # as the trainer writes it: the settings, the task's name and what the DeepSpeed JSON held (format version 2),
+    # and as earlier versions wrote it (no version entry)
+    record = {**cfg.record(), "deepspeed_settings": {"train_batch_size": 8}}
+    for written in (json.dumps({"format_version": 2, **record}), json.dumps(record)):
+        (run / "run_config.json").write_text(written)
+        for given in (run, run / "run_config.json"):
+            assert launch_cli.cli(["glue", "--num-ranks", "1", "--config", str(given), "--", "--resume"]) == 0
+            options = launched.pop()
+            assert options.train_args == (*cfg.to_argv(), "--resume") and options.run_config is None
+    assert GlueConfig.from_record(cfg.record()) == cfg
     with pytest.raises(LaunchError, match=r"holds the settings of a glue run; launch `glue`"):
         launch_cli.cli(["squad", "--config", str(run)])
     with pytest.raises(LaunchError, match=r"--config .*nowhere: cannot read the run's settings"):

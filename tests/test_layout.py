@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "widenet_ds"
 # `vision` is a domain package beside `model` (its config, model, datasets, loader, augmentation), which the
 # checkpoint stack registers; its trainer is a task of `training` (`training/classification.py`).
 LAYERS = [
-    {"widenet_ds", "widenet_ds.errors", "widenet_ds.atomic", "widenet_ds.writable", "widenet_ds.run_folder",
+    {"widenet_ds", "widenet_ds.errors", "widenet_ds.formats", "widenet_ds.atomic", "widenet_ds.writable", "widenet_ds.run_folder",
      "widenet_ds.results", "widenet_ds.run_lock", "widenet_ds.disk_space", "widenet_ds.checksums"},
     {"widenet_ds.data", "widenet_ds.benchmarks", "widenet_ds.model", "widenet_ds.runtime", "widenet_ds.vision"},
     {"widenet_ds.checkpoint", "widenet_ds.params"},

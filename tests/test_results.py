@@ -1,6 +1,7 @@
-"""The typed results.json of each task: written and read back unchanged, results.json files written before the
-types (tests/assets/results_before/) read into them and back to the same JSON, older layouts with fewer keys
-read with their defaults, and a file of another shape is one RunFolderError naming the file and the key."""
+"""The typed results.json of each task: written (with its format version) and read back unchanged, results.json
+files written before the types (tests/assets/results_before/, version 1 without a version entry) read into them
+and back to the same JSON, older layouts with fewer keys upgraded with what their readers assumed
+(widenet_ds/formats.py), and a file of another shape is one RunFolderError naming the file and the key."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from widenet_ds.errors import RunFolderError
+from widenet_ds.formats import current
 from widenet_ds.results import ClassifyResults, DeepSpeedUsed, FinetuneResults, PretrainResults, SeedResults
 from widenet_ds.run_folder import RunFolder
 
@@ -39,8 +41,9 @@ def test_each_results_type_is_written_and_read_back_unchanged(tmp_path, results)
     folder.path.mkdir()
     folder.write_results(results)
     assert folder.read_results(type(results)) == results
-    # JSON through and through: what the file holds is what to_json gives
-    assert json.loads(folder.results.read_text()) == results.to_json()
+    # JSON through and through: what the file holds is its format version, then what to_json gives
+    assert json.loads(folder.results.read_text()) == {"format_version": current(results.FORMAT), **results.to_json()}
+    assert next(iter(json.loads(folder.results.read_text()))) == "format_version"
 
 
 @pytest.mark.parametrize("kind", ASSETS, ids=lambda k: k.__name__)
@@ -60,6 +63,16 @@ def test_the_old_files_fields_as_the_readers_see_them():
     run = FinetuneResults.from_json(json.loads((BEFORE / "finetune.json").read_text()), "finetune.json")
     assert [s.seed for s in run.per_seed] == [1234, 1235] and run.primary_median() == ("dev/acc", 0.5)
     assert run.deepspeed.train_batch_size == 32 and run.baseline["dev"]["acc"] == 0.5625
+
+
+@pytest.mark.parametrize("kind", ASSETS, ids=lambda k: k.__name__)
+def test_a_results_json_from_before_the_types_reads_in_a_run_folder_as_before(tmp_path, kind):
+    # the same file in a run folder (no format version: version 1), through RunFolder.read_results
+    folder = RunFolder(tmp_path)
+    folder.results.write_text((BEFORE / ASSETS[kind]).read_text())
+    written = json.loads((BEFORE / ASSETS[kind]).read_text())
+    assert folder.read_results(kind) == kind.from_json(written, "before") and "format_version" not in written
+    assert folder.read_results(kind).to_json() == written
 
 
 def test_older_layouts_read_with_defaults_for_the_fields_added_since():

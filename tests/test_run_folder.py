@@ -61,3 +61,29 @@ def test_what_a_folder_holds_and_which_task_wrote_it(tmp_path):
     text.run_config.write_text("{broken")
     with pytest.raises(RunFolderError, match=r"run_config.json \(the run's settings\) cannot be read"):
         text.read_run_config()
+
+
+def test_run_config_is_written_with_its_version_and_read_as_the_settings(tmp_path):
+    folder = RunFolder(tmp_path)
+    folder.write_run_config({"task": "pretrain", "seed": 1})
+    assert json.loads(folder.run_config.read_text()) == {"format_version": 2, "task": "pretrain", "seed": 1}
+    assert folder.read_run_config() == {"task": "pretrain", "seed": 1}  # the settings, as RunConfig.record() gave
+    # written before the version was recorded (version 1): the same settings
+    folder.run_config.write_text(json.dumps({"task": "pretrain", "seed": 1}))
+    assert folder.read_run_config() == {"task": "pretrain", "seed": 1} and folder.task() == "pretrain"
+    folder.run_config.write_text(json.dumps({"format_version": 3, "task": "pretrain"}))
+    with pytest.raises(RunFolderError, match=r"run_config.json \(the run's settings\) is of format version 3, newer"):
+        folder.read_run_config()
+
+
+@pytest.mark.parametrize("options, task, settings", [
+    ({"task": "SST-2", "predict_test": True}, "glue", {"glue_task": "SST-2", "predict_test": True}),
+    ({"version": "2.0", "train_file": None, "dev_file": None, "doc_stride": 128}, "squad",
+     {"version": "2.0", "train_file": None, "dev_file": None, "doc_stride": 128}),
+])
+def test_finetunings_run_config_of_before_one_task_name_per_run(tmp_path, options, task, settings):
+    """Only finetuning wrote run_config.json then, its task an object of the task's options."""
+    folder = RunFolder(tmp_path)
+    folder.run_config.write_text(json.dumps({"task": options, "data": "glue/SST-2", "preset": "widenet-tiny-e4"}))
+    assert folder.task() == task
+    assert folder.read_run_config() == {"task": task, **settings, "data": "glue/SST-2", "preset": "widenet-tiny-e4"}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import widenet_ds
 from widenet_ds.data.prepare import cli as prepare_data
-from widenet_ds.data.shards import MANIFEST_FILE, read_manifest
+from widenet_ds.data.manifest import MANIFEST_FILE, read_manifest
 from widenet_ds.errors import ConfigError, DataError
 from widenet_ds.launch_cli import launch_config
 from widenet_ds.model.config import ModelConfig
@@ -89,7 +89,7 @@ def demo(output: Path, steps: int, finetune_steps: int) -> int:
         if status:
             return status
     model = output / "model.json"
-    ModelConfig.from_preset(MODEL_PRESET, vocab_size=read_manifest(data)["vocab_size"]).to_json(model)
+    ModelConfig.from_preset(MODEL_PRESET, vocab_size=read_manifest(data).vocab_size).to_json(model)
 
     say(f"[demo] 2/3 pretraining {MODEL_PRESET} on {RANKS} CPU ranks, expert parallel {EP_SIZE}, {steps} steps")
     status = launch_run(PretrainConfig(

@@ -8,12 +8,11 @@ layer above the launcher (runtime/)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, NoReturn
 
 from widenet_ds.errors import ConfigError, LaunchError
-from widenet_ds.run_folder import RunFolder
+from widenet_ds.run_folder import RunFolder, read_run_config as read_settings
 from widenet_ds.runtime.launch import TRAIN_MODULE, LaunchOptions, launch, parse_launch_args
 from widenet_ds.training.command_line import CONFIGS, build_parser, parse
 from widenet_ds.training.run_config import RunConfig
@@ -47,7 +46,7 @@ def launch_config(cfg: RunConfig, **launch_options: Any) -> int:
 def read_run_config(task: str, path: Path) -> RunConfig:
     """The settings a run saved (its run_config.json, or the run folder holding it), as `task`'s configuration."""
     try:
-        record = RunFolder(path).read_run_config() if path.is_dir() else json.loads(path.read_text())
+        record = RunFolder(path).read_run_config() if path.is_dir() else read_settings(path)
     except (OSError, ValueError) as err:
         raise LaunchError(f"--config {path}: cannot read the run's settings ({err}); pass a run folder or its "
                           f"run_config.json") from None

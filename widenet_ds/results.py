@@ -7,10 +7,11 @@
     SeedResults       one finetuning seed (seed<N>/results.json): {"seed", "metrics", "final_train_loss"}
     FinetuneResults   a finetuning run: the task, its settings, every seed's SeedResults and their median
 
-`to_json` writes the layout results.json has always had; `from_json` reads it back, also from folders of older
-versions (a field added later has a default). A file of another shape is one RunFolderError naming the file
-and the key. Keys this version does not know (an older or newer writer's) are left out, not refused: a report
-of old folders must still read them.
+`to_json` gives the entries results.json has always had (`RunFolder.write_results` adds the format version of
+the class's kind, `FORMAT`); `from_json` reads them back after widenet_ds/formats.py has upgraded a file of an
+earlier version (finetuning summaries gained entries over version 1). Image results hold `branch_schedule` and
+`accuracy_by_branches` only for ParaFormer models. A file of another shape is one RunFolderError naming the file
+and the key. Keys this version does not know are left out, not refused.
 
 Imports neither torch nor DeepSpeed: the report reads results on machines that only have run folders.
 """
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
 from widenet_ds.errors import RunFolderError
+from widenet_ds.formats import VERSION_KEY, upgrade
 
 # split -> metric -> value; numbers, and now and then a text (a GLUE baseline's "note")
 Scores = dict[str, dict[str, Any]]
@@ -37,13 +39,18 @@ def numbers(scores: Scores) -> dict[str, dict[str, float]]:
 
 
 class _Fields:
-    """The keys of one results.json object, each checked for its type; errors name the file and the key."""
+    """The keys of one results.json object of the kind `kind` (upgraded to its current version), each checked for
+    its type; errors name the file and the key."""
 
-    def __init__(self, data: Any, where: str, what: str) -> None:
+    def __init__(self, data: Any, where: str, what: str, kind: str | None = None) -> None:
         if not isinstance(data, dict):
             raise RunFolderError(f"{where}: {what} must be a JSON object, not {type(data).__name__}; the file was "
                                  f"edited or damaged: restore it, or run again into another folder.")
-        self.data, self.where, self.what = data, where, what
+        self.data, self.where, self.what = upgrade(kind, data, where) if kind else data, where, what
+
+    def keys(self) -> list[str]:
+        """The file's entries (its format version left out)."""
+        return [key for key in self.data if key != VERSION_KEY]
 
     def _bad(self, key: str, why: str) -> RunFolderError:
         return RunFolderError(f"{self.where}: {self.what}: {key!r} {why}; the file was edited or damaged: restore it, "
@@ -85,6 +92,7 @@ class PretrainResults:
 
     WHAT: ClassVar[str] = "pretraining results"
     KIND: ClassVar[str] = "pretrain"  # the report's section (report/metrics.py)
+    FORMAT: ClassVar[str] = "results.pretrain"  # its kind in widenet_ds/formats.py
     step: int
     held_out: dict[str, float] = field(default_factory=dict)  # "valid/...", "valid_branches_<k>/..." as logged
 
@@ -93,8 +101,8 @@ class PretrainResults:
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> Self:
-        fields = _Fields(data, where, cls.WHAT)
-        return cls(fields.integer("step"), fields.scalars([k for k in data if k != "step"]))
+        fields = _Fields(data, where, cls.WHAT, cls.FORMAT)
+        return cls(fields.integer("step"), fields.scalars([k for k in fields.keys() if k != "step"]))
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,7 @@ class ClassifyResults:
 
     WHAT: ClassVar[str] = "image-classification results"
     KIND: ClassVar[str] = "classify"
+    FORMAT: ClassVar[str] = "results.classify"
     step: int
     dataset: str
     model_config: str | None  # the preset or config file (or the --init-from folder) the run started from
@@ -127,14 +136,14 @@ class ClassifyResults:
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> Self:
-        fields = _Fields(data, where, cls.WHAT)
+        fields = _Fields(data, where, cls.WHAT, cls.FORMAT)
         fields.number("test/accuracy")  # required: what an image run is for
         by_branches = fields.get("accuracy_by_branches", lambda v: isinstance(v, dict) and all(
             k.isdigit() and is_number(a) for k, a in v.items()), 'an object {"<k>": accuracy}', {})
         return cls(fields.integer("step"), fields.text("dataset"), fields.text("model_config", nullable=True),
                    fields.integer("ep_size"), fields.integer("world_size"),
                    fields.integer("parameters", nullable=True),
-                   fields.scalars([k for k in data if k.startswith("test/")]),
+                   fields.scalars([k for k in fields.keys() if k.startswith("test/")]),
                    fields.text("branch_schedule", None, nullable=True),
                    {int(k): float(a) for k, a in by_branches.items()})
 
@@ -144,6 +153,7 @@ class SeedResults:
     """One finetuning seed: its final evaluation per split."""
 
     WHAT: ClassVar[str] = "a finetuning seed's results"
+    FORMAT: ClassVar[str] = "results.seed"
     seed: int
     metrics: Scores
     final_train_loss: float | None = None  # the last logged train/loss (None: none logged)
@@ -153,9 +163,8 @@ class SeedResults:
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> Self:
-        fields = _Fields(data, where, cls.WHAT)
-        return cls(fields.integer("seed"), fields.scores("metrics"),
-                   fields.number("final_train_loss", None, nullable=True))
+        fields = _Fields(data, where, cls.WHAT, cls.FORMAT)
+        return cls(fields.integer("seed"), fields.scores("metrics"), fields.number("final_train_loss", nullable=True))
 
 
 @dataclass(frozen=True)
@@ -179,10 +188,11 @@ class DeepSpeedUsed:
 @dataclass(frozen=True)
 class FinetuneResults:
     """A finetuning run (GLUE, SQuAD): every seed's scores, their median and the settings they trained with.
-    Fields after `per_seed` were added over versions: older folders lack some of them."""
+    Fields after `per_seed` were added over version 1 (formats.py gives files of it None / empty for them)."""
 
     WHAT: ClassVar[str] = "finetuning results"
     KIND: ClassVar[str] = "finetune"
+    FORMAT: ClassVar[str] = "results.finetune"
     task: str
     init: str | None  # the weights every seed started from ("preset:<name>" for a random init)
     steps: int
@@ -214,22 +224,21 @@ class FinetuneResults:
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> Self:
-        fields = _Fields(data, where, cls.WHAT)
+        fields = _Fields(data, where, cls.WHAT, cls.FORMAT)
         per_seed = fields.get("per_seed", lambda v: isinstance(v, list), "a list of the seeds' results")
-        deepspeed = fields.get("deepspeed", lambda v: isinstance(v, dict), "an object", None, nullable=True)
+        deepspeed = fields.get("deepspeed", lambda v: isinstance(v, dict), "an object", nullable=True)
         return cls(
-            task=fields.text("task"), init=fields.text("init", None, nullable=True), steps=fields.integer("steps"),
+            task=fields.text("task"), init=fields.text("init", nullable=True), steps=fields.integer("steps"),
             seeds=fields.integer("seeds"), median=fields.scores("median"),
             per_seed=[SeedResults.from_json(s, f"{where}, per_seed[{i}]") for i, s in enumerate(per_seed)],
-            seed=fields.integer("seed", None, nullable=True),
-            primary_metric=fields.text("primary_metric", None, nullable=True),
-            baseline=fields.scores("baseline", {}), load_report=fields.text("load_report", ""),
-            recipe=fields.get("recipe", lambda v: isinstance(v, (dict, str)), "an object", None, nullable=True),
+            seed=fields.integer("seed", nullable=True), primary_metric=fields.text("primary_metric", nullable=True),
+            baseline=fields.scores("baseline"), load_report=fields.text("load_report"),
+            recipe=fields.get("recipe", lambda v: isinstance(v, (dict, str)), "an object", nullable=True),
             recipe_mismatch=fields.get("recipe_mismatch", lambda v: isinstance(v, list) and all(
-                isinstance(x, str) for x in v), "a list of texts", []),
-            ep_size=fields.integer("ep_size", None, nullable=True),
+                isinstance(x, str) for x in v), "a list of texts"),
+            ep_size=fields.integer("ep_size", nullable=True),
             deepspeed=DeepSpeedUsed.from_json(deepspeed, f"{where}, deepspeed") if deepspeed is not None else None,
-            max_seq_length=fields.integer("max_seq_length", None, nullable=True))
+            max_seq_length=fields.integer("max_seq_length", nullable=True))
 
 
 Results = PretrainResults | ClassifyResults | SeedResults | FinetuneResults

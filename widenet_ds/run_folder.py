@@ -1,16 +1,20 @@
 """The run folder: every file a training run writes, named once here, with its reader and writer.
 
     <output>/
-        run_config.json     the run: its task and settings (a --resume must find them unchanged)
+        run_config.json     the run: its task and settings (a --resume must find them unchanged); read only
+                            here (`read_run_config`), upgraded by widenet_ds/formats.py (kind "run_config")
         model_config.json   the model's config (text `ModelConfig` or image `VisionConfig`; image runs of
                             older versions: vision_config.json)
         metrics.jsonl       one JSON record per logged step ({"step", "time", scalars}) or event ({"event"})
         tensorboard/        the same scalars for TensorBoard
         checkpoints/        DeepSpeed tags with their markers (widenet_ds/checkpoint/training.py)
-        results.json        what the run scored, written once, when it has finished
+        results.json        what the run scored, written once, when it has finished (widenet_ds/results.py)
         tokenizer.json, vocab.txt   text runs: the tokenizer of the run's data
         seed<N>/            finetuning: one run folder per seed (metrics, checkpoints, predictions,
                             results.json of that seed)
+
+Folders written before run_config.json named the task (before one trainer ran every task only finetuning
+wrote one) are told apart by their files (`RunFolder.task`).
 
 Imports neither torch nor DeepSpeed: `widenet-ds report` reads run folders on machines that only have
 the folders. Writers are atomic (a crash never leaves half a file); readers of a folder another process
@@ -27,9 +31,11 @@ from typing import Any, TypeVar
 
 from widenet_ds.atomic import atomic_write_json, atomic_write_text
 from widenet_ds.errors import RunFolderError
+from widenet_ds.formats import read_json as read_versioned, unversioned, versioned
 from widenet_ds.results import TASK_RESULTS, Results
 
-RUN_CONFIG_FILE = "run_config.json"
+RUN_CONFIG_FILE = "run_config.json"  # (data/manifest.py spells it too: data/ sits below this module)
+RUN_CONFIG = "run_config"  # its kind in widenet_ds/formats.py
 MODEL_CONFIG_FILE = "model_config.json"
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -91,6 +97,12 @@ def keep_records_up_to(path: Path, step: int) -> None:
     kept = [line for line in path.read_text().splitlines()
             if line.strip() and json.loads(line).get("step", 0) <= step]
     atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+
+def read_run_config(path: str | Path) -> dict[str, Any]:
+    """A run_config.json (here or copied elsewhere: `widenet-ds launch --config FILE`): the run's settings, as
+    `RunConfig.record()` gives them."""
+    return unversioned(read_versioned(RUN_CONFIG, path))
 
 
 def read_json(path: str | Path, what: str) -> Any:
@@ -167,10 +179,11 @@ class RunFolder:
         return read_metrics(self.metrics, live=live)
 
     def read_run_config(self) -> dict[str, Any]:
-        return read_json(self.run_config, "the run's settings")
+        """The run's settings (run_config.json of any version, upgraded), as `RunConfig.record()` gives them."""
+        return read_run_config(self.run_config)
 
     def write_run_config(self, record: dict[str, Any]) -> None:
-        atomic_write_json(self.run_config, record, sort_keys=True)
+        atomic_write_json(self.run_config, versioned(RUN_CONFIG, record), sort_keys=True)
 
     def read_results(self, kind: str | type[R]) -> R:
         """results.json as `kind`: a task's name (its registered results class) or a results class
@@ -179,21 +192,19 @@ class RunFolder:
         return cls.from_json(read_json(self.results, "the run's results"), str(self.results))
 
     def write_results(self, results: Results) -> None:
-        atomic_write_json(self.results, results.to_json())
+        atomic_write_json(self.results, versioned(results.FORMAT, results.to_json()))
 
     def task(self) -> str | None:
-        """What trained here: the task recorded in run_config.json; for folders of older versions, what
-        their files say (seed folders: finetuning; vision_config.json or a results.json naming a dataset:
-        images; metrics only: pretraining); None when the folder holds no run."""
+        """What trained here: the task recorded in run_config.json; for folders without one (written before
+        one trainer ran every task), what their files say (seed folders: finetuning; vision_config.json or a
+        results.json naming a dataset: images; metrics only: pretraining); None when the folder holds no run."""
         if self.run_config.is_file():
             try:
                 task = self.read_run_config().get("task")
-            except (RunFolderError, AttributeError):
+            except RunFolderError:
                 task = None
             if isinstance(task, str) and task in TASK_RESULTS:
                 return task
-            if isinstance(task, dict):  # finetuning's run_config.json before one task name per run
-                return "squad" if "version" in task else "glue"
         if self.seeds():
             return "glue"
         if (self.path / OLD_VISION_CONFIG_FILE).is_file():

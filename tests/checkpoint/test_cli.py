@@ -62,7 +62,7 @@ def test_to_folder_then_one_process_model_gives_the_engines_logits(checkpoints, 
     tokenizer.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n" + "".join(f"word{i}\n" for i in range(300 - 5)))
     assert convert(["to-folder", str(run), str(tmp_path / "folder"), "--tokenizer", str(tokenizer)]) == 0
     config = json.loads((tmp_path / "folder" / "config.json").read_text())
-    assert config["format_version"] == 1 and config["architecture"] == "WideNetForPreTraining"
+    assert config["format_version"] == 2 and config["architecture"] == "WideNetForPreTraining"
     assert "ep_size" not in config["model"]["moe"] and config["provenance"]["step"] == 2
     assert config["provenance"]["trained_with_ep_size"] == 2
     assert config["provenance"]["zero_stage"] == stage
@@ -169,6 +169,7 @@ def test_a_missing_expert_file_is_an_error_naming_it(checkpoints, tmp_path):
     assert not (tmp_path / "out").exists()
     marker = json.loads((partial / "widenet_checkpoint.json").read_text())
     del marker["files"]  # a marker of a version before the records: the reader names the file
+    marker["format_version"] = 1
     (partial / "widenet_checkpoint.json").write_text(json.dumps(marker))
     with pytest.raises(CheckpointError, match="layer_0_expert_3_mp_rank_00_model_states.pt does not exist"):
         convert(["to-folder", str(partial), str(tmp_path / "out")])

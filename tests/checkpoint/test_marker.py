@@ -1,9 +1,10 @@
-"""The checkpoint marker (`widenet_checkpoint.json`): written and read back whole, markers of earlier versions
-mapped, damaged ones named, and marker.py the only module that opens the file."""
+"""The checkpoint marker (`widenet_checkpoint.json`): written (format version 2) and read back whole, markers of
+version 1 (the oldest, and the last ones written with every entry) upgraded through widenet_ds/formats.py as their
+readers read them, damaged and newer ones named. (tests/test_formats.py checks that marker.py is the only module
+that opens the file.)"""
 
 from __future__ import annotations
 
-import ast
 import json
 from pathlib import Path
 
@@ -11,8 +12,8 @@ import pytest
 
 from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta, check_marker, config_sha256
 from widenet_ds.errors import CheckpointError
+from widenet_ds.formats import current
 
-PACKAGE = Path(__file__).resolve().parents[2] / "widenet_ds"
 MODEL = {"hidden_size": 8, "moe": {"num_experts": 4}}
 
 
@@ -26,7 +27,8 @@ def test_a_marker_reads_back_as_written(tmp_path):
     on_disk = json.loads((tmp_path / META_FILE).read_text())
     # the task's entries sit beside the others; the derived ones are there for readers outside widenet-ds
     assert on_disk["data_manifest"] == {"tokenizer_sha256": "cd"} and "run" not in on_disk
-    assert on_disk["format_version"] == 1 and on_disk["model_config_sha256"] == config_sha256(MODEL)
+    assert on_disk["format_version"] == current("marker") == 2
+    assert on_disk["model_config_sha256"] == config_sha256(MODEL)
     assert meta.tokenizer_sha256 == "cd"
 
 
@@ -37,9 +39,33 @@ def test_the_entries_of_earlier_versions_are_mapped(tmp_path):
         "num_labels": 3, "tokenizer_dir": "/runs/tok", "data_dir": "/data/phase1"}))
     meta = CheckpointMeta.read(tmp_path)
     assert (meta.ep_size, meta.deepspeed_config, meta.architecture, meta.files) == (2, {}, None, {})
+    assert meta.model_config == MODEL  # the run setting is out of the model config
+    assert (meta.data_order, meta.optimizer_states, meta.shape_free_state, meta.branch_schedule) == (
+        "rank-strided", True, None, "joint")
     assert meta.num_labels == 3
     assert meta.tokenizer_folders == [Path("/runs/tok"), Path("/data/phase1")]
     assert meta.tokenizer_sha256 is None
+    # written again (`convert reshard` of an old checkpoint): version 2, every entry
+    meta.write(tmp_path / "again")
+    assert CheckpointMeta.read(tmp_path / "again") == meta
+    assert json.loads((tmp_path / "again" / META_FILE).read_text())["format_version"] == 2
+
+
+def test_a_marker_of_version_one_with_every_entry_reads_as_written(tmp_path):
+    """The markers written before the version was raised (format_version 1, every entry): the same values."""
+    meta = CheckpointMeta(step=3, samples=96, world_size=2, ep_size=2, model_config=MODEL, deepspeed_config={"a": 1},
+                          architecture="WideNetForSequenceClassification", task="glue", branch_schedule="prefix",
+                          optimizer_states=False, data_order="global-chunks", shape_free_state="shape_free",
+                          files={"x.pt": {"size": 1, "sha256": "ab"}}, run={"seed": 7})
+    (tmp_path / META_FILE).write_text(json.dumps({**meta.to_json(), "format_version": 1}))
+    assert CheckpointMeta.read(tmp_path) == meta
+
+
+def test_a_marker_newer_than_this_code_is_named(tmp_path):
+    (tmp_path / META_FILE).write_text(json.dumps({"format_version": 3, "step": 1}))
+    with pytest.raises(CheckpointError, match=rf"{META_FILE} \(checkpoint marker\) is of format version 3, newer "
+                                              r"than this widenet-ds reads \(up to version 2\).*pip install --upgrade"):
+        CheckpointMeta.read(tmp_path)
 
 
 def test_absent_damaged_and_incomplete_markers_are_named(tmp_path):
@@ -56,27 +82,3 @@ def test_absent_damaged_and_incomplete_markers_are_named(tmp_path):
     check_marker(tmp_path)  # present and an object: the tag is complete
     with pytest.raises(CheckpointError, match="lacks an entry a checkpoint marker has"):
         CheckpointMeta.read(tmp_path)
-
-
-def marker_file_uses(path: Path) -> list[str]:
-    """Where a module names the marker's file to open, parse or write it: the file name as a string, or
-    META_FILE inside a call that reads or writes (naming it in a message or an is_file() test is fine)."""
-    tree = ast.parse(path.read_text(), str(path))
-    io_calls = {"open", "read_text", "write_text", "read_bytes", "write_bytes", "load", "loads",
-                "atomic_write_json", "atomic_write_text"}
-    uses = [f"{path.name}:{node.lineno} spells {META_FILE!r}" for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.strip("/") == META_FILE]
-    for call in ast.walk(tree):
-        if not isinstance(call, ast.Call):
-            continue
-        name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
-        if name in io_calls and any(isinstance(n, ast.Name) and n.id == "META_FILE" for n in ast.walk(call)):
-            uses.append(f"{path.name}:{call.lineno} {name}(... META_FILE ...)")
-    return uses
-
-
-def test_only_marker_py_opens_the_marker_file():
-    marker = PACKAGE / "checkpoint" / "marker.py"
-    elsewhere = [use for path in sorted(PACKAGE.rglob("*.py")) if path != marker for use in marker_file_uses(path)]
-    assert not elsewhere, f"read and write the marker through CheckpointMeta.read/.write only: {elsewhere}"
-    assert marker_file_uses(marker), "the scan finds nothing, not even marker.py's own uses"

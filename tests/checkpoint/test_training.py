@@ -23,6 +23,7 @@ from widenet_ds.checkpoint.training import (
     set_rng_state,
 )
 from widenet_ds.errors import CheckpointError
+from widenet_ds.formats import upgrade
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.training.preemption import StopRequest
 
@@ -55,7 +56,9 @@ def test_config_differences_name_each_field_with_both_values():
     legacy = json.loads(json.dumps(widenet))  # a checkpoint written before 0.2 records run settings in its config
     legacy["activation_checkpointing"], legacy["moe"]["ep_size"] = True, 2
     del legacy["moe"]["capacity_rounding"]  # a field added later takes its default
-    check_same_model(legacy, widenet, "ckpt")  # they are not model differences
+    marker = upgrade("marker", {"step": 1, "samples": 8, "world_size": 2, "model_config": legacy}, "ckpt")
+    assert marker["ep_size"] == 2  # (formats.py moves the run settings out of the config)
+    check_same_model(marker["model_config"], widenet, "ckpt")  # they are not model differences
     with pytest.raises(CheckpointError, match=r"another model config; differing fields:\n  moe.num_experts"):
         check_same_model(widenet, changed, "ckpt")
 

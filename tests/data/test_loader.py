@@ -55,9 +55,9 @@ def original_tokens(batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def all_examples(data: Path) -> collections.Counter:
     loader = PretrainingDataLoader(data, 1)
-    dtype = token_dtype(loader.manifest["vocab_size"])
+    dtype = token_dtype(loader.manifest.vocab_size)
     found = collections.Counter()
-    for info in loader.manifest["splits"]["train"]["shards"]:
+    for info in loader.manifest.splits["train"].shards:
         shard = Shard(data / info["name"], info, dtype)
         for i in range(shard.num_examples):
             found[tuple(int(t) for t in shard.example(i)[0])] += 1

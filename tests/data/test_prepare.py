@@ -19,7 +19,7 @@ from widenet_ds.data import shards
 from widenet_ds.data.examples import ExampleConfig
 from widenet_ds.data.loader import PretrainingDataLoader
 from widenet_ds.data.prepare import PrepareConfig, cli, prepare
-from widenet_ds.data.shards import read_manifest
+from widenet_ds.data.manifest import read_manifest
 from widenet_ds.data.sources import parse_source
 from widenet_ds.disk_space import DiskFullError
 from widenet_ds.errors import DataError
@@ -57,35 +57,35 @@ def test_output_is_byte_identical_for_any_worker_count(tmp_path, wiki, vocab, ma
     config = PrepareConfig(ExampleConfig(seq_length=64), masking=masking, dupe_factor=2, seed=7, **SMALL)
     one = prepare([parse_source(str(wiki))], tmp_path / "w1", config, str(vocab), workers=1, progress=False)
     prepare([parse_source(str(wiki))], tmp_path / "w2", config, str(vocab), workers=2, progress=False)
-    assert len(one["splits"]["train"]["shards"]) >= 5  # several partitions, really spread over workers
-    assert one["splits"]["valid"]["examples"] > 0
+    assert len(one.splits["train"].shards) >= 5  # several partitions, really spread over workers
+    assert one.splits["valid"].examples > 0
     assert folder_digest(tmp_path / "w1") == folder_digest(tmp_path / "w2")
     # And a different seed gives different examples (the check above could not pass vacuously).
     other = prepare([parse_source(str(wiki))], tmp_path / "s8", PrepareConfig(
         ExampleConfig(seq_length=64), masking=masking, dupe_factor=2, seed=8, **SMALL), str(vocab), progress=False)
-    assert other["splits"]["train"]["shards"][0]["bin_sha256"] != one["splits"]["train"]["shards"][0]["bin_sha256"]
+    assert other.splits["train"].shards[0]["bin_sha256"] != one.splits["train"].shards[0]["bin_sha256"]
 
 
 def test_rerun_skips_finished_shards_and_detects_changed_settings(tmp_path, wiki, vocab):
     out = tmp_path / "data"
     config = PrepareConfig(ExampleConfig(seq_length=64), seed=1, **SMALL)
     first = prepare([parse_source(str(wiki))], out, config, str(vocab), progress=False)
-    shard = out / first["splits"]["train"]["shards"][0]["name"]
+    shard = out / first.splits["train"].shards[0]["name"]
     mtime = shard.with_suffix(".bin").stat().st_mtime_ns
     # Remove one shard's completion marker: only that partition is rebuilt.
-    victim = out / first["splits"]["train"]["shards"][1]["name"]
+    victim = out / first.splits["train"].shards[1]["name"]
     victim.with_suffix(".json").unlink()
     second = prepare([parse_source(str(wiki))], out, config, str(vocab), progress=False)
     assert shard.with_suffix(".bin").stat().st_mtime_ns == mtime
     assert victim.with_suffix(".json").is_file()
-    assert second["splits"] == first["splits"] and second["summary"]["counts"] == first["summary"]["counts"]
+    assert second.splits == first.splits and second.summary["counts"] == first.summary["counts"]
 
     changed = PrepareConfig(ExampleConfig(seq_length=96), seed=1, **SMALL)
     with pytest.raises(DataError, match=r"other settings \(changed: example.seq_length\).*--overwrite"):
         prepare([parse_source(str(wiki))], out, changed, str(vocab), progress=False)
     rebuilt = prepare([parse_source(str(wiki))], out, changed, str(vocab), overwrite=True, progress=False)
-    assert rebuilt["seq_length"] == 96
-    assert read_manifest(out)["settings_sha256"] != first["settings_sha256"]
+    assert rebuilt.seq_length == 96
+    assert read_manifest(out).settings_sha256 != first.settings_sha256
 
 
 def test_interrupted_preparation_leaves_no_complete_looking_shard(tmp_path, wiki, vocab):
@@ -125,9 +125,9 @@ def test_cli_trains_tokenizer_and_prints_summary(tmp_path, shared_data, capsys):
     manifest = read_manifest(out)
     for name in ("documents: 1", "sentences:", "train examples:", "example tokens:"):
         assert name in printed
-    assert manifest["vocab_size"] == 2000 and manifest["dtype"] == "uint16"
+    assert manifest.vocab_size == 2000 and manifest.dtype == "uint16"
     assert (out / "tokenizer.json").is_file() and len((out / "vocab.txt").read_text().splitlines()) == 2000
-    assert manifest["splits"]["train"]["examples"] > 100
+    assert manifest.splits["train"].examples > 100
 
 
 # ------------------------------------------------------------------------------------------ bad input
@@ -152,7 +152,7 @@ def test_empty_corpus_is_an_error_that_leaves_nothing_behind(tmp_path, vocab):
     (tmp_path / "out" / "notes.txt").unlink()
     empty.write_bytes(GOOD_DOC * 40)  # the corrected source, same --output
     assert prepare([parse_source(str(empty))], tmp_path / "out", PrepareConfig(ExampleConfig(seq_length=64)),
-                   str(vocab), progress=False)["splits"]["train"]["examples"] > 0
+                   str(vocab), progress=False).splits["train"].examples > 0
 
 
 def test_a_disk_filling_up_is_one_error_keeping_the_finished_shards_to_continue_from(tmp_path, wiki, vocab,
@@ -174,7 +174,7 @@ def test_a_disk_filling_up_is_one_error_keeping_the_finished_shards_to_continue_
     assert sorted(p.name for p in (tmp_path / "data" / "train").iterdir()) == [
         "part-00000.bin", "part-00000.idx.npy", "part-00000.json"]  # finished; nothing of part 1
     monkeypatch.setattr(shards, "atomic_write_bytes", real_write)  # space freed: the same command continues
-    assert len(prepare(config=PrepareConfig(**SMALL), **args)["splits"]["train"]["shards"]) > 1
+    assert len(prepare(config=PrepareConfig(**SMALL), **args).splits["train"].shards) > 1
 
 
 def _prepare_text(tmp_path: Path, vocab: Path, text: bytes, **config) -> dict:
@@ -190,28 +190,28 @@ GOOD_DOC = b"The cat sat on the mat. It was warm there. The dog did not mind at 
 
 def test_non_utf8_document_is_skipped_and_counted(tmp_path, vocab):
     manifest = _prepare_text(tmp_path, vocab, GOOD_DOC + b"Bad \xff\xfe bytes here. Second one.\n\n" + GOOD_DOC)
-    assert manifest["summary"]["skipped"] == {"document with non-UTF-8 bytes": 1}
-    assert manifest["summary"]["counts"]["documents"] == 2
-    assert list(manifest["splits"]) == ["train"]  # --valid-fraction 0: no held-out split
+    assert manifest.summary["skipped"] == {"document with non-UTF-8 bytes": 1}
+    assert manifest.summary["counts"]["documents"] == 2
+    assert list(manifest.splits) == ["train"]  # --valid-fraction 0: no held-out split
     with pytest.raises(DataError, match="split 'valid' is not in .*--valid-fraction"):
         PretrainingDataLoader(tmp_path / "out", 1, split="valid")
 
 
 def test_one_sentence_document_is_skipped_and_counted(tmp_path, vocab):
     manifest = _prepare_text(tmp_path, vocab, GOOD_DOC + b"Only one sentence here.\n\n")
-    assert manifest["summary"]["skipped"]["document with fewer than 2 sentences (no SOP pair)"] == 1
-    assert manifest["splits"]["train"]["examples"] >= 1
+    assert manifest.summary["skipped"]["document with fewer than 2 sentences (no SOP pair)"] == 1
+    assert manifest.splits["train"].examples >= 1
 
 
 def test_ten_megabyte_single_line_is_cut_into_examples(tmp_path, vocab):
     words = b"alpha beta gamma delta epsilon zeta eta theta iota kappa "
     line = words * (10 * 2**20 // len(words) + 1)  # 10 MB, no sentence punctuation, no newline
     manifest = _prepare_text(tmp_path, vocab, GOOD_DOC + line, partition_chars=1 << 20)
-    counts = manifest["summary"]["counts"]
+    counts = manifest.summary["counts"]
     assert counts["sentences cut into pieces (longer than half an example)"] == 1
     # Pieces of (64 - 3) // 2 = 30 tokens are packed as BERT does (up to 61 tokens, truncating the
     # overflow), so most of the line's 11 tokens per repetition end up in examples.
     line_tokens = 11 * (len(line) // len(words))
-    examples = manifest["splits"]["train"]["examples"]
-    content_tokens = manifest["splits"]["train"]["tokens"] - 3 * examples
+    examples = manifest.splits["train"].examples
+    content_tokens = manifest.splits["train"].tokens - 3 * examples
     assert 0.6 * line_tokens < content_tokens <= line_tokens + 100

@@ -130,10 +130,11 @@ def run_copy(env, tmp: Path, damage: Callable[[Path], None]) -> Path:
 
 
 def forget_data_order(run: Path) -> None:
-    """The marker as versions before the global-chunks data order wrote it."""
+    """The marker as versions before the global-chunks data order wrote it (format version 1)."""
     marker = run / "checkpoints/step2/widenet_checkpoint.json"
     data = json.loads(marker.read_text())
     del data["data_order"]
+    data["format_version"] = 1
     marker.write_text(json.dumps(data))
 
 
@@ -162,9 +163,10 @@ def mkdir(path: Path) -> Path:
 
 
 def unrecord(tag_dir: Path) -> None:
-    """The marker as versions before checksums wrote it."""
+    """The marker as versions before checksums wrote it (format version 1)."""
     marker = json.loads((tag_dir / "widenet_checkpoint.json").read_text())
     del marker["files"]
+    marker["format_version"] = 1
     write(tag_dir / "widenet_checkpoint.json", json.dumps(marker))
 
 

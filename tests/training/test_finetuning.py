@@ -270,7 +270,7 @@ def test_resume_keeps_finished_seeds_and_leaves_a_complete_run_alone(shared_data
     first = run_task(cfg())
     out = tmp_path / "out"
     seed1 = (out / "seed1234" / "metrics.jsonl").read_bytes()
-    assert json.loads((out / "results.json").read_text()) == first.to_json()
+    assert json.loads((out / "results.json").read_text()) == {"format_version": 2, **first.to_json()}
     assert not (out / "seed1234" / "checkpoints").exists()
     capsys.readouterr()
     assert run_task(cfg(resume="latest")) == first

@@ -162,6 +162,30 @@ def test_a_run_saved_with_the_capacity_buffers_resumes_with_them_under_the_compa
     assert CheckpointMeta.read(out / "checkpoints" / "step2").model_config["moe"]["dispatch"] == "deepspeed"
 
 
+def test_a_checkpoint_written_before_the_format_versions_resumes_exactly(data, tmp_path, dist):
+    """Its files as widenet-ds wrote them before widenet_ds/formats.py: the marker of format version 1 (here without
+    the file records, as the oldest), run_config.json and the ranks' loader states without a version. They are
+    upgraded on reading, and the resumed run gives the uninterrupted run's losses."""
+    import json
+
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert run(args(data, whole, "--max-steps", "3")) is not None
+    assert run(args(data, part)) is not None
+    tag = part / "checkpoints" / "step2"
+    marker = json.loads((tag / "widenet_checkpoint.json").read_text())
+    assert marker["format_version"] == 2
+    del marker["files"]
+    (tag / "widenet_checkpoint.json").write_text(json.dumps({**marker, "format_version": 1}))
+    settings = json.loads((part / "run_config.json").read_text())
+    assert settings.pop("format_version") == 2
+    (part / "run_config.json").write_text(json.dumps(settings))
+    rank_state = torch.load(tag / "rank_00000_state.pt", weights_only=True)
+    assert rank_state["loader"].pop("format_version") == 2
+    torch.save(rank_state, tag / "rank_00000_state.pt")
+    assert run(args(data, part, "--max-steps", "3", "--resume")) is not None
+    assert train_losses(part) == train_losses(whole) and sorted(train_losses(part)) == [1, 2, 3]
+
+
 def test_a_run_opens_its_data_and_its_init_from_checkpoint_once(data, albert_run, tmp_path, dist):
     """Start-up resolves its inputs once (issue 40): the task, the train and valid loaders and the --init-from
     tokenizer check share one PreparedData (before: manifest.json opened 6 times, tokenizer.json 4), and the

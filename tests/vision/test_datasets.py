@@ -185,6 +185,22 @@ def test_loader_shards_ranks_and_resumes_exactly():
     assert not torch.equal(first[0][0], first[0][per_epoch])  # a new permutation each epoch
 
 
+def test_a_loader_state_of_before_the_order_was_recorded_resumes_in_its_order():
+    """{"epoch", "batch", "world", "seed"}, as that version wrote it (formats.py, loader_state.image version 1)."""
+    source = digits()["train"]
+    legacy = ImageLoader(source, 8, 1, 16, 0, 2, seed=5, train=True, order="legacy")
+    stream = iter(legacy)
+    for _ in range(3):
+        next(stream)
+    resumed = ImageLoader(source, 8, 1, 16, 0, 2, seed=5, train=True, order="legacy")
+    resumed.load_state_dict({"epoch": 0, "batch": 3, "world": 2, "seed": 5})
+    assert resumed.state_dict() == legacy.state_dict() and legacy.state_dict()["consumed"] == 3 * 16 * 2
+    assert torch.equal(next(iter(resumed))["pixels"], next(stream)["pixels"])
+    with pytest.raises(DataError, match="loader state of the legacy order cannot continue in the global-chunks order"):
+        ImageLoader(source, 8, 1, 16, 0, 2, seed=5, train=True).load_state_dict({"epoch": 0, "batch": 3, "world": 2,
+                                                                                 "seed": 5})
+
+
 def test_eval_loader_pads_to_equal_batches_with_zero_weight():
     source = digits()["test"]  # 360 images
     batches = [list(ImageLoader(source, 8, 1, 50, rank, 2, seed=0, train=False)) for rank in (0, 1)]

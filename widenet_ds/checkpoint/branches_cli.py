@@ -27,14 +27,6 @@ from widenet_ds.model.config import EncoderConfig
 from widenet_ds.writable import check_output_folder
 
 
-def _stored_config(folder: Path) -> dict:
-    """The folder's config.json as written (read_folder checks it fully, with the weights)."""
-    stored = read_folder_config(folder)
-    if not isinstance(stored, dict):
-        raise CheckpointError(f"{Path(folder) / CONFIG_FILE} is not a JSON object; it is not a checkpoint folder.")
-    return stored
-
-
 def fresh_state(architecture_name: str, cfg: EncoderConfig, num_labels: int | None, seed: int) -> dict[str, Tensor]:
     """The global state dict (ep_size 1: experts by global index) of a newly initialised model, seeded
     without touching the caller's random streams."""
@@ -45,12 +37,12 @@ def fresh_state(architecture_name: str, cfg: EncoderConfig, num_labels: int | No
 
 
 def _write(source: Path, target: Path, stored: dict, checkpoint: PortableCheckpoint, overwrite: bool) -> Path:
-    return save_folder(checkpoint, target, dtype=stored.get("dtype", "fp32"), tokenizer=TokenizerFiles.in_folder(source),
+    return save_folder(checkpoint, target, dtype=stored["dtype"], tokenizer=TokenizerFiles.in_folder(source),
                        overwrite=overwrite)
 
 
 def compress_folder(source: Path, target: Path, k: int, overwrite: bool = False) -> tuple[Path, PortableCheckpoint]:
-    stored = _stored_config(source)
+    stored = read_folder_config(source)  # (read_folder checks it fully, with the weights)
     check_keep(stored_model_config(stored, Path(source) / CONFIG_FILE), k)  # before reading the weights
     checkpoint = read_folder(source)
     old = layout_of(checkpoint.config.to_dict())
@@ -64,7 +56,7 @@ def compress_folder(source: Path, target: Path, k: int, overwrite: bool = False)
 
 def expand_folder(source: Path, target: Path, m: int, seed: int = 0,
                   overwrite: bool = False) -> tuple[Path, PortableCheckpoint, list[str]]:
-    stored = _stored_config(source)
+    stored = read_folder_config(source)
     expanded_config(stored_model_config(stored, Path(source) / CONFIG_FILE), m)  # checks m before the weights
     checkpoint = read_folder(source)
     config_type = type(checkpoint.config)

@@ -38,6 +38,7 @@ from widenet_ds.checkpoint.format import PortableCheckpoint, architecture, infer
 from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta
 from widenet_ds.checkpoint.training import MODEL_STATES, check_explicit_config
 from widenet_ds.errors import CheckpointError, ConfigError
+from widenet_ds.formats import split_run_settings
 from widenet_ds.model.config import EncoderConfig
 
 
@@ -48,11 +49,13 @@ def expert_file(tag_dir: Path, layer: int, expert: int) -> Path:
 
 def _model_config(tag_dir: Path, meta: CheckpointMeta | None, states: dict, explicit: Path | None,
                   config_type: type[EncoderConfig]) -> EncoderConfig:
+    # The marker's config (upgraded: the model's fields only), else one another program kept in DeepSpeed's
+    # client state (unversioned: its run settings, as configs of 0.1 held them, are left out).
     for where, stored in ((META_FILE, meta.model_config if meta else None),
                           (f"{MODEL_STATES} client state", states.get("model_config"))):
         if isinstance(stored, dict):
             try:
-                recorded = config_type.from_stored(stored)[0]
+                recorded = config_type.from_dict(split_run_settings(stored)[0])
             except ConfigError as err:
                 raise CheckpointError(f"{tag_dir}: the model config in {where}: {err}") from None
             if explicit is not None:

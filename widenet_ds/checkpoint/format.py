@@ -1,6 +1,6 @@
 """The portable checkpoint folder: what `widenet-ds convert to-folder` writes and `load_pretrained` reads.
 
-    <folder>/config.json        {"format_version": 1, "architecture": ..., "model": config.to_dict(),
+    <folder>/config.json        {"format_version": 2, "architecture": ..., "model": config.to_dict(),
                                  "num_labels": ..., "dtype": ..., "provenance": {...},
                                  "files": size and SHA-256 of every other file (`widenet-ds verify`)}
     <folder>/model.safetensors  our state-dict keys; experts under their GLOBAL index
@@ -8,8 +8,8 @@
     <folder>/README.md          where it came from (source checkpoint, step)
 
 One layout for every architecture (`architectures()`): the text models with a `ModelConfig`, the image
-classifier with a `VisionConfig` under "model" (image folders written before the image model joined this
-format hold it under "vision_model"; they are still read).
+classifier with a `VisionConfig` under "model". Folders of earlier versions are upgraded to this layout by
+widenet_ds/formats.py (kind "folder") when their config.json is read.
 
 Experts are stored by global index (the keys a model built with `ep_size=1` has), e.g.
 `widenet.encoder.ffn.0.moe.deepspeed_moe.experts.deepspeed_experts.<global>.fc_in.weight` (images:
@@ -38,6 +38,7 @@ from widenet_ds.atomic import atomic_folder, set_default_permissions
 from widenet_ds.checksums import record_files
 from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError, ConfigError
+from widenet_ds.formats import current, upgrade, versioned
 from widenet_ds.model.config import EncoderConfig, ModelConfig
 from widenet_ds.model.moe import MoEFeedForward
 from widenet_ds.model.widenet import (
@@ -48,7 +49,7 @@ from widenet_ds.model.widenet import (
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification
 
-FORMAT_VERSION = 1
+FOLDER = "folder"  # config.json's kind in widenet_ds/formats.py ("folder_weights": the safetensors metadata)
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 README_FILE = "README.md"
@@ -240,13 +241,14 @@ def save_folder(checkpoint: PortableCheckpoint, target: Path, *, dtype: str = "f
     if dtype not in DTYPES:
         raise ConfigError(f"dtype {dtype!r} is not one of {list(DTYPES)}.")
     checkpoint.check(f"weights for {target}")
-    config = {"format_version": FORMAT_VERSION, "architecture": checkpoint.architecture,
-              "model": checkpoint.config.to_dict(), "num_labels": checkpoint.num_labels, "dtype": dtype,
-              "experts": "stored by global index; any ep_size dividing num_experts loads them",
-              "provenance": checkpoint.provenance}
+    config = versioned(FOLDER, {"architecture": checkpoint.architecture, "model": checkpoint.config.to_dict(),
+                                "num_labels": checkpoint.num_labels, "dtype": dtype,
+                                "experts": "stored by global index; any ep_size dividing num_experts loads them",
+                                "provenance": checkpoint.provenance})
     with atomic_folder(target, overwrite, CheckpointError) as tmp:
         state = {k: t.to(DTYPES[dtype]) if t.is_floating_point() else t for k, t in checkpoint.state.items()}
-        write_safetensors(state, tmp / WEIGHTS_FILE, metadata={"format": "pt", "widenet_format_version": "1"})
+        write_safetensors(state, tmp / WEIGHTS_FILE,
+                          metadata={"format": "pt", "widenet_format_version": str(current("folder_weights"))})
         tokenizer.copy_into(tmp)
         (tmp / README_FILE).write_text(_readme(checkpoint, dtype, tokenizer.stored_names))
         config["files"] = record_files(tmp)  # every other file's size and SHA-256 (`widenet-ds verify`)
@@ -262,7 +264,7 @@ def _readme(checkpoint: PortableCheckpoint, dtype: str, tokenizer_names: list[st
                if cfg.is_moe else "dense FFN")
     image = (f", {cfg.image_size} px images in patches of {cfg.patch_size}, {cfg.num_classes} classes"
              if isinstance(cfg, VisionConfig) else "")
-    lines = [f"# {checkpoint.architecture} (widenet-ds checkpoint folder, format {FORMAT_VERSION})", "",
+    lines = [f"# {checkpoint.architecture} (widenet-ds checkpoint folder, format {current(FOLDER)})", "",
              f"- written: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
              f"- model: hidden {cfg.hidden_size}, {cfg.num_layers} blocks, {experts}{image}",
              f"- weights: {WEIGHTS_FILE} ({dtype})"]
@@ -278,22 +280,22 @@ def is_folder(path: Path) -> bool:
     return (Path(path) / CONFIG_FILE).is_file()
 
 
-def read_folder_config(folder: Path) -> Any:
-    """A folder's config.json as written (`read_folder` checks it fully, with the weights)."""
+def read_folder_config(folder: Path) -> dict[str, Any]:
+    """A folder's config.json in the current layout (`read_folder` checks it fully, with the weights)."""
     config_path = Path(folder) / CONFIG_FILE
     if not config_path.is_file():
         raise CheckpointError(f"{folder} is not a widenet-ds checkpoint folder (no {CONFIG_FILE}); write one with "
                               f"`widenet-ds convert to-folder`.")
     try:
-        return json.loads(config_path.read_text())
+        config = json.loads(config_path.read_text())
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{config_path} is not valid JSON: {err}.") from None
+    return upgrade(FOLDER, config, config_path)
 
 
 def stored_model_config(config: dict[str, Any], where: Path) -> dict[str, Any]:
-    """The model config a folder's config.json holds: under "model", or "vision_model" in image folders
-    written before the image model joined this format."""
-    stored = config.get("model", config.get("vision_model"))
+    """The model config a folder's config.json (as `read_folder_config` returns it) holds."""
+    stored = config.get("model")
     if not isinstance(stored, dict):
         raise CheckpointError(f"{where} has no 'model' entry; the folder is damaged, convert it again.")
     return stored
@@ -303,25 +305,18 @@ def read_folder(folder: Path, config: dict[str, Any] | None = None) -> PortableC
     """The folder's weights and config (`config`: its config.json as already read, not opened again)."""
     folder = Path(folder)
     config_path = folder / CONFIG_FILE
-    config = read_folder_config(folder) if config is None else config
-    version = config.get("format_version") if isinstance(config, dict) else None
-    if version != FORMAT_VERSION:
-        raise CheckpointError(f"{config_path} has format_version {version!r}; this widenet-ds reads version "
-                              f"{FORMAT_VERSION} (a folder of another program, or of a newer widenet-ds).")
+    config = read_folder_config(folder) if config is None else upgrade(FOLDER, config, config_path)
     if "architecture" not in config:
         raise CheckpointError(f"{config_path} has no 'architecture' entry; the folder is damaged, convert it again.")
     arch = architecture(config["architecture"], str(config_path))
     try:
-        model_config, run_settings = arch.config.from_stored(stored_model_config(config, config_path))
+        model_config = arch.config.from_dict(stored_model_config(config, config_path))
     except ConfigError as err:
         raise CheckpointError(f"{config_path}: {err}") from None
     weights_path = folder / WEIGHTS_FILE
     if not weights_path.is_file():
         raise missing_safetensors(folder, WEIGHTS_FILE)
-    provenance = dict(config.get("provenance", {}))
-    if "ep_size" in run_settings:  # a folder written before 0.2 kept it in the model config
-        provenance.setdefault("trained_with_ep_size", run_settings["ep_size"])
     checkpoint = PortableCheckpoint(model_config, config["architecture"], read_safetensors(weights_path),
-                                    config.get("num_labels"), provenance)
+                                    config["num_labels"], dict(config["provenance"]))
     checkpoint.check(f"{folder}: {CONFIG_FILE} vs {WEIGHTS_FILE}")
     return checkpoint

@@ -34,7 +34,6 @@ from torch import Tensor
 from widenet_ds.atomic import atomic_folder
 from widenet_ds.checkpoint.albert import write_hf_tokenizer_config
 from widenet_ds.checkpoint.format import (
-    FORMAT_VERSION,
     PortableCheckpoint,
     architecture,
     architectures,
@@ -50,6 +49,7 @@ from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.training import is_deepspeed_checkpoint
 from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError, ConfigError
+from widenet_ds.formats import VERSION_KEY, upgrade, versioned
 from widenet_ds.model.config import ModelConfig, MoEConfig
 from widenet_ds.benchmarks.glue import get_glue_dataset
 from widenet_ds.vision.config import VisionConfig
@@ -59,6 +59,7 @@ TEMPLATE = Path(__file__).resolve().parent / "hf_template"
 MODEL_FILES = ("configuration_widenet.py", "modeling_widenet.py")
 IMAGE_PROCESSOR_FILE = "image_processing_widenet.py"
 HF_CONFIG = "config.json"
+HF_ENTRY = "hf_config"  # the kind of config.json's "widenet_ds" entry in widenet_ds/formats.py
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
@@ -134,8 +135,8 @@ def hf_config(checkpoint: PortableCheckpoint) -> dict[str, Any]:
     return {"model_type": "vit_widenet" if image else "widenet", "architectures": [checkpoint.architecture],
             "auto_map": dict(_IMAGE_AUTO if image else _TEXT_AUTO), **fields, **moe, **_labels(checkpoint),
             "dtype": dtype,
-            "widenet_ds": {"format_version": FORMAT_VERSION, "architecture": checkpoint.architecture,
-                           "provenance": checkpoint.provenance}}
+            "widenet_ds": versioned(HF_ENTRY, {"architecture": checkpoint.architecture,
+                                               "provenance": checkpoint.provenance})}
 
 
 def _our_config(hf: dict[str, Any], where: str) -> ModelConfig | VisionConfig:
@@ -217,7 +218,7 @@ def read_hf_config(folder: Path) -> dict[str, Any]:
         hf = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{path} is not valid JSON: {err}.") from None
-    if isinstance(hf, dict) and "format_version" in hf and "architecture" in hf:
+    if isinstance(hf, dict) and VERSION_KEY in hf and "architecture" in hf:
         raise CheckpointError(f"{folder} is a widenet-ds checkpoint folder already, not an HF folder: use it as it is "
                               f"(--init-from {folder}, `widenet-ds convert to-hf` for transformers); nothing to "
                               f"convert.")
@@ -262,7 +263,8 @@ def from_hf(source: Path, target: Path, *, overwrite: bool = False) -> Path:
                                   f"{len(missing)} missing key(s): {', '.join(missing[:6])}" if missing else "")
                                   if part) + ".")
     state = {ours_key: hf_state[theirs] for ours_key, theirs in pairs}
-    saved = hf.get("widenet_ds") or {}
+    saved = upgrade(HF_ENTRY, hf["widenet_ds"], f"{source / HF_CONFIG} ('widenet_ds')") if hf.get("widenet_ds") \
+        else {}  # (a config.json that transformers saved without ours has none)
     provenance = {**saved.get("provenance", {}), "converted_from_hf": str(source.resolve())}
     checkpoint = PortableCheckpoint(cfg, ours, state, num_labels, provenance)
     dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(str(hf.get("dtype", hf.get("torch_dtype"))), "fp32")

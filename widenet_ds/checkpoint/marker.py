@@ -1,7 +1,6 @@
 """The completion marker of a checkpoint tag, `widenet_checkpoint.json`: written last by rank 0, so a tag is
-complete iff it holds one. `CheckpointMeta.read` and `.write` are its only reader and writer; the entries of
-markers of earlier versions (no ep_size, `num_labels`, `tokenizer_dir` / `data_dir`) are mapped here, nowhere
-else."""
+complete iff it holds one. `CheckpointMeta.read` and `.write` are its only reader and writer; markers of earlier
+versions are upgraded to the current shape by widenet_ds/formats.py (kind "marker") before they are read."""
 
 from __future__ import annotations
 
@@ -16,23 +15,16 @@ from widenet_ds.atomic import atomic_write_json
 from widenet_ds.checksums import FileRecords
 from widenet_ds.data.batch_order import RANK_STRIDED
 from widenet_ds.errors import CheckpointError
-from widenet_ds.model.config import split_run_settings
+from widenet_ds.formats import VERSION_KEY, upgrade, versioned
 
 META_FILE = "widenet_checkpoint.json"
 LATEST_FILE = "latest"  # beside the tags: the newest complete one
-FORMAT_VERSION = 1
-_DERIVED = ("format_version", "model_config_sha256")  # written for other readers, recomputed on every write
+MARKER = "marker"  # its kind in widenet_ds/formats.py
+_DERIVED = (VERSION_KEY, "model_config_sha256")  # written for other readers, recomputed on every write
 
 
 def config_sha256(model_config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(model_config, sort_keys=True).encode()).hexdigest()
-
-
-def _trained_ep_size(data: dict[str, Any]) -> int:
-    """The expert-parallel size a checkpoint was saved with (DeepSpeed lays its files out per ep rank)."""
-    if "ep_size" in data:
-        return data["ep_size"]
-    return split_run_settings(data.get("model_config") or {})[1].get("ep_size", 1)  # written before 0.2
 
 
 def _parse(tag_dir: Path, required: bool) -> dict[str, Any] | None:
@@ -63,7 +55,9 @@ def check_marker(tag_dir: Path) -> None:
 @dataclass(frozen=True)
 class CheckpointMeta:
     """The marker's entries, typed. `run` holds what the task adds (pretraining's data manifest, the image
-    dataset, a finetuning seed); on disk its entries sit beside the others, as in markers of earlier versions."""
+    dataset, a finetuning seed); on disk its entries sit beside the others, as in markers of earlier versions.
+    The defaults are for writers; a marker read from disk has every entry (formats.py fills those of earlier
+    versions)."""
 
     step: int
     samples: int
@@ -72,11 +66,12 @@ class CheckpointMeta:
     model_config: dict[str, Any]
     deepspeed_config: dict[str, Any]
     architecture: str | None = None  # None: a text model's checkpoint of a version that did not record it
+    #                                  (its heads tell which: checkpoint/format.py's infer_architecture)
     task: str | None = None          # the training task ("pretrain", "glue", "squad", "classify")
     branch_schedule: str = "joint"
     optimizer_states: bool = True    # False: model states only (`widenet-ds convert reshard`)
-    data_order: str = RANK_STRIDED   # which samples a rank's micro-batches held (data/batch_order.py); not
-    #                                  recorded before the global-chunks order, which continues on any shape
+    data_order: str = RANK_STRIDED   # which samples a rank's micro-batches held (data/batch_order.py); markers
+    #                                  before the global-chunks order, which continues on any shape, are rank-strided
     shape_free_state: str | None = None  # a folder of the tag with the whole training state (`convert reshard`):
     #                                      a resume re-lays it out for its shape (checkpoint/shape_free.py)
     files: FileRecords = field(default_factory=dict)  # every other file of the tag: size, SHA-256 ({}: not recorded)
@@ -93,7 +88,7 @@ class CheckpointMeta:
         """Write the marker into `tag_dir` atomically (a reader sees no marker or a whole one)."""
         return atomic_write_json(Path(tag_dir) / META_FILE, self.to_json(), sort_keys=True)
 
-    # -- entries of markers of earlier versions -------------------------------------------------------------
+    # -- entries only markers of earlier versions hold (in `run`) ------------------------------------------
     @property
     def num_labels(self) -> int | None:
         """Text classifiers' label count, recorded before markers named the architecture (None: not recorded)."""
@@ -112,18 +107,16 @@ class CheckpointMeta:
     # -- the file's shape (also kept inside other files: the shape-free state) ------------------------
     def to_json(self) -> dict[str, Any]:
         fields_ = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "run"}
-        return {**self.run, **fields_, "format_version": FORMAT_VERSION,
-                "model_config_sha256": config_sha256(self.model_config)}
+        return versioned(MARKER, {**self.run, **fields_, "model_config_sha256": config_sha256(self.model_config)})
 
     @classmethod
     def from_json(cls, data: dict[str, Any], where: Path) -> CheckpointMeta:
+        """A marker's JSON object (of any version) read from the tag folder `where`."""
+        data = upgrade(MARKER, data, where / META_FILE)
         known = {f.name for f in dataclasses.fields(cls)} - {"run"}
-        try:
-            values = {name: data[name] for name in known if name in data}
-            values.setdefault("ep_size", _trained_ep_size(data))
-            values.setdefault("deepspeed_config", {})
-            run = {k: v for k, v in data.items() if k not in known and k not in _DERIVED}
-            return cls(**values, run=run)
-        except TypeError as err:
-            raise CheckpointError(f"{where / META_FILE} lacks an entry a checkpoint marker has ({err}); the marker is "
-                                  f"damaged: resume from another checkpoint of {where.parent}.") from None
+        missing = sorted(known - set(data))
+        if missing:
+            raise CheckpointError(f"{where / META_FILE} lacks an entry a checkpoint marker has ({', '.join(missing)}); "
+                                  f"the marker is damaged: resume from another checkpoint of {where.parent}.")
+        run = {k: v for k, v in data.items() if k not in known and k not in _DERIVED}
+        return cls(**{name: data[name] for name in known}, run=run)

@@ -44,9 +44,10 @@ from widenet_ds.checkpoint.marker import CheckpointMeta, check_marker
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.training import MODEL_STATES, TrainingState
 from widenet_ds.errors import CheckpointError
+from widenet_ds.formats import VERSION_KEY, current, upgrade, versioned
 from widenet_ds.runtime.lamb import build_param_groups
 
-FORMAT_VERSION = 1
+SHAPE_FREE = "shape_free"  # state.json's kind in widenet_ds/formats.py
 TENSORS_FILE = "tensors.safetensors"
 STATE_FILE = "state.json"
 MASTER = "master"  # the prefix of the fp32 master weights in TENSORS_FILE; optimizer states use their own key
@@ -135,7 +136,7 @@ def read_shape_free(source: CheckpointSource) -> ShapeFreeState:
         raise CheckpointError(f"{tag_dir} is a ZeRO stage {stage} checkpoint; DeepSpeed MoE trains with ZeRO 0/1/2.")
     loaders = [load_torch_file(path).get("loader") for path in sorted(tag_dir.glob("rank_*_state.pt"))]
     state.scalars = {
-        "format_version": FORMAT_VERSION, "lr_scheduler": states.get("lr_scheduler"),
+        VERSION_KEY: current(SHAPE_FREE), "lr_scheduler": states.get("lr_scheduler"),
         "global_steps": states["global_steps"], "global_samples": states.get("global_samples"),
         "skipped_steps": states.get("skipped_steps", 0), "loaders": loaders, "marker": meta.to_json(),
         "source": {"tag_dir": str(tag_dir.resolve()), "world_size": meta.world_size, "ep_size": meta.ep_size,
@@ -194,7 +195,7 @@ def _read_stage0(tag_dir: Path, meta: CheckpointMeta, local_experts: int) -> Sha
     checkpoint = read_tag(tag_dir, meta)
     master = checkpoint.state
     arch = architecture(meta.architecture or TEXT_DEFAULT, str(tag_dir))
-    cfg = arch.config.from_stored(meta.model_config)[0]
+    cfg = arch.config.from_dict(meta.model_config)
     extra = {"num_labels": checkpoint.num_labels} if arch.takes_num_labels else {}
     with torch.device("meta"):
         model = arch.model(cfg, ep_size=meta.ep_size, **extra)
@@ -230,8 +231,7 @@ def save_shape_free(state: ShapeFreeState, folder: Path, *, overwrite: bool = Fa
     tensors = {f"{MASTER}/{n}": t.contiguous() for n, t in state.master.items()}
     for what, by_name in state.optimizer.items():
         tensors.update({f"{what}/{n}": t.contiguous() for n, t in by_name.items()})
-    document = {"format_version": FORMAT_VERSION, "param_state": state.param_state, "hyper": state.hyper,
-                "scalars": state.scalars}
+    document = versioned(SHAPE_FREE, {"param_state": state.param_state, "hyper": state.hyper, "scalars": state.scalars})
     with atomic_folder(folder, overwrite, CheckpointError) as tmp:
         save_file(tensors, tmp / TENSORS_FILE)
         (tmp / STATE_FILE).write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
@@ -240,10 +240,7 @@ def save_shape_free(state: ShapeFreeState, folder: Path, *, overwrite: bool = Fa
 
 def load_shape_free(folder: Path) -> ShapeFreeState:
     folder = Path(folder)
-    document = json.loads((folder / STATE_FILE).read_text())
-    if document.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{folder / STATE_FILE} has format_version {document.get('format_version')!r}; this "
-                              f"widenet-ds reads {FORMAT_VERSION}.")
+    document = upgrade(SHAPE_FREE, json.loads((folder / STATE_FILE).read_text()), folder / STATE_FILE)
     master: dict[str, Tensor] = {}
     optimizer: dict[str, dict[str, Tensor]] = {}
     for key, tensor in load_file(folder / TENSORS_FILE).items():

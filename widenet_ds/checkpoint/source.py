@@ -23,7 +23,6 @@ from widenet_ds.checkpoint.training import check_explicit_config, check_resumabl
 from widenet_ds.checkpoint.verify import Verified, verify_folder, verify_tag
 from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError, ConfigError
-from widenet_ds.model.config import split_run_settings
 
 Purpose = Literal["init", "resume", "convert"]
 INIT: Purpose = "init"
@@ -49,8 +48,8 @@ class CheckpointSource:
     flag: str                             # which option or argument named it ("--init-from", "--resume", "source")
     purpose: Purpose
     architecture: str
-    stored_config: dict[str, Any] | None  # the model config as stored (run settings of old versions inside;
-    #                                       None: a DeepSpeed checkpoint of another program, no marker)
+    stored_config: dict[str, Any] | None  # the model config as stored (None: a DeepSpeed checkpoint of another
+    #                                       program, no marker)
     where: Path                           # the file that records it: config.json or the tag's marker
     verified: Verified                    # what the opening checked: its files against their records
     folder_config: dict[str, Any] | None = None  # a folder's config.json (None: a DeepSpeed tag)
@@ -106,7 +105,7 @@ class CheckpointSource:
             raise CheckpointError(f"{self.flag} {self.given} holds a {arch.name}, whose {arch.config.NAME} is not this "
                                   f"task's ({config_class.NAME}); pass a checkpoint of the model this task trains.")
         try:
-            return config_class.from_dict(split_run_settings(self.stored_config)[0])
+            return config_class.from_dict(self.stored_config)
         except (ConfigError, TypeError) as err:
             raise CheckpointError(f"{self.where} holds no readable {config_class.NAME} ({err}); convert the checkpoint "
                                   f"again.") from None

@@ -40,7 +40,7 @@ from widenet_ds.disk_space import DiskFullError, check_free_space, free_bytes, i
 from widenet_ds.errors import CheckpointError, ConfigError, mark_same_on_every_rank
 from widenet_ds.checkpoint.format import TEXT_DEFAULT, architecture, is_expert_key
 from widenet_ds.checkpoint.marker import LATEST_FILE, META_FILE, CheckpointMeta, check_marker
-from widenet_ds.model.config import EncoderConfig, split_run_settings
+from widenet_ds.model.config import EncoderConfig
 from widenet_ds.runtime.distributed import all_values, barrier, rank0_value
 
 _TAG = re.compile(r"^step(\d+)$")
@@ -182,7 +182,7 @@ def check_explicit_config(recorded: EncoderConfig, explicit: Path, where: str) -
     """An explicit --model-config may only repeat the config a checkpoint records (`where`): a different
     activation or LayerNorm epsilon keeps every shape, so nothing else would notice the weights are misread."""
     given = type(recorded).from_json(explicit)
-    diffs = [d for d in config_differences(recorded.to_dict(), given.to_dict()) if not d.startswith("moe.ep_size:")]
+    diffs = config_differences(recorded.to_dict(), given.to_dict())
     if diffs:
         raise CheckpointError(f"--model-config {explicit} differs from the model config recorded in {where}:\n  "
                               + "\n  ".join(diffs) + "\nThe recorded config is the one the weights were trained "
@@ -193,12 +193,11 @@ def check_same_model(saved_config: dict[str, Any], model_config: dict[str, Any],
                      architecture_name: str | None = None, ignore: tuple[str, ...] = ()) -> None:
     """Refuse a checkpoint of another model config than this run's, naming the differing fields (but the dotted
     fields in `ignore`)."""
-    saved, _ = split_run_settings(saved_config)
     config_type = architecture(architecture_name or TEXT_DEFAULT, str(Path(where) / META_FILE)).config
-    try:  # written by an older version: fields added since take their defaults
-        saved = config_type.from_dict(saved).to_dict()
+    try:  # a model config's fields added since it was written take their defaults (formats.py, "model_config")
+        saved = config_type.from_dict(saved_config).to_dict()
     except ConfigError:
-        pass  # no longer a valid config: compared as stored, the differences name what changed
+        saved = saved_config  # no longer a valid config: compared as stored, the differences name what changed
     diffs = [d for d in config_differences(saved, model_config) if not d.startswith(tuple(f"{f}:" for f in ignore))]
     if diffs:
         raise CheckpointError(f"checkpoint {where} is of another model config; differing fields:\n  "

@@ -27,9 +27,10 @@ class Verified:
     bytes: int
 
 
-def verify_folder(folder: Path, config) -> Verified:
-    """An exported folder against the records of its config.json (`config`, as read)."""
-    records = config.get("files", {}) if isinstance(config, dict) else {}
+def verify_folder(folder: Path, config: dict) -> Verified:
+    """An exported folder against the records of its config.json (`config`, as `read_folder_config` returns it:
+    {} when the folder's version recorded none)."""
+    records = config["files"]
     problems = file_problems(folder, records)
     if problems:
         raise CheckpointError(f"checkpoint folder {folder} is damaged: {len(problems)} of its {len(records)} files "

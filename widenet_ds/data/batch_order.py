@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from widenet_ds.errors import DataError
+from widenet_ds.formats import RANK_STRIDED  # (named there: the upgrades of older checkpoints fill it in)
 
 GLOBAL_CHUNKS = "global-chunks"
-RANK_STRIDED = "rank-strided"
 ORDERS = (GLOBAL_CHUNKS, RANK_STRIDED)
 
 

@@ -22,12 +22,14 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from widenet_ds.data.batch_order import GLOBAL_CHUNKS, RANK_STRIDED, BatchOrder
+from widenet_ds.data.batch_order import GLOBAL_CHUNKS, BatchOrder
 from widenet_ds.data.examples import ExampleConfig, PretrainingIds, mask_tokens
 from widenet_ds.data.prepared import PreparedData
 from widenet_ds.data.shards import Shard, token_dtype
 from widenet_ds.errors import DataError
+from widenet_ds.formats import upgrade, versioned
 
+LOADER_STATE = "loader_state.text"  # its kind in widenet_ds/formats.py
 _M64 = (1 << 64) - 1
 
 
@@ -73,28 +75,27 @@ class PretrainingDataLoader:
         self.order = BatchOrder(micro_batch_size, accumulation, rank, world_size, order)
         data = PreparedData.open(data)  # a path: opened here (a task opens its data once for all its loaders)
         self.data_dir, self.manifest = data.folder, data.manifest
-        if split not in self.manifest["splits"]:
-            raise DataError(f"split {split!r} is not in {self.data_dir} (splits: {list(self.manifest['splits'])}); "
+        if split not in self.manifest.splits:
+            raise DataError(f"split {split!r} is not in {self.data_dir} (splits: {list(self.manifest.splits)}); "
                             "a corpus too small for the held-out fraction has no 'valid' split: raise "
                             "--valid-fraction or prepare more documents")
         self.ids = PretrainingIds(data.tokenizer)
-        if self.ids.vocab_size != self.manifest["vocab_size"]:
+        if self.ids.vocab_size != self.manifest.vocab_size:
             raise DataError(f"{self.data_dir}/tokenizer.json has {self.ids.vocab_size} tokens but the shards "
-                            f"were built with {self.manifest['vocab_size']}; re-run `widenet-ds prepare-data`")
-        stored_static = self.manifest["masking"] == "static"
+                            f"were built with {self.manifest.vocab_size}; re-run `widenet-ds prepare-data`")
+        stored_static = self.manifest.masking == "static"
         self.dynamic_masking = not stored_static if dynamic_masking is None else dynamic_masking
         if not self.dynamic_masking and not stored_static:
             raise DataError(f"{self.data_dir} holds no stored masks (prepared with --masking dynamic); use "
                             "dynamic_masking=True or prepare the data with --masking static")
         self.example_config = ExampleConfig(
-            seq_length=self.manifest["seq_length"], short_seq_prob=0.0,
-            masked_lm_prob=self.manifest["masked_lm_prob"],
-            max_predictions_per_seq=self.manifest["max_predictions_per_seq"], max_ngram=self.manifest["max_ngram"])
+            seq_length=self.manifest.seq_length, short_seq_prob=0.0, masked_lm_prob=self.manifest.masked_lm_prob,
+            max_predictions_per_seq=self.manifest.max_predictions_per_seq, max_ngram=self.manifest.max_ngram)
 
-        dtype = token_dtype(self.manifest["vocab_size"])
-        split_info = self.manifest["splits"][split]
-        self.shards = [Shard(self.data_dir / s["name"], s, dtype, self.manifest["vocab_size"])
-                       for s in split_info["shards"]]
+        dtype = token_dtype(self.manifest.vocab_size)
+        split_info = self.manifest.splits[split]
+        self.shards = [Shard(self.data_dir / s["name"], s, dtype, self.manifest.vocab_size)
+                       for s in split_info.shards]
         self.shard_starts = [0]
         for shard in self.shards:
             self.shard_starts.append(self.shard_starts[-1] + shard.num_examples)
@@ -119,18 +120,18 @@ class PretrainingDataLoader:
 
     def state_dict(self) -> dict[str, int | str]:
         """Where the epoch is, in terms any shape reads: positions consumed over all ranks."""
-        return {"order": self.order.kind, "epoch": self.epoch, "consumed": self.order.consumed(self.batch),
-                "seed": self.seed, "num_examples": self.num_examples, "micro_batch_size": self.micro_batch_size,
-                "global_batch": self.order.global_batch}
+        return versioned(LOADER_STATE, {
+            "order": self.order.kind, "epoch": self.epoch, "consumed": self.order.consumed(self.batch),
+            "seed": self.seed, "num_examples": self.num_examples, "micro_batch_size": self.micro_batch_size,
+            "global_batch": self.order.global_batch})
 
     def load_state_dict(self, state: dict[str, int | str]) -> None:
+        state = upgrade(LOADER_STATE, state, "the checkpoint's pretraining loader state")
         if state["num_examples"] != self.num_examples or state["seed"] != self.seed:
             raise DataError(f"loader state is for {state['num_examples']} examples with seed {state['seed']}, "
                             f"this loader has {self.num_examples} with seed {self.seed}: the data folder or the "
                             "seed changed since the checkpoint; resume with the same data and seed")
-        written = state.get("order", RANK_STRIDED)
-        # Written before the order was recorded: {"position": samples of this rank, "world_size": W}.
-        consumed = state["consumed"] if "consumed" in state else state["position"] * state["world_size"]
+        written, consumed = state["order"], state["consumed"]
         if written != self.order.kind or state["micro_batch_size"] != self.micro_batch_size:
             raise DataError(f"loader state of the {written} order with micro batch {state['micro_batch_size']} "
                             f"cannot continue in the {self.order.kind} order with micro batch {self.micro_batch_size}; "

@@ -38,11 +38,10 @@ from widenet_ds.atomic import atomic_write_json
 from widenet_ds.checksums import file_sha256
 from widenet_ds.data.default_corpus import DefaultCorpusSource
 from widenet_ds.data.examples import ExampleConfig, PretrainingIds, create_examples, mask_tokens
+from widenet_ds.data.manifest import MANIFEST, MANIFEST_FILE, Manifest
 from widenet_ds.data.sentences import sentence_spans
 from widenet_ds.data.shards import (
     CHECKSUM_KEYS,
-    FORMAT_VERSION,
-    MANIFEST_FILE,
     ShardBuilder,
     read_complete_meta,
     read_shard_meta,
@@ -53,10 +52,14 @@ from widenet_ds.data.sources import DocumentStream, HFSource, SkipCounter, TextS
 from widenet_ds.data.tokenizer import BatchEncoder, load_tokenizer, save_tokenizer, train_tokenizer
 from widenet_ds.disk_space import check_free_space, disk_full_errors
 from widenet_ds.errors import DataError
+from widenet_ds.formats import versioned
 from widenet_ds.run_lock import LOCK_FILE, folder_lock
 from widenet_ds.writable import check_output_folder as check_writable
 
 SETTINGS_FILE = "prepare_settings.json"
+# Its kind in widenet_ds/formats.py. The version is hashed with the settings into every shard's settings_sha256:
+# a settings.json of another version means other shards (rebuilt with --overwrite), not an upgrade.
+DATA_SETTINGS = "data_settings"
 SPLITS = ("train", "valid")
 # Everything prepare-data writes into --output; a folder holding anything else is not a data folder.
 DATA_FOLDER_ENTRIES = frozenset({SETTINGS_FILE, MANIFEST_FILE, "tokenizer.json", "vocab.txt", *SPLITS})
@@ -223,14 +226,13 @@ def _partitions(stream: DocumentStream, config: PrepareConfig) -> Iterator[list[
 
 def _settings(sources: list[WeightedSource], config: PrepareConfig, tokenizer_spec: str,
               vocab_size: int, tokenizer_sha256: str | None) -> dict:
-    return {
-        "format_version": FORMAT_VERSION,
+    return versioned(DATA_SETTINGS, {
         "sources": [{"source": repr(s.source), "weight": s.weight} for s in sources],
         "tokenizer": tokenizer_spec if tokenizer_sha256 is None else tokenizer_sha256,
         "train_vocab_size": vocab_size if tokenizer_spec == "train" else None,
         **{k: v for k, v in asdict(config).items() if k != "example"},
         **{f"example.{k}": v for k, v in asdict(config.example).items()},
-    }
+    })
 
 
 def _check_previous_settings(output: Path, settings: dict, overwrite: bool) -> None:
@@ -277,7 +279,7 @@ def check_output_folder(output: Path) -> None:
 
 def prepare(sources: list[WeightedSource], output: Path, config: PrepareConfig, tokenizer: str = "train",
             vocab_size: int = 30000, workers: int = 1, overwrite: bool = False,
-            progress: bool = True) -> dict:
+            progress: bool = True) -> Manifest:
     """Build the data folder; return the manifest. `tokenizer`: "train" or a tokenizer/vocab path."""
     if not sources:
         raise DataError("no sources given; pass --source PATH (or hf:NAME) or --default-corpus")
@@ -332,7 +334,7 @@ def _remove_if_nothing_built(output: Path, before: set[str]) -> None:
 
 
 def _prepare(sources: list[WeightedSource], output: Path, config: PrepareConfig, tokenizer: str, vocab_size: int,
-             workers: int, overwrite: bool, progress: bool, given_sha: str | None) -> dict:
+             workers: int, overwrite: bool, progress: bool, given_sha: str | None) -> Manifest:
     settings = _settings(sources, config, tokenizer, vocab_size, given_sha)
     _check_previous_settings(output, settings, overwrite)
     (output / MANIFEST_FILE).unlink(missing_ok=True)  # present only when the data is complete
@@ -381,7 +383,7 @@ def _prepare(sources: list[WeightedSource], output: Path, config: PrepareConfig,
     manifest = _manifest(results, settings, tokenizer_sha, settings_sha, tok, config, stream.skipped,
                          time.perf_counter() - started)
     _write_json(output / MANIFEST_FILE, manifest)
-    return manifest
+    return Manifest.from_json(manifest, output / MANIFEST_FILE)
 
 
 def _tokenizer_file(path: Path) -> Path:
@@ -449,8 +451,7 @@ def _manifest(results: dict[int, PartitionResult], settings: dict, tokenizer_sha
         raise DataError(f"no training examples could be built ({counts['documents']} documents, skipped: "
                         f"{dict(skipped)}); documents need at least two sentences for sentence-order pairs")
     vocab_size = tok.get_vocab_size()
-    return {
-        "format_version": FORMAT_VERSION,
+    return versioned(MANIFEST, {
         "seq_length": config.example.seq_length,
         "vocab_size": vocab_size,
         "dtype": token_dtype(vocab_size).name,
@@ -465,7 +466,7 @@ def _manifest(results: dict[int, PartitionResult], settings: dict, tokenizer_sha
         "splits": splits,
         "summary": {"counts": dict(sorted(counts.items())), "skipped": dict(sorted(skipped.items())),
                     "seconds": round(seconds, 2)},
-    }
+    })
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -478,10 +479,10 @@ def _progress_bar(enabled: bool):
     return tqdm(unit=" docs", desc="prepare-data", disable=not enabled, file=sys.stderr)
 
 
-def format_summary(manifest: dict) -> str:
-    summary = manifest["summary"]
-    examples = " / ".join(f"{info['examples']} {split}" for split, info in manifest["splits"].items())
-    lines = [f"prepared {examples} examples of {manifest['seq_length']} tokens in {summary['seconds']} s"]
+def format_summary(manifest: Manifest) -> str:
+    summary = manifest.summary
+    examples = " / ".join(f"{info.examples} {split}" for split, info in manifest.splits.items())
+    lines = [f"prepared {examples} examples of {manifest.seq_length} tokens in {summary['seconds']} s"]
     lines += [f"  {name}: {value}" for name, value in summary["counts"].items()]
     lines += [f"  skipped {value}: {reason}" for reason, value in summary["skipped"].items()]
     return "\n".join(lines)

@@ -33,7 +33,6 @@ import numpy as np
 from widenet_ds.atomic import atomic_write_bytes
 from widenet_ds.checksums import file_sha256
 from widenet_ds.errors import DataError
-from widenet_ds.run_folder import RUN_CONFIG_FILE
 
 INDEX_COLUMNS = ("offset", "length", "a_length", "sop_label", "mask_offset", "mask_count")
 # Unit of the lazy CRC checks: small enough that the first touch of a block costs well under a
@@ -230,40 +229,3 @@ def verify_shard_checksum(stem: Path, meta: dict) -> None:
     problems = shard_problems(stem, meta)
     if problems:
         raise DataError(f"shard {stem} is corrupt: {'; '.join(problems)}; {_REBUILD}")
-
-
-MANIFEST_FILE = "manifest.json"
-FORMAT_VERSION = 1
-
-
-def _trained_on(run_dir: Path) -> str:
-    """The --data a run folder records, as " (DATA)"; "" when it records none (image datasets) or cannot be read."""
-    try:
-        data = json.loads((run_dir / RUN_CONFIG_FILE).read_text()).get("data")
-    except (OSError, ValueError, AttributeError):
-        return ""
-    return f" ({data})" if isinstance(data, str) else ""
-
-
-def read_manifest(data_dir: Path) -> dict:
-    """The manifest of a finished data folder (it is written only after every shard is complete)."""
-    path = Path(data_dir) / MANIFEST_FILE
-    if not Path(data_dir).is_dir():
-        raise DataError(f"data folder {str(data_dir)!r} does not exist; run `widenet-ds prepare-data --output "
-                        f"{data_dir} ...` first")
-    if not path.is_file() and (Path(data_dir) / RUN_CONFIG_FILE).is_file():
-        raise DataError(f"{data_dir} is a training run's output folder ({RUN_CONFIG_FILE}), not a data folder of "
-                        f"`widenet-ds prepare-data`: pass the data folder the run trained on"
-                        f"{_trained_on(Path(data_dir))}; `widenet-ds verify {data_dir}` checks the run's checkpoints.")
-    if not path.is_file():
-        raise DataError(f"{data_dir} has no {MANIFEST_FILE}: the preparation did not finish (or this is not a "
-                        "prepared data folder); re-run `widenet-ds prepare-data` with the same arguments to "
-                        "complete it")
-    try:
-        manifest = json.loads(path.read_text())
-    except ValueError as err:
-        raise DataError(f"{path} is not valid JSON ({err}); re-run `widenet-ds prepare-data`") from err
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise DataError(f"{path} has format version {manifest.get('format_version')}, this widenet-ds reads "
-                        f"{FORMAT_VERSION}; re-run `widenet-ds prepare-data` with this version")
-    return manifest

@@ -19,7 +19,7 @@ from tokenizers.implementations import BertWordPieceTokenizer
 from widenet_ds.atomic import atomic_write_bytes, atomic_write_text
 from widenet_ds.data.default_corpus import DefaultCorpusSource
 from widenet_ds.checksums import file_sha256
-from widenet_ds.data.shards import read_manifest
+from widenet_ds.data.manifest import MANIFEST_FILE, Manifest, read_manifest
 from widenet_ds.data.sources import DocumentStream, SkipCounter, WeightedSource, parse_source
 from widenet_ds.errors import DataError
 
@@ -106,7 +106,7 @@ def train_tokenizer(documents: Iterable[str], vocab_size: int = 30000, min_frequ
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     """A data folder (its `tokenizer.json`, else `vocab.txt`), a `tokenizer.json` or a `vocab.txt`."""
     path = Path(path)
-    if path.is_dir() and (path / "manifest.json").is_file():
+    if path.is_dir() and (path / MANIFEST_FILE).is_file():
         return data_folder_tokenizer(path, read_manifest(path))
     if path.is_dir():
         for name in (TOKENIZER_FILE, VOCAB_FILE):
@@ -138,14 +138,14 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     return tokenizer or BertWordPieceTokenizer(str(path), lowercase=True)._tokenizer
 
 
-def data_folder_tokenizer(data_dir: Path, manifest: dict) -> Tokenizer:
+def data_folder_tokenizer(data_dir: Path, manifest: Manifest) -> Tokenizer:
     """The tokenizer of a prepared data folder, checked against the hash its shards were built with (`manifest`:
     the folder's, read once by the caller)."""
     path = data_dir / TOKENIZER_FILE
     if not path.is_file():
         raise DataError(f"{path} is missing; the shards of {data_dir} need the tokenizer they were built "
                         "with: re-run `widenet-ds prepare-data`")
-    if file_sha256(path) != manifest["tokenizer_sha256"]:
+    if file_sha256(path) != manifest.tokenizer_sha256:
         raise DataError(f"{path} is not the tokenizer the shards of {data_dir} were built with (sha256 "
                         "differs from the manifest's tokenizer_sha256); restore that file or re-run "
                         "`widenet-ds prepare-data` with this tokenizer into a new --output")

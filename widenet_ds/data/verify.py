@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from widenet_ds.checksums import file_sha256
-from widenet_ds.data.shards import read_manifest, shard_problems
+from widenet_ds.data.manifest import read_manifest
+from widenet_ds.data.shards import shard_problems
 from widenet_ds.errors import DataError
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -26,12 +27,12 @@ def verify_data(data_dir: Path) -> dict[str, int]:
     tokenizer = data_dir / TOKENIZER_FILE
     if not tokenizer.is_file():
         problems.append(f"{tokenizer}: missing")
-    elif file_sha256(tokenizer) != manifest.get("tokenizer_sha256"):
+    elif file_sha256(tokenizer) != manifest.tokenizer_sha256:
         problems.append(f"{tokenizer}: not the tokenizer the shards were built with (SHA-256 differs)")
     shards = files = 0
     legacy = 0
-    for split, info in manifest.get("splits", {}).items():
-        for entry in info["shards"]:
+    for info in manifest.splits.values():
+        for entry in info.shards:
             shards += 1
             files += 2
             legacy += "idx_sha256" not in entry

@@ -16,8 +16,9 @@ from typing import Any, ClassVar, Literal, Self, get_args
 
 from widenet_ds.atomic import atomic_write_json
 from widenet_ds.errors import ConfigError
+from widenet_ds.formats import RUN_SETTINGS, VERSION_KEY, upgrade, versioned
 
-FORMAT_VERSION = 1
+MODEL_CONFIG = "model_config"  # its kind in widenet_ds/formats.py
 
 NoisePolicy = Literal["gaussian", "jitter", "rsample", "none"]
 CombineWeights = Literal["raw", "renormalize"]
@@ -51,10 +52,10 @@ def check_fraction(obj: Any, *names: str) -> None:
             raise ConfigError(f"{type(obj).__name__}.{name} = {value!r} must be in [0, 1).")
 
 
-# Run settings that configs written before widenet-ds 0.2 kept in the model config. They are not part of
-# the model: the expert-parallel size is `--ep-size` and activation checkpointing `--activation-checkpointing`
-# of a run. Stored configs (checkpoints, folders) that carry them still load (`EncoderConfig.from_stored`).
-RUN_SETTINGS = {"activation_checkpointing": "--activation-checkpointing", "ep_size": "--ep-size"}
+# RUN_SETTINGS: what configs written before widenet-ds 0.2 kept in the model config. They are not part of the
+# model: the expert-parallel size is `--ep-size` and activation checkpointing `--activation-checkpointing` of a
+# run. A config file given to a run that holds them is refused, naming the flag; the markers and folders of then
+# still load (widenet_ds/formats.py moves them out of the stored config).
 
 
 def dataclass_from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
@@ -75,7 +76,7 @@ def dataclass_from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
 
 
 def read_config_json(path: str | os.PathLike, what: str, presets: dict) -> dict[str, Any]:
-    """A config JSON file's dict, its format version checked; errors name the file and the presets."""
+    """A config JSON file's dict, upgraded to the current version; errors name the file and the presets."""
     try:
         with open(path) as fh:
             data = json.load(fh)
@@ -84,10 +85,7 @@ def read_config_json(path: str | os.PathLike, what: str, presets: dict) -> dict[
                           f"({', '.join(presets)}).") from None
     except json.JSONDecodeError as err:
         raise ConfigError(f"{what} {path} is not valid JSON: {err}.") from None
-    version = data.get("format_version", FORMAT_VERSION) if isinstance(data, dict) else None
-    if version != FORMAT_VERSION:
-        raise ConfigError(f"{what} {path} has format_version {version}; this widenet-ds reads version {FORMAT_VERSION}.")
-    return data
+    return upgrade(MODEL_CONFIG, data, f"{what} {path}")
 
 
 def preset_data(name: str, presets: dict, what: str, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -120,19 +118,6 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         else:
             overrides[key] = value
     return overrides
-
-
-def split_run_settings(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(a stored model-config dict without the run settings of RUN_SETTINGS, those settings)."""
-    data = dict(data)
-    settings = {}
-    if "activation_checkpointing" in data:
-        settings["activation_checkpointing"] = data.pop("activation_checkpointing")
-    moe = data.get("moe")
-    if isinstance(moe, dict) and "ep_size" in moe:
-        settings["ep_size"] = moe["ep_size"]
-        data["moe"] = {k: v for k, v in moe.items() if k != "ep_size"}
-    return data, settings
 
 
 @dataclass
@@ -336,15 +321,6 @@ class EncoderConfig:
     def num_routing_calls(self) -> int:
         return len(self.routing_blocks)
 
-    @classmethod
-    def from_stored(cls, data: dict[str, Any]) -> tuple[Self, dict[str, Any]]:
-        """A config read back from a checkpoint or folder -> (config, run settings it recorded).
-
-        Configs written before widenet-ds 0.2 hold `moe.ep_size` and `activation_checkpointing`; they are
-        returned as run settings (provenance), not refused."""
-        model, settings = split_run_settings(data)
-        return cls.from_dict(model), settings
-
     # -- presets and JSON files -----------------------------------------------------------------------
     @classmethod
     def presets(cls) -> dict[str, Any]:
@@ -360,7 +336,7 @@ class EncoderConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
         data = dict(data)
-        data.pop("format_version", None)
+        data.pop(VERSION_KEY, None)
         return dataclass_from_dict(cls, data, cls.__name__)
 
     def replace(self, **changes: Any) -> Self:
@@ -370,7 +346,7 @@ class EncoderConfig:
         return type(self).from_dict({**data, **changes})
 
     def to_json(self, path: str | os.PathLike) -> None:
-        atomic_write_json(path, {"format_version": FORMAT_VERSION, **self.to_dict()}, sort_keys=True)
+        atomic_write_json(path, versioned(MODEL_CONFIG, self.to_dict()), sort_keys=True)
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> Self:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from widenet_ds.atomic import atomic_folder, atomic_write_text
 from widenet_ds.errors import ConfigError
+from widenet_ds.formats import VERSION_KEY, current
 from widenet_ds.report.branches import branch_curves, markdown_table
 from widenet_ds.report.metrics import load_runs
 from widenet_ds.report.page import render
@@ -98,7 +99,7 @@ def _write_report(sources: list[Path], out: Path, title: str,
         plots = draw_all(runs, built)
         (built / PAGE_FILE).write_text(render(runs, problems, plots, title, [str(s) for s in sources]),
                                        encoding="utf-8")
-        summary = {"generator": GENERATOR, "format_version": 1, "page": PAGE_FILE,
+        summary = {"generator": GENERATOR, VERSION_KEY: current("report"), "page": PAGE_FILE,
                    "runs": [{"name": r.name, "kind": r.kind, "path": str(r.path)} for r in runs],
                    "problems": [{"path": str(p.path), "message": p.message} for p in problems],
                    "plots": [{"file": p.file, "title": p.title, "section": p.section} for p in plots]}

@@ -1,6 +1,6 @@
 """Reading run folders as they are on disk: finished, still being written, partial or broken.
 
-Three kinds of run, told apart by the report kind of `RunFolder.task()` (widenet_ds/task_registry.py; GLUE and
+Three kinds of run, told apart by the results type of `RunFolder.task()` (`results.TASK_RESULTS[task].KIND`; GLUE and
 SQuAD runs are shown alike; widenet_ds/run_folder.py names every file):
 - pretraining: `metrics.jsonl` (one record per logged step) and the model config;
 - image classification: the same, plus `results.json` when it has finished (test accuracy and, for
@@ -315,9 +315,10 @@ def _load_logged(folder: RunFolder, name: str, kind: str) -> LoggedRun | Problem
     if kind == "classify":
         settings = None
         if folder.run_config.is_file():
-            settings, error = _read_object(folder.run_config, "the run's settings")
-            if error:
-                notes.append(error)
+            try:
+                settings = folder.read_run_config()
+            except RunFolderError as err:
+                notes.append(str(err))
         return ImageRun(name, path, metrics, model_config, notes, results, settings)
     return PretrainRun(name, path, metrics, model_config, notes)
 

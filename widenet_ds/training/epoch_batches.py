@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from widenet_ds.data.batch_order import GLOBAL_CHUNKS, RANK_STRIDED, BatchOrder
+from widenet_ds.data.batch_order import GLOBAL_CHUNKS, BatchOrder
 from widenet_ds.errors import DataError
+from widenet_ds.formats import upgrade, versioned
+
+LOADER_STATE = "loader_state.finetune"  # its kind in widenet_ds/formats.py
 
 
 class EpochBatches:
@@ -39,13 +42,14 @@ class EpochBatches:
         return self.dataset.collate([self.dataset[i] for i in rows])
 
     def state_dict(self) -> dict[str, int | str]:
-        return {"order": self.order.kind, "epoch": self.epoch, "consumed": self.order.consumed(self.position),
-                "micro_batch_size": self.micro_batch}
+        return versioned(LOADER_STATE, {"order": self.order.kind, "epoch": self.epoch,
+                                        "consumed": self.order.consumed(self.position),
+                                        "micro_batch_size": self.micro_batch})
 
     def load_state_dict(self, state: dict[str, int | str]) -> None:
-        if "consumed" not in state:  # written before the order was recorded: this shape's micro-batch count
-            state = {"order": RANK_STRIDED, "epoch": state["epoch"], "micro_batch_size": self.micro_batch,
-                     "consumed": self.order.consumed(int(state["position"]))}
+        # (a state of a version that did not record the order counted this shape's micro-batches)
+        state = upgrade(LOADER_STATE, state, "the checkpoint's finetuning loader state",
+                        assume={"micro_batch_size": self.micro_batch, "world_size": self.order.world})
         if state["order"] != self.order.kind or state["micro_batch_size"] != self.micro_batch:
             raise DataError(f"loader state of the {state['order']} order with micro batch {state['micro_batch_size']} "
                             f"cannot continue in the {self.order.kind} order with micro batch {self.micro_batch}; "

@@ -47,13 +47,13 @@ class PretrainTask(Task):
         self.data = PreparedData.open(cfg.data)  # the manifest and the tokenizer, read and checked once
         self.manifest = self.data.manifest
         model = resolve_model_config(ModelConfig, cfg.model_config, self.init_source, cfg.overrides,
-                                     {"vocab_size": self.manifest["vocab_size"]})
-        if model.vocab_size != self.manifest["vocab_size"]:
+                                     {"vocab_size": self.manifest.vocab_size})
+        if model.vocab_size != self.manifest.vocab_size:
             raise DataError(f"model config {cfg.model_config} has vocab_size {model.vocab_size}, the data in {cfg.data} "
-                            f"was tokenized with {self.manifest['vocab_size']} tokens; use data prepared with this "
-                            f"model's tokenizer or --set vocab_size={self.manifest['vocab_size']}.")
-        if self.manifest["seq_length"] > model.max_position_embeddings:
-            raise DataError(f"the data in {cfg.data} has sequences of {self.manifest['seq_length']} tokens, more than the "
+                            f"was tokenized with {self.manifest.vocab_size} tokens; use data prepared with this "
+                            f"model's tokenizer or --set vocab_size={self.manifest.vocab_size}.")
+        if self.manifest.seq_length > model.max_position_embeddings:
+            raise DataError(f"the data in {cfg.data} has sequences of {self.manifest.seq_length} tokens, more than the "
                             f"model's max_position_embeddings {model.max_position_embeddings}; prepare the data with "
                             f"--seq-length {model.max_position_embeddings} or raise max_position_embeddings.")
         if cfg.init_from is not None:
@@ -67,14 +67,14 @@ class PretrainTask(Task):
         return model
 
     def batches_per_epoch(self, train_batch_size: int) -> int:
-        return max(1, self.manifest["splits"]["train"]["examples"] // train_batch_size)
+        return max(1, self.manifest.splits["train"].examples // train_batch_size)
 
     def requested_steps(self, ds) -> int | None:
         return self.cfg.max_steps
 
     def check_resume(self, meta: CheckpointMeta, source: CheckpointSource) -> None:
         saved = meta.run.get("data_manifest") or {}
-        if saved.get("tokenizer_sha256") != self.manifest["tokenizer_sha256"]:
+        if saved.get("tokenizer_sha256") != self.manifest.tokenizer_sha256:
             raise DataError(f"checkpoint {source.tag_dir} was trained on data of another tokenizer than {self.cfg.data}; "
                             f"resume with the same data (a new phase on new data: use --init-from).")
 
@@ -88,7 +88,7 @@ class PretrainTask(Task):
                                             accumulation=self.plan.ds.batch.gradient_accumulation_steps,
                                             order=self.plan.data_order)
         self.valid_loader, self.no_evaluation = None, None
-        if "valid" not in self.manifest["splits"]:
+        if "valid" not in self.manifest.splits:
             if cfg.eval_interval:
                 raise DataError(f"{cfg.data} has no 'valid' split for --eval-interval; prepare the data with "
                                 f"--valid-fraction > 0, or pass --eval-interval 0.")
@@ -123,7 +123,7 @@ class PretrainTask(Task):
             log.event(state.step, f"no held-out evaluation: {self.no_evaluation}")
 
     def meta(self) -> dict[str, Any]:
-        return {"data_manifest": {key: self.manifest[key] for key in MANIFEST_KEYS}}
+        return {"data_manifest": {key: getattr(self.manifest, key) for key in MANIFEST_KEYS}}
 
     # -- the step --------------------------------------------------------------------------------------
     def micro_batch(self, batches, engine) -> dict[str, torch.Tensor]:

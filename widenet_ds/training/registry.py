@@ -2,7 +2,7 @@
 widenet_ds.train NAME` takes and run_config.json records, its DESCRIPTION the task's line of `--help`), the `Task`
 that trains it, the type of its results.json, and for finetuning the benchmark its seed sweep runs. `python -m widenet_ds.train`,
 `widenet-ds launch`, the run folder, the report, `launcher.sh` and `slurm/train.sbatch` list the same tasks
-(tests/test_task_registry.py checks each of them; the torch-free layers read the names and results types from
+(tests/training/test_registry.py checks each of them; the torch-free layers read the names and results types from
 `widenet_ds.results.TASK_RESULTS`, tested equal). A new task is one module plus one row.
 """
 

@@ -25,9 +25,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from widenet_ds.data.batch_order import GLOBAL_CHUNKS, BatchOrder
 from widenet_ds.errors import DataError
+from widenet_ds.formats import upgrade, versioned
 from widenet_ds.vision.datasets import ImageSource
 
 PAD = -1
+LOADER_STATE = "loader_state.image"  # its kind in widenet_ds/formats.py
 
 
 class _Images(Dataset):
@@ -72,7 +74,8 @@ class ImageLoader:
     """Iterates this rank's micro-batches; `state_dict` is the position after the last batch yielded.
 
     order: `GLOBAL_CHUNKS`; checkpoints that recorded no order were written when an epoch ended after whole
-    micro-batches of every rank rather than whole steps: the same chunks with accumulation 1."""
+    micro-batches of every rank rather than whole steps: the same chunks with accumulation 1 (their states
+    read as the "legacy" order, formats.py's loader_state.image version 1)."""
 
     def __init__(self, source: ImageSource, image_size: int, channels: int, micro_batch_size: int, rank: int,
                  world_size: int, seed: int, *, train: bool, workers: int = 0, accumulation: int = 1,
@@ -96,13 +99,14 @@ class ImageLoader:
         return self.order.micro_batches_per_epoch(n) if self.train else -(-n // (self.order.micro * self.order.world))
 
     def state_dict(self) -> dict[str, int | str]:
-        return {"epoch": self.epoch, "consumed": self.order.consumed(self.batch), "seed": self.seed,
-                "micro_batch_size": self.order.micro, "order": "legacy" if self.legacy else GLOBAL_CHUNKS}
+        return versioned(LOADER_STATE, {"epoch": self.epoch, "consumed": self.order.consumed(self.batch),
+                                        "seed": self.seed, "micro_batch_size": self.order.micro,
+                                        "order": "legacy" if self.legacy else GLOBAL_CHUNKS})
 
     def load_state_dict(self, state: dict[str, int | str]) -> None:
-        if "consumed" not in state:  # written before the order was recorded: {"batch", "world"}
-            state = {**state, "consumed": int(state["batch"]) * self.order.micro * int(state["world"]),
-                     "micro_batch_size": self.order.micro, "order": "legacy"}
+        # (a state of a version that did not record the micro batch was written with this run's)
+        state = upgrade(LOADER_STATE, state, "the checkpoint's image loader state",
+                        assume={"micro_batch_size": self.order.micro})
         if (state["order"] == "legacy") != self.legacy:
             raise DataError(f"loader state of the {state['order']} order cannot continue in the "
                             f"{'legacy' if self.legacy else GLOBAL_CHUNKS} order; resume from the run's own checkpoint.")
