@@ -27,7 +27,7 @@ from widenet_ds.training.environment import check_run
 from widenet_ds.training.finetuning import run_finetune
 from widenet_ds.training.plan import plan_task
 from widenet_ds.training.preemption import StopRequest
-from widenet_ds.training.run_config import RunConfig
+from widenet_ds.training.run_config import LATEST, RunConfig
 from widenet_ds.training.trainer import Task, Trainer
 
 
@@ -38,6 +38,9 @@ def run_task(cfg: RunConfig) -> Any:
         check_run(cfg)
     except WideNetError as err:  # every rank reads the same settings and the same (shared) files
         raise mark_same_on_every_rank(err)
+    if cfg.resume == LATEST and cfg.folder.resumable() is None:  # never silent (a requeued job's first start)
+        say(f"--resume: nothing to continue in {cfg.output_dir} (no checkpoint yet): starting a new run "
+            + (f"from --init-from {cfg.init_from}" if cfg.init_from is not None else "from step 1"))
     stop = StopRequest()
     # Slurm's USR1 (slurm/requeue.sh) is kept from the start: the run stops at its first step, saved, and requeues.
     # TERM only once the process group is up: a rank blocked in the rendezvous (rank 0 refused a busy port, a peer
