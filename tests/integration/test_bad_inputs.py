@@ -766,8 +766,99 @@ def test_resume_of_a_finished_run_says_it_is_complete_and_changes_nothing(earlie
 
 
 def test_a_run_shorter_than_its_schedule_says_so(earlier):
-    """cpu_small.json's schedule decays over 300 steps; the earlier run stopped at step 2."""
+    """cpu_small.json's schedule decays over 300 steps (30 of warmup); the earlier run stopped at step 2."""
     notes = [e["event"] for e in read_metrics(earlier["run"] / "metrics.jsonl").events if "total_num_steps" in e["event"]]
     assert notes == ["the run ends at step 2, before the DeepSpeed schedule's total_num_steps 300: the learning rate "
-                     "will not have decayed to its end value. For a complete schedule set total_num_steps to 2 in the "
-                     "DeepSpeed config."]
+                     "will not have decayed to its end value. For a complete schedule set total_num_steps to 2 and "
+                     "warmup_num_steps to 1 (the same share of the run) in the DeepSpeed config."]
+
+
+SCHEDULE_HINT = re.compile(r"set total_num_steps to (\d+)(?: and warmup_num_steps to (\d+) \(the same share of the "
+                           r"run\))? in the DeepSpeed config(?: and pass ((?:--[\w-]+ ?)+))?")
+
+
+def follow_schedule_hint(text: str, base: Path, tmp: Path) -> list[str]:
+    """The options that follow the schedule hint in `text`: a copy of the DeepSpeed JSON `base` changed as it says,
+    and the flags it names."""
+    found = SCHEDULE_HINT.search(text)
+    assert found, f"no schedule hint in:\n{text[-2000:]}"
+    config = json.loads(base.read_text())
+    config["scheduler"]["params"]["total_num_steps"] = int(found.group(1))
+    if found.group(2) is not None:
+        config["scheduler"]["params"]["warmup_num_steps"] = int(found.group(2))
+    path = write(tmp / f"hint{len(list(tmp.glob('hint*.json')))}.json", json.dumps(config))
+    return ["--deepspeed_config", str(path), *(found.group(3) or "").split()]
+
+
+def test_every_hint_of_a_shortened_or_resumed_run_is_accepted_when_followed(earlier, tmp_path, capsys):
+    """Item 4: each schedule hint the trainer prints (a run shorter than its schedule, fresh or resumed; a resume
+    past the schedule; a finetuning run shortened below its task recipe) is followed as written, and the run
+    takes it."""
+    base = ds_config(tmp_path, **{"scheduler.params.total_num_steps": 6, "scheduler.params.warmup_num_steps": 3})
+    first = tmp_path / "first"
+    assert train(["pretrain", *pretrain(earlier, tmp_path, ds=base, out=first)]) == 0  # 2 of 6 steps
+
+    def follow(text: str, *argv: str, out: Path) -> None:
+        hint = follow_schedule_hint(text, base, tmp_path)
+        capsys.readouterr()
+        code = train(["pretrain", *argv, *hint, "--output-dir", str(out)])
+        output = capsys.readouterr().err
+        assert code == 0, f"the hint {hint} was not accepted:\n{output[-3000:]}"
+        assert not any("total_num_steps" in e and "For a complete schedule" in e
+                       for e in read_metrics(out / "metrics.jsonl").events)
+
+    def resumable_copy() -> Path:
+        return shutil.copytree(first, tmp_path / f"copy{len(list(tmp_path.glob('copy*')))}")
+
+    # a fresh run shorter than its schedule
+    events = "\n".join(e["event"] for e in read_metrics(first / "metrics.jsonl").events)
+    follow(events, *pretrain(earlier, tmp_path, out=tmp_path / "unused"), out=tmp_path / "fresh")
+    # a resumed run shorter than its schedule
+    resumed = resumable_copy()
+    assert train(["pretrain", *pretrain(earlier, tmp_path, "--resume", "--max-steps", "4", ds=base, out=resumed)]) == 0
+    events = "\n".join(e["event"] for e in read_metrics(resumed / "metrics.jsonl").events if e.get("step") == 2)
+    assert "--accept-changed-settings" in events, events
+    follow(events, *pretrain(earlier, tmp_path, "--resume", "--max-steps", "4"), out=resumable_copy())
+    # a resume past the schedule: refused, with a hint
+    capsys.readouterr()
+    past = pretrain(earlier, tmp_path, "--resume", "--max-steps", "8", ds=base, out=resumable_copy())
+    assert train(["pretrain", *past]) == 2
+    refusal = capsys.readouterr().err
+    assert "or lower --max-steps to 6" in refusal, refusal
+    follow(refusal, *pretrain(earlier, tmp_path, "--resume", "--max-steps", "8"), out=resumable_copy())
+    assert train(["pretrain", *pretrain(earlier, tmp_path, "--resume", "--max-steps", "6", ds=base,
+                                        out=resumable_copy())]) == 0  # its other way
+    # finetuning shortened below its recipe (SST-2: 5234 steps, 314 of warmup): a JSON that is the recipe's
+    recipe = json.loads((REPO / "ds_configs/finetune_sst2.json").read_text())
+    recipe.pop("bf16")
+    recipe["optimizer"]["params"]["torch_adam"] = True
+    recipe_json = write(tmp_path / "sst2.json", json.dumps(recipe))
+    short = glue(earlier, tmp_path, "--max-train-examples", "128", "--max-eval-examples", "8", "--max-seq-length", "32",
+                 ds=recipe_json, out=tmp_path / "ft")
+    assert train(["glue", *short]) == 0
+    events = "\n".join(e["event"] for e in read_metrics(tmp_path / "ft/seed1234/metrics.jsonl").events)
+    assert "--allow-recipe-mismatch" in events, events
+    base = recipe_json
+    hint = follow_schedule_hint(events, recipe_json, tmp_path)
+    capsys.readouterr()
+    assert train(["glue", *glue(earlier, tmp_path, "--max-train-examples", "128", "--max-eval-examples", "8",
+                                "--max-seq-length", "32", *hint, out=tmp_path / "ft2")]) == 0, capsys.readouterr().err
+
+
+def test_a_resume_on_ranks_that_cannot_split_its_micro_batches_says_so_first(earlier, tmp_path):
+    """The earlier run's step holds 2 micro-batches (16 = 8 x 2 on 1 rank): planned on 3 or 4 ranks, the resume's
+    own message comes first, not the DeepSpeed JSON's batch arithmetic (whose fix the resume would refuse); the
+    rank counts it names are accepted."""
+    from widenet_ds.training.plan import plan_run
+    from widenet_ds.training.pretraining import PretrainTask
+    from widenet_ds.training.command_line import parse
+    from widenet_ds.errors import ConfigError
+
+    cfg = parse("pretrain", pretrain(earlier, tmp_path, "--resume", out=run_copy(earlier, tmp_path, lambda r: None)))
+    for world in (3, 4):
+        with pytest.raises(ConfigError, match=r"trained 2 micro-batch\(es\) of 8 per step .*the ranks must divide 2 "
+                                              r"micro-batches per step, and \d data-parallel rank\(s\) do not: resume "
+                                              r"on 1 or 2 data-parallel rank"):
+            plan_run(cfg, PretrainTask(cfg), cfg.folder, world, 0)
+    for world in (1, 2):
+        plan_run(cfg, PretrainTask(cfg), cfg.folder, world, 0)

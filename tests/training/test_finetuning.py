@@ -203,7 +203,7 @@ def test_steps_default_to_the_schedule_and_never_run_past_it(tmp_path):
                                  cuda_available=False)
 
     def steps(settings, **fields):
-        return resolve_max_steps(requested_steps(_cfg(tmp_path, **fields), settings, recipe), settings.total_num_steps)
+        return resolve_max_steps(requested_steps(_cfg(tmp_path, **fields), settings, recipe), settings)
 
     assert steps(with_schedule) == 200
     assert steps(without) == recipe.steps == 5234

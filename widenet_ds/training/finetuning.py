@@ -210,8 +210,8 @@ class FinetuneRun:
         problems = []
         self.max_steps = 0
         try:
-            self.max_steps = resolve_max_steps(requested_steps(cfg, self.settings, self.recipe),
-                                               self.settings.total_num_steps)
+            self.max_steps = resolve_max_steps(requested_steps(cfg, self.settings, self.recipe), self.settings,
+                                               cfg.schedule_change_flags(resuming=cfg.resume is not None))
         except ConfigError as err:
             problems.append(str(err))
         self.mismatch = [] if cfg.eval_only else recipe_mismatch(self.recipe, self.settings)

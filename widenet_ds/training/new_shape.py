@@ -41,6 +41,24 @@ def saved_settings(meta: CheckpointMeta, has_moe: bool) -> DeepSpeedSettings | N
                               cuda_available=torch.cuda.is_available())
 
 
+def check_micro_batches_divide(source: Path, meta: CheckpointMeta, data_parallel_size: int, has_moe: bool) -> None:
+    """A resume on ranks that cannot split the checkpoint's micro-batches of a step: its message first (the
+    DeepSpeed JSON's batch arithmetic would otherwise suggest a batch the resume then refuses)."""
+    saved = saved_settings(meta, has_moe)
+    if saved is None:
+        return
+    train, micro = saved.batch.train_batch_size, saved.batch.micro_batch_size
+    per_step = train // micro
+    if per_step % data_parallel_size:
+        fits = [n for n in range(1, per_step + 1) if per_step % n == 0]
+        raise ConfigError(
+            f"checkpoint {source} trained {per_step} micro-batch(es) of {micro} per step (train_batch_size {train}); "
+            f"a resume on another number of ranks keeps both, so the ranks must divide {per_step} micro-batches per "
+            f"step, and {data_parallel_size} data-parallel rank(s) do not: resume on {' or '.join(map(str, fits))} "
+            f"data-parallel rank(s), or start a new run from its weights with --init-from {source} (a new optimizer "
+            f"and schedule).")
+
+
 def plan_new_shape(source: Path, meta: CheckpointMeta, parallel: ParallelPlan, ds: DeepSpeedSettings,
                    has_moe: bool) -> str | None:
     """None when the checkpoint was written on this run's shape; else the line naming old and new shape, after

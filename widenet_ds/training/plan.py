@@ -21,7 +21,7 @@ from widenet_ds.runtime.ds_config import DeepSpeedSettings, load_ds_config, traj
 from widenet_ds.runtime.engine import OptimizerPlan, plan_optimizer
 from widenet_ds.runtime.parallel import ParallelPlan
 from widenet_ds.training.branch_schedule import BranchSchedule, plan_branch_schedule
-from widenet_ds.training.new_shape import plan_new_shape
+from widenet_ds.training.new_shape import check_micro_batches_divide, plan_new_shape
 from widenet_ds.training.run_config import LATEST, RunConfig, saved_record, setting_changes
 
 
@@ -41,8 +41,10 @@ class RunPlan:
     data_order: str = GLOBAL_CHUNKS  # the order the loaders use: the resumed checkpoint's (data/batch_order.py)
 
 
-def resolve_max_steps(requested: int | None, schedule_steps: int | None) -> int:
-    """The run's length: what was asked for, else the DeepSpeed schedule's; never past the schedule's end."""
+def resolve_max_steps(requested: int | None, ds: DeepSpeedSettings, also: str = "") -> int:
+    """The run's length: what was asked for, else the DeepSpeed schedule's; never past the schedule's end.
+    `also`: what a run must be given besides to take a changed schedule (RunConfig.schedule_change_flags)."""
+    schedule_steps = ds.total_num_steps
     if requested is None:
         if schedule_steps is None:
             raise ConfigError("no step count: pass --max-steps, or use a scheduler with total_num_steps "
@@ -50,19 +52,20 @@ def resolve_max_steps(requested: int | None, schedule_steps: int | None) -> int:
         return schedule_steps
     if schedule_steps is not None and requested > schedule_steps:
         raise ConfigError(f"--max-steps {requested} runs past the schedule's total_num_steps {schedule_steps}, where "
-                          f"the learning rate has decayed to its minimum; raise total_num_steps in the DeepSpeed "
-                          f"config or lower --max-steps.")
+                          f"the learning rate has decayed to its minimum; set {ds.schedule_change(requested)} in the "
+                          f"DeepSpeed config{also}, or lower --max-steps to {schedule_steps}.")
     return requested
 
 
-def schedule_notes(max_steps: int, schedule_steps: int | None) -> tuple[str, ...]:
+def schedule_notes(max_steps: int, ds: DeepSpeedSettings, also: str = "") -> tuple[str, ...]:
     """A run shorter than its learning-rate schedule ends before the rate has decayed: said, not refused
     (short runs are how a set-up is tried)."""
+    schedule_steps = ds.total_num_steps
     if schedule_steps is None or not 0 < max_steps < schedule_steps:  # (0: --eval-only trains no step)
         return ()
     return (f"the run ends at step {max_steps}, before the DeepSpeed schedule's total_num_steps {schedule_steps}: "
-            f"the learning rate will not have decayed to its end value. For a complete schedule set total_num_steps "
-            f"to {max_steps} in the DeepSpeed config.",)
+            f"the learning rate will not have decayed to its end value. For a complete schedule set "
+            f"{ds.schedule_change(max_steps)} in the DeepSpeed config{also}.",)
 
 
 def branch_parallel_notes(parallel: ParallelPlan, model_config) -> tuple[str, ...]:
@@ -165,13 +168,19 @@ def plan_run(cfg: RunConfig, task, folder: RunFolder, world_size: int, rank: int
     """The checks every task shares, for `task` writing `folder` (a finetuning seed's folder for each seed):
     the task's model (its data read and checked), then the layout, schedule, length and resume point."""
     model_config = task.model_config()
-    parallel, ds, optimizer = plan_layout(cfg, model_config, world_size, rank)
+    found = find_resume_point(cfg, folder, model_config)
+    try:
+        parallel, ds, optimizer = plan_layout(cfg, model_config, world_size, rank)
+    except ConfigError:  # a resume on other ranks: what the checkpoint needs comes first (its fix, not the JSON's)
+        if found is not None:
+            check_micro_batches_divide(found[0], found[1], world_size // cfg.branch_parallel, found[2].is_moe)
+        raise
     schedule = plan_branch_schedule(cfg.branch_schedule, model_config.num_branches,
                                     task.batches_per_epoch(ds.batch.train_batch_size), ds, cfg.prefix_cycle_batches,
                                     cfg.stage_steps)
-    max_steps = schedule.end_step(resolve_max_steps(task.requested_steps(ds), ds.total_num_steps))
-    found = find_resume_point(cfg, folder, model_config)
-    notes = schedule_notes(max_steps, ds.total_num_steps) + branch_parallel_notes(parallel, model_config)
+    also = cfg.schedule_change_flags(resuming=found is not None)
+    max_steps = schedule.end_step(resolve_max_steps(task.requested_steps(ds), ds, also))
+    notes = schedule_notes(max_steps, ds, also) + branch_parallel_notes(parallel, model_config)
     if found is None:
         return RunPlan(model_config, parallel, ds, optimizer, schedule, max_steps, notes=notes)
     source, meta, model_config = found

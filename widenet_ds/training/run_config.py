@@ -201,6 +201,12 @@ class RunConfig:
         ranks: build the configuration, check it here, pass this)."""
         return to_argv(self)
 
+    def schedule_change_flags(self, resuming: bool) -> str:
+        """What else this run needs to take a DeepSpeed JSON with another schedule (a hint's tail, "" when
+        nothing): a resumed run keeps its checkpoint's schedule unless --accept-changed-settings."""
+        return " and pass --accept-changed-settings (a resumed run keeps its schedule otherwise)" \
+            if resuming and not self.accept_changed_settings else ""
+
 
 # Settings whose value may name a file or folder; `names_a_path` says whether a given value does.
 PATH_SETTINGS = frozenset({"deepspeed_config", "output_dir", "init_from", "data", "tokenizer", "train_file", "dev_file",
@@ -346,6 +352,14 @@ class FinetuneConfig(RunConfig):
             problems.append(f"--resume {self.resume}: a finetuning run continues from its own output folder (each seed "
                             f"from its latest checkpoint); pass --resume without a value.")
         return problems
+
+    def schedule_change_flags(self, resuming: bool) -> str:
+        """A finetuning run also takes a schedule other than its task recipe's with --allow-recipe-mismatch only,
+        and compares its settings with its run_config.json whenever --resume finds one (whichever seed is next)."""
+        compared = self.resume is not None and self.folder.run_config.is_file()
+        flags = [flag for flag, needed in (("--accept-changed-settings", compared and not self.accept_changed_settings),
+                                           ("--allow-recipe-mismatch", not self.allow_recipe_mismatch)) if needed]
+        return f" and pass {' '.join(flags)} (a schedule other than the run's or the recipe's needs it)" if flags else ""
 
     @property
     def data_path(self) -> Path | None:
