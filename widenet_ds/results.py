@@ -31,6 +31,27 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+# SQuAD's official scores are percentages (0-100, as its evaluation script prints them); every other score is a
+# fraction (0-1). The console and the report show the scale with each value; results.json keeps its layout (its
+# "task" says which scale its numbers are on).
+_SQUAD_NOT_SCORES = ("total", "threshold", "thresh")
+
+
+def metric_scale(task: str | None, metric: str) -> str:
+    """"0-100" for a SQuAD score, "0-1" for any other task's, "" for what is not a score (a count, a threshold)
+    or of a task not known (None)."""
+    if task is None:
+        return ""
+    if task.lower().startswith("squad"):
+        return "" if any(metric.endswith(word) for word in _SQUAD_NOT_SCORES) else "0-100"
+    return "0-1"
+
+
+def with_scale(task: str | None, metric: str, value: float) -> str:
+    """`value` as the console shows it: a percentage with its sign, a fraction as it is."""
+    return f"{value:.4f}%" if metric_scale(task, metric) == "0-100" else f"{value:.4f}"
+
+
 def numbers(scores: Scores) -> dict[str, dict[str, float]]:
     """The numeric values of each split (texts left out)."""
     return {split: {name: float(v) for name, v in values.items() if is_number(v)} for split, values in scores.items()}

@@ -28,7 +28,7 @@ from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
 from widenet_ds.data.tokenizer import load_tokenizer
 from widenet_ds.errors import CheckpointError, ConfigError, WideNetError, mark_same_on_every_rank, raise_config_problems
-from widenet_ds.results import DeepSpeedUsed, FinetuneResults, Scores, SeedResults, is_number, numbers
+from widenet_ds.results import DeepSpeedUsed, FinetuneResults, Scores, SeedResults, is_number, numbers, with_scale
 from widenet_ds.run_folder import read_metrics
 from widenet_ds.runtime.ds_config import DeepSpeedSettings
 from widenet_ds.task_registry import TASKS
@@ -144,7 +144,7 @@ class FinetuneSeedTask(Task):
                    for split, features in self.run.data.evals.items()}
         log.record(step, {f"eval/{split}/{name}": value for split, values in metrics.items()
                           for name, value in values.items() if isinstance(value, (int, float))})
-        log.event(step, f"eval {metrics_line(metrics)}")
+        log.event(step, f"eval {metrics_line(metrics, task_run.name)}")
         return metrics
 
     def finish(self, engine, state, log: TrainingLog) -> SeedResults:
@@ -168,8 +168,8 @@ class FinetuneSeedTask(Task):
         return result
 
 
-def metrics_line(metrics: Scores) -> str:
-    return "; ".join(f"{split} " + ", ".join(f"{name} {value:.4f}" for name, value in values.items()
+def metrics_line(metrics: Scores, task: str) -> str:
+    return "; ".join(f"{split} " + ", ".join(f"{name} {with_scale(task, name, value)}" for name, value in values.items()
                                              if is_number(value))
                      for split, values in metrics.items())
 
@@ -312,13 +312,14 @@ def run_finetune(cfg: FinetuneConfig, stop: StopRequest, init_from: CheckpointSo
             finished, result = Trainer(cfg, task, plan, seed_folder, stop, console_label=f"seed {seed}").run()
             if not finished:
                 return None
-            runlog.event(None, f"seed {seed} done: {metrics_line(result.metrics)}")
+            runlog.event(None, f"seed {seed} done: {metrics_line(result.metrics, run.task_run.name)}")
             per_seed.append(result)
         summary = run.summary(per_seed, steps or run.max_steps)
         if rank == 0:
             cfg.folder.write_results(summary)
-        runlog.event(None, f"{run.task_run.name} median over {cfg.seeds} seed(s): {metrics_line(summary.median)} "
-                           f"(trivial baseline: {metrics_line(summary.baseline)}); written to {cfg.folder.results}")
+        runlog.event(None, f"{run.task_run.name} median over {cfg.seeds} seed(s): "
+                           f"{metrics_line(summary.median, summary.task)} (trivial baseline: "
+                           f"{metrics_line(summary.baseline, summary.task)}); written to {cfg.folder.results}")
         return summary
     finally:
         runlog.close()
