@@ -14,11 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+import widenet_ds
 from widenet_ds.errors import ConfigError, LaunchError
 from widenet_ds.run_folder import RunFolder
-from widenet_ds.runtime.launch import PROG, TRAIN_MODULE, LaunchOptions, launch, parse_launch_args
+from widenet_ds.runtime.launch import PROG, TRAIN_MODULE, LaunchOptions, launch, parse_launch_args, this_machine
 from widenet_ds.training.command_line import CONFIGS, build_parser, parse
-from widenet_ds.training.run_config import RunConfig, saved_record
+from widenet_ds.training.run_config import FinetuneConfig, RunConfig, saved_record
+
+CPU_EVAL_EXAMPLES = 500  # SQuAD questions (or GLUE examples) a CPU machine evaluates in about a minute
 
 
 def _refuse_task_options(task: str, message: str) -> NoReturn:
@@ -35,9 +38,38 @@ def check_task_options(options: LaunchOptions) -> None:
         return
     task_parser.parse_args(list(options.train_args))
     try:
-        parse(options.task, list(options.train_args))
+        cfg = parse(options.task, list(options.train_args))
     except ConfigError as err:
         _refuse_task_options(options.task, str(err))
+    if (advice := cpu_advice(cfg, this_machine().has_gpu)) is not None:
+        print(f"{PROG}: {advice}", file=sys.stderr, flush=True)
+
+
+def cpu_advice(cfg: RunConfig, has_gpu: bool) -> str | None:
+    """One line for a finetuning run on a machine without a GPU whose DeepSpeed JSON is a GPU recipe (bf16/fp16,
+    a batch of more than 32) or that evaluates the whole dev set (SQuAD's: ~11,600 windows, many minutes on a few
+    cores): the small CPU JSON and --max-eval-examples that fit."""
+    if has_gpu or not isinstance(cfg, FinetuneConfig) or cfg.eval_only:
+        return None
+    try:
+        config = json.loads(Path(cfg.deepspeed_config).read_text())
+    except (OSError, ValueError):  # on the nodes only, or broken: the ranks say so
+        config = {}
+    config = config if isinstance(config, dict) else {}
+    reasons = [f"{key} is on" for key in ("bf16", "fp16") if (config.get(key) or {}).get("enabled")]
+    batch = config.get("train_batch_size")
+    if isinstance(batch, int) and batch > 32:
+        reasons.append(f"a batch of {batch}")
+    small = Path(widenet_ds.__file__).resolve().parents[1] / "ds_configs" / cfg.EXAMPLE_DS_CONFIG
+    fixes = ([f"--deepspeed_config {small} --allow-recipe-mismatch"] if reasons and small.is_file() else []) + \
+        ([f"--max-eval-examples {CPU_EVAL_EXAMPLES}"] if cfg.max_eval_examples is None else [])
+    if not fixes:
+        return None
+    what = ([f"{cfg.deepspeed_config} is a GPU recipe ({', '.join(reasons)}: seconds per step on CPU cores)"]
+            if reasons else []) + (["the whole dev set is evaluated (SQuAD's: ~11,600 windows, ~10 min on 2 cores)"]
+                                   if cfg.max_eval_examples is None else [])
+    return (f"this machine has no CUDA device, and {' and '.join(what)}. For a look on CPU, pass after `--`: "
+            f"{' '.join(fixes)} (README.md, \"On a CPU machine\").")
 
 
 def launch_config(cfg: RunConfig, **launch_options: Any) -> int:

@@ -21,6 +21,7 @@ from widenet_ds.disk_space import DiskFullError
 from widenet_ds.errors import ConfigError, WideNetError, mark_same_on_every_rank
 from widenet_ds.run_lock import FolderLockedError, folder_lock
 from widenet_ds.runtime.distributed import all_values, init_distributed, rank0_value
+from widenet_ds.runtime.extensions import announce_op_builds
 from widenet_ds.task_registry import TASKS
 from widenet_ds.training.console import say
 from widenet_ds.training.environment import check_run
@@ -48,6 +49,7 @@ def run_task(cfg: RunConfig) -> Any:
     stop.install(signal.SIGUSR1)
     try:
         say("starting: initialising the process group")
+        announce_op_builds(say)  # a first run's op builds (shared memory, fused_adam, ...) are said as they happen
         init_distributed(say=say)
         stop.install(signal.SIGTERM)
         with run_folder_lock(cfg):
