@@ -259,3 +259,23 @@ def test_text_paraformer_shows_the_mlm_loss_of_the_first_k_branches(text_branche
     assert "mlm_loss_by_branches.png" in cells.images
     assert table.read_text().splitlines()[2:] == [
         "| run | k = 1 | k = 2 |", "|---|---:|---:|", f"| pf-text | {per_k[1]:.4f} | {per_k[2]:.4f} |"]
+
+
+def test_squad_scores_show_their_percent_scale_beside_fractions(tmp_path):
+    """Item 6: SQuAD's official scores are percentages, GLUE's fractions: the page's columns say which."""
+    from widenet_ds.results import FinetuneResults, SeedResults
+
+    for name, task, metrics in (("squad", "SQuAD1.1", {"dev": {"exact_match": 0.3333, "f1": 4.2706}}),
+                                ("sst2", "SST-2", {"dev": {"acc": 0.7}})):
+        folder = RunFolder(tmp_path / name)
+        folder.path.mkdir()
+        seed = SeedResults(1, metrics)
+        folder.write_results(FinetuneResults(task, "preset:widenet-tiny-e4", 4, 1, metrics, [seed], seed=1,
+                                             primary_metric=next(iter(metrics["dev"]))))
+        folder.seed(1).path.mkdir()
+        folder.seed(1).write_results(seed)
+    proc = report(tmp_path / "squad", tmp_path / "sst2", "--output", tmp_path / "page")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    page = (tmp_path / "page" / "index.html").read_text()
+    assert "dev/exact_match <small>(0-100)</small>" in page and "dev/f1 <small>(0-100)</small>" in page
+    assert "dev/acc <small>(0-1)</small>" in page

@@ -310,3 +310,12 @@ def test_a_finetuning_run_opens_its_init_from_checkpoint_once(shared_data, tmp_p
     counts = {path.name: opens[str(path)] for path in folder.iterdir()}
     # each file: hashed against its record, then read once (the tokenizer: its hash is compared, then it is loaded)
     assert counts["config.json"] == 1 and all(n <= 2 for n in counts.values()), counts
+
+
+def test_the_console_shows_squad_scores_as_percentages_and_accuracies_as_fractions():
+    """Item 6: `exact_match 0.3333` read as 33 %; it is 0.33 % on SQuAD's official 0-100 scale."""
+    from widenet_ds.training.finetuning import metrics_line
+
+    assert metrics_line({"dev": {"exact_match": 0.3333, "f1": 4.2706, "total": 10}}, "SQuAD1.1") == \
+        "dev exact_match 0.3333%, f1 4.2706%, total 10.0000"
+    assert metrics_line({"dev": {"acc": 0.5092, "f1": 0.6}}, "SST-2") == "dev acc 0.5092, f1 0.6000"
