@@ -237,7 +237,8 @@ class FinetuneResults:
         deepspeed = fields.get("deepspeed", lambda v: isinstance(v, dict), "an object", None, nullable=True)
         return cls(
             task=fields.text("task"), init=fields.text("init", None, nullable=True), steps=fields.integer("steps"),
-            seeds=fields.integer("seeds"), median=fields.scores("median"),
+            seeds=fields.get("seeds", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                             "a count of seeds (1 or more)"), median=fields.scores("median"),
             per_seed=[SeedResults.from_json(s, f"{where}, per_seed[{i}]") for i, s in enumerate(per_seed)],
             seed=fields.integer("seed", None, nullable=True),
             primary_metric=fields.text("primary_metric", None, nullable=True),

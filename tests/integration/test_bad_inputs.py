@@ -667,7 +667,58 @@ CASES = [
       r"vocab\.txt is not a vocab\.txt \(UTF-8"),
     C("report-output-below-a-file", "widenet-ds", lambda e, t: ["report", str(e["run"]), "--output",
       str(write(t / "f", "x") / "page")], r"--output .*page is below .*f, which is a file"),
+    # ---- launch --config with a run's settings edited or damaged, or continued elsewhere (issue 50) ----
+    C("launch-config-a-json-list", "launch", lambda e, t: ["pretrain", "--config", str(saved_settings(e, t, [1, 2])),
+      "--", "--resume"], r"run_config\.json: cannot read the run's settings: the file holds a JSON list, not the "
+                         r"object of settings a run writes"),
+    C("launch-config-null", "launch", lambda e, t: ["pretrain", "--config", str(saved_settings(e, t, None))],
+      r"run_config\.json: cannot read the run's settings: the file holds a JSON null"),
+    C("launch-config-without-data", "launch", lambda e, t: ["pretrain", "--config", str(saved_settings(
+      e, t, lambda r: r.pop("data"))), "--", "--resume"], r'run_config\.json: "data" is missing \(the --data setting\); '
+                                                         r"pass --data after `--`"),
+    C("launch-config-max-steps-text", "launch", lambda e, t: ["pretrain", "--config", str(saved_settings(
+      e, t, lambda r: r.update(max_steps="abc")))], r'run_config\.json: "max_steps" is "abc", which is not an integer '
+                                                   r"or null"),
+    C("launch-config-ep-size-fraction", "launch", lambda e, t: ["pretrain", "--config", str(saved_settings(
+      e, t, lambda r: r.update(ep_size=2.5)))], r'--config .*run_config\.json: "ep_size" is 2\.5, which is not an '
+                                               r"integer"),
+    C("launch-config-a-model-config", "launch", lambda e, t: ["pretrain", "--config", str(e["model"])],
+      r"--config .*model\.json is a model config .*not a run's settings; pass the run folder or its run_config\.json"),
+    C("launch-config-resume-into-another-folder", "launch", lambda e, t: ["pretrain", "--config", str(run_copy(
+      e, t, lambda r: None)), "--", "--resume", "--output-dir", str(t / "new")],
+      r"--config .*run is a run with checkpoint step2, but --output-dir .*new holds nothing to resume: --resume there "
+      r"would start a new run from step 1"),
+    C("pretrain-init-from-a-data-folder", "pretrain", lambda e, t: pretrain(e, t, "--init-from", str(e["data"])),
+      r"--init-from .*data is a directory but not a checkpoint .*: it is a data folder of `widenet-ds prepare-data`, "
+      r"which a run takes as --data .*; --init-from takes a folder written by `widenet-ds convert to-folder`"),
+    C("pretrain-warmup-zero", "pretrain", lambda e, t: pretrain(e, t, ds=ds_config(
+      t, **{"scheduler.params.warmup_num_steps": 0})), r"warmup_num_steps must be a positive integer"),
+    C("classify-epochs-zero", "classify", lambda e, t: without(classify(e, t, "--epochs", "0"), "--max-steps"),
+      r"--epochs must be positive \(passes over the train split\), got 0\.(?!.*--max-steps)"),
+    C("classify-route-padding", "classify", lambda e, t: classify(e, t, "--set", "moe.route_padding=true"),
+      r"moe\.route_padding = true routes padding tokens, and an image has none"),
+    C("widenet-ds-train-misspelt-task", "widenet-ds", lambda e, t: ["train", "pretrian"],
+      r"unknown task 'pretrian'\. Did you mean 'pretrain'\?"),
 ]
+
+
+def without(argv: list[str], option: str) -> list[str]:
+    """`argv` less `option` and its value."""
+    at = argv.index(option)
+    return argv[:at] + argv[at + 2:]
+
+
+def saved_settings(env, tmp: Path, edit) -> Path:
+    """A copy of the earlier run whose run_config.json is replaced by `edit` (a value) or changed by it (a function
+    of the record)."""
+    run = run_copy(env, tmp, lambda r: None)
+    record = json.loads((run / "run_config.json").read_text())
+    if callable(edit):
+        edit(record)
+    else:
+        record = edit
+    (run / "run_config.json").write_text(json.dumps(record))
+    return run / "run_config.json"
 
 
 def run_entry(entry: str, argv: list[str], capsys) -> tuple[int, str]:
@@ -862,3 +913,41 @@ def test_a_resume_on_ranks_that_cannot_split_its_micro_batches_says_so_first(ear
             plan_run(cfg, PretrainTask(cfg), cfg.folder, world, 0)
     for world in (1, 2):
         plan_run(cfg, PretrainTask(cfg), cfg.folder, world, 0)
+
+
+def test_a_resharded_checkpoint_resumed_on_its_own_shape_is_not_called_another_shape(earlier, tmp_path, capsys):
+    """`convert reshard` for the run's own shape (1 rank, ep 1): the resume re-lays the state out, and says so
+    without "on another shape"."""
+    resharded = tmp_path / "resharded"
+    assert widenet_ds(["convert", "reshard", str(earlier["run"]), str(resharded), "--ep-size", "1",
+                       "--world-size", "1"]) == 0
+    out = run_copy(earlier, tmp_path, lambda r: None)
+    capsys.readouterr()
+    assert train(["pretrain", *pretrain(earlier, tmp_path, "--resume", str(resharded / "step2"), "--max-steps", "3",
+                                        out=out)]) == 0
+    console = capsys.readouterr().err
+    said = [e["event"] for e in read_metrics(out / "metrics.jsonl").events if "resumed from" in e["event"]]
+    assert "re-laid out from its resharded state (on its own shape, 1 rank, ep 1, ZeRO 1)" in said[-1], said
+    assert "on another shape" not in said[-1] + console
+
+
+def test_a_bf16_refusal_on_another_shape_names_what_is_not_fp32(earlier):
+    from dataclasses import replace
+
+    from widenet_ds.checkpoint.marker import CheckpointMeta
+    from widenet_ds.errors import ConfigError
+    from widenet_ds.model.config import ModelConfig
+    from widenet_ds.runtime.ds_config import validate_ds_config
+    from widenet_ds.runtime.parallel import ParallelPlan
+    from widenet_ds.training.new_shape import plan_new_shape
+
+    tag = earlier["run"] / "checkpoints/step2"
+    meta = CheckpointMeta.read(tag)
+    bf16 = {**meta.deepspeed_config, "bf16": {"enabled": True}}
+    model = ModelConfig.from_dict(meta.model_config)
+    ds = validate_ds_config(bf16, world_size=2, has_moe=True, cuda_available=False)
+    with pytest.raises(ConfigError, match=r"re-lays out the fp32 master weights and optimizer state of an fp32 run "
+                                          r"only, and checkpoint .*step2 was trained in bf16; resume on its own shape"):
+        plan_new_shape(tag, replace(meta, deepspeed_config=bf16), ParallelPlan.plan(2, 0, 1, 1, model), ds, True)
+    with pytest.raises(ConfigError, match=r"fp32 run only, and this run is bf16 \(checkpoint .*step2: fp32\)"):
+        plan_new_shape(tag, meta, ParallelPlan.plan(2, 0, 1, 1, model), ds, True)

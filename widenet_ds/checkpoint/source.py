@@ -17,6 +17,7 @@ from widenet_ds.checkpoint.load import tag_tokenizer_files
 from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta, check_marker
 from widenet_ds.checkpoint.training import resolve_tag_dir
 from widenet_ds.checkpoint.verify import verify_folder, verify_tag
+from widenet_ds.data.shards import MANIFEST_FILE
 from widenet_ds.data.tokenizer import tokenizer_files_in
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.model.config import split_run_settings
@@ -25,6 +26,18 @@ from widenet_ds.model.config import split_run_settings
 def _is_checkpoint(source: Path) -> bool:
     return is_folder(source) or (source / "checkpoints").is_dir() or (source / "latest").is_file() \
         or any(source.glob("*_model_states.pt"))
+
+
+def _what_else(given: Path, flag: str) -> str:
+    """What `flag` takes instead of the folder `given`, and what that folder is where it is known."""
+    takes = ("a folder written by `widenet-ds convert to-folder`, a DeepSpeed checkpoint (a tag or checkpoints "
+             "folder) or a run folder")
+    if flag == "--model-config":
+        takes = f"a preset, a model-config JSON, {takes}"
+    if (given / MANIFEST_FILE).is_file():
+        return (f": it is a data folder of `widenet-ds prepare-data`, which a run takes as --data (pretraining) or "
+                f"--tokenizer (finetuning); {flag} takes {takes}")
+    return f"; pass {takes}"
 
 
 @dataclass(frozen=True)
@@ -44,8 +57,7 @@ class CheckpointSource:
         given = Path(given)
         if given.is_dir() and not _is_checkpoint(given):
             raise ConfigError(f"{flag} {given} is a directory but not a checkpoint (no config.json, no DeepSpeed "
-                              f"checkpoint); pass a preset, a model-config JSON, a folder written by `widenet-ds "
-                              f"convert to-folder`, or a run folder.")
+                              f"checkpoint){_what_else(given, flag)}.")
         if is_folder(given):
             config = read_folder_config(given)
             where = given / "config.json"

@@ -474,8 +474,10 @@ class ClassifyConfig(RunConfig):
         problems = super().problems()
         if self.dataset not in DATASETS:
             problems.append(f"--dataset {self.dataset!r} is not one of {list(DATASETS)}.")
-        if self.epochs is not None and (self.epochs <= 0 or self.max_steps is not None):
-            problems.append("--epochs must be positive and cannot be combined with --max-steps; pass one of them.")
+        if self.epochs is not None and self.epochs <= 0:
+            problems.append(f"--epochs must be positive (passes over the train split), got {self.epochs:g}.")
+        elif self.epochs is not None and self.max_steps is not None:
+            problems.append("--epochs and --max-steps both set the run's length; pass one of them.")
         if self.workers is not None and self.workers < 0:
             problems.append(f"--workers must be >= 0 (0: load in the rank's own process), got {self.workers}.")
         try:

@@ -35,6 +35,7 @@ from widenet_ds.runtime.distributed import seed_everything
 from widenet_ds.runtime.engine import build_engine, expert_grad_norm_stage0
 from widenet_ds.training.console import say
 from widenet_ds.training.log import TrainingLog, memory_mib
+from widenet_ds.training.new_shape import shape_words
 from widenet_ds.training.metrics import WindowSums
 from widenet_ds.training.plan import RunPlan
 from widenet_ds.training.preemption import SavePoints, StopRequest
@@ -140,7 +141,7 @@ class Trainer:
         checkpoints = CheckpointManager(self.folder.checkpoints, cfg.keep_last, rank, parallel.world_size)
         state = TrainingState()
         if plan.new_shape is not None:
-            say(f"resuming {plan.resume_from} on another shape: {plan.new_shape}")
+            say(f"resuming {plan.resume_from} {shape_words(plan.new_shape)}")
             state = resume_on_new_shape(engine, plan.resume_from, plan.resume_meta, loader, parallel.ep_size, rank)
             # The old ranks' streams (dropout, routing noise, augmentation) have no counterpart here: new ones,
             # keyed by the step (not the start's streams again); checkpoints from here on save them as usual.
@@ -171,7 +172,7 @@ class Trainer:
                                       f"{list(engine.module.encoder.branch_parallel.branches)}")
             if plan.resume_from is not None:
                 log.event(state.step, f"resumed from {plan.resume_from}"
-                          + (f" on another shape ({plan.new_shape}): weights, optimizer state, schedule and data "
+                          + (f" {shape_words(plan.new_shape)}: weights, optimizer state, schedule and data "
                              f"position carried over; new random streams" if plan.new_shape else ""))
                 for change in plan.changes:
                     log.event(state.step, f"changed since the checkpoint (--accept-changed-settings): {change}")
