@@ -137,3 +137,23 @@ def test_the_options_after_the_separator_apply_before_the_record_is_checked(tmp_
     argv = launched.pop().train_args
     assert argv[argv.index("--data") + 1] == "there"  # as typed: the ranks start in this directory
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--set"] == ["moe.top_k=1", "hidden_dropout=0.0"]
+
+
+def test_a_finetuning_launch_without_cuda_says_once_what_fits_a_cpu_and_the_advice_is_taken(tmp_path):
+    """Item 2: SQuAD with the paper's GPU recipe (bf16, batch 48) and the whole dev set, on a machine without CUDA:
+    one line naming the small CPU JSON and --max-eval-examples; followed, the options parse and nothing more is
+    advised. A small dev set (SST-2's) or a GPU machine: nothing."""
+    squad = ["--version", "1.1", "--data", "hf", "--model-config", "widenet-tiny-e4", "--output-dir", str(tmp_path),
+             "--deepspeed_config", str(REPO / "ds_configs/finetune_squad11.json")]
+    advice = launch_cli.cpu_advice(parse("squad", squad), has_gpu=False)
+    assert "finetune_squad11.json is a GPU recipe (bf16 is on, a batch of 48" in advice
+    assert "the whole dev set is evaluated (SQuAD's: ~11,600 windows" in advice
+    fixes = advice.split("pass after `--`: ")[1].split(" (README.md")[0].split()
+    assert fixes == ["--deepspeed_config", str(REPO / "ds_configs/finetune_cpu_small.json"), "--allow-recipe-mismatch",
+                     "--max-eval-examples", "500"]
+    followed = parse("squad", squad + fixes)
+    assert launch_cli.cpu_advice(followed, has_gpu=False) is None
+    assert launch_cli.cpu_advice(parse("squad", squad), has_gpu=True) is None
+    sst2 = ["--task", "sst2", "--data", "hf", "--model-config", "widenet-tiny-e4", "--output-dir", str(tmp_path),
+            "--deepspeed_config", str(REPO / "ds_configs/finetune_cpu_small.json")]
+    assert launch_cli.cpu_advice(parse("glue", sst2), has_gpu=False) is None

@@ -19,9 +19,13 @@ from widenet_ds.errors import ConfigError, LaunchError
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.launch import PROG, TRAIN_MODULE, LaunchOptions, launch, parse_launch_args, this_machine
 from widenet_ds.training.command_line import CONFIGS, build_parser, parse
-from widenet_ds.training.run_config import FinetuneConfig, RunConfig, saved_record
+from widenet_ds.tasks.glue import get_glue_task
+from widenet_ds.training.run_config import FinetuneConfig, GlueConfig, RunConfig, SquadConfig, saved_record
 
 CPU_EVAL_EXAMPLES = 500  # SQuAD questions (or GLUE examples) a CPU machine evaluates in about a minute
+# dev sets that take many minutes to evaluate on a few CPU cores (the small ones, SST-2's 872, take seconds)
+BIG_DEV_SETS = {"SQuAD": "SQuAD's: ~11,600 windows, ~10 min on 2 cores", "MNLI": "MNLI's: 19,647 pairs",
+                "QQP": "QQP's: 40,430 pairs", "QNLI": "QNLI's: 5,463 pairs"}
 
 
 def _refuse_task_options(task: str, message: str) -> NoReturn:
@@ -56,18 +60,20 @@ def cpu_advice(cfg: RunConfig, has_gpu: bool) -> str | None:
     except (OSError, ValueError):  # on the nodes only, or broken: the ranks say so
         config = {}
     config = config if isinstance(config, dict) else {}
+    big_dev = (BIG_DEV_SETS.get("SQuAD") if isinstance(cfg, SquadConfig) else
+               BIG_DEV_SETS.get(get_glue_task(cfg.glue_task).name) if isinstance(cfg, GlueConfig) else None)
     reasons = [f"{key} is on" for key in ("bf16", "fp16") if (config.get(key) or {}).get("enabled")]
     batch = config.get("train_batch_size")
     if isinstance(batch, int) and batch > 32:
         reasons.append(f"a batch of {batch}")
     small = Path(widenet_ds.__file__).resolve().parents[1] / "ds_configs" / cfg.EXAMPLE_DS_CONFIG
+    whole_dev = cfg.max_eval_examples is None and big_dev is not None
     fixes = ([f"--deepspeed_config {small} --allow-recipe-mismatch"] if reasons and small.is_file() else []) + \
-        ([f"--max-eval-examples {CPU_EVAL_EXAMPLES}"] if cfg.max_eval_examples is None else [])
+        ([f"--max-eval-examples {CPU_EVAL_EXAMPLES}"] if whole_dev else [])
     if not fixes:
         return None
     what = ([f"{cfg.deepspeed_config} is a GPU recipe ({', '.join(reasons)}: seconds per step on CPU cores)"]
-            if reasons else []) + (["the whole dev set is evaluated (SQuAD's: ~11,600 windows, ~10 min on 2 cores)"]
-                                   if cfg.max_eval_examples is None else [])
+            if reasons else []) + ([f"the whole dev set is evaluated ({big_dev})"] if whole_dev else [])
     return (f"this machine has no CUDA device, and {' and '.join(what)}. For a look on CPU, pass after `--`: "
             f"{' '.join(fixes)} (README.md, \"On a CPU machine\").")
 
