@@ -20,7 +20,7 @@ from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.launch import PROG, TRAIN_MODULE, LaunchOptions, launch, parse_launch_args, this_machine
 from widenet_ds.training.command_line import CONFIGS, build_parser, parse
 from widenet_ds.tasks.glue import get_glue_task
-from widenet_ds.training.run_config import FinetuneConfig, GlueConfig, RunConfig, SquadConfig, saved_record
+from widenet_ds.training.run_config import LATEST, FinetuneConfig, GlueConfig, RunConfig, SquadConfig, saved_record
 
 CPU_EVAL_EXAMPLES = 500  # SQuAD questions (or GLUE examples) a CPU machine evaluates in about a minute
 # dev sets that take many minutes to evaluate on a few CPU cores (the small ones, SST-2's 872, take seconds)
@@ -140,9 +140,10 @@ def read_run_config(task: str, path: Path, train_args: tuple[str, ...] = ()) -> 
 
 
 def check_resumes_the_run(cfg: RunConfig, run: Path) -> None:
-    """A --resume into an output folder other than the --config run's, with nothing to continue there while the
-    run has checkpoints, would start a new run from step 1 beside it: refused, with both ways on."""
-    if cfg.resume is None or Path(cfg.output_dir).absolute() == run.absolute():
+    """A bare --resume into an output folder other than the --config run's, with nothing to continue there while
+    the run has checkpoints, would start a new run from step 1 beside it: refused, with both ways on. (`--resume
+    CHECKPOINT --output-dir NEW` continues that checkpoint into NEW: a fork, asked for by name.)"""
+    if cfg.resume != LATEST or Path(cfg.output_dir).absolute() == run.absolute():
         return
     saved, there = RunFolder(run).resumable(), cfg.folder.resumable()
     if saved is not None and there is None:
