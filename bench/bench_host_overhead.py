@@ -46,8 +46,9 @@ DIMS = {
     "compute-free": (dict(hidden_size=16, intermediate_size=32, num_heads=2, embedding_size=16, vocab_size=1000),
                      1, 16),
 }
-DEFAULT_MODELS = ("hf-albert", "albert-base", "widenet-base-e4", "widenet-base-e4-dropless", "widenet-base-e8",
-                  "widenet-base-e8-dropless")
+# WideNet in each dispatch: compact (the default), DeepSpeed's capacity path, dropless
+DEFAULT_MODELS = ("hf-albert", "albert-base", "widenet-base-e4-compact", "widenet-base-e4", "widenet-base-e4-dropless",
+                  "widenet-base-e8-compact", "widenet-base-e8", "widenet-base-e8-dropless")
 MODES = ("eager", "model", "blocks")
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 

@@ -15,6 +15,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,8 +40,12 @@ class Worker:
         child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         if checkout:
             child_env[CHECKOUT_ENV] = str(Path(checkout).resolve())
+        # What the worker prints besides its answers (torch's profiler announces each start on stderr, "USDT: ...")
+        # goes to a file, not between the driver's result lines; it is named at the end, and shown if it fails.
+        self.stderr = tempfile.NamedTemporaryFile("w+", prefix=f"bench-worker-{label or 'this'}-", suffix=".log",
+                                                  delete=False)
         self.proc = subprocess.Popen([sys.executable, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=child_env)
+                                     stderr=self.stderr, text=True, env=child_env)
         self.info = self._read("READY")
         self.times: list[float] = []
 
@@ -48,7 +53,9 @@ class Worker:
         for line in self.proc.stdout:
             if line.startswith(f"{tag} "):
                 return json.loads(line[len(tag) + 1:])
-        raise RuntimeError(f"benchmark worker {self.label} ended (rc {self.proc.wait()}) before {tag}")
+        said = Path(self.stderr.name).read_text()[-3000:]
+        raise RuntimeError(f"benchmark worker {self.label} ended (rc {self.proc.wait()}) before {tag}; its stderr "
+                           f"({self.stderr.name}) ends:\n{said}")
 
     def step(self) -> None:
         self.proc.stdin.write("step\n")
@@ -61,6 +68,12 @@ class Worker:
         self.proc.stdin.flush()
         result = self._read("RESULT")
         self.proc.wait()
+        lines = Path(self.stderr.name).read_text().splitlines()
+        if lines:
+            print(f"benchmark worker {self.label or 'this checkout'}: {len(lines)} line(s) of its stderr in "
+                  f"{self.stderr.name}", file=sys.stderr, flush=True)
+        else:
+            os.unlink(self.stderr.name)
         return result
 
     def median(self, key: str | None = None) -> float:

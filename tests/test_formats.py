@@ -136,7 +136,7 @@ def test_a_version_entry_that_is_no_version_is_refused(version):
     with pytest.raises(CheckpointError, match=rf"x.json \(checkpoint marker\) has format_version "
                                               rf"{re.escape(repr(version))}, which is no version \(1 to 2\)"):
         upgrade("marker", {VERSION_KEY: version}, "x.json")
-    with pytest.raises(RunFolderError, match=r"x.json \(the run's settings\) is not a JSON object but a list"):
+    with pytest.raises(RunFolderError, match=r"x.json \(the run's settings\) holds a JSON list, not an object"):
         upgrade("run_config", [], "x.json")
 
 

@@ -5,6 +5,8 @@ launcher under it: tests/runtime/test_launch.py; real launches: tests/integratio
 from __future__ import annotations
 
 import json
+import shutil
+from dataclasses import replace
 
 import pytest
 
@@ -13,6 +15,7 @@ from launching import REPO
 from widenet_ds import launch_cli
 from widenet_ds.errors import LaunchError
 from widenet_ds.runtime.launch import LaunchOptions
+from widenet_ds.training.command_line import parse
 from widenet_ds.training.run_config import GlueConfig, PretrainConfig
 
 DS = REPO / "ds_configs/cpu_small.json"
@@ -65,9 +68,95 @@ def test_a_saved_configuration_is_launched_again(tmp_path, launched):
         for given in (run, run / "run_config.json"):
             assert launch_cli.cli(["glue", "--num-ranks", "1", "--config", str(given), "--", "--resume"]) == 0
             options = launched.pop()
-            assert options.train_args == (*cfg.to_argv(), "--resume") and options.run_config is None
+            # one command line, each setting once, the options after `--` applied
+            assert options.train_args == tuple(replace(cfg, resume="latest").to_argv()) and options.run_config is None
     assert GlueConfig.from_record(cfg.record()) == cfg
     with pytest.raises(LaunchError, match=r"holds the settings of a glue run; launch `glue`"):
         launch_cli.cli(["squad", "--config", str(run)])
     with pytest.raises(LaunchError, match=r"--config .*nowhere: cannot read the run's settings"):
         launch_cli.cli(["glue", "--config", str(tmp_path / "nowhere")])
+
+
+def saved_run(root, record_paths: dict[str, str], checkpoint: str | None = "step2"):
+    """A run folder root/runs/x as an earlier version wrote it: its paths as typed, relative to `root`."""
+    run = root / "runs" / "x"
+    (run / "checkpoints").mkdir(parents=True)
+    if checkpoint:
+        (run / "checkpoints" / "latest").write_text(checkpoint)
+    cfg = {"model_config": "widenet-tiny-e4", **record_paths}
+    (run / "run_config.json").write_text(json.dumps({"task": "pretrain", **cfg, "max_steps": 3}))
+    return run
+
+
+def test_a_saved_run_continues_itself_from_any_directory(tmp_path, launched, monkeypatch):
+    """Item 1: paths saved relative are read where the run was started (the run folder less its output_dir), the
+    run's folder is where --config found it: from another directory, and for a copy beside the original."""
+    root = tmp_path / "A"
+    run = saved_run(root, {"output_dir": "runs/x", "data": "data/wiki", "deepspeed_config": "ds_configs/cpu.json"})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+
+    def launched_config(given, *after: str):
+        assert launch_cli.cli(["pretrain", "--num-ranks", "1", "--config", str(given), "--", *after]) == 0
+        argv = launched.pop().train_args
+        assert argv.count("--output-dir") == 1  # each setting once
+        return parse("pretrain", list(argv))
+
+    for given, folder in ((run, run), (shutil.copytree(run, root / "runs/x2"), root / "runs/x2")):
+        cfg = launched_config(given, "--resume", "--max-steps", "5")
+        assert (cfg.output_dir, cfg.data, cfg.deepspeed_config) == (folder, root / "data/wiki",
+                                                                     root / "ds_configs/cpu.json")
+        assert (cfg.resume, cfg.max_steps) == ("latest", 5)
+    # a record with absolute paths (this version's), moved: the run is where it was found
+    moved = tmp_path / "B" / "run"
+    shutil.copytree(run, moved)
+    record = json.loads((moved / "run_config.json").read_text())
+    record.update(output_dir=str(tmp_path / "gone/runs/x"), data=str(root / "data/wiki"))
+    (moved / "run_config.json").write_text(json.dumps(record))
+    cfg = launched_config(moved / "run_config.json", "--resume")
+    assert (cfg.output_dir, cfg.data) == (moved, root / "data/wiki")
+
+
+def test_a_resume_into_another_folder_than_the_saved_runs_is_refused(tmp_path, launched):
+    """Item 1: --config RUN (with checkpoints) -- --resume --output-dir NEW (none) would start a new run in NEW."""
+    run = saved_run(tmp_path, {"output_dir": "runs/x", "data": "d", "deepspeed_config": "ds.json"})
+    new = tmp_path / "new"
+    with pytest.raises(LaunchError, match=rf"--config {run} is a run with checkpoint step2, but --output-dir {new} "
+                                          rf"holds nothing to resume: .*drop --output-dir.*--init-from {run} instead"):
+        launch_cli.cli(["pretrain", "--config", str(run), "--", "--resume", "--output-dir", str(new)])
+    # without --resume, or into a folder that has something to continue, it is the user's choice
+    assert launch_cli.cli(["pretrain", "--num-ranks", "1", "--config", str(run), "--", "--output-dir", str(new)]) == 0
+    assert launched.pop().train_args.count("--resume") == 0
+
+
+def test_the_options_after_the_separator_apply_before_the_record_is_checked(tmp_path, launched):
+    """A saved record without `data` (hand-edited) and --data after `--`: the run launches with it; `--set` adds
+    to the saved overrides."""
+    run = saved_run(tmp_path, {"output_dir": "runs/x", "deepspeed_config": "ds.json", "overrides": ["moe.top_k=1"]},
+                    checkpoint=None)
+    assert launch_cli.cli(["pretrain", "--num-ranks", "1", "--config", str(run), "--", "--data", "there", "--set",
+                           "hidden_dropout=0.0"]) == 0
+    argv = launched.pop().train_args
+    assert argv[argv.index("--data") + 1] == "there"  # as typed: the ranks start in this directory
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--set"] == ["moe.top_k=1", "hidden_dropout=0.0"]
+
+
+def test_a_finetuning_launch_without_cuda_says_once_what_fits_a_cpu_and_the_advice_is_taken(tmp_path):
+    """Item 2: SQuAD with the paper's GPU recipe (bf16, batch 48) and the whole dev set, on a machine without CUDA:
+    one line naming the small CPU JSON and --max-eval-examples; followed, the options parse and nothing more is
+    advised. A small dev set (SST-2's) or a GPU machine: nothing."""
+    squad = ["--version", "1.1", "--data", "hf", "--model-config", "widenet-tiny-e4", "--output-dir", str(tmp_path),
+             "--deepspeed_config", str(REPO / "ds_configs/finetune_squad11.json")]
+    advice = launch_cli.cpu_advice(parse("squad", squad), has_gpu=False)
+    assert "finetune_squad11.json is a GPU recipe (bf16 is on, a batch of 48" in advice
+    assert "the whole dev set is evaluated (SQuAD's: ~11,600 windows" in advice
+    fixes = advice.split("pass after `--`: ")[1].split(" (README.md")[0].split()
+    assert fixes == ["--deepspeed_config", str(REPO / "ds_configs/finetune_cpu_small.json"), "--allow-recipe-mismatch",
+                     "--max-eval-examples", "500"]
+    followed = parse("squad", squad + fixes)
+    assert launch_cli.cpu_advice(followed, has_gpu=False) is None
+    assert launch_cli.cpu_advice(parse("squad", squad), has_gpu=True) is None
+    sst2 = ["--task", "sst2", "--data", "hf", "--model-config", "widenet-tiny-e4", "--output-dir", str(tmp_path),
+            "--deepspeed_config", str(REPO / "ds_configs/finetune_cpu_small.json")]
+    assert launch_cli.cpu_advice(parse("glue", sst2), has_gpu=False) is None

@@ -134,3 +134,16 @@ def test_a_lock_that_a_full_disk_kept_from_being_written_is_removed_and_the_retr
     with folder_lock(out, "widenet-ds prepare-data"):
         assert read_holder(out / LOCK_FILE).pid == os.getpid()
     assert time.monotonic() - start < 1
+
+
+def test_a_garbage_lock_file_is_taken_over_with_a_message(tmp_path):
+    """A lock file naming no holder (damaged, or left empty by a writer killed between creating and writing it),
+    older than the moment a writer takes: removed, and said."""
+    (tmp_path / LOCK_FILE).write_bytes(b"\x00garbage{")
+    old = time.time() - 60
+    os.utime(tmp_path / LOCK_FILE, (old, old))
+    lock = folder_lock(tmp_path, "x").acquire()
+    assert read_holder(tmp_path / LOCK_FILE).pid == os.getpid()
+    assert lock.takeover_message.startswith(f"took over the lock of {tmp_path}: its lock file {tmp_path / LOCK_FILE} "
+                                            f"named no holder (it held b'\\x00garbage{{', last written 6")
+    lock.release()

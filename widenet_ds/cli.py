@@ -4,8 +4,10 @@ dispatcher: `python -m widenet_ds.train` and the pretrain/ and finetune/ scripts
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
 import sys
+from collections.abc import Callable
 
 from widenet_ds.disk_space import DiskFullError, full_disk_message
 from widenet_ds.errors import exit_status
@@ -58,21 +60,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
-        print(f"widenet-ds: unknown command {name!r}.\n\n{_usage()}", file=sys.stderr)
+        close = difflib.get_close_matches(name, SUBCOMMANDS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        print(f"widenet-ds: unknown command {name!r}.{hint}\n\n{_usage()}", file=sys.stderr)
         return 2
     return run_command(name, rest, f"widenet-ds {name}")
 
 
-def run_command(name: str, argv: list[str], prog: str) -> int:
-    """Run one command: its exit status, or 2 after one `prog: error: ...` line for an error of the input (a
-    full disk among them), printed once for all ranks of a training run (training/console.py)."""
+def run_command(name: str, argv: list[str], prog: str, func: Callable[[list[str]], int | None] | None = None) -> int:
+    """Run one command (`func`: in place of the registered function, e.g. the entry under another name): its exit
+    status, or 2 after one `prog: error: ...` line for an error of the input (a full disk among them), printed
+    once for all ranks of a training run (training/console.py)."""
     if name not in LIGHT_COMMANDS:
         quiet_third_party()
         # DeepSpeed logs to stdout from import on; machine-readable output (--json) must stay clean.
         with contextlib.redirect_stdout(sys.stderr):
             import deepspeed  # noqa: F401
-    module_name, func_name = SUBCOMMANDS[name][0].split(":")
-    func = getattr(importlib.import_module(module_name), func_name)
+    if func is None:
+        module_name, func_name = SUBCOMMANDS[name][0].split(":")
+        func = getattr(importlib.import_module(module_name), func_name)
     return exit_status(prog, lambda: _full_disk_as_error(func, argv), report=report_error)
 
 

@@ -3,7 +3,9 @@
 demo: the embedded default corpus prepared (WordPiece 8000, sequences of 128), widenet-tiny-e4 pretrained
 with expert parallelism 2, finetuned on SST-2 (the local GLUE copy in $WIDENET_SHARED_DATA/glue/SST-2, else
 HF `glue/sst2` when the hub answers, else it stops after pretraining saying what to provide), the scores
-printed and an HTML report written. Run again, it continues where it stopped (--resume).
+printed and an HTML report written. Each setting of --steps and --finetune-steps has its own runs in the folder
+(pretrain-<N>steps/, sst2-<M>steps-after-<N>/), each trained over its whole learning-rate schedule: run again with
+the same options, it continues where it stopped (--resume); with others, it trains them beside the earlier ones.
 
 vision-demo: widenet-vit-tiny on Fashion-MNIST (Debian's dataset-fashion-mnist; `./launcher.sh vision-demo`
 installs it as root), test accuracy printed.
@@ -14,12 +16,14 @@ Both need a checkout: the DeepSpeed JSONs are the repository's ds_configs/.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import widenet_ds
+from widenet_ds.atomic import atomic_write_json
 from widenet_ds.data.prepare import cli as prepare_data
 from widenet_ds.data.manifest import MANIFEST_FILE, read_manifest
 from widenet_ds.errors import ConfigError, DataError
@@ -74,10 +78,34 @@ def find_sst2(local: Path) -> tuple[str, str] | None:
     return ("hf", "HF datasets glue/sst2") if reachable else None
 
 
+def schedule_for(name: str, steps: int, folder: Path) -> Path:
+    """The DeepSpeed JSON `name` with its schedule ending at `steps` (warmup the same share): the repository's
+    own file when it already does, else a copy in `folder` (a quick look trains its whole schedule, so that its
+    learning rate warms up and decays as in the full demo)."""
+    path = ds_config(name)
+    config = json.loads(path.read_text())
+    params = config["scheduler"]["params"]
+    if params["total_num_steps"] == steps:
+        return path
+    params["warmup_num_steps"] = max(1, params["warmup_num_steps"] * steps // params["total_num_steps"])
+    params["total_num_steps"] = steps
+    folder.mkdir(parents=True, exist_ok=True)
+    scaled = folder / f"{path.stem}-{steps}steps.json"
+    atomic_write_json(scaled, config)
+    return scaled
+
+
 def demo(output: Path, steps: int, finetune_steps: int) -> int:
     output = output.resolve()
-    data, pretrain, sst2 = output / "data", RunFolder(output / "pretrain"), RunFolder(output / "sst2")
+    # One folder per setting: run again with the same options, a run continues; with others, they get their own
+    # runs beside the earlier ones (kept), reusing the prepared data.
+    data, pretrain = output / "data", RunFolder(output / f"pretrain-{steps}steps")
+    sst2 = RunFolder(output / f"sst2-{finetune_steps}steps-after-{steps}")
     output.mkdir(parents=True, exist_ok=True)
+    earlier = sorted(p.name for p in output.glob("pretrain*") if p.is_dir() and p != pretrain.path)
+    if earlier:
+        say(f"[demo] {output} holds the runs of other settings too ({', '.join(earlier)}): kept; this demo's "
+            f"runs are {pretrain.path.name} and {sst2.path.name}")
     if (data / MANIFEST_FILE).is_file():
         # Kept: training the tokenizer again gives another vocabulary (WordPiece training is not deterministic
         # here), and a finished pretraining must go on with the data it learned from.
@@ -91,20 +119,23 @@ def demo(output: Path, steps: int, finetune_steps: int) -> int:
     model = output / "model.json"
     ModelConfig.from_preset(MODEL_PRESET, vocab_size=read_manifest(data).vocab_size).to_json(model)
 
-    say(f"[demo] 2/3 pretraining {MODEL_PRESET} on {RANKS} CPU ranks, expert parallel {EP_SIZE}, {steps} steps")
+    say(f"[demo] 2/3 pretraining {MODEL_PRESET} on {RANKS} CPU ranks, expert parallel {EP_SIZE}, {steps} steps "
+        f"-> {pretrain.path}")
     status = launch_run(PretrainConfig(
-        model_config=str(model), deepspeed_config=ds_config("cpu_small.json"), data=data, output_dir=pretrain.path,
-        max_steps=steps, ep_size=EP_SIZE, save_interval=100, eval_interval=100, resume=LATEST))
+        model_config=str(model), deepspeed_config=schedule_for("cpu_small.json", steps, output / "ds_configs"),
+        data=data, output_dir=pretrain.path, max_steps=steps, ep_size=EP_SIZE, save_interval=100,
+        eval_interval=100, resume=LATEST))
     if status:
         return status
 
     local_sst2 = shared_data() / "glue" / "SST-2"
     found = find_sst2(local_sst2)
     if found is not None:
-        say(f"[demo] 3/3 finetuning on SST-2 ({found[1]}), {finetune_steps} steps")
+        say(f"[demo] 3/3 finetuning on SST-2 ({found[1]}), {finetune_steps} steps -> {sst2.path}")
         status = launch_run(GlueConfig(
             glue_task="sst2", data=found[0], init_from=pretrain.path, tokenizer=str(data), output_dir=sst2.path,
-            deepspeed_config=ds_config("finetune_cpu_small.json"), allow_recipe_mismatch=True,
+            deepspeed_config=schedule_for("finetune_cpu_small.json", finetune_steps, output / "ds_configs"),
+            allow_recipe_mismatch=True,
             max_steps=finetune_steps, max_train_examples=6000, max_seq_length=64, resume=LATEST))
         if status:
             return status
@@ -118,8 +149,10 @@ def demo(output: Path, steps: int, finetune_steps: int) -> int:
           f"{train[last]:.3f}{held_out}")
     if found is not None:
         results = sst2.read_results(FinetuneResults)
-        print(f"SST-2 dev accuracy {results.median['dev']['acc']:.4f} "
-              f"(majority class {results.baseline['dev']['acc']:.4f})")
+        accuracy, majority = results.median["dev"]["acc"], results.baseline["dev"]["acc"]
+        print(f"SST-2 dev accuracy {accuracy:.4f} (majority class {majority:.4f})"
+              + ("" if accuracy > majority else ": no better than always answering the majority class; more "
+                                                 "--finetune-steps learn more (the default 200: about 0.7)"))
     print(f"outputs in {output}", flush=True)
 
     runs = [pretrain.path] + ([sst2.path] if found is not None else [])

@@ -221,13 +221,19 @@ def unversioned(data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k != VERSION_KEY}
 
 
+def _json_type(value: Any) -> str:
+    """What JSON calls the type of a parsed value."""
+    names = {type(None): "null", bool: "true/false", list: "list", str: "text", int: "number", float: "number"}
+    return names.get(type(value), type(value).__name__)
+
+
 def version_of(kind: str, data: Any, where: str | Path) -> int:
     """The version of a file of `kind` (its "format_version", else the kind's unversioned version); a value that
     is no version, or a version newer than this code reads, is one error naming the file."""
     spec = KINDS[kind]
     if not isinstance(data, dict):
-        raise spec.error(f"{where} ({spec.what}) is not a JSON object but a {type(data).__name__}; the file is "
-                         f"damaged or of another program: {spec.damaged}.")
+        raise spec.error(f"{where} ({spec.what}) holds a JSON {_json_type(data)}, not an object; the file is damaged or "
+                         f"of another program: {spec.damaged}.")
     version = data.get(VERSION_KEY, spec.unversioned)
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise spec.error(f"{where} ({spec.what}) has {VERSION_KEY} {version!r}, which is no version (1 to "

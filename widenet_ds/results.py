@@ -33,6 +33,27 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+# SQuAD's official scores are percentages (0-100, as its evaluation script prints them); every other score is a
+# fraction (0-1). The console and the report show the scale with each value; results.json keeps its layout (its
+# "task" says which scale its numbers are on).
+_SQUAD_NOT_SCORES = ("total", "threshold", "thresh")
+
+
+def metric_scale(task: str | None, metric: str) -> str:
+    """"0-100" for a SQuAD score, "0-1" for any other task's, "" for what is not a score (a count, a threshold)
+    or of a task not known (None)."""
+    if task is None:
+        return ""
+    if task.lower().startswith("squad"):
+        return "" if any(metric.endswith(word) for word in _SQUAD_NOT_SCORES) else "0-100"
+    return "0-1"
+
+
+def with_scale(task: str | None, metric: str, value: float) -> str:
+    """`value` as the console shows it: a percentage with its sign, a fraction as it is."""
+    return f"{value:.4f}%" if metric_scale(task, metric) == "0-100" else f"{value:.4f}"
+
+
 def numbers(scores: Scores) -> dict[str, dict[str, float]]:
     """The numeric values of each split (texts left out)."""
     return {split: {name: float(v) for name, v in values.items() if is_number(v)} for split, values in scores.items()}
@@ -229,7 +250,8 @@ class FinetuneResults:
         deepspeed = fields.get("deepspeed", lambda v: isinstance(v, dict), "an object", nullable=True)
         return cls(
             task=fields.text("task"), init=fields.text("init", nullable=True), steps=fields.integer("steps"),
-            seeds=fields.integer("seeds"), median=fields.scores("median"),
+            seeds=fields.get("seeds", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                             "a count of seeds (1 or more)"), median=fields.scores("median"),
             per_seed=[SeedResults.from_json(s, f"{where}, per_seed[{i}]") for i, s in enumerate(per_seed)],
             seed=fields.integer("seed", nullable=True), primary_metric=fields.text("primary_metric", nullable=True),
             baseline=fields.scores("baseline"), load_report=fields.text("load_report"),

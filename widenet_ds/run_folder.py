@@ -174,6 +174,16 @@ class RunFolder:
         found += [f"{p.path.name}/" for _, p in self.seeds()]
         return found
 
+    def resumable(self) -> str | None:
+        """What a bare --resume continues here, in words; None: nothing, a --resume starts the run anew."""
+        latest = self.checkpoints / "latest"  # written by checkpoint/training.py once a tag is complete
+        if latest.is_file():
+            return f"checkpoint {latest.read_text().strip() or '?'}"
+        begun = [f"seed {seed}" for seed, folder in self.seeds() if folder.resumable()]
+        if begun:
+            return f"finetuning seeds begun or done ({', '.join(begun)})"
+        return "results.json (a finished run)" if self.results.is_file() else None
+
     # -- readers and writers -------------------------------------------------------------------------
     def read_metrics(self, *, live: bool = False) -> Metrics:
         return read_metrics(self.metrics, live=live)

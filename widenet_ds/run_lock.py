@@ -110,6 +110,7 @@ class FolderLock:
         self.held = False
         self._created_folder = False
         self.took_over: Holder | None = None  # the gone holder whose lock was taken over
+        self.took_unreadable: str | None = None  # what an unreadable lock file held, when it was removed
 
     def holder_problem(self) -> str | None:
         """The refusal a writer would get now (a live holder), without taking the lock."""
@@ -171,15 +172,21 @@ class FolderLock:
         there; one older than that moment is removed."""
         try:
             age = time.time() - self.path.stat().st_mtime
+            content = self.path.read_bytes()[:40]
         except FileNotFoundError:
             return
         if age > 10:
             self.path.unlink(missing_ok=True)
+            self.took_unreadable = (f"{'empty' if not content else f'it held {content!r}'}, last written "
+                                    f"{age:.0f} s ago")
         else:
             time.sleep(1)
 
     @property
     def takeover_message(self) -> str | None:
+        if self.took_unreadable is not None:
+            return (f"took over the lock of {self.folder}: its lock file {self.path} named no holder "
+                    f"({self.took_unreadable}), so no process could be holding it.")
         if self.took_over is None:
             return None
         return (f"took over the lock of {self.folder}: its holder, {self.took_over.describe()}, no longer runs "

@@ -14,6 +14,7 @@ ends the rank at once (nothing to save; a rank waiting for a rendezvous that nev
 
 from __future__ import annotations
 
+import difflib
 import sys
 from typing import NoReturn
 
@@ -32,12 +33,13 @@ from widenet_ds.training.run import run_task  # noqa: E402
 from widenet_ds.training.run_config import InvalidConfig  # noqa: E402
 
 PROG = "python -m widenet_ds.train"
+DISPATCHED = "widenet-ds train"  # the same entry as a command of widenet-ds (cli.py)
 
 
-def usage() -> str:
-    return "\n".join([f"usage: {PROG} TASK [options]", "", "tasks:"]
+def usage(prog: str = PROG) -> str:
+    return "\n".join([f"usage: {prog} TASK [options]", "", "tasks:"]
                      + [f"  {name:<10} {spec.description}" for name, spec in TASKS.items()]
-                     + ["", f"`{PROG} TASK --help` lists the options of one task (docs/flags.md: all of them)."])
+                     + ["", f"`{prog} TASK --help` lists the options of one task (docs/flags.md: all of them)."])
 
 
 def without_local_rank(argv: list[str]) -> list[str]:
@@ -54,19 +56,22 @@ def without_local_rank(argv: list[str]) -> list[str]:
     return out
 
 
-def cli(argv: list[str]) -> int:
-    """The `train` command: TASK and its options. A user error (the settings, the files they name, a full disk)
-    is raised to the dispatcher, which prints it once for all ranks and exits 2."""
+def cli(argv: list[str], prog: str = DISPATCHED, task_prog: str | None = None) -> int:
+    """The `train` command: TASK and its options, usage and errors named as the entry was started (`prog`; a
+    script form's `task_prog`: its own path). A user error (the settings, the files they name, a full disk, a
+    command line argparse refuses) is raised to the dispatcher, which prints it once for all ranks and exits 2."""
     argv = without_local_rank(argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(usage())
+        print(usage(prog))
         return 0
     task, rest = argv[0], argv[1:]
     if task not in TASKS:
-        print(f"{PROG}: unknown task {task!r}.\n\n{usage()}", file=sys.stderr)
+        close = difflib.get_close_matches(task, TASKS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        print(f"{prog}: unknown task {task!r}.{hint}\n\n{usage(prog)}", file=sys.stderr)
         return 2
     try:
-        cfg = parse(task, rest)
+        cfg = parse(task, rest, prog=task_prog or f"{prog} {task}")
     except InvalidConfig as err:  # refused by run_task with what the settings name on this machine: all at once
         cfg = err.config
     except WideNetError as err:  # every rank parses the same command line
@@ -78,22 +83,24 @@ def cli(argv: list[str]) -> int:
         if message is None:
             raise
         # Not 2 (a user error every rank shares): a rank's own failure, which `widenet-ds launch` reports too.
-        print(f"{PROG} {task}: error: {message}", file=sys.stderr, flush=True)
+        print(f"{task_prog or f'{prog} {task}'}: error: {message}", file=sys.stderr, flush=True)
         return 1
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m widenet_ds.train TASK ...`: the `train` command, its errors named `python -m widenet_ds.train TASK`."""
+def main(argv: list[str] | None = None, task_prog: str | None = None) -> int:
+    """`python -m widenet_ds.train TASK ...`: the `train` command, its errors named `python -m widenet_ds.train TASK`
+    (a script form's: `task_prog`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     task = without_local_rank(argv)[:1]
-    return run_command("train", argv, " ".join([PROG, *task]) if set(task) <= set(TASKS) else PROG)
+    label = task_prog or (" ".join([PROG, *task]) if set(task) <= set(TASKS) else PROG)
+    return run_command("train", argv, label, lambda args: cli(args, PROG, task_prog))
 
 
 def run_script(task: str) -> NoReturn:
     """The entry of the script forms (pretrain/run_pretrain.py, finetune/run_glue.py, finetune/run_squad.py):
-    `main` with the script's task put first."""
-    exit_rank(main([task, *sys.argv[1:]]))
+    `main` with the script's task put first, usage and errors named by the script's path."""
+    exit_rank(main([task, *sys.argv[1:]], task_prog=sys.argv[0]))
 
 
 if __name__ == "__main__":

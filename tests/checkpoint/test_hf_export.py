@@ -498,3 +498,27 @@ def test_the_image_processor_is_our_loaders_preprocessing(channels, source_size,
     for given in (pil, [p.convert("RGB") for p in pil], list(images)):  # the pipeline hands over RGB images
         got = processor(given, return_tensors="pt")["pixel_values"]
         assert max_diff(got, ours) <= 1e-6
+
+
+def test_a_model_card_keeps_local_paths_out_and_explains_the_unused_sop_head(tmp_path):
+    """Item 8: a card is made to be published: the run's data folder, tokenizer and checkpoint source show by their
+    names, marked local, never as this machine's absolute paths; a masked-LM card says why transformers lists
+    `sop_head.*` as UNEXPECTED."""
+    from widenet_ds.checkpoint.hf_model_card import model_card
+    from widenet_ds.run_folder import RunFolder
+
+    run = RunFolder(tmp_path / "secret-home" / "runs" / "x")
+    run.path.mkdir(parents=True)
+    data = tmp_path / "secret-home" / "data" / "wiki128"
+    run.write_run_config({"task": "pretrain", "data": str(data), "output_dir": str(run.path),
+                          "deepspeed_config": str(tmp_path / "ds.json")})
+    cfg = ModelConfig(**DIMS, moe=MoEConfig(num_experts=2))
+    model = randomised(WideNetForPreTraining(cfg), 0)
+    tag = run.checkpoints / "step4"
+    checkpoint = PortableCheckpoint(config=cfg, architecture="WideNetForPreTraining", state=model.state_dict(),
+                                    provenance={"source": str(tag), "step": 4, "trained_with_ep_size": 1})
+    hf_state = {"sop_head.weight": torch.zeros(2, 32), "sop_head.bias": torch.zeros(2), "x": torch.zeros(1)}
+    card = model_card(checkpoint, tag, hf_state)
+    assert str(tmp_path) not in card and "secret-home" not in card, card
+    assert "- data: wiki128 (a local " in card and "- source: step4 (a local " in card
+    assert "transformers lists `sop_head.weight` and `sop_head.bias` as UNEXPECTED" in card

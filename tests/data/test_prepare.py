@@ -215,3 +215,13 @@ def test_ten_megabyte_single_line_is_cut_into_examples(tmp_path, vocab):
     examples = manifest.splits["train"].examples
     content_tokens = manifest.splits["train"].tokens - 3 * examples
     assert 0.6 * line_tokens < content_tokens <= line_tokens + 100
+
+
+def test_every_option_says_what_it_does_and_its_default():
+    """`prepare-data --help`: no option without help text; every option with a value names its default."""
+    from widenet_ds.data.prepare import build_parser
+
+    options = [a for a in build_parser()._actions if a.option_strings and a.dest != "help"]
+    assert not [a.option_strings[0] for a in options if not a.help]
+    valued = [a for a in options if a.nargs != 0 and not a.required and a.dest != "source"]
+    assert not [a.option_strings[0] for a in valued if "default" not in a.help], [a.help for a in valued]

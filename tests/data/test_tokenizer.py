@@ -80,3 +80,14 @@ def test_plain_text_shortcut_gives_the_same_ids_and_offsets(shared_data, sentenc
     got = BatchEncoder(tokenizer)(texts)
     assert [e.ids for e in got] == [e.ids for e in want]
     assert [e.offsets for e in got] == [e.offsets for e in want]
+
+
+def test_training_over_a_stream_says_what_it_does_without_a_false_total(capfd):
+    """tokenizers' bar over a stream of unknown length counted "0 / 0": a line before and after instead."""
+    from widenet_ds.data.tokenizer import train_tokenizer
+
+    documents = (f"document {i} says word{i % 7} and word{i % 5} again." for i in range(200))
+    train_tokenizer(documents, vocab_size=120, show_progress=True)
+    err = capfd.readouterr().err
+    assert "training the WordPiece vocabulary (120 words) over the documents" in err
+    assert "trained the WordPiece vocabulary in" in err and "0 / 0" not in err and "0/0" not in err

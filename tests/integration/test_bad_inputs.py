@@ -669,7 +669,58 @@ CASES = [
       r"vocab\.txt is not a vocab\.txt \(UTF-8"),
     C("report-output-below-a-file", "widenet-ds", lambda e, t: ["report", str(e["run"]), "--output",
       str(write(t / "f", "x") / "page")], r"--output .*page is below .*f, which is a file"),
+    # ---- launch --config with a run's settings edited or damaged, or continued elsewhere (issue 50) ----
+    C("launch-config-a-json-list", "launch", lambda e, t: ["pretrain", "--config", str(saved_settings(e, t, [1, 2])),
+      "--", "--resume"], r"run_config\.json: cannot read the run's settings: .*run_config\.json \(the run's settings\) "
+                         r"holds a JSON list, not an object"),
+    C("launch-config-null", "launch", lambda e, t: ["pretrain", "--config", str(saved_settings(e, t, None))],
+      r"run_config\.json: cannot read the run's settings: .*holds a JSON null, not an object"),
+    C("launch-config-without-data", "launch", lambda e, t: ["pretrain", "--config", str(saved_settings(
+      e, t, lambda r: r.pop("data"))), "--", "--resume"], r'run_config\.json: "data" is missing \(the --data setting\); '
+                                                         r"pass --data after `--`"),
+    C("launch-config-max-steps-text", "launch", lambda e, t: ["pretrain", "--config", str(saved_settings(
+      e, t, lambda r: r.update(max_steps="abc")))], r'run_config\.json: "max_steps" is "abc", which is not an integer '
+                                                   r"or null"),
+    C("launch-config-ep-size-fraction", "launch", lambda e, t: ["pretrain", "--config", str(saved_settings(
+      e, t, lambda r: r.update(ep_size=2.5)))], r'--config .*run_config\.json: "ep_size" is 2\.5, which is not an '
+                                               r"integer"),
+    C("launch-config-a-model-config", "launch", lambda e, t: ["pretrain", "--config", str(e["model"])],
+      r"--config .*model\.json is a model config .*not a run's settings; pass the run folder or its run_config\.json"),
+    C("launch-config-resume-into-another-folder", "launch", lambda e, t: ["pretrain", "--config", str(run_copy(
+      e, t, lambda r: None)), "--", "--resume", "--output-dir", str(t / "new")],
+      r"--config .*run is a run with checkpoint step2, but --output-dir .*new holds nothing to resume: --resume there "
+      r"would start a new run from step 1"),
+    C("pretrain-init-from-a-data-folder", "pretrain", lambda e, t: pretrain(e, t, "--init-from", str(e["data"])),
+      r"--init-from .*data is a directory but not a checkpoint .*: it is a data folder of `widenet-ds prepare-data`, "
+      r"which a run takes as --data .*; --init-from takes a folder written by `widenet-ds convert to-folder`"),
+    C("pretrain-warmup-zero", "pretrain", lambda e, t: pretrain(e, t, ds=ds_config(
+      t, **{"scheduler.params.warmup_num_steps": 0})), r"warmup_num_steps must be a positive integer"),
+    C("classify-epochs-zero", "classify", lambda e, t: without(classify(e, t, "--epochs", "0"), "--max-steps"),
+      r"--epochs must be positive \(passes over the train split\), got 0\.(?!.*--max-steps)"),
+    C("classify-route-padding", "classify", lambda e, t: classify(e, t, "--set", "moe.route_padding=true"),
+      r"moe\.route_padding = true routes padding tokens, and an image has none"),
+    C("widenet-ds-train-misspelt-task", "widenet-ds", lambda e, t: ["train", "pretrian"],
+      r"unknown task 'pretrian'\. Did you mean 'pretrain'\?"),
 ]
+
+
+def without(argv: list[str], option: str) -> list[str]:
+    """`argv` less `option` and its value."""
+    at = argv.index(option)
+    return argv[:at] + argv[at + 2:]
+
+
+def saved_settings(env, tmp: Path, edit) -> Path:
+    """A copy of the earlier run whose run_config.json is replaced by `edit` (a value) or changed by it (a function
+    of the record)."""
+    run = run_copy(env, tmp, lambda r: None)
+    record = json.loads((run / "run_config.json").read_text())
+    if callable(edit):
+        edit(record)
+    else:
+        record = edit
+    (run / "run_config.json").write_text(json.dumps(record))
+    return run / "run_config.json"
 
 
 def run_entry(entry: str, argv: list[str], capsys) -> tuple[int, str]:
@@ -771,8 +822,138 @@ def test_resume_of_a_finished_run_says_it_is_complete_and_changes_nothing(earlie
 
 
 def test_a_run_shorter_than_its_schedule_says_so(earlier):
-    """cpu_small.json's schedule decays over 300 steps; the earlier run stopped at step 2."""
+    """cpu_small.json's schedule decays over 300 steps (30 of warmup); the earlier run stopped at step 2."""
     notes = [e["event"] for e in read_metrics(earlier["run"] / "metrics.jsonl").events if "total_num_steps" in e["event"]]
     assert notes == ["the run ends at step 2, before the DeepSpeed schedule's total_num_steps 300: the learning rate "
-                     "will not have decayed to its end value. For a complete schedule set total_num_steps to 2 in the "
-                     "DeepSpeed config."]
+                     "will not have decayed to its end value. For a complete schedule set total_num_steps to 2 and "
+                     "warmup_num_steps to 1 (the same share of the run) in the DeepSpeed config."]
+
+
+SCHEDULE_HINT = re.compile(r"set total_num_steps to (\d+)(?: and warmup_num_steps to (\d+) \(the same share of the "
+                           r"run\))? in the DeepSpeed config(?: and pass ((?:--[\w-]+ ?)+))?")
+
+
+def follow_schedule_hint(text: str, base: Path, tmp: Path) -> list[str]:
+    """The options that follow the schedule hint in `text`: a copy of the DeepSpeed JSON `base` changed as it says,
+    and the flags it names."""
+    found = SCHEDULE_HINT.search(text)
+    assert found, f"no schedule hint in:\n{text[-2000:]}"
+    config = json.loads(base.read_text())
+    config["scheduler"]["params"]["total_num_steps"] = int(found.group(1))
+    if found.group(2) is not None:
+        config["scheduler"]["params"]["warmup_num_steps"] = int(found.group(2))
+    path = write(tmp / f"hint{len(list(tmp.glob('hint*.json')))}.json", json.dumps(config))
+    return ["--deepspeed_config", str(path), *(found.group(3) or "").split()]
+
+
+def test_every_hint_of_a_shortened_or_resumed_run_is_accepted_when_followed(earlier, tmp_path, capsys):
+    """Item 4: each schedule hint the trainer prints (a run shorter than its schedule, fresh or resumed; a resume
+    past the schedule; a finetuning run shortened below its task recipe) is followed as written, and the run
+    takes it."""
+    base = ds_config(tmp_path, **{"scheduler.params.total_num_steps": 6, "scheduler.params.warmup_num_steps": 3})
+    first = tmp_path / "first"
+    assert train(["pretrain", *pretrain(earlier, tmp_path, ds=base, out=first)]) == 0  # 2 of 6 steps
+
+    def follow(text: str, *argv: str, out: Path) -> None:
+        hint = follow_schedule_hint(text, base, tmp_path)
+        capsys.readouterr()
+        code = train(["pretrain", *argv, *hint, "--output-dir", str(out)])
+        output = capsys.readouterr().err
+        assert code == 0, f"the hint {hint} was not accepted:\n{output[-3000:]}"
+        assert not any("total_num_steps" in e and "For a complete schedule" in e
+                       for e in read_metrics(out / "metrics.jsonl").events)
+
+    def resumable_copy() -> Path:
+        return shutil.copytree(first, tmp_path / f"copy{len(list(tmp_path.glob('copy*')))}")
+
+    # a fresh run shorter than its schedule
+    events = "\n".join(e["event"] for e in read_metrics(first / "metrics.jsonl").events)
+    follow(events, *pretrain(earlier, tmp_path, out=tmp_path / "unused"), out=tmp_path / "fresh")
+    # a resumed run shorter than its schedule
+    resumed = resumable_copy()
+    assert train(["pretrain", *pretrain(earlier, tmp_path, "--resume", "--max-steps", "4", ds=base, out=resumed)]) == 0
+    events = "\n".join(e["event"] for e in read_metrics(resumed / "metrics.jsonl").events if e.get("step") == 2)
+    assert "--accept-changed-settings" in events, events
+    follow(events, *pretrain(earlier, tmp_path, "--resume", "--max-steps", "4"), out=resumable_copy())
+    # a resume past the schedule: refused, with a hint
+    capsys.readouterr()
+    past = pretrain(earlier, tmp_path, "--resume", "--max-steps", "8", ds=base, out=resumable_copy())
+    assert train(["pretrain", *past]) == 2
+    refusal = capsys.readouterr().err
+    assert "or lower --max-steps to 6" in refusal, refusal
+    follow(refusal, *pretrain(earlier, tmp_path, "--resume", "--max-steps", "8"), out=resumable_copy())
+    assert train(["pretrain", *pretrain(earlier, tmp_path, "--resume", "--max-steps", "6", ds=base,
+                                        out=resumable_copy())]) == 0  # its other way
+    # finetuning shortened below its recipe (SST-2: 5234 steps, 314 of warmup): a JSON that is the recipe's
+    recipe = json.loads((REPO / "ds_configs/finetune_sst2.json").read_text())
+    recipe.pop("bf16")
+    recipe["optimizer"]["params"]["torch_adam"] = True
+    recipe_json = write(tmp_path / "sst2.json", json.dumps(recipe))
+    short = glue(earlier, tmp_path, "--max-train-examples", "128", "--max-eval-examples", "8", "--max-seq-length", "32",
+                 ds=recipe_json, out=tmp_path / "ft")
+    assert train(["glue", *short]) == 0
+    events = "\n".join(e["event"] for e in read_metrics(tmp_path / "ft/seed1234/metrics.jsonl").events)
+    assert "--allow-recipe-mismatch" in events, events
+    base = recipe_json
+    hint = follow_schedule_hint(events, recipe_json, tmp_path)
+    capsys.readouterr()
+    assert train(["glue", *glue(earlier, tmp_path, "--max-train-examples", "128", "--max-eval-examples", "8",
+                                "--max-seq-length", "32", *hint, out=tmp_path / "ft2")]) == 0, capsys.readouterr().err
+
+
+def test_a_resume_on_ranks_that_cannot_split_its_micro_batches_says_so_first(earlier, tmp_path):
+    """The earlier run's step holds 2 micro-batches (16 = 8 x 2 on 1 rank): planned on 3 or 4 ranks, the resume's
+    own message comes first, not the DeepSpeed JSON's batch arithmetic (whose fix the resume would refuse); the
+    rank counts it names are accepted."""
+    from widenet_ds.training.plan import find_resume, plan_run
+    from widenet_ds.training.pretraining import PretrainTask
+    from widenet_ds.training.command_line import parse
+    from widenet_ds.errors import ConfigError
+
+    cfg = parse("pretrain", pretrain(earlier, tmp_path, "--resume", out=run_copy(earlier, tmp_path, lambda r: None)))
+    resume = find_resume(cfg, cfg.folder)
+    for world in (3, 4):
+        with pytest.raises(ConfigError, match=r"trained 2 micro-batch\(es\) of 8 per step .*the ranks must divide 2 "
+                                              r"micro-batches per step, and \d data-parallel rank\(s\) do not: resume "
+                                              r"on 1 or 2 data-parallel rank"):
+            plan_run(cfg, PretrainTask(cfg, cfg.folder), world, 0, resume)
+    for world in (1, 2):
+        plan_run(cfg, PretrainTask(cfg, cfg.folder), world, 0, resume)
+
+
+def test_a_resharded_checkpoint_resumed_on_its_own_shape_is_not_called_another_shape(earlier, tmp_path, capsys):
+    """`convert reshard` for the run's own shape (1 rank, ep 1): the resume re-lays the state out, and says so
+    without "on another shape"."""
+    resharded = tmp_path / "resharded"
+    assert widenet_ds(["convert", "reshard", str(earlier["run"]), str(resharded), "--ep-size", "1",
+                       "--world-size", "1"]) == 0
+    out = run_copy(earlier, tmp_path, lambda r: None)
+    capsys.readouterr()
+    assert train(["pretrain", *pretrain(earlier, tmp_path, "--resume", str(resharded / "step2"), "--max-steps", "3",
+                                        out=out)]) == 0
+    console = capsys.readouterr().err
+    said = [e["event"] for e in read_metrics(out / "metrics.jsonl").events if "resumed from" in e["event"]]
+    assert "re-laid out from its resharded state (on its own shape, 1 rank, ep 1, ZeRO 1)" in said[-1], said
+    assert "on another shape" not in said[-1] + console
+
+
+def test_a_bf16_refusal_on_another_shape_names_what_is_not_fp32(earlier):
+    from dataclasses import replace
+
+    from widenet_ds.checkpoint.marker import CheckpointMeta
+    from widenet_ds.errors import ConfigError
+    from widenet_ds.model.config import ModelConfig
+    from widenet_ds.runtime.ds_config import validate_ds_config
+    from widenet_ds.runtime.parallel import ParallelPlan
+    from widenet_ds.training.new_shape import plan_new_shape
+
+    tag = earlier["run"] / "checkpoints/step2"
+    meta = CheckpointMeta.read(tag)
+    bf16 = {**meta.deepspeed_config, "bf16": {"enabled": True}}
+    model = ModelConfig.from_dict(meta.model_config)
+    ds = validate_ds_config(bf16, world_size=2, has_moe=True, cuda_available=False)
+    with pytest.raises(ConfigError, match=r"re-lays out the fp32 master weights and optimizer state of an fp32 run "
+                                          r"only, and checkpoint .*step2 was trained in bf16; resume on its own shape"):
+        plan_new_shape(tag, replace(meta, deepspeed_config=bf16), ParallelPlan.plan(2, 0, 1, 1, model), ds, True)
+    with pytest.raises(ConfigError, match=r"fp32 run only, and this run is bf16 \(checkpoint .*step2: fp32\)"):
+        plan_new_shape(tag, meta, ParallelPlan.plan(2, 0, 1, 1, model), ds, True)

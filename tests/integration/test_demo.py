@@ -5,6 +5,7 @@ Fashion-MNIST. The summary lines carry the runs' own numbers."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -27,21 +28,21 @@ def widenet_ds(*args: str, **env: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def run_demo(out, shared_data) -> subprocess.CompletedProcess:
-    return widenet_ds("demo", "--output", str(out), "--steps", str(STEPS), "--finetune-steps", str(STEPS),
+def run_demo(out, shared_data, steps: int = STEPS) -> subprocess.CompletedProcess:
+    return widenet_ds("demo", "--output", str(out), "--steps", str(steps), "--finetune-steps", str(steps),
                       WIDENET_SHARED_DATA=str(shared_data), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
 
 
 def test_demo_pretrains_reports_and_finetunes_once_sst2_is_there(shared_data, tmp_path):
     out = tmp_path / "demo"
     first = run_demo(out, tmp_path / "no-shared-data")
-    pretrain = RunFolder(out / "pretrain")
+    pretrain = RunFolder(out / f"pretrain-{STEPS}steps")
     mlm = pretrain.read_metrics().series("train/mlm_loss")
     assert max(mlm) == STEPS
     assert f"pretraining ({STEPS} steps, widenet-tiny-e4, 2 ranks, ep 2): MLM loss {mlm[min(mlm)]:.3f} -> " \
            f"{mlm[STEPS]:.3f}" in first.stdout
     assert "skipped the finetuning step: no SST-2 at" in first.stderr and "run the demo again" in first.stderr
-    assert "SST-2 dev accuracy" not in first.stdout and not (out / "sst2").exists()
+    assert "SST-2 dev accuracy" not in first.stdout and not list(out.glob("sst2*"))
     assert (out / "report" / "index.html").is_file()
     assert f"[step {STEPS}] loss" in first.stdout + first.stderr
     tokenizer = (out / "data" / "tokenizer.json").read_bytes()
@@ -49,14 +50,27 @@ def test_demo_pretrains_reports_and_finetunes_once_sst2_is_there(shared_data, tm
     second = run_demo(out, shared_data)
     console = second.stdout + second.stderr
     # the finished pretraining is reported complete and reused, not trained or evaluated again
-    assert f"the run in {out / 'pretrain'} is complete (step {STEPS})" in console
+    assert f"the run in {pretrain.path} is complete (step {STEPS})" in console
     assert f"[step {STEPS}] loss" not in console  # the finished pretraining is reused, not repeated
     # and so is its data: a tokenizer trained again would differ from the one the model learned with
     assert "corpus is prepared already" in console and (out / "data" / "tokenizer.json").read_bytes() == tokenizer
-    results = RunFolder(out / "sst2").read_results(FinetuneResults)
+    sst2 = out / f"sst2-{STEPS}steps-after-{STEPS}"
+    results = RunFolder(sst2).read_results(FinetuneResults)
     assert f"SST-2 dev accuracy {results.median['dev']['acc']:.4f} (majority class " \
            f"{results.baseline['dev']['acc']:.4f})" in second.stdout
-    assert str(out / "sst2") in (out / "report" / "index.html").read_text()
+    assert str(sst2) in (out / "report" / "index.html").read_text()
+
+    # other options in the same folder (the README's quick look after the demo): runs of their own, each over its
+    # whole schedule, the earlier ones kept
+    before = {f: f.stat().st_mtime_ns for run in (pretrain.path, sst2) for f in run.rglob("*") if f.is_file()}
+    third = run_demo(out, shared_data, steps=STEPS + 1)
+    assert "holds the runs of other settings too" in third.stderr
+    other = RunFolder(out / f"pretrain-{STEPS + 1}steps")
+    assert max(other.read_metrics().series("train/mlm_loss")) == STEPS + 1
+    assert RunFolder(out / f"sst2-{STEPS + 1}steps-after-{STEPS + 1}").read_results(FinetuneResults).steps == STEPS + 1
+    assert json.loads((out / "ds_configs" / f"cpu_small-{STEPS + 1}steps.json").read_text())["scheduler"]["params"][
+        "total_num_steps"] == STEPS + 1
+    assert {f: f.stat().st_mtime_ns for f in before} == before
 
 
 @pytest.mark.skipif(not DEBIAN_FASHION_MNIST.is_dir(), reason="Debian's dataset-fashion-mnist is not installed "

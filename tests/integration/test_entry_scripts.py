@@ -25,6 +25,11 @@ def help_text(capsys, monkeypatch, argv: list[str], run) -> str:
     return capsys.readouterr().out
 
 
+def words(text: str) -> list[str]:
+    """A help text without its line wrapping (which the program's name shifts)."""
+    return text.split()
+
+
 @pytest.mark.parametrize("task", SCRIPTS)
 def test_a_scripts_help_is_the_module_entrys(task, capsys, monkeypatch):
     from widenet_ds.train import main
@@ -35,7 +40,9 @@ def test_a_scripts_help_is_the_module_entrys(task, capsys, monkeypatch):
                       lambda: runpy.run_path(script, run_name="__main__"))
     expected = help_text(capsys, monkeypatch, ["-m"], lambda: main([task, "--help"]))
     assert f"python -m widenet_ds.train {task}" in expected
-    assert shown == expected
+    # the same options and help, each entry named as it was started
+    assert f"usage: {script} " in shown and "python -m widenet_ds.train" not in shown
+    assert words(shown.replace(script, f"python -m widenet_ds.train {task}")) == words(expected)
 
 
 @pytest.mark.multirank
@@ -75,19 +82,37 @@ def test_deepspeed_runs_the_glue_script(shared_data, tmp_path):
 
 
 def test_the_train_command_of_widenet_ds_is_the_module_entry(capsys, monkeypatch):
-    """One dispatcher: `widenet-ds train` runs what `python -m widenet_ds.train` runs, usage and errors alike."""
+    """One dispatcher: `widenet-ds train` runs what `python -m widenet_ds.train` runs, usage and errors alike, each
+    named as it was started; a misspelt task gets a "did you mean"."""
     from widenet_ds.cli import main as widenet_ds
     from widenet_ds.train import main
 
     assert widenet_ds(["train"]) == main([]) == 0
     usage = capsys.readouterr().out
-    assert usage.count("usage: python -m widenet_ds.train TASK") == 2
-    assert help_text(capsys, monkeypatch, ["-m"], lambda: widenet_ds(["train", "--local_rank=0", "glue", "--help"])) \
-        == help_text(capsys, monkeypatch, ["-m"], lambda: main(["glue", "--help"]))
+    assert usage.count("usage: python -m widenet_ds.train TASK") == 1 and usage.count("usage: widenet-ds train TASK") == 1
+    assert words(help_text(capsys, monkeypatch, ["-m"], lambda: widenet_ds(["train", "--local_rank=0", "glue",
+                                                                            "--help"]))
+                 .replace("widenet-ds train glue", "python -m widenet_ds.train glue")) \
+        == words(help_text(capsys, monkeypatch, ["-m"], lambda: main(["glue", "--help"])))
     assert widenet_ds(["train", "bogus"]) == main(["bogus"]) == 2
     assert capsys.readouterr().err.count("unknown task 'bogus'") == 2
+    assert widenet_ds(["train", "pretrian"]) == 2
+    assert "unknown task 'pretrian'. Did you mean 'pretrain'?" in capsys.readouterr().err
     assert main(["pretrain", "--model-config", "albert-tiny", "--deepspeed_config", "none.json", "--data", "d",
                  "--output-dir", "o", "--log-interval", "0"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("python -m widenet_ds.train pretrain: error: 2 problems with the pretrain settings:"), err
     assert "--log-interval must be positive" in err and "none.json does not exist" in err
+
+
+@pytest.mark.multirank
+def test_the_script_form_prints_a_command_line_error_once_for_all_ranks():
+    """`deepspeed --num_gpus 2 finetune/run_glue.py` without --data: one error line naming the script, not argparse's
+    usage and error once per rank."""
+    proc = run_deepspeed(REPO / SCRIPTS["glue"], ["--task", "sst2", "--model-config", "widenet-tiny-e4",
+                                                  "--deepspeed_config", "x.json", "--output-dir", "o"], check=False)
+    output = proc.stdout + proc.stderr
+    errors = [line for line in output.splitlines() if ": error" in line]  # (not the deepspeed runner's log lines)
+    assert proc.returncode != 0 and len(errors) == 1, output[-3000:]
+    assert errors[0].startswith(f"{REPO / SCRIPTS['glue']}: error: the following arguments are required: --data"), errors
+    assert "usage:" not in output

@@ -7,15 +7,18 @@ checkpointing (same losses), the TensorBoard scalars, and a batch size that does
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from launching import REPO, run_train, train_command
+from launching import REPO, child_env, free_port, run_train, train_command
 from pretrain_support import (
     BOOKS,
     events,
@@ -188,3 +191,35 @@ def test_batch_size_that_does_not_fit_two_ranks_fails_before_training(inputs):
     assert "train_batch_size 16 != train_micro_batch_size_per_gpu 8 x gradient_accumulation_steps 2 x 2" in text
     assert "set gradient_accumulation_steps to 1" in text
     assert not (out / "metrics.jsonl").exists() and not (out / "checkpoints").exists()
+
+
+def launch_in(cwd: Path, *argv: str) -> subprocess.CompletedProcess:
+    """`widenet-ds launch` started in `cwd` (1 CPU rank)."""
+    proc = subprocess.run([sys.executable, "-m", "widenet_ds.cli", "launch", "pretrain",
+                           "--num-ranks", "1", "--master-port", str(free_port()), *argv], cwd=cwd,
+                          env=child_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_a_run_started_with_relative_paths_continues_from_another_directory(inputs, tmp_path):
+    """Issue 50, item 1: a run started in A with paths as typed (runs/x, data, ...), continued from B with
+    `widenet-ds launch pretrain --config A/runs/x -- --resume --max-steps 4`: the steps after its checkpoint, in x's
+    own folder; a --resume that finds nothing says so."""
+    a, b = tmp_path / "A", tmp_path / "B"
+    b.mkdir()
+    shutil.copytree(inputs["data"], a / "data")
+    shutil.copy(inputs["model"], a / "model.json")
+    shutil.copy(REPO / "ds_configs/cpu_small.json", a / "cpu_small.json")
+    first = launch_in(a, "--", "--model-config", "model.json", "--deepspeed_config", "cpu_small.json", "--data",
+                      "data", "--output-dir", "runs/x", "--max-steps", "2", "--log-interval", "1",
+                      "--eval-interval", "0", "--no-progress-bar", "--resume")
+    assert "--resume: nothing to continue in runs/x (no checkpoint yet): starting a new run from step 1" \
+        in first.stderr, first.stderr[-3000:]
+    run = a / "runs" / "x"
+    assert json.loads((run / "run_config.json").read_text())["data"] == str(a / "data")  # stored absolute
+    launch_in(b, "--config", str(run), "--", "--resume", "--max-steps", "4")
+    assert not (b / "runs").exists()
+    assert sorted(train_losses(run)) == [1, 2, 3, 4]
+    assert f"resumed from {run / 'checkpoints' / 'step2'}" in events(run)
+    assert (run / "checkpoints" / "latest").read_text() == "step4"

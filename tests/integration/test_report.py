@@ -259,3 +259,50 @@ def test_text_paraformer_shows_the_mlm_loss_of_the_first_k_branches(text_branche
     assert "mlm_loss_by_branches.png" in cells.images
     assert table.read_text().splitlines()[2:] == [
         "| run | k = 1 | k = 2 |", "|---|---:|---:|", f"| pf-text | {per_k[1]:.4f} | {per_k[2]:.4f} |"]
+
+
+def test_squad_scores_show_their_percent_scale_beside_fractions(tmp_path):
+    """Item 6: SQuAD's official scores are percentages, GLUE's fractions: the page's columns say which."""
+    from widenet_ds.results import FinetuneResults, SeedResults
+
+    for name, task, metrics in (("squad", "SQuAD1.1", {"dev": {"exact_match": 0.3333, "f1": 4.2706}}),
+                                ("sst2", "SST-2", {"dev": {"acc": 0.7}})):
+        folder = RunFolder(tmp_path / name)
+        folder.path.mkdir()
+        seed = SeedResults(1, metrics)
+        folder.write_results(FinetuneResults(task, "preset:widenet-tiny-e4", 4, 1, metrics, [seed], seed=1,
+                                             primary_metric=next(iter(metrics["dev"]))))
+        folder.seed(1).path.mkdir()
+        folder.seed(1).write_results(seed)
+    proc = report(tmp_path / "squad", tmp_path / "sst2", "--output", tmp_path / "page")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    page = (tmp_path / "page" / "index.html").read_text()
+    assert "dev/exact_match <small>(0-100)</small>" in page and "dev/f1 <small>(0-100)</small>" in page
+    assert "dev/acc <small>(0-1)</small>" in page
+
+
+def test_edited_results_are_said_not_shown_silently(runs, tmp_path):
+    """A finetuning median edited to a text, a seed count of -3, a pretraining results.json whose held-out loss is
+    not the one logged: each one note (stderr and page), not a silent gap or a number shown as written."""
+    text_median = shutil.copytree(runs["finetune"], tmp_path / "text_median")
+    results = json.loads((text_median / "results.json").read_text())
+    metric = next(iter(results["median"]["dev"]))
+    results["median"]["dev"][metric] = str(results["median"]["dev"][metric])
+    (text_median / "results.json").write_text(json.dumps(results))
+    negative = shutil.copytree(runs["finetune"], tmp_path / "negative_seeds")
+    results = json.loads((negative / "results.json").read_text())
+    results["seeds"] = -3
+    (negative / "results.json").write_text(json.dumps(results))
+    edited = shutil.copytree(runs["pretrain"], tmp_path / "edited_pretrain")
+    results = json.loads((edited / "results.json").read_text())
+    results["valid/mlm_loss"] = 0.125
+    (edited / "results.json").write_text(json.dumps(results))
+
+    out = tmp_path / "report"
+    proc = report(text_median, negative, edited, "--output", out)
+    assert proc.returncode == 0, proc.stderr
+    page = html.unescape((out / "index.html").read_text())
+    for why in (f"median dev/{metric} is '", "not a number: not shown",
+                "'seeds' is -3, not a count of seeds (1 or more)",
+                "valid/mlm_loss 0.125 at step 6 is not the"):
+        assert why in proc.stderr and why in page, (why, proc.stderr[-3000:])

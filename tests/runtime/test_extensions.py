@@ -8,10 +8,13 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
+
 from launching import REPO, child_env
-from widenet_ds.runtime.extensions import (SHM_OP, default_extensions_dir, pending_build,
+from widenet_ds.runtime.extensions import (SHM_OP, announce_build, builder_of, default_extensions_dir, pending_build,
                                            use_environment_extensions_dir, use_environment_ninja)
 
 OWN_NINJA = Path(sys.executable).parent / "ninja"  # pip's, installed with deepspeed
@@ -32,13 +35,68 @@ def test_each_environment_builds_into_its_own_folder_unless_one_is_set(tmp_path)
 
 
 def test_a_start_up_that_will_build_or_wait_says_so(tmp_path):
-    assert "building DeepSpeed's shared-memory op: first run only" in pending_build(tmp_path)
+    assert f"building DeepSpeed's shared-memory op into {tmp_path / SHM_OP}: first run of this environment only" \
+        in pending_build(tmp_path)
     build = tmp_path / SHM_OP
     build.mkdir()
     (build / f"{SHM_OP}.so").write_bytes(b"")
     assert pending_build(tmp_path) is None
     (build / "lock").touch()  # another process is building it now
-    assert "waiting for another process building DeepSpeed's shared-memory op" in pending_build(tmp_path)
+    assert "waiting for DeepSpeed's shared-memory op: another process is building it" in pending_build(tmp_path)
+
+
+def test_a_build_says_who_builds_it_and_that_time_passes(tmp_path, monkeypatch):
+    """Item 5: a wait for another process's build names it (a rank of this run: its rank and PID, found by the
+    compiler it runs in the build folder) and says every tick how long it has been, then that the op is ready."""
+    build = tmp_path / "fused_adam"
+    build.mkdir()
+    (build / "lock").touch()
+    monkeypatch.setenv("MASTER_PORT", "29517")
+    # a rank of this run (RANK 1, the same MASTER_PORT) running a "compiler" in the build folder, as torch runs ninja
+    rank = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.run(['sleep', '30'], "
+                                                   f"cwd={str(build)!r})"],
+                            env={**os.environ, "RANK": "1", "MASTER_PORT": "29517"})
+    try:
+        deadline = time.monotonic() + 20
+        while builder_of(build) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        lines: list[str] = []
+        with announce_build("fused_adam", tmp_path, lines.append, tick=0.3):
+            time.sleep(1.0)
+    finally:
+        rank.kill()
+        rank.wait()
+    who = f"rank 1 of this run, PID {rank.pid}"
+    assert lines[0] == (f"waiting for DeepSpeed's fused_adam op: {who} is building it in {build} (first run only; on "
+                        f"a first start, another rank of this run)")
+    ticks = [line for line in lines[1:-1] if line.startswith("DeepSpeed's fused_adam op: building, ")]
+    assert len(ticks) >= 2 and all(line.endswith(f"s so far (built by {who})") for line in ticks), lines
+    assert lines[-1].startswith("DeepSpeed's fused_adam op is ready (") and len(lines) == len(ticks) + 2, lines
+    # built: nothing is said
+    (build / "lock").unlink()
+    (build / "fused_adam.so").write_bytes(b"")
+    with announce_build("fused_adam", tmp_path, lines.append, tick=0.1):
+        time.sleep(0.3)
+    assert len(lines) == len(ticks) + 2
+
+
+@pytest.mark.slow
+def test_a_first_run_s_fused_adam_build_is_announced_as_it_happens(tmp_path):
+    """Item 2: DeepSpeed's CPU fused_adam op (an Adam JSON without torch_adam, e.g. ds_configs/finetune_squad11.json)
+    built for real into a fresh folder, with the hook a run installs: said as it starts, then as time passes, then
+    ready; loaded again, nothing."""
+    script = ("from widenet_ds.runtime.extensions import announce_op_builds; announce_op_builds(print); "
+              "from deepspeed.ops.op_builder.cpu import FusedAdamBuilder; FusedAdamBuilder().load()")
+    env = child_env(TORCH_EXTENSIONS_DIR=str(tmp_path), DS_ACCELERATOR="cpu")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(f"building DeepSpeed's fused_adam op into {tmp_path / 'fused_adam'}: first run"), lines
+    assert lines[-1].startswith("DeepSpeed's fused_adam op is ready ("), lines
+    again = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                           timeout=900)
+    assert again.returncode == 0 and again.stdout == "", again.stdout + again.stderr[-2000:]
 
 
 def another_ninja(folder: Path, marker: Path) -> Path:

@@ -213,7 +213,7 @@ def test_steps_default_to_the_schedule_and_never_run_past_it(tmp_path):
                                  cuda_available=False)
 
     def steps(settings, **fields):
-        return resolve_max_steps(requested_steps(_cfg(tmp_path, **fields), settings, recipe), settings.total_num_steps)
+        return resolve_max_steps(requested_steps(_cfg(tmp_path, **fields), settings, recipe), settings)
 
     assert steps(with_schedule) == 200
     assert steps(without) == recipe.steps == 5234
@@ -331,3 +331,37 @@ def test_a_finetuning_run_opens_its_init_from_checkpoint_once_and_plans_once(sha
     assert counts["config.json"] == 1 and all(n <= 2 for n in counts.values()), counts
     # the run is planned once and its data read once for both seeds (before: planned once, then again per seed)
     assert calls == {"plan_layout": 1, "prepare": 1}, calls
+
+
+def test_the_console_shows_squad_scores_as_percentages_and_accuracies_as_fractions():
+    """Item 6: `exact_match 0.3333` read as 33 %; it is 0.33 % on SQuAD's official 0-100 scale."""
+    from widenet_ds.training.finetuning import metrics_line
+
+    assert metrics_line({"dev": {"exact_match": 0.3333, "f1": 4.2706, "total": 10}}, "SQuAD1.1") == \
+        "dev exact_match 0.3333%, f1 4.2706%, total 10.0000"
+    assert metrics_line({"dev": {"acc": 0.5092, "f1": 0.6}}, "SST-2") == "dev acc 0.5092, f1 0.6000"
+
+
+def test_a_long_evaluation_says_how_far_it_is_and_a_short_one_says_nothing():
+    """Item 2: SQuAD's dev set took ~11 min on 2 cores with nothing on the console; a prediction estimated past
+    `long_s` says its size and time, then how far every `every` seconds, then its end."""
+    import time
+
+    from widenet_ds.training.predict import Progress
+
+    lines: list[str] = []
+    progress = Progress(1000, 10, 2, long_s=0.2, every=0.1, say=lines.append)
+    for done in range(1, 10):
+        time.sleep(0.05)
+        progress.step(done)
+    progress.end()
+    assert lines[0].startswith("evaluating 1,000 examples on 2 rank(s): about "), lines
+    assert any(line.startswith("evaluating: ") and " of 1,000 examples (" in line and "left" in line
+               for line in lines[1:-1]), lines
+    assert lines[-1].startswith("evaluated 1,000 examples in "), lines
+    quiet: list[str] = []
+    short = Progress(100, 10, 2, long_s=60.0, say=quiet.append)
+    for done in range(1, 10):
+        short.step(done)
+    short.end()
+    assert quiet == []

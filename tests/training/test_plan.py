@@ -21,7 +21,7 @@ from widenet_ds.results import PretrainResults
 from widenet_ds.runtime.ds_config import load_ds_config, validate_ds_config
 from widenet_ds.training.command_line import parse
 from widenet_ds.training.metrics import PretrainMetrics
-from widenet_ds.training.plan import plan_resume, plan_run, plan_task
+from widenet_ds.training.plan import find_resume, plan_resume, plan_run, plan_task
 from widenet_ds.training.task import Task
 
 
@@ -194,7 +194,7 @@ def test_one_plan_serves_every_folder_of_a_sweep(tmp_path):
     plan = plan_run(cfg, task, 1, 0)
     trained = cfg.folder.seed(1)
     save_tag(trained.path, 5, task.model)
-    assert plan_resume(cfg, task, plan, cfg.folder.seed(0)) is plan
-    resumed = plan_resume(cfg, task, plan, trained)
+    assert plan_resume(cfg, task, plan, find_resume(cfg, cfg.folder.seed(0))) is plan
+    resumed = plan_resume(cfg, task, plan, find_resume(cfg, trained))
     assert resumed.resume.meta.step == 5 and resumed.ds is plan.ds and resumed.max_steps == plan.max_steps
     assert task.calls.count("model_config") == 1 and task.calls.count("check_resume") == 1

@@ -314,4 +314,5 @@ def cli(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     result = evaluate_squad_files(args.data, args.predictions, args.na_prob, args.na_prob_thresh, args.version)
     print(json.dumps(result, indent=2))
+    print("squad-eval: the scores are percentages (0-100), as the official script prints them", file=sys.stderr)
     return 0

@@ -4,11 +4,15 @@ What a reader of the Hub needs to judge the model: the architecture in words, th
 tensor once), the data and training steps, and the scores the run recorded. The run is found from the source:
 a DeepSpeed tag folder's run (`<run>/checkpoints/<tag>`), a finetuned model's seed folder (`<run>/seed<N>/model`,
 written by --save-model), or the run a portable folder's provenance names; what it cannot find, it says so.
+
+A card is made to be published: a path of this machine (a data folder, a checkpoint's source) shows by its last
+name only, marked local, never as the absolute path.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,15 @@ from widenet_ds.vision.config import VisionConfig
 # run_config.json settings that say what the run trained on, in the order shown.
 _DATA_SETTINGS = ("task", "glue_task", "version", "dataset", "data", "max_train_examples", "max_seq_length",
                   "tokenizer")
+
+
+def public(value: Any) -> Any:
+    """`value` as a published card shows it: a path of this machine by its last name ("wiki128 (a local folder)"),
+    anything else as it is."""
+    if not isinstance(value, str) or not os.path.isabs(value):
+        return value
+    path = Path(value)
+    return f"{path.name or value} (a local {'folder' if path.is_dir() else 'file'})"
 
 
 def find_run_folder(source: Path, provenance: dict[str, Any]) -> Path | None:
@@ -108,11 +121,11 @@ def model_card(checkpoint: PortableCheckpoint, source: Path, hf_state: dict[str,
             except RunFolderError:
                 pass
             break
-    data = [f"{key}: {settings[key]}" for key in _DATA_SETTINGS if settings.get(key) not in (None, "")]
+    data = [f"{key}: {public(settings[key])}" for key in _DATA_SETTINGS if settings.get(key) not in (None, "")]
     if not data:
-        data = [f"{key}: {provenance[key]}" for key in ("task", "dataset") if provenance.get(key)]
+        data = [f"{key}: {public(provenance[key])}" for key in ("task", "dataset") if provenance.get(key)]
     if provenance.get("init"):  # a finetuned model: the weights it started from
-        data.append(f"initialised from: {provenance['init']}")
+        data.append(f"initialised from: {public(provenance['init'])}")
     steps = provenance.get("step", provenance.get("steps"))
     auto = "AutoModelForImageClassification" if image else {
         "WideNetForSequenceClassification": "AutoModelForSequenceClassification",
@@ -147,9 +160,15 @@ def model_card(checkpoint: PortableCheckpoint, source: Path, hf_state: dict[str,
     if pipeline:
         lines += ["from transformers import pipeline",
                   f"pipe = pipeline(\"{pipeline}\", model=folder, trust_remote_code=True)"]
-    lines += ["```", "", "Outputs carry `aux_loss` (the balance loss summed over the routing calls); with labels, "
+    lines += ["```", ""]
+    if auto == "AutoModelForMaskedLM" and any(key.startswith("sop_head.") for key in hf_state):
+        lines += ["Loaded as a masked LM, transformers lists `sop_head.weight` and `sop_head.bias` as UNEXPECTED "
+                  "(\"not ok if you expect identical arch\"): they are pretraining's sentence-order-prediction head, "
+                  "which the masked-LM model has no use for. Nothing is missing (a MISSING key would be a problem); "
+                  "`AutoModelForPreTraining` (this folder's `WideNetForPreTraining`) loads them too.", ""]
+    lines += ["Outputs carry `aux_loss` (the balance loss summed over the routing calls); with labels, "
               "`loss` = task loss + balance_loss_weight x aux_loss, what transformers' Trainer optimises.",
               "`widenet-ds convert from-hf` turns this folder back into a widenet-ds checkpoint folder.", "",
               "## Provenance", ""]
-    lines += [f"- {key}: {value}" for key, value in sorted(provenance.items())]
+    lines += [f"- {key}: {public(value)}" for key, value in sorted(provenance.items())]
     return "\n".join(lines) + "\n"

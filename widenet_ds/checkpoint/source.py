@@ -22,6 +22,7 @@ from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta, check_marker
 from widenet_ds.checkpoint.training import check_explicit_config, check_resumable, resolve_tag_dir
 from widenet_ds.checkpoint.verify import Verified, verify_folder, verify_tag
 from widenet_ds.data.tokenizer import TokenizerFiles
+from widenet_ds.data.manifest import MANIFEST_FILE
 from widenet_ds.errors import CheckpointError, ConfigError
 
 Purpose = Literal["init", "resume", "convert"]
@@ -40,6 +41,18 @@ def _use_other(purpose: Purpose, flag: str):
     if purpose == CONVERT:
         return lambda tag_dir: f"--tag {tag_dir.name}"
     return lambda tag_dir: f"{flag} {tag_dir}"
+
+
+def _what_else(given: Path, flag: str) -> str:
+    """What `flag` takes instead of the folder `given`, and what that folder is where it is known."""
+    takes = ("a folder written by `widenet-ds convert to-folder`, a DeepSpeed checkpoint (a tag or checkpoints "
+             "folder) or a run folder")
+    if flag == "--model-config":
+        takes = f"a preset, a model-config JSON, {takes}"
+    if (given / MANIFEST_FILE).is_file():
+        return (f": it is a data folder of `widenet-ds prepare-data`, which a run takes as --data (pretraining) or "
+                f"--tokenizer (finetuning); {flag} takes {takes}")
+    return f"; pass {takes}"
 
 
 @dataclass(frozen=True)
@@ -62,8 +75,7 @@ class CheckpointSource:
         given = Path(given)
         if purpose == INIT and given.is_dir() and not _is_checkpoint(given):
             raise ConfigError(f"{flag} {given} is a directory but not a checkpoint (no config.json, no DeepSpeed "
-                              f"checkpoint); pass a preset, a model-config JSON, a folder written by `widenet-ds "
-                              f"convert to-folder`, or a run folder.")
+                              f"checkpoint){_what_else(given, flag)}.")
         if purpose != RESUME and is_folder(given):
             if tag is not None:
                 raise CheckpointError(f"{given} is a checkpoint folder, which has no tags; drop the tag {tag!r}.")

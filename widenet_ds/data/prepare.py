@@ -488,36 +488,45 @@ def format_summary(manifest: Manifest) -> str:
     return "\n".join(lines)
 
 
-def cli(argv: list[str]) -> int:
-    """`widenet-ds prepare-data`: build sharded ALBERT MLM+SOP examples and their tokenizer."""
-
+def build_parser() -> argparse.ArgumentParser:
+    """`widenet-ds prepare-data`'s options, each with its help and default."""
     parser = argparse.ArgumentParser(prog="widenet-ds prepare-data", description=cli.__doc__)
     parser.add_argument("--source", action="append", default=[], metavar="PATH[:WEIGHT]",
                         help="text file/folder, .jsonl, .parquet, or hf:NAME[@CONFIG] (hf:wikipedia, "
                              "hf:bookcorpus); repeatable; WEIGHT repeats (>1) or subsamples (<1) documents")
     parser.add_argument("--default-corpus", action="store_true", help="add the embedded English corpus")
-    parser.add_argument("--text-field", default="text", help="JSON/Parquet/HF field holding the text")
+    parser.add_argument("--text-field", default="text", help="JSON/Parquet/HF field holding the text (default: %(default)s)")
     parser.add_argument("--document-per-file", action="store_true",
                         help="a text file is one document (default: one per blank-line block)")
-    parser.add_argument("--tokenizer", default="train", help="'train', or a tokenizer.json / vocab.txt / folder")
+    parser.add_argument("--tokenizer", default="train", help="'train' (default), or a tokenizer.json / vocab.txt / folder")
     parser.add_argument("--vocab-size", type=int, default=None,
                         help="when training the tokenizer (--tokenizer train; default 30000)")
-    parser.add_argument("--seq-length", type=int, default=128)
-    parser.add_argument("--short-seq-prob", type=float, default=0.1)
-    parser.add_argument("--masked-lm-prob", type=float, default=0.15)
-    parser.add_argument("--max-predictions-per-seq", type=int, default=None)
-    parser.add_argument("--max-ngram", type=int, default=3)
+    parser.add_argument("--seq-length", type=int, default=128, help="tokens per example ([CLS] A [SEP] B [SEP]; default: %(default)s)")
+    parser.add_argument("--short-seq-prob", type=float, default=0.1,
+                        help="share of examples cut to a random shorter length (ALBERT's; default: %(default)s)")
+    parser.add_argument("--masked-lm-prob", type=float, default=0.15, help="share of the tokens masked (default: %(default)s)")
+    parser.add_argument("--max-predictions-per-seq", type=int, default=None,
+                        help="masked tokens per example at most (default: masked-lm-prob x seq-length, rounded up)")
+    parser.add_argument("--max-ngram", type=int, default=3, help="longest n-gram span masked at once (ALBERT's; default: %(default)s)")
     parser.add_argument("--masking", choices=("static", "dynamic"), default="dynamic",
-                        help="static: masks drawn once and stored (x dupe-factor); dynamic: in the loader")
-    parser.add_argument("--dupe-factor", type=int, default=1, help="static masking: copies with new masks")
-    parser.add_argument("--valid-fraction", type=float, default=0.01)
-    parser.add_argument("--partition-mb", type=float, default=16, help="text per shard (millions of chars)")
-    parser.add_argument("--output", type=Path, required=True)
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--seed", type=int, default=12345)
+                        help="static: masks drawn once and stored (x dupe-factor); dynamic (default): in the loader")
+    parser.add_argument("--dupe-factor", type=int, default=1, help="static masking: copies with new masks (default: %(default)s)")
+    parser.add_argument("--valid-fraction", type=float, default=0.01,
+                        help="share of the documents held out as the valid split (the runs' evaluation; default: "
+                             "%(default)s)")
+    parser.add_argument("--partition-mb", type=float, default=16, help="text per shard (millions of chars; default: %(default)s)")
+    parser.add_argument("--output", type=Path, required=True, help="the data folder to write (new or empty)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="processes tokenizing and building examples (default: this machine's cores, %(default)s)")
+    parser.add_argument("--seed", type=int, default=12345, help="document order, masks and SOP swaps (default: %(default)s)")
     parser.add_argument("--overwrite", action="store_true", help="rebuild shards made with other settings")
-    parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return parser
+
+
+def cli(argv: list[str]) -> int:
+    """`widenet-ds prepare-data`: build sharded ALBERT MLM+SOP examples and their tokenizer."""
+    args = build_parser().parse_args(argv)
     if args.vocab_size is not None and args.tokenizer != "train":
         raise DataError(f"--vocab-size {args.vocab_size} only applies to --tokenizer train; the given tokenizer "
                         f"{args.tokenizer} keeps its own vocabulary. Drop --vocab-size, or pass --tokenizer train")

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Iterable
+import sys
+import time
+from collections.abc import Iterable, Sized
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,9 +96,19 @@ def train_tokenizer(documents: Iterable[str], vocab_size: int = 30000, min_frequ
         raise DataError(f"--vocab-size {vocab_size} is too small for WordPiece; use at least 100 "
                         "(BERT uses 30522, ALBERT 30000)")
     wordpiece = BertWordPieceTokenizer(lowercase=True, clean_text=True, handle_chinese_chars=True)
+    # tokenizers' own bar counts against the number of documents: with a stream of unknown length it counted
+    # against a total of 0; a line before and after says the same without a false total.
+    length = len(documents) if isinstance(documents, Sized) else None
+    if show_progress and length is None:
+        print(f"training the WordPiece vocabulary ({vocab_size:,} words) over the documents", file=sys.stderr,
+              flush=True)
+    start = time.monotonic()
     wordpiece.train_from_iterator(documents, vocab_size=vocab_size, min_frequency=min_frequency,
                                   special_tokens=list(SPECIAL_TOKENS), limit_alphabet=1000,
-                                  wordpieces_prefix="##", show_progress=show_progress)
+                                  wordpieces_prefix="##", show_progress=show_progress and length is not None,
+                                  length=length)
+    if show_progress and length is None:
+        print(f"trained the WordPiece vocabulary in {time.monotonic() - start:.1f} s", file=sys.stderr, flush=True)
     tokenizer = wordpiece._tokenizer  # the plain `tokenizers.Tokenizer` inside the helper class
     if tokenizer.get_vocab_size() <= len(SPECIAL_TOKENS):
         raise DataError("the tokenizer learned no vocabulary: the training text is empty")

@@ -13,13 +13,14 @@ the page and stderr show.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from widenet_ds.errors import RunFolderError
-from widenet_ds.results import TASK_RESULTS, ClassifyResults, FinetuneResults, is_number, numbers
+from widenet_ds.results import TASK_RESULTS, ClassifyResults, FinetuneResults, PretrainResults, is_number, numbers
 from widenet_ds.run_folder import METRICS_FILE, MODEL_CONFIG_FILE, RESULTS_FILE, Metrics, RunFolder, read_json, \
     read_metrics
 
@@ -312,6 +313,8 @@ def _load_logged(folder: RunFolder, name: str, kind: str) -> LoggedRun | Problem
             notes.append(error)
     if not metrics.records:
         notes.append("no step logged yet")
+    if kind == "pretrain" and folder.results.is_file():
+        notes += _pretrain_results_notes(folder, metrics)
     if kind == "classify":
         settings = None
         if folder.run_config.is_file():
@@ -323,6 +326,31 @@ def _load_logged(folder: RunFolder, name: str, kind: str) -> LoggedRun | Problem
     return PretrainRun(name, path, metrics, model_config, notes)
 
 
+def _pretrain_results_notes(folder: RunFolder, metrics: Metrics) -> list[str]:
+    """A finished pretraining's results.json against its log: the page shows the logged curves, so a results.json
+    that cannot be read, or whose held-out figures are not the ones logged at its step, is said."""
+    results, error = _read_results(folder, PretrainResults)
+    if error:
+        return [error]
+    notes = []
+    for key, value in results.held_out.items():
+        logged = metrics.series(key).get(results.step)
+        if logged is None or not math.isclose(logged, value, rel_tol=1e-9, abs_tol=1e-12):
+            notes.append(f"{RESULTS_FILE}: {key} {value:.6g} at step {results.step} is not the "
+                         f"{'value' if logged is None else f'{logged:.6g}'} {METRICS_FILE} logged there (edited?); the "
+                         f"page shows the logged one")
+    return notes
+
+
+def _score_notes(results: FinetuneResults) -> list[str]:
+    """A score of results.json that is not a number (the page shows numbers only: it would read as missing)."""
+    where = [("median", results.median), ("baseline", results.baseline),
+             *((f"seed {seed.seed}", seed.metrics) for seed in results.per_seed)]
+    return [f"{RESULTS_FILE}: {label} {split}/{metric} is {value!r}, not a number: not shown"
+            for label, scores in where for split, values in scores.items() for metric, value in values.items()
+            if not is_number(value) and not (label == "baseline" and metric == "note")]
+
+
 def _load_finetune(folder: RunFolder, name: str) -> FinetuneRun | Problem:
     notes: list[str] = []
     results = None
@@ -330,6 +358,8 @@ def _load_finetune(folder: RunFolder, name: str) -> FinetuneRun | Problem:
         results, error = _read_results(folder, FinetuneResults)
         if error:
             notes.append(error)
+        else:
+            notes += _score_notes(results)
     else:
         notes.append(f"no {RESULTS_FILE} yet (running, stopped or failed): showing the evaluations logged so far")
     seeds = []

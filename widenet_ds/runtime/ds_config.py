@@ -77,6 +77,16 @@ class DeepSpeedSettings:
     scheduler_type: str | None
     total_num_steps: int | None  # of WarmupDecayLR / WarmupCosineLR, the schedule's length
 
+    def schedule_change(self, steps: int) -> str:
+        """The JSON's schedule changed to end at `steps`, in words: total_num_steps, and warmup_num_steps
+        scaled alike where the warmup would not fit (a warmup past total_num_steps is refused)."""
+        warmup = ((self.config.get("scheduler") or {}).get("params") or {}).get("warmup_num_steps")
+        change = f"total_num_steps to {steps}"
+        if isinstance(warmup, int) and warmup > steps and self.total_num_steps:
+            scaled = max(1, warmup * steps // self.total_num_steps)  # (DeepSpeed's warmup takes at least 1 step)
+            change += f" and warmup_num_steps to {scaled} (the same share of the run)"
+        return change
+
     @property
     def uses_lamb(self) -> bool:
         return self.optimizer_type is not None and self.optimizer_type.lower() == "lamb"
@@ -278,6 +288,9 @@ def _check_scheduler(config: dict[str, Any]) -> tuple[str | None, int | None]:
         raise ConfigError(f"DeepSpeed config: scheduler.params.total_num_steps must be a positive integer, "
                           f"got {total!r}.")
     warmup = params.get("warmup_num_steps")
+    if warmup is not None and (isinstance(warmup, bool) or not isinstance(warmup, int) or warmup <= 0):
+        raise ConfigError(f"DeepSpeed config: scheduler.params.warmup_num_steps must be a positive integer (DeepSpeed's "
+                          f"warmup takes at least 1 step), got {warmup!r}.")
     if total is not None and isinstance(warmup, int) and warmup > total:
         raise ConfigError(f"DeepSpeed config: scheduler warmup_num_steps {warmup} exceeds total_num_steps {total}.")
     return name, total

@@ -4,18 +4,20 @@ flag (docs/flags.md)."""
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
 
 from widenet_ds.errors import ConfigError
 from widenet_ds.training.flags import add_flags, values
 from widenet_ds.training.run_config import CONFIGS, RunConfig
 
 
-def build_parser(task: str) -> argparse.ArgumentParser:
-    """The command line of a task: the trainers' one ArgumentParser construction site."""
+def build_parser(task: str, prog: str | None = None) -> argparse.ArgumentParser:
+    """The command line of a task: the trainers' one ArgumentParser construction site; `prog`: the entry as it
+    was started (default `python -m widenet_ds.train TASK`)."""
     if task not in CONFIGS:
         raise ConfigError(f"unknown task {task!r}; pick one of {', '.join(CONFIGS)}.")
     parser = argparse.ArgumentParser(
-        prog=f"python -m widenet_ds.train {task}",
+        prog=prog or f"python -m widenet_ds.train {task}",
         description=f"{CONFIGS[task].DESCRIPTION} Start it with `widenet-ds launch {task}`, the `deepspeed` launcher "
                     f"(--module widenet_ds.train {task}), srun or mpiexec. Batch sizes, learning rate, schedule, "
                     f"precision and ZeRO stage come from the DeepSpeed JSON only; flags: docs/flags.md.")
@@ -23,10 +25,17 @@ def build_parser(task: str) -> argparse.ArgumentParser:
     return parser
 
 
-def parse(task: str, argv: list[str] | None = None) -> RunConfig:
-    """The validated run configuration of `task` from its command line."""
+def parse(task: str, argv: list[str] | None = None, prog: str | None = None) -> RunConfig:
+    """The validated run configuration of `task` from its command line. A command line argparse refuses is a
+    ConfigError (each rank of a run parses the same one: printed once, not argparse's usage and error per rank)."""
     cls = CONFIGS[task]
-    return cls(**values(build_parser(task).parse_args(argv), cls))
+    parser = build_parser(task, prog)
+
+    def refuse(message: str) -> NoReturn:
+        raise ConfigError(f"{message} (`{parser.prog} --help` lists the options)")
+
+    parser.error = refuse  # type: ignore[method-assign]
+    return cls(**values(parser.parse_args(argv), cls))
 
 
 def _shown_default(action: argparse.Action) -> str:

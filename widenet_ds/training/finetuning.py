@@ -20,7 +20,7 @@ from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
 from widenet_ds.data.tokenizer import TokenizerFiles, load_tokenizer
 from widenet_ds.errors import CheckpointError, ConfigError, raise_config_problems
-from widenet_ds.results import Scores, SeedResults, is_number
+from widenet_ds.results import Scores, SeedResults, is_number, with_scale
 from widenet_ds.run_folder import RunFolder, read_metrics
 from widenet_ds.runtime.ds_config import DeepSpeedSettings
 from widenet_ds.benchmarks.features import check_max_length, check_tokenizer_matches
@@ -110,7 +110,8 @@ class FinetuneInputs:
         cfg = self.cfg
         problems = []
         try:
-            resolve_max_steps(requested_steps(cfg, ds, self.recipe), ds.total_num_steps)
+            resolve_max_steps(requested_steps(cfg, ds, self.recipe), ds,
+                              cfg.schedule_change_flags(resuming=cfg.resume is not None))
         except ConfigError as err:
             problems.append(str(err))
         self.mismatch = [] if cfg.eval_only else recipe_mismatch(self.recipe, ds)
@@ -216,7 +217,7 @@ class FinetuneTask(Task):
                    for split, features in self.inputs.data.evals.items()}
         log.record(step, {f"eval/{split}/{name}": value for split, values in metrics.items()
                           for name, value in values.items() if isinstance(value, (int, float))})
-        log.event(step, f"eval {metrics_line(metrics)}")
+        log.event(step, f"eval {metrics_line(metrics, benchmark.name)}")
         return metrics
 
     def finish(self, engine, state, log: TrainingLog) -> SeedResults:
@@ -237,7 +238,7 @@ class FinetuneTask(Task):
         return SeedResults(self.seed, metrics, final_loss)
 
 
-def metrics_line(metrics: Scores) -> str:
-    return "; ".join(f"{split} " + ", ".join(f"{name} {value:.4f}" for name, value in values.items()
-                                             if is_number(value))
+def metrics_line(metrics: Scores, benchmark: str) -> str:
+    return "; ".join(f"{split} " + ", ".join(f"{name} {with_scale(benchmark, name, value)}"
+                                             for name, value in values.items() if is_number(value))
                      for split, values in metrics.items())

@@ -41,6 +41,33 @@ def saved_settings(meta: CheckpointMeta, has_moe: bool) -> DeepSpeedSettings | N
                               cuda_available=torch.cuda.is_available())
 
 
+def shape_words(new_shape: str) -> str:
+    """How the console and the log say a re-laid-out resume: on another shape, or a resharded checkpoint on the
+    shape it was resharded for."""
+    old, _, new = new_shape.partition(" -> ")
+    return (f"on another shape ({new_shape})" if old != new else
+            f"re-laid out from its resharded state (on its own shape, {new})")
+
+
+def check_micro_batches_divide(checkpoint: CheckpointSource, data_parallel_size: int, has_moe: bool) -> None:
+    """A resume on ranks that cannot split the checkpoint's micro-batches of a step: its message first (the
+    DeepSpeed JSON's batch arithmetic would otherwise suggest a batch the resume then refuses)."""
+    source = checkpoint.tag_dir
+    saved = saved_settings(checkpoint.meta, has_moe)
+    if saved is None:
+        return
+    train, micro = saved.batch.train_batch_size, saved.batch.micro_batch_size
+    per_step = train // micro
+    if per_step % data_parallel_size:
+        fits = [n for n in range(1, per_step + 1) if per_step % n == 0]
+        raise ConfigError(
+            f"checkpoint {source} trained {per_step} micro-batch(es) of {micro} per step (train_batch_size {train}); "
+            f"a resume on another number of ranks keeps both, so the ranks must divide {per_step} micro-batches per "
+            f"step, and {data_parallel_size} data-parallel rank(s) do not: resume on {' or '.join(map(str, fits))} "
+            f"data-parallel rank(s), or start a new run from its weights with --init-from {source} (a new optimizer "
+            f"and schedule).")
+
+
 def plan_new_shape(checkpoint: CheckpointSource, parallel: ParallelPlan, ds: DeepSpeedSettings,
                    has_moe: bool) -> str | None:
     """None when the checkpoint (opened for --resume) was written on this run's shape; else the line naming old and
@@ -64,10 +91,14 @@ def plan_new_shape(checkpoint: CheckpointSource, parallel: ParallelPlan, ds: Dee
         raise CheckpointError(f"checkpoint {source} does not record its DeepSpeed settings; {own_shape}.")
     if parallel.branch_parallel > 1:
         raise ConfigError(f"a branch-parallel run (--branch-parallel {parallel.branch_parallel}) continues on its own "
-                          f"shape only; {own_shape}.")
+                          f"shape only: {own_shape}; or continue it on {new} without branch parallelism "
+                          f"(--branch-parallel 1 --accept-changed-settings: the same model and data, each rank "
+                          f"computing every branch).")
     if saved.precision != "fp32" or ds.precision != "fp32":
-        raise ConfigError(f"checkpoint {source} was trained in {saved.precision}, this run is {ds.precision}: a resume "
-                          f"on another shape re-lays out fp32 master weights and optimizer state only; {own_shape}.")
+        precisions = (f"checkpoint {source} was trained in {saved.precision}" if saved.precision != "fp32" else
+                      f"this run is {ds.precision} (checkpoint {source}: fp32)")
+        raise ConfigError(f"a resume on another shape re-lays out the fp32 master weights and optimizer state of an "
+                          f"fp32 run only, and {precisions}; {own_shape}.")
     if (saved.batch.train_batch_size, saved.batch.micro_batch_size) != (ds.batch.train_batch_size,
                                                                         ds.batch.micro_batch_size):
         raise ConfigError(

@@ -21,8 +21,8 @@ from widenet_ds.runtime.ds_config import DeepSpeedSettings, load_ds_config, traj
 from widenet_ds.runtime.engine import OptimizerPlan, plan_optimizer
 from widenet_ds.runtime.parallel import ParallelPlan
 from widenet_ds.training.branch_schedule import BranchSchedule, plan_branch_schedule
-from widenet_ds.training.new_shape import plan_new_shape
-from widenet_ds.training.run_config import LATEST, RunConfig, setting_changes
+from widenet_ds.training.new_shape import check_micro_batches_divide, plan_new_shape
+from widenet_ds.training.run_config import LATEST, RunConfig, saved_record, setting_changes
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,10 @@ class RunPlan:
     data_order: str = GLOBAL_CHUNKS  # the order the loaders use: the resumed checkpoint's (data/batch_order.py)
 
 
-def resolve_max_steps(requested: int | None, schedule_steps: int | None) -> int:
-    """The run's length: what was asked for, else the DeepSpeed schedule's; never past the schedule's end."""
+def resolve_max_steps(requested: int | None, ds: DeepSpeedSettings, also: str = "") -> int:
+    """The run's length: what was asked for, else the DeepSpeed schedule's; never past the schedule's end.
+    `also`: what a run must be given besides to take a changed schedule (RunConfig.schedule_change_flags)."""
+    schedule_steps = ds.total_num_steps
     if requested is None:
         if schedule_steps is None:
             raise ConfigError("no step count: pass --max-steps, or use a scheduler with total_num_steps "
@@ -49,19 +51,20 @@ def resolve_max_steps(requested: int | None, schedule_steps: int | None) -> int:
         return schedule_steps
     if schedule_steps is not None and requested > schedule_steps:
         raise ConfigError(f"--max-steps {requested} runs past the schedule's total_num_steps {schedule_steps}, where "
-                          f"the learning rate has decayed to its minimum; raise total_num_steps in the DeepSpeed "
-                          f"config or lower --max-steps.")
+                          f"the learning rate has decayed to its minimum; set {ds.schedule_change(requested)} in the "
+                          f"DeepSpeed config{also}, or lower --max-steps to {schedule_steps}.")
     return requested
 
 
-def schedule_notes(max_steps: int, schedule_steps: int | None) -> tuple[str, ...]:
+def schedule_notes(max_steps: int, ds: DeepSpeedSettings, also: str = "") -> tuple[str, ...]:
     """A run shorter than its learning-rate schedule ends before the rate has decayed: said, not refused
     (short runs are how a set-up is tried)."""
+    schedule_steps = ds.total_num_steps
     if schedule_steps is None or not 0 < max_steps < schedule_steps:  # (0: --eval-only trains no step)
         return ()
     return (f"the run ends at step {max_steps}, before the DeepSpeed schedule's total_num_steps {schedule_steps}: "
-            f"the learning rate will not have decayed to its end value. For a complete schedule set total_num_steps "
-            f"to {max_steps} in the DeepSpeed config.",)
+            f"the learning rate will not have decayed to its end value. For a complete schedule set "
+            f"{ds.schedule_change(max_steps)} in the DeepSpeed config{also}.",)
 
 
 def branch_parallel_notes(parallel: ParallelPlan, model_config) -> tuple[str, ...]:
@@ -121,7 +124,7 @@ def keep_saved_dispatch(saved: dict[str, Any], model_config, overrides: list[str
 def resume_changes(cfg: RunConfig, folder: RunFolder, ds: DeepSpeedSettings, meta: CheckpointMeta | None) -> list[str]:
     """What differs from the run being continued: its settings (run_config.json) and what its DeepSpeed JSON
     does to the trajectory (batch, optimizer, schedule, clipping, precision)."""
-    saved = folder.read_run_config() if folder.run_config.is_file() else None
+    saved = saved_record(folder.read_run_config(), folder.path)[0] if folder.run_config.is_file() else None
     changes = setting_changes(saved, cfg.record()) if saved is not None else []
     saved_ds = saved.get("deepspeed_settings") if saved is not None else (meta.deepspeed_config if meta else None)
     if saved_ds:
@@ -142,7 +145,8 @@ def plan_task(cfg: RunConfig, task, world_size: int, rank: int) -> RunPlan:
     read the same inputs), printed once. A resumed run's settings are compared with its run_config.json here
     (a finetuning sweep compares them once for all its seeds: `check_resume_changes`)."""
     try:
-        plan = plan_resume(cfg, task, plan_run(cfg, task, world_size, rank), task.folder)
+        resume = find_resume(cfg, task.folder)
+        plan = plan_resume(cfg, task, plan_run(cfg, task, world_size, rank, resume), resume)
         if plan.resume is not None:
             plan = replace(plan, changes=tuple(resume_changes(cfg, cfg.folder, plan.ds, plan.resume.meta)))
             check_resume_changes(cfg, cfg.output_dir, list(plan.changes))
@@ -152,26 +156,32 @@ def plan_task(cfg: RunConfig, task, world_size: int, rank: int) -> RunPlan:
     return plan
 
 
-def plan_run(cfg: RunConfig, task, world_size: int, rank: int) -> RunPlan:
+def plan_run(cfg: RunConfig, task, world_size: int, rank: int, resume: CheckpointSource | None = None) -> RunPlan:
     """The checks every task shares, made once per run (a finetuning sweep's seeds share them): the task's model
     (its data read and checked), the layout, the DeepSpeed settings, the data, the branch schedule and the
-    length. The hooks are called in the order training/task.py lists."""
+    length. The hooks are called in the order training/task.py lists. `resume`: the checkpoint the run
+    continues, when it is known (`find_resume`): its needs are named before the DeepSpeed JSON's."""
     model_config = task.model_config()
-    parallel, ds, optimizer = plan_layout(cfg, model_config, world_size, rank)
+    try:
+        parallel, ds, optimizer = plan_layout(cfg, model_config, world_size, rank)
+    except ConfigError:  # a resume on other ranks: what the checkpoint needs comes first (its fix, not the JSON's)
+        if resume is not None:
+            check_micro_batches_divide(resume, world_size // cfg.branch_parallel, model_config.is_moe)
+        raise
     task.check_settings(ds)
     task.load_data()
     schedule = plan_branch_schedule(cfg.branch_schedule, model_config.num_branches,
                                     task.batches_per_epoch(ds.batch.train_batch_size), ds, cfg.prefix_cycle_batches,
                                     cfg.stage_steps)
-    max_steps = schedule.end_step(resolve_max_steps(task.requested_steps(ds), ds.total_num_steps))
-    notes = schedule_notes(max_steps, ds.total_num_steps) + branch_parallel_notes(parallel, model_config)
+    also = cfg.schedule_change_flags(resuming=resume is not None)
+    max_steps = schedule.end_step(resolve_max_steps(task.requested_steps(ds), ds, also))
+    notes = schedule_notes(max_steps, ds, also) + branch_parallel_notes(parallel, model_config)
     return RunPlan(model_config, parallel, ds, optimizer, schedule, max_steps, notes=notes)
 
 
-def plan_resume(cfg: RunConfig, task, plan: RunPlan, folder: RunFolder) -> RunPlan:
-    """`plan` for the run in `folder` (a finetuning seed's folder for each seed): with the checkpoint to continue
-    from, checked to continue this run exactly, and the model with the checkpoint's dispatch."""
-    source = find_resume(cfg, folder)
+def plan_resume(cfg: RunConfig, task, plan: RunPlan, source: CheckpointSource | None) -> RunPlan:
+    """`plan` for continuing from `source` (`find_resume` of the run's folder, or of a finetuning seed's folder for
+    each seed): checked to continue this run exactly, with the model in the checkpoint's dispatch."""
     if source is None:
         return plan
     meta = source.meta

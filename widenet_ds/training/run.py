@@ -21,12 +21,13 @@ from widenet_ds.disk_space import DiskFullError
 from widenet_ds.errors import ConfigError, WideNetError, mark_same_on_every_rank
 from widenet_ds.run_lock import FolderLockedError, folder_lock
 from widenet_ds.runtime.distributed import all_values, init_distributed, rank0_value
+from widenet_ds.runtime.extensions import announce_op_builds
 from widenet_ds.training.console import say
 from widenet_ds.training.environment import check_run
 from widenet_ds.training.plan import plan_task
 from widenet_ds.training.preemption import StopRequest
 from widenet_ds.training.registry import TASKS
-from widenet_ds.training.run_config import RunConfig
+from widenet_ds.training.run_config import LATEST, RunConfig
 from widenet_ds.training.sweep import SeedSweep
 from widenet_ds.training.task import Task
 from widenet_ds.training.trainer import Trainer
@@ -39,6 +40,9 @@ def run_task(cfg: RunConfig) -> Any:
         check_run(cfg)
     except WideNetError as err:  # every rank reads the same settings and the same (shared) files
         raise mark_same_on_every_rank(err)
+    if cfg.resume == LATEST and cfg.folder.resumable() is None:  # never silent (a requeued job's first start)
+        say(f"--resume: nothing to continue in {cfg.output_dir} (no checkpoint yet): starting a new run "
+            + (f"from --init-from {cfg.init_from}" if cfg.init_from is not None else "from step 1"))
     stop = StopRequest()
     # Slurm's USR1 (slurm/requeue.sh) is kept from the start: the run stops at its first step, saved, and requeues.
     # TERM only once the process group is up: a rank blocked in the rendezvous (rank 0 refused a busy port, a peer
@@ -46,6 +50,7 @@ def run_task(cfg: RunConfig) -> Any:
     stop.install(signal.SIGUSR1)
     try:
         say("starting: initialising the process group")
+        announce_op_builds(say)  # a first run's op builds (shared memory, fused_adam, ...) are said as they happen
         init_distributed(say=say)
         stop.install(signal.SIGTERM)
         with run_folder_lock(cfg):

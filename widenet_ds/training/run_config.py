@@ -15,17 +15,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from dataclasses import dataclass, field
+import os
+import typing
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from widenet_ds.errors import ConfigError, problems_text
+from widenet_ds.model.config import PRESETS
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.compile import CompileMode
 from widenet_ds.benchmarks.glue import get_glue_dataset
 from widenet_ds.training.branch_schedule import ScheduleKind
 from widenet_ds.training.flags import flag, int_list, to_argv
 from widenet_ds.vision.augment import AugmentConfig
+from widenet_ds.vision.config import VISION_PRESETS
 from widenet_ds.vision.datasets import DATASETS
 
 OptimizerChoice = Literal["auto", "deepspeed-fused", "torch-lamb"]
@@ -167,27 +171,119 @@ class RunConfig:
         return RunFolder(self.output_dir)
 
     def record(self) -> dict[str, Any]:
-        """The settings as JSON values (run_config.json), with the task's name."""
+        """The settings as JSON values (run_config.json), with the task's name. Every value that names a file or
+        folder is absolute (the keys and types are unchanged): the record means the same from any directory
+        (`widenet-ds launch TASK --config RUN` replays it; a run's own folder is where the file is found, see
+        `saved_record`)."""
         record = {"task": self.TASK}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            record[f.name] = str(value) if isinstance(value, Path) else value
+            record[f.name] = os.path.abspath(value) if names_a_path(f.name, value) else \
+                str(value) if isinstance(value, Path) else value
         return json.loads(json.dumps(record))  # as read back from the file (tuples as lists)
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> RunConfig:
-        """The configuration `record()` wrote (a run's run_config.json), checked as any other."""
+        """The configuration `record()` wrote (a run's run_config.json), checked as any other: a key this version
+        lacks, a required one missing or a value of the wrong type is one error naming the key."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(record) - names - {"task", "deepspeed_settings"})  # (the trainer adds the JSON's)
         if unknown:
             raise ConfigError(f"the saved {cls.TASK} settings hold {', '.join(unknown)}, which this version does not "
                               f"have; pass the run's options on the command line instead.")
+        problems = record_problems(cls, record)
+        if problems:
+            raise ConfigError(problems_text(problems, f"the saved {cls.TASK} settings"))
         return cls(**{name: value for name, value in record.items() if name in names})
 
     def to_argv(self) -> list[str]:
         """The options of `python -m widenet_ds.train TASK` that give these settings (for callers that start
         ranks: build the configuration, check it here, pass this)."""
         return to_argv(self)
+
+    def schedule_change_flags(self, resuming: bool) -> str:
+        """What else this run needs to take a DeepSpeed JSON with another schedule (a hint's tail, "" when
+        nothing): a resumed run keeps its checkpoint's schedule unless --accept-changed-settings."""
+        return " and pass --accept-changed-settings (a resumed run keeps its schedule otherwise)" \
+            if resuming and not self.accept_changed_settings else ""
+
+
+# Settings whose value may name a file or folder; `names_a_path` says whether a given value does.
+PATH_SETTINGS = frozenset({"deepspeed_config", "output_dir", "init_from", "data", "tokenizer", "train_file", "dev_file",
+                           "model_config", "resume"})
+_NOT_PATHS = {"data": {HF_DATA}, "resume": {LATEST}, "model_config": {*PRESETS, *VISION_PRESETS}}
+
+
+def names_a_path(name: str, value: Any) -> bool:
+    """Whether setting `name`'s `value` is a file or folder (not `hf`, `latest`, a preset, a dataset name, None)."""
+    return (name in PATH_SETTINGS and isinstance(value, (str, Path)) and str(value) != ""
+            and str(value) not in _NOT_PATHS.get(name, ()))
+
+
+def _expected(hint: Any) -> tuple[str, Any]:
+    """(how a JSON value of this type is described, a check of a value) for a field's type hint."""
+    args = typing.get_args(hint)
+    if type(None) in args:  # X | None
+        what, check = _expected(next(a for a in args if a is not type(None)))
+        return f"{what} or null", lambda v: v is None or check(v)
+    if typing.get_origin(hint) is Literal:
+        return f"one of {', '.join(map(json.dumps, args))}", lambda v: v in args
+    if typing.get_origin(hint) in (list, tuple):
+        inner, item = _expected(args[0])
+        return f"a list of {inner.removeprefix('a ').removeprefix('an ')}s", \
+            lambda v: isinstance(v, list) and all(item(x) for x in v)
+    if hint is bool:
+        return "true or false", lambda v: isinstance(v, bool)
+    if hint is int:
+        return "an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)
+    if hint is float:
+        return "a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+    return "a string", lambda v: isinstance(v, str)  # str, Path, the compile mode's text
+
+
+def record_problems(cls: type[RunConfig], record: dict[str, Any]) -> list[str]:
+    """Each key of a saved record (run_config.json) that is missing or holds a value of another type, naming the
+    key, what it holds and what it must hold; the values themselves are checked by the configuration."""
+    hints = typing.get_type_hints(cls)
+    problems = []
+    for f in dataclasses.fields(cls):
+        if f.name not in record:
+            if f.default is MISSING and f.default_factory is MISSING:
+                option = f"--{f.name.replace('_', '-')}" if f.name != "glue_task" else "--task"
+                problems.append(f'"{f.name}" is missing (the {option} setting); pass {option} after `--`, or '
+                                f'restore the file from a copy.')
+            continue
+        what, check = _expected(hints[f.name])
+        if not check(record[f.name]):
+            problems.append(f'"{f.name}" is {json.dumps(record[f.name])}, which is not {what}.')
+    return problems
+
+
+def saved_record(record: dict[str, Any], folder: Path) -> tuple[dict[str, Any], list[str]]:
+    """A saved run's settings (the run_config.json found in `folder`), as they mean there, and a line for each
+    path that could not be placed: the run's folder is `folder` itself (a moved or copied run continues
+    itself, not the original); a path saved relative (versions before absolute records stored paths as
+    typed) is read against the directory the run was started from, which the saved output_dir tells: `folder`
+    less output_dir's own parts (runs/x found at /a/runs/x: /a). A copy beside the original (runs/x2) is read
+    the same way."""
+    folder = Path(os.path.abspath(folder))
+    out = record.get("output_dir")
+    base = None
+    if isinstance(out, str) and not os.path.isabs(out):
+        parts = Path(os.path.normpath(out)).parts
+        if ".." not in parts and len(parts) <= len(folder.parents):
+            base = folder.parents[len(parts) - 1] if parts else folder
+    resolved, unplaced = dict(record), []
+    for name, value in record.items():
+        if name == "output_dir" or not names_a_path(name, value) or os.path.isabs(value):
+            continue
+        if base is None:
+            unplaced.append(f"{name} {value!r}")
+        else:
+            resolved[name] = os.path.normpath(base / value)
+    if "output_dir" in record:
+        resolved["output_dir"] = str(folder)
+    return resolved, unplaced
 
 
 def setting_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -257,6 +353,14 @@ class FinetuneConfig(RunConfig):
             problems.append(f"--resume {self.resume}: a finetuning run continues from its own output folder (each seed "
                             f"from its latest checkpoint); pass --resume without a value.")
         return problems
+
+    def schedule_change_flags(self, resuming: bool) -> str:
+        """A finetuning run also takes a schedule other than its task recipe's with --allow-recipe-mismatch only,
+        and compares its settings with its run_config.json whenever --resume finds one (whichever seed is next)."""
+        compared = self.resume is not None and self.folder.run_config.is_file()
+        flags = [flag for flag, needed in (("--accept-changed-settings", compared and not self.accept_changed_settings),
+                                           ("--allow-recipe-mismatch", not self.allow_recipe_mismatch)) if needed]
+        return f" and pass {' '.join(flags)} (a schedule other than the run's or the recipe's needs it)" if flags else ""
 
     @property
     def data_path(self) -> Path | None:
@@ -375,8 +479,10 @@ class ClassifyConfig(RunConfig):
         problems = super().problems()
         if self.dataset not in DATASETS:
             problems.append(f"--dataset {self.dataset!r} is not one of {list(DATASETS)}.")
-        if self.epochs is not None and (self.epochs <= 0 or self.max_steps is not None):
-            problems.append("--epochs must be positive and cannot be combined with --max-steps; pass one of them.")
+        if self.epochs is not None and self.epochs <= 0:
+            problems.append(f"--epochs must be positive (passes over the train split), got {self.epochs:g}.")
+        elif self.epochs is not None and self.max_steps is not None:
+            problems.append("--epochs and --max-steps both set the run's length; pass one of them.")
         if self.workers is not None and self.workers < 0:
             problems.append(f"--workers must be >= 0 (0: load in the rank's own process), got {self.workers}.")
         try:

@@ -25,7 +25,7 @@ from widenet_ds.training.console import say
 from widenet_ds.training.finetune_weights import model_overrides
 from widenet_ds.training.finetuning import FinetuneInputs, FinetuneTask, metrics_line, peak_lr
 from widenet_ds.training.log import TrainingLog
-from widenet_ds.training.plan import RunPlan, plan_resume, plan_run
+from widenet_ds.training.plan import RunPlan, find_resume, plan_resume, plan_run
 from widenet_ds.training.preemption import StopRequest
 from widenet_ds.training.run_config import FinetuneConfig
 from widenet_ds.training.trainer import Trainer, run_record
@@ -82,13 +82,13 @@ class SeedSweep:
                 result = self._train_seed(first if seed == seeds[0] else None, seed, inputs, plan, stop)
                 if result is None:
                     return None
-                runlog.event(None, f"seed {seed} done: {metrics_line(result.metrics)}")
+                runlog.event(None, f"seed {seed} done: {metrics_line(result.metrics, name)}")
                 per_seed.append(result)
             summary = self.summary(inputs, plan, per_seed)
             if rank == 0:
                 cfg.folder.write_results(summary)
-            runlog.event(None, f"{name} median over {cfg.seeds} seed(s): {metrics_line(summary.median)} (trivial "
-                               f"baseline: {metrics_line(summary.baseline)}); written to {cfg.folder.results}")
+            runlog.event(None, f"{name} median over {cfg.seeds} seed(s): {metrics_line(summary.median, name)} (trivial "
+                               f"baseline: {metrics_line(summary.baseline, name)}); written to {cfg.folder.results}")
             return summary
         finally:
             runlog.close()
@@ -102,7 +102,7 @@ class SeedSweep:
             return folder.read_results(SeedResults)
         task = task or FinetuneTask(cfg, folder, inputs, seed)
         try:
-            seed_plan = plan_resume(cfg, task, plan, folder)  # this seed's checkpoint, if it has one
+            seed_plan = plan_resume(cfg, task, plan, find_resume(cfg, folder))  # this seed's checkpoint, if any
             task.prepare(seed_plan)
         except WideNetError as err:
             raise mark_same_on_every_rank(err)

@@ -32,6 +32,7 @@ from widenet_ds.runtime.distributed import seed_everything
 from widenet_ds.runtime.engine import build_engine, expert_grad_norm_stage0
 from widenet_ds.training.console import say
 from widenet_ds.training.log import TrainingLog, memory_mib
+from widenet_ds.training.new_shape import shape_words
 from widenet_ds.training.plan import RunPlan
 from widenet_ds.training.preemption import SavePoints, StopRequest
 from widenet_ds.training.run_config import RunConfig
@@ -76,7 +77,7 @@ class Trainer:
         checkpoints = CheckpointManager(self.folder.checkpoints, cfg.keep_last, rank, parallel.world_size)
         state = TrainingState()
         if plan.new_shape is not None:
-            say(f"resuming {plan.resume.tag_dir} on another shape: {plan.new_shape}")
+            say(f"resuming {plan.resume.tag_dir} {shape_words(plan.new_shape)}")
             state = resume_on_new_shape(engine, plan.resume, loader, parallel.ep_size, rank)
             # The old ranks' streams (dropout, routing noise, augmentation) have no counterpart here: new ones,
             # keyed by the step (not the start's streams again); checkpoints from here on save them as usual.
@@ -107,7 +108,7 @@ class Trainer:
                                       f"{list(engine.module.encoder.branch_parallel.branches)}")
             if plan.resume is not None:
                 log.event(state.step, f"resumed from {plan.resume.tag_dir}"
-                          + (f" on another shape ({plan.new_shape}): weights, optimizer state, schedule and data "
+                          + (f" {shape_words(plan.new_shape)}: weights, optimizer state, schedule and data "
                              f"position carried over; new random streams" if plan.new_shape else ""))
                 for change in plan.changes:
                     log.event(state.step, f"changed since the checkpoint (--accept-changed-settings): {change}")

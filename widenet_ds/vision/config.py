@@ -74,6 +74,9 @@ class VisionConfig(EncoderConfig):
         if self.expert_intermediate_size is not None:
             check_positive(self, "expert_intermediate_size")
         super().__post_init__()
+        if self.is_moe and self.moe.route_padding:
+            raise ConfigError("VisionConfig: moe.route_padding = true routes padding tokens, and an image has none "
+                              "(every patch is a token); it would change nothing: drop --set moe.route_padding=true.")
         if self.moe_blocks is not None:
             if self.ffn != "moe" or self.share_ffn:
                 raise ConfigError("VisionConfig.moe_blocks (MoE in the last n blocks only) needs ffn = 'moe' and "
