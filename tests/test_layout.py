@@ -18,9 +18,11 @@ LAYERS = [
     {"widenet_ds", "widenet_ds.errors", "widenet_ds.formats", "widenet_ds.atomic", "widenet_ds.writable", "widenet_ds.run_folder",
      "widenet_ds.results", "widenet_ds.run_lock", "widenet_ds.disk_space", "widenet_ds.checksums"},
     {"widenet_ds.data", "widenet_ds.benchmarks", "widenet_ds.model", "widenet_ds.runtime", "widenet_ds.vision"},
-    {"widenet_ds.checkpoint", "widenet_ds.params"},
+    {"widenet_ds.portable", "widenet_ds.params"},
+    {"widenet_ds.checkpoint"},
+    {"widenet_ds.interop"},
     {"widenet_ds.training", "widenet_ds.report"},
-    {"widenet_ds.cli", "widenet_ds.train", "widenet_ds.demo", "widenet_ds.launch_cli"},
+    {"widenet_ds.cli", "widenet_ds.train", "widenet_ds.demo", "widenet_ds.launch_cli", "widenet_ds.commands"},
 ]
 
 
@@ -137,22 +139,23 @@ COVERED_BY = {
     "widenet_ds/train.py": ["integration/test_golden_losses.py", "integration/test_bad_inputs.py"],  # every run
     "widenet_ds/demo.py": ["integration/test_demo.py"],
     "widenet_ds/writable.py": ["integration/test_bad_inputs.py"],  # the unwritable / file-blocked output rows
-    "widenet_ds/checkpoint/branches_cli.py": ["checkpoint/test_branches.py"],
+    "widenet_ds/commands/branches.py": ["portable/test_branches.py"],
+    "widenet_ds/commands/verify.py": ["checkpoint/test_verify.py"],
     "widenet_ds/data/batch_order.py": ["data/test_loader.py", "training/test_epoch_batches.py"],  # through the loaders
     "widenet_ds/checkpoint/source.py": ["training/test_pretraining.py", "integration/test_bad_inputs.py"],  # --init-from
     "widenet_ds/data/prepared.py": ["data/test_loader.py", "training/test_pretraining.py"],  # opened once, counted
     "widenet_ds/training/new_shape.py": ["integration/test_resume_new_shape.py"],  # real resumes on other shapes
-    "widenet_ds/checkpoint/deepspeed.py": ["checkpoint/test_cli.py", "checkpoint/test_load_image_models.py"],
+    "widenet_ds/checkpoint/deepspeed.py": ["commands/test_convert.py", "portable/test_weights_image_models.py"],
     # the model card of `convert to-hf`, read from real runs' folders
-    "widenet_ds/checkpoint/hf_model_card.py": ["integration/test_hf_fresh_venv.py", "checkpoint/test_hf_export.py"],
+    "widenet_ds/interop/hf_model_card.py": ["integration/test_hf_fresh_venv.py", "interop/test_hf_export.py"],
     # the files `convert to-hf` writes into HF folders, loaded through transformers' Auto classes
-    "widenet_ds/checkpoint/hf_template/configuration_widenet.py": ["checkpoint/test_hf_export.py"],
-    "widenet_ds/checkpoint/hf_template/image_processing_widenet.py": ["checkpoint/test_hf_export.py",
+    "widenet_ds/interop/hf_template/configuration_widenet.py": ["interop/test_hf_export.py"],
+    "widenet_ds/interop/hf_template/image_processing_widenet.py": ["interop/test_hf_export.py",
                                                                       "integration/test_hf_fresh_venv.py"],
-    "widenet_ds/checkpoint/hf_template/modeling_widenet.py": ["checkpoint/test_hf_export.py",
+    "widenet_ds/interop/hf_template/modeling_widenet.py": ["interop/test_hf_export.py",
                                                               "integration/test_hf_fresh_venv.py"],
-    "widenet_ds/checkpoint/reshard.py": ["checkpoint/test_cli.py", "checkpoint/test_load_image_models.py"],
-    "widenet_ds/checkpoint/tokenizer_check.py": ["integration/test_bad_inputs.py", "checkpoint/test_cli.py"],
+    "widenet_ds/checkpoint/reshard.py": ["commands/test_convert.py", "portable/test_weights_image_models.py"],
+    "widenet_ds/checkpoint/tokenizer_check.py": ["integration/test_bad_inputs.py", "commands/test_convert.py"],
     "widenet_ds/report/branches.py": ["integration/test_report_images.py"],
     "widenet_ds/report/cli.py": ["integration/test_report.py", "integration/test_report_images.py"],
     "widenet_ds/report/metrics.py": ["integration/test_report.py", "integration/test_report_images.py"],
@@ -172,7 +175,6 @@ COVERED_BY = {
     "widenet_ds/training/flags.py": ["training/test_command_line.py"],
     "widenet_ds/training/model_source.py": ["training/test_pretraining.py", "integration/test_bad_inputs.py"],
     "widenet_ds/training/predict.py": ["training/test_finetuning.py", "integration/test_finetune.py"],
-    "widenet_ds/training/preemption.py": ["checkpoint/test_training.py", "integration/test_pretrain_resume.py"],
     "widenet_ds/training/run.py": ["training/test_pretraining.py", "training/test_finetuning.py"],
     "widenet_ds/training/sweep.py": ["training/test_finetuning.py", "integration/test_finetune_resume.py"],
     "widenet_ds/vision/augment.py": ["vision/test_datasets.py"],

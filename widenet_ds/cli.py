@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from widenet_ds.disk_space import DiskFullError, full_disk_message
 from widenet_ds.errors import exit_status
-from widenet_ds.runtime.quiet import quiet_third_party
 from widenet_ds.results import TASK_RESULTS
+from widenet_ds.runtime.quiet import quiet_third_party
 from widenet_ds.training.console import report_error
 
 # name -> (module:function, one-line help). Imported lazily so `widenet-ds params` does not pay for
@@ -25,14 +25,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train-tokenizer": ("widenet_ds.data.tokenizer:cli", "train a WordPiece vocabulary over text sources"),
     "prepare-data": ("widenet_ds.data.prepare:cli", "build sharded MLM+SOP pretraining examples"),
     "verify-data": ("widenet_ds.data.verify:cli", "check every shard of a prepared data folder against its checksums"),
-    "verify": ("widenet_ds.checkpoint.cli:verify_cli", "check every file of a checkpoint or exported folder against its "
-                                                   "recorded size and SHA-256"),
+    "verify": ("widenet_ds.commands.verify:cli", "check every file of a checkpoint or exported folder against its "
+                                                 "recorded size and SHA-256"),
     "squad-eval": ("widenet_ds.benchmarks.squad_metrics:cli", "official SQuAD v1.1/v2.0 scores of a predictions file"),
     "glue-eval": ("widenet_ds.benchmarks.glue_metrics:cli", "GLUE metrics of a predictions file"),
-    "convert": ("widenet_ds.checkpoint.cli:cli", "convert checkpoints: to-folder, reshard, to-hf, from-hf, "
-                                                 "to-albert, from-albert, to-hf-vit, to-shape-free"),
-    "branches": ("widenet_ds.checkpoint.branches_cli:cli", "ParaFormer branches of a checkpoint folder: compress to "
-                                                            "the first K, expand to M"),
+    "convert": ("widenet_ds.commands.convert:cli", "convert checkpoints: to-folder, reshard, to-hf, from-hf, "
+                                                   "to-albert, from-albert, to-hf-vit, to-shape-free"),
+    "branches": ("widenet_ds.commands.branches:cli", "ParaFormer branches of a checkpoint folder: compress to "
+                                                     "the first K, expand to M"),
     "report": ("widenet_ds.report.cli:cli", "HTML page with plots of pretraining/image/finetuning run folders"),
     "launch": ("widenet_ds.launch_cli:cli", "train on N ranks: deepspeed --module widenet_ds.train TASK (CPU rank "
                                                  "count, hostfile check, signal relay)"),

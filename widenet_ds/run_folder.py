@@ -7,7 +7,7 @@
                             older versions: vision_config.json)
         metrics.jsonl       one JSON record per logged step ({"step", "time", scalars}) or event ({"event"})
         tensorboard/        the same scalars for TensorBoard
-        checkpoints/        DeepSpeed tags with their markers (widenet_ds/checkpoint/training.py)
+        checkpoints/        DeepSpeed tags with their markers (widenet_ds/checkpoint/tags.py)
         results.json        what the run scored, written once, when it has finished (widenet_ds/results.py)
         tokenizer.json, vocab.txt   text runs: the tokenizer of the run's data
         seed<N>/            finetuning: one run folder per seed (metrics, checkpoints, predictions,
@@ -176,7 +176,7 @@ class RunFolder:
 
     def resumable(self) -> str | None:
         """What a bare --resume continues here, in words; None: nothing, a --resume starts the run anew."""
-        latest = self.checkpoints / "latest"  # written by checkpoint/training.py once a tag is complete
+        latest = self.checkpoints / "latest"  # written by checkpoint/manager.py once a tag is complete
         if latest.is_file():
             return f"checkpoint {latest.read_text().strip() or '?'}"
         begun = [f"seed {seed}" for seed, folder in self.seeds() if folder.resumable()]

@@ -9,15 +9,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from launching import REPO, run_deepspeed
 from safetensors.torch import load_file
 
-from launching import REPO, run_deepspeed
-
-from widenet_ds.checkpoint.cli import cli as convert
 from widenet_ds.checkpoint.deepspeed import load_torch_file
-from widenet_ds.checkpoint.shape_free import (ShapeFreeState, global_expert_name, load_shape_free, read_shape_free,
-                                              save_shape_free)
+from widenet_ds.checkpoint.shape_free import (
+    ShapeFreeState,
+    global_expert_name,
+    load_shape_free,
+    read_shape_free,
+    save_shape_free,
+)
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
+from widenet_ds.commands.convert import cli as convert
 from widenet_ds.errors import CheckpointError
 
 pytestmark = [pytest.mark.multirank, pytest.mark.slow]  # slow: its fixture's launcher runs

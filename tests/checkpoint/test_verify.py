@@ -11,15 +11,15 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from convert_make_checkpoint import MICRO_BATCH, FixedBatchLoader, build, fixed_batch, model_config
-from widenet_ds.checkpoint.cli import cli as convert
+
+from widenet_ds.checkpoint.manager import CheckpointManager, TrainingState, estimate_checkpoint_bytes
 from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta
-from widenet_ds.checkpoint.training import (CheckpointManager, TrainingState, check_checkpoint_files,
-                                            estimate_checkpoint_bytes)
-from widenet_ds.checkpoint.cli import verify_cli
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
+from widenet_ds.checkpoint.tags import check_checkpoint_files
 from widenet_ds.checksums import total_size
+from widenet_ds.commands.convert import cli as convert
+from widenet_ds.commands.verify import cli as verify_cli
 from widenet_ds.disk_space import DiskFullError
 from widenet_ds.errors import CheckpointError
 

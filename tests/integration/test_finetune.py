@@ -5,7 +5,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from launching import REPO, child_env, python_train_command, run_train
 
 CPU_CONFIG = str(REPO / "ds_configs/finetune_cpu_small.json")
@@ -119,9 +118,9 @@ def test_squad_answer_start_mismatch_and_vocab_mismatch(shared_data, tmp_path):
     # a model whose vocabulary is not the tokenizer's
     import torch
 
-    from widenet_ds.checkpoint.format import PortableCheckpoint, save_folder
     from widenet_ds.model.config import ModelConfig
     from widenet_ds.model.widenet import WideNetForPreTraining
+    from widenet_ds.portable.format import PortableCheckpoint, save_folder
     cfg = ModelConfig.from_preset("albert-tiny", vocab_size=1000)
     torch.manual_seed(0)
     save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", WideNetForPreTraining(cfg).state_dict()),

@@ -8,7 +8,6 @@ import random
 from pathlib import Path
 
 import pytest
-
 from launching import REPO, run_train
 
 CPU_CONFIG = str(REPO / "ds_configs/finetune_cpu_small.json")
@@ -40,10 +39,10 @@ def exported_folder(shared_data, tmp_path):
     """A tiny pretraining model (the BERT vocabulary) exported as a checkpoint folder with its vocab.txt."""
     import torch
 
-    from widenet_ds.checkpoint.format import PortableCheckpoint, save_folder
     from widenet_ds.data.tokenizer import TokenizerFiles
     from widenet_ds.model.config import ModelConfig
     from widenet_ds.model.widenet import WideNetForPreTraining
+    from widenet_ds.portable.format import PortableCheckpoint, save_folder
 
     vocab = tmp_path / "vocab.txt"  # the name the folder keeps it under
     vocab.write_bytes((shared_data / "vocab/bert-base-uncased-vocab.txt").read_bytes())

@@ -32,14 +32,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from launching import RANK_VARS, REPO, run_train
 from pretrain_support import prepare_data
+from safetensors.torch import load_file, save_file
 
-from widenet_ds.checkpoint.format import read_folder
-from widenet_ds.checkpoint.load import load_pretrained
-from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
+from widenet_ds.checkpoint.source import CONVERT, CheckpointSource, load_pretrained
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.data.tokenizer import load_tokenizer
 from widenet_ds.model.widenet import (
@@ -47,6 +44,7 @@ from widenet_ds.model.widenet import (
     WideNetForQuestionAnswering,
     WideNetForSequenceClassification,
 )
+from widenet_ds.portable.format import read_folder
 from widenet_ds.vision.augment import normalize
 from widenet_ds.vision.datasets import digits
 from widenet_ds.vision.model import ViTWideNetForImageClassification

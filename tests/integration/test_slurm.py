@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from golden_curves import TOLERANCE_ULPS, ulps
 from launch_inputs import DS_CONFIG, REPO, prepare_tiny_corpus
 from launching import run_train
 from slurm_cluster import missing_tools, slurm_cluster
+
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.training.registry import TASKS
 
@@ -128,10 +128,10 @@ def pretrained(shared_data, tmp_path_factory):
     """What --init-from points at: a tiny WideNet exported as a checkpoint folder with the BERT vocabulary."""
     import torch
 
-    from widenet_ds.checkpoint.format import PortableCheckpoint, save_folder
     from widenet_ds.data.tokenizer import TokenizerFiles
     from widenet_ds.model.config import ModelConfig
     from widenet_ds.model.widenet import WideNetForPreTraining
+    from widenet_ds.portable.format import PortableCheckpoint, save_folder
 
     root = tmp_path_factory.mktemp("pretrained")
     vocab = root / "vocab.txt"

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from widenet_ds.checkpoint.load import load_pretrained
+from widenet_ds.checkpoint.manager import CheckpointManager, TrainingState
 from widenet_ds.checkpoint.marker import CheckpointMeta
-from widenet_ds.checkpoint.training import CheckpointManager, TrainingState
+from widenet_ds.checkpoint.source import load_pretrained
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
 from widenet_ds.runtime.distributed import init_distributed

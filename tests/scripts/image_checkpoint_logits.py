@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from widenet_ds.checkpoint.load import load_pretrained
 from widenet_ds.checkpoint.marker import CheckpointMeta
+from widenet_ds.checkpoint.source import load_pretrained
 from widenet_ds.runtime.distributed import init_distributed
 from widenet_ds.runtime.ds_config import validate_ds_config
 from widenet_ds.runtime.engine import build_engine

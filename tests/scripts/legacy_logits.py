@@ -14,7 +14,7 @@ quiet_third_party()  # before DeepSpeed is imported
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from widenet_ds.checkpoint.load import load_pretrained  # noqa: E402
+from widenet_ds.checkpoint.source import load_pretrained  # noqa: E402
 from widenet_ds.model.widenet import WideNetForPreTraining  # noqa: E402
 from widenet_ds.runtime.distributed import init_distributed  # noqa: E402
 

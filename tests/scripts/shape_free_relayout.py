@@ -15,11 +15,12 @@ import sys
 from pathlib import Path
 
 import torch
-
 from convert_make_checkpoint import FixedBatchLoader, build, fixed_batch, save_logits
-from widenet_ds.checkpoint.shape_free import apply_to_engine, load_shape_free, target_meta
+
+from widenet_ds.checkpoint.manager import CheckpointManager, TrainingState
 from widenet_ds.checkpoint.marker import CheckpointMeta
-from widenet_ds.checkpoint.training import CheckpointManager, TrainingState, check_resumable
+from widenet_ds.checkpoint.shape_free import apply_to_engine, load_shape_free, target_meta
+from widenet_ds.checkpoint.tags import check_resumable
 from widenet_ds.runtime.distributed import init_distributed
 
 

@@ -11,22 +11,22 @@ import torch
 from launching import REPO
 from open_counts import counted_opens
 
+from widenet_ds.benchmarks.recipes import recipe_for
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.data.tokenizer import TokenizerFiles, load_tokenizer
 from widenet_ds.errors import ConfigError
 from widenet_ds.results import SeedResults
 from widenet_ds.runtime.ds_config import load_ds_config, validate_ds_config
-from widenet_ds.benchmarks.recipes import recipe_for
+from widenet_ds.training import plan as plan_module
 from widenet_ds.training.benchmark import GlueBenchmark, SquadBenchmark
+from widenet_ds.training.environment import check_run
 from widenet_ds.training.finetune_weights import finetune_model_config, model_overrides
 from widenet_ds.training.finetuning import FinetuneInputs, recipe_mismatch, requested_steps
-from widenet_ds.training import plan as plan_module
 from widenet_ds.training.plan import check_resume_changes, plan_layout, resolve_max_steps, resume_changes
-from widenet_ds.training.sweep import median_over_seeds
 from widenet_ds.training.predict import Batching
 from widenet_ds.training.run import run_task
 from widenet_ds.training.run_config import GlueConfig, InvalidConfig, PretrainConfig, SquadConfig
-from widenet_ds.training.environment import check_run
+from widenet_ds.training.sweep import median_over_seeds
 
 CPU_CONFIG = REPO / "ds_configs/finetune_cpu_small.json"
 SST2_CONFIG = REPO / "ds_configs/finetune_sst2.json"
@@ -145,7 +145,7 @@ def _run(cfg, world: int = 2) -> FinetuneInputs:
 
 def _steps(cfg, inputs: FinetuneInputs, world: int = 2) -> int:
     ds = plan_layout(cfg, inputs.model_config, world, 0)[1]
-    return resolve_max_steps(requested_steps(cfg, ds, inputs.recipe), ds.total_num_steps)
+    return resolve_max_steps(requested_steps(cfg, ds, inputs.recipe), ds)
 
 
 def test_recipe_and_deepspeed_json_may_not_silently_disagree(shared_data, tmp_path):
@@ -224,9 +224,9 @@ def test_steps_default_to_the_schedule_and_never_run_past_it(tmp_path):
 
 
 def test_tokenizer_comes_from_the_init_folder_or_must_be_given(shared_data, tmp_path, dist):
-    from widenet_ds.checkpoint.format import PortableCheckpoint, save_folder
     from widenet_ds.model.config import ModelConfig
     from widenet_ds.model.widenet import WideNetForPreTraining
+    from widenet_ds.portable.format import PortableCheckpoint, save_folder
 
     vocab = tmp_path / "vocab.txt"
     vocab.write_bytes((shared_data / "vocab/bert-base-uncased-vocab.txt").read_bytes())
@@ -302,9 +302,9 @@ def test_a_finetuning_run_opens_its_init_from_checkpoint_once_and_plans_once(sha
     """--init-from is resolved once (issue 40): the tokenizer, the model config, the tokenizer check and every
     seed's weights come from one CheckpointSource (before: config.json and the tokenizer opened 3 times each); and
     the seeds share one plan and one read of the data (issue 47)."""
-    from widenet_ds.checkpoint.format import PortableCheckpoint, save_folder
     from widenet_ds.model.config import ModelConfig
     from widenet_ds.model.widenet import WideNetForPreTraining
+    from widenet_ds.portable.format import PortableCheckpoint, save_folder
 
     vocab = tmp_path / "vocab.txt"
     vocab.write_bytes((shared_data / "vocab/bert-base-uncased-vocab.txt").read_bytes())

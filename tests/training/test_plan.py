@@ -10,10 +10,10 @@ import json
 from pathlib import Path
 
 import pytest
-
 from pretrain_support import CPU_CONFIG
+
 from widenet_ds.checkpoint.marker import LATEST_FILE, CheckpointMeta
-from widenet_ds.checkpoint.training import MODEL_STATES
+from widenet_ds.checkpoint.tags import MODEL_STATES
 from widenet_ds.data.batch_order import GLOBAL_CHUNKS, RANK_STRIDED
 from widenet_ds.errors import CheckpointError, ConfigError, DataError
 from widenet_ds.model.config import ModelConfig

@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
 from pretrain_support import CPU_CONFIG, events, train_losses
-from widenet_ds.checkpoint.training import complete_tags
+
+from widenet_ds.checkpoint.tags import complete_tags
 from widenet_ds.model.config import ModelConfig
-from widenet_ds.results import PretrainResults
 from widenet_ds.model.widenet import WideNetForPreTraining
+from widenet_ds.results import PretrainResults
 from widenet_ds.training.command_line import parse
 from widenet_ds.training.metrics import PretrainMetrics
 from widenet_ds.training.plan import plan_task

@@ -1,3 +1,3 @@
-"""Checkpoints: training checkpoints (DeepSpeed tag folders with our completion marker), the portable
-folder, reading DeepSpeed checkpoints without unpickling code, loading into a model (`load.load_pretrained`),
-resharding to another ep_size, HF ALBERT conversion, and the `widenet-ds convert` CLI."""
+"""Training checkpoints: the marker that makes a tag complete, the tags of a run (`tags.py`), saving and resuming
+(`manager.py`), the one route from a path to a checkpoint (`source.py`), reading DeepSpeed's files without
+unpickling code (`deepspeed.py`), verifying them, the shape-free training state and resharding."""

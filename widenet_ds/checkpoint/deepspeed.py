@@ -9,7 +9,7 @@ What DeepSpeed writes for our models (one tag folder, e.g. `<output>/checkpoints
                                                   first expert-data-parallel replica of each expert)
     zero_pp_rank_<r>_mp_rank_00_optim_states.pt   ZeRO 1/2: rank r's optimizer partition
     expp_rank_<e>_mp_rank_00_optim_states.pt      ZeRO 0: the optimizer state of expert-parallel rank e
-    widenet_checkpoint.json, rank_*_state.pt      ours (widenet_ds.checkpoint.training): complete marker
+    widenet_checkpoint.json, rank_*_state.pt      ours (widenet_ds.checkpoint.manager): complete marker
                                                   (architecture, model config, step, ep_size, ...); per-rank
                                                   loader/RNG state
 
@@ -34,13 +34,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from widenet_ds.checkpoint.format import PortableCheckpoint, architecture, infer_architecture, is_expert_key
 from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta
-from widenet_ds.checkpoint.training import MODEL_STATES, check_explicit_config
+from widenet_ds.checkpoint.tags import MODEL_STATES
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.formats import split_run_settings
 from widenet_ds.model.config import EncoderConfig
-
+from widenet_ds.portable.format import (
+    PortableCheckpoint,
+    architecture,
+    check_explicit_config,
+    infer_architecture,
+    is_expert_key,
+)
 
 
 def expert_file(tag_dir: Path, layer: int, expert: int) -> Path:

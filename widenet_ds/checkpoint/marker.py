@@ -66,7 +66,7 @@ class CheckpointMeta:
     model_config: dict[str, Any]
     deepspeed_config: dict[str, Any]
     architecture: str | None = None  # None: a text model's checkpoint of a version that did not record it
-    #                                  (its heads tell which: checkpoint/format.py's infer_architecture)
+    #                                  (its heads tell which: portable/format.py's infer_architecture)
     task: str | None = None          # the training task ("pretrain", "glue", "squad", "classify")
     branch_schedule: str = "joint"
     optimizer_states: bool = True    # False: model states only (`widenet-ds convert reshard`)

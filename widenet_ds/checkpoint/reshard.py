@@ -12,7 +12,7 @@ state (bf16/fp16, or `--model-states-only`) gives model states only: load them w
     engine.load_checkpoint(dir, tag, load_optimizer_states=False, load_lr_scheduler_states=False,
                            load_module_only=True)
 
-which is what `--init-from` does (widenet_ds.checkpoint.training.load_weights_only). Text and image checkpoints
+which is what `--init-from` does (widenet_ds.checkpoint.manager.load_weights_only). Text and image checkpoints
 alike (the marker's architecture and every other entry are carried over).
 """
 
@@ -25,12 +25,12 @@ from pathlib import Path
 import torch
 
 from widenet_ds.atomic import atomic_folder
-from widenet_ds.checksums import record_files
 from widenet_ds.checkpoint.deepspeed import expert_file, load_torch_file
 from widenet_ds.checkpoint.marker import LATEST_FILE, CheckpointMeta
 from widenet_ds.checkpoint.shape_free import ShapeFreeState, read_shape_free, save_shape_free
 from widenet_ds.checkpoint.source import CheckpointSource
-from widenet_ds.checkpoint.training import MODEL_STATES
+from widenet_ds.checkpoint.tags import MODEL_STATES
+from widenet_ds.checksums import record_files
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.runtime.distributed import check_ep_size
 

@@ -16,14 +16,24 @@ from pathlib import Path
 from typing import Any, Literal
 
 from widenet_ds.checkpoint.deepspeed import read_tag
-from widenet_ds.checkpoint.format import (TEXT_DEFAULT, PortableCheckpoint, architecture, is_folder, read_folder,
-                                          read_folder_config, stored_model_config)
 from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta, check_marker
-from widenet_ds.checkpoint.training import check_explicit_config, check_resumable, resolve_tag_dir
+from widenet_ds.checkpoint.tags import check_resumable, resolve_tag_dir
 from widenet_ds.checkpoint.verify import Verified, verify_folder, verify_tag
-from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.data.manifest import MANIFEST_FILE
+from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError, ConfigError
+from widenet_ds.model.base import EncoderModel
+from widenet_ds.portable.format import (
+    TEXT_DEFAULT,
+    PortableCheckpoint,
+    architecture,
+    check_explicit_config,
+    is_folder,
+    read_folder,
+    read_folder_config,
+    stored_model_config,
+)
+from widenet_ds.portable.weights import LoadReport, check_same_family, load_into
 
 Purpose = Literal["init", "resume", "convert"]
 INIT: Purpose = "init"
@@ -140,3 +150,29 @@ class CheckpointSource:
             return TokenizerFiles.in_folder(self.given)
         candidates = [self.tag_dir.parent.parent, self.tag_dir.parent] + (self.meta.tokenizer_folders if self.meta else [])
         return next((found for folder in candidates if (found := TokenizerFiles.in_folder(folder))), TokenizerFiles())
+
+
+def load_pretrained(cls: type[EncoderModel], source, *, ep_size: int = 1, model_overrides: dict[str, Any] | None = None,
+                    tag: str | None = None, model_config: Path | None = None,
+                    **model_kwargs: Any) -> tuple[EncoderModel, LoadReport]:
+    """`load_pretrained(cls, source)` -> (model, report): build `cls` with the saved config, load the weights.
+
+    cls: any architecture of portable/format.py (text: WideNetForPreTraining, ...ForSequenceClassification,
+      ...ForQuestionAnswering; images: ViTWideNetForImageClassification) of the checkpoint's family.
+    source: a checkpoint folder, or a DeepSpeed checkpoint of any ep_size and world size (a tag folder, a
+      checkpoints folder or a run's output folder; `tag` picks one, default the latest complete one).
+    model_overrides: config fields to change (`replace`; `moe` as a dict): ones that keep the shapes (dropouts,
+      `moe.capacity_factor`, ...), or the head's (`num_classes`, `pre_logits`: that head is newly initialised).
+    ep_size: this run's expert parallelism (default 1: every expert in this process).
+    model_config: a model-config JSON for DeepSpeed checkpoints that do not record theirs.
+    model_kwargs: the model's own arguments (`num_labels` for sequence classification).
+    Log `report.summary()`: what was loaded, newly initialised and left unused.
+    """
+    checkpoint = CheckpointSource.open(source, "source", tag=tag, purpose=CONVERT).read_weights(model_config)
+    arch = architecture(cls.__name__, "the model")
+    check_same_family(checkpoint, arch, str(source))
+    cfg = checkpoint.config.replace(**dict(model_overrides or {}))
+    if arch.takes_num_labels and arch.name == checkpoint.architecture:
+        model_kwargs.setdefault("num_labels", checkpoint.num_labels)
+    model = cls(cfg, ep_size=ep_size, **model_kwargs)
+    return model, load_into(model, checkpoint, str(source))

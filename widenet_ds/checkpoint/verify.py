@@ -11,12 +11,12 @@ source before writing anything: a truncated or replaced file is named up front i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
-from widenet_ds.checksums import file_problems, total_size
 from widenet_ds.checkpoint.marker import CheckpointMeta
-from widenet_ds.checkpoint.training import check_checkpoint_files
+from widenet_ds.checkpoint.tags import check_checkpoint_files
+from widenet_ds.checksums import file_problems, total_size
 from widenet_ds.errors import CheckpointError
 
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch.distributed as torch_dist
 
-from widenet_ds.checkpoint.format import PortableCheckpoint, global_key_map, is_expert_key, save_folder
 from widenet_ds.data.tokenizer import TOKENIZER_FILE, TokenizerFiles
 from widenet_ds.model.config import ModelConfig, parse_overrides
+from widenet_ds.portable.format import PortableCheckpoint, global_key_map, is_expert_key, save_folder
 from widenet_ds.training.model_source import resolve_model_config
 from widenet_ds.training.run_config import FinetuneConfig
 

@@ -15,16 +15,16 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from widenet_ds.checkpoint.load import load_into
+from widenet_ds.benchmarks.features import check_max_length, check_tokenizer_matches
+from widenet_ds.benchmarks.recipes import FinetuneRecipe
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
 from widenet_ds.data.tokenizer import TokenizerFiles, load_tokenizer
 from widenet_ds.errors import CheckpointError, ConfigError, raise_config_problems
+from widenet_ds.portable.weights import load_into
 from widenet_ds.results import Scores, SeedResults, is_number, with_scale
 from widenet_ds.run_folder import RunFolder, read_metrics
 from widenet_ds.runtime.ds_config import DeepSpeedSettings
-from widenet_ds.benchmarks.features import check_max_length, check_tokenizer_matches
-from widenet_ds.benchmarks.recipes import FinetuneRecipe
 from widenet_ds.training.benchmark import Benchmark
 from widenet_ds.training.console import say
 from widenet_ds.training.epoch_batches import EpochBatches

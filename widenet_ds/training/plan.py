@@ -13,9 +13,10 @@ import torch
 
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.source import RESUME, CheckpointSource
-from widenet_ds.checkpoint.training import check_same_model, latest_checkpoint
+from widenet_ds.checkpoint.tags import latest_checkpoint
 from widenet_ds.data.batch_order import GLOBAL_CHUNKS
 from widenet_ds.errors import CheckpointError, ConfigError, WideNetError, mark_same_on_every_rank
+from widenet_ds.portable.format import check_same_model
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.ds_config import DeepSpeedSettings, load_ds_config, trajectory_changes, validate_ds_config
 from widenet_ds.runtime.engine import OptimizerPlan, plan_optimizer

@@ -9,23 +9,23 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from widenet_ds.checkpoint.load import load_into
-from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.source import CheckpointSource
-from widenet_ds.checkpoint.training import check_same_model
+from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
 from widenet_ds.data.loader import PretrainingDataLoader
 from widenet_ds.data.prepared import PreparedData
 from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import DataError
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
+from widenet_ds.portable.format import check_same_model
+from widenet_ds.portable.weights import load_into
 from widenet_ds.results import PretrainResults
 from widenet_ds.training.log import TrainingLog
 from widenet_ds.training.metrics import PretrainMetrics
 from widenet_ds.training.model_source import resolve_model_config
-from widenet_ds.training.run_config import PretrainConfig
 from widenet_ds.training.plan import RunPlan
+from widenet_ds.training.run_config import PretrainConfig
 from widenet_ds.training.task import Task
 
 MANIFEST_KEYS = ("seq_length", "vocab_size", "tokenizer_sha256")  # what a resumed run's data must match

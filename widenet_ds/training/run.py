@@ -76,7 +76,7 @@ def run_task(cfg: RunConfig) -> Any:
 
 def check_shared_output(folder: Path, wait_s: float = 5.0) -> None:
     """Collective: every rank sees what rank 0 writes in the run folder. Every rank writes its part of a checkpoint
-    there and rank 0 completes it (checkpoint/training.py), so an --output-dir on node-local storage would leave
+    there and rank 0 completes it (checkpoint/manager.py), so an --output-dir on node-local storage would leave
     each node a different, incomplete checkpoint (measured on the 2-node test cluster: rank 1's files stayed in
     `step3.partial` on node 2, and a --resume hung); refused before anything is built."""
     if torch_dist.get_world_size() == 1:

@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from widenet_ds.checkpoint.manager import TrainingState
 from widenet_ds.checkpoint.marker import CheckpointMeta
-from widenet_ds.checkpoint.training import TrainingState
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.results import Results
 from widenet_ds.run_folder import RunFolder

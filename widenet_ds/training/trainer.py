@@ -23,9 +23,9 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
+from widenet_ds.checkpoint.manager import CheckpointManager, TrainingState, load_weights_only
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.shape_free import resume_on_new_shape
-from widenet_ds.checkpoint.training import CheckpointManager, TrainingState, load_weights_only
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.compile import compile_for_training
 from widenet_ds.runtime.distributed import seed_everything
@@ -83,7 +83,7 @@ class Trainer:
             # keyed by the step (not the start's streams again); checkpoints from here on save them as usual.
             seed_everything(task.stream_seed + 1 + parallel.data_parallel_rank + NEW_SHAPE_STREAMS * state.step)
         elif plan.resume is not None:
-            state = checkpoints.load(engine, plan.resume.tag_dir, plan.resume.meta, loader)
+            state = checkpoints.load(engine, plan.resume, loader)
         elif task.init_source is not None and not weight_lines:
             load_weights_only(engine, task.init_source.tag_dir)  # a DeepSpeed checkpoint: into the engine
             weight_lines = [f"weights from {cfg.init_from} (new optimizer and schedule)"]

@@ -1,14 +1,5 @@
-"""Training checkpoints: save every N steps, keep the last K, resume exactly.
-
-Layout of `<output>/checkpoints/`:
-
-    step120/                      DeepSpeed's files (model, experts, ZeRO optimizer partitions)
-        rank_00000_state.pt       per rank: data-loader state and RNG states (python, numpy, torch)
-        widenet_checkpoint.json   written last, by rank 0, once every rank has finished: the
-                                  checkpoint is complete iff this exists (step, model config, the
-                                  size and SHA-256 of every other file of the tag, ...;
-                                  checkpoint/marker.py)
-    latest                        the newest complete tag, replaced atomically
+"""Saving and resuming a training run's checkpoints: save every N steps, keep the last K, resume exactly
+(checkpoint/tags.py names the tags and resolves them).
 
 A tag is written as `step120.partial/` and renamed to `step120/` once complete, so a crash or a full disk
 never leaves a folder that looks like a checkpoint (DeepSpeed's `load_checkpoint(dir, tag)` only joins
@@ -25,28 +16,25 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from widenet_ds.atomic import atomic_write_text
-from widenet_ds.checksums import file_problems, record_files, total_size
+from widenet_ds.checkpoint.marker import LATEST_FILE, META_FILE, CheckpointMeta
+from widenet_ds.checkpoint.source import CheckpointSource
+from widenet_ds.checkpoint.tags import PARTIAL, TAG, complete_tags, latest_checkpoint, rank_file, tag_for
+from widenet_ds.checksums import record_files, total_size
 from widenet_ds.disk_space import DiskFullError, check_free_space, free_bytes, is_disk_full, mib, needed_bytes
-from widenet_ds.errors import CheckpointError, ConfigError, mark_same_on_every_rank
-from widenet_ds.checkpoint.format import TEXT_DEFAULT, architecture, is_expert_key
-from widenet_ds.checkpoint.marker import LATEST_FILE, META_FILE, CheckpointMeta, check_marker
-from widenet_ds.model.config import EncoderConfig
+from widenet_ds.errors import CheckpointError, mark_same_on_every_rank
+from widenet_ds.portable.format import is_expert_key
 from widenet_ds.runtime.distributed import all_values, barrier, rank0_value
 
-_TAG = re.compile(r"^step(\d+)$")
-PARTIAL = ".partial"  # a tag being written: step120.partial/, renamed to step120/ when complete
 OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master weight + two moments (Adam, LAMB), saved by every ZeRO stage
-MODEL_STATES = "mp_rank_00_model_states.pt"  # the rank-0 file of a DeepSpeed tag folder
 
 
 @dataclass
@@ -57,155 +45,6 @@ class TrainingState:
     samples: int = 0  # training samples consumed over all ranks
 
 
-def tag_for(step: int) -> str:
-    return f"step{step}"
-
-
-def _rank_file(tag_dir: Path, rank: int) -> Path:
-    return tag_dir / f"rank_{rank:05d}_state.pt"
-
-
-# --- finding and checking checkpoints ---------------------------------------------------------------
-def _tags(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir()
-                  if (p / MODEL_STATES).is_file() and not p.name.endswith(PARTIAL)) if folder.is_dir() else []
-
-
-def is_deepspeed_checkpoint(source: Path) -> bool:
-    """Whether `source` is a DeepSpeed checkpoint as `resolve_tag_dir` reads it: a tag folder, a checkpoints
-    folder or a run folder."""
-    source = Path(source)
-    return any((folder / name).is_file() for folder in (source, source / "checkpoints")
-               for name in (MODEL_STATES, META_FILE, LATEST_FILE))
-
-
-def resolve_tag_dir(source: Path, tag: str | None = None, *, require_marker: bool = True) -> Path:
-    """The one checkpoint-tag resolver: `source` is a tag folder, a checkpoints folder or a run's output
-    folder; `tag` picks a tag, else the one `latest` names.
-
-    require_marker: training (resume, a new phase) needs a complete widenet-ds checkpoint (marker written
-    last); conversion also reads DeepSpeed tag folders of other programs (no marker)."""
-    source = Path(source)
-    if not source.exists():
-        beside = _tags(source.parent)  # a mistyped tag: the ones that exist
-        raise CheckpointError(f"checkpoint {source} does not exist" + (f"; the tags in {source.parent}: "
-                              f"{', '.join(beside)}" if beside else "") + ".")
-    parents = [source, source / "checkpoints"]
-    found = None
-    if tag is not None:
-        found = next((parent / tag for parent in parents if (parent / tag).is_dir()), None)
-        if found is None:
-            available = sorted({t for parent in parents for t in _tags(parent)})
-            raise CheckpointError(f"checkpoint tag {tag!r} does not exist in {source}; available tags: "
-                                  f"{', '.join(available) or 'none'}.")
-    elif (source / MODEL_STATES).is_file() or (source / META_FILE).is_file():
-        found = source
-    else:
-        for parent in parents:
-            if (parent / LATEST_FILE).is_file():
-                latest = (parent / LATEST_FILE).read_text().strip()
-                if not (parent / latest).is_dir():
-                    raise CheckpointError(f"{parent / LATEST_FILE} names tag {latest!r}, which does not exist in "
-                                          f"{parent}.")
-                found = parent / latest
-                break
-    if found is None:
-        raise CheckpointError(f"no widenet-ds checkpoint at {source}: expected a tag folder holding {META_FILE} "
-                              f"(e.g. <output>/checkpoints/step1000) or a checkpoints folder with a '{LATEST_FILE}' "
-                              f"file (found tags: {', '.join(sorted({t for p in parents for t in _tags(p)})) or 'none'}).")
-    if require_marker:
-        check_marker(found)
-    return found
-
-
-def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
-    """The complete tag folder `latest` names, or None when the folder holds no checkpoint yet."""
-    if not (Path(checkpoint_dir) / LATEST_FILE).is_file():
-        return None
-    return resolve_tag_dir(checkpoint_dir)
-
-
-def resume_from(tag_dir: Path) -> str:
-    return f"--resume {tag_dir}"
-
-
-def check_checkpoint_files(tag_dir: Path, meta: CheckpointMeta,
-                           use_other: Callable[[Path], str] = resume_from) -> None:
-    """Every file the marker records is there, whole and unchanged; a damaged one is named before anything
-    loads it (a truncated ZeRO file would otherwise fail inside torch.load on one rank, mid-start-up).
-    `use_other(tag_dir)`: how the command at hand takes another tag (--resume, --init-from, --tag)."""
-    problems = file_problems(tag_dir, meta.files)
-    if problems:
-        others = [t for t in complete_tags(Path(tag_dir).parent) if t != Path(tag_dir).name]
-        fix = (f"use another checkpoint of the run ({use_other(Path(tag_dir).parent / others[-1])}; complete tags: "
-               f"{', '.join(others)})" if others else "restore the files from a copy")
-        raise CheckpointError(f"checkpoint {tag_dir} is damaged: {len(problems)} of its {len(meta.files)} files "
-                              f"differ from what was written:\n  " + "\n  ".join(problems) + f"\nNothing was loaded; "
-                              f"{fix}. `widenet-ds verify` checks a checkpoint without training.")
-
-
-def complete_tags(checkpoint_dir: Path) -> list[str]:
-    """The tags of a checkpoints folder with a marker, oldest first."""
-    checkpoint_dir = Path(checkpoint_dir)
-    steps = [(int(m.group(1)), p.name) for p in checkpoint_dir.iterdir()
-             if (m := _TAG.match(p.name)) and (p / META_FILE).is_file()] if checkpoint_dir.is_dir() else []
-    return [name for _, name in sorted(steps)]
-
-
-def check_resumable(tag_dir: Path, meta: CheckpointMeta) -> None:
-    """An exact resume needs the optimizer, schedule, loader and RNG states (a resharded checkpoint keeps them as
-    its shape-free state, re-laid out on resume); one resharded with `--model-states-only`, or from a checkpoint
-    without them, records that it has model states only."""
-    if meta.shape_free_state:
-        return
-    if not meta.optimizer_states or not any(Path(tag_dir).glob("rank_*_state.pt")):
-        raise CheckpointError(f"checkpoint {tag_dir} holds model states only (no optimizer state, LR schedule, "
-                              f"data-loader or RNG state: it was written by `widenet-ds convert reshard "
-                              f"--model-states-only`, resharded from such a checkpoint, or copied partially), so "
-                              f"--resume cannot continue it exactly. Start a new run from its weights with "
-                              f"--init-from {tag_dir} (a new optimizer and schedule).")
-
-
-def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
-    """`field: saved -> current` for every differing model-config field (nested ones dotted)."""
-    lines = []
-    for key in sorted(set(saved) | set(current)):
-        a, b = saved.get(key, "<absent>"), current.get(key, "<absent>")
-        if isinstance(a, dict) and isinstance(b, dict):
-            lines += config_differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            lines.append(f"{prefix}{key}: {a!r} (checkpoint) vs {b!r} (this run)")
-    return lines
-
-
-def check_explicit_config(recorded: EncoderConfig, explicit: Path, where: str) -> None:
-    """An explicit --model-config may only repeat the config a checkpoint records (`where`): a different
-    activation or LayerNorm epsilon keeps every shape, so nothing else would notice the weights are misread."""
-    given = type(recorded).from_json(explicit)
-    diffs = config_differences(recorded.to_dict(), given.to_dict())
-    if diffs:
-        raise CheckpointError(f"--model-config {explicit} differs from the model config recorded in {where}:\n  "
-                              + "\n  ".join(diffs) + "\nThe recorded config is the one the weights were trained "
-                              "with; drop --model-config.")
-
-
-def check_same_model(saved_config: dict[str, Any], model_config: dict[str, Any], where: Path,
-                     architecture_name: str | None = None, ignore: tuple[str, ...] = ()) -> None:
-    """Refuse a checkpoint of another model config than this run's, naming the differing fields (but the dotted
-    fields in `ignore`)."""
-    config_type = architecture(architecture_name or TEXT_DEFAULT, str(Path(where) / META_FILE)).config
-    try:  # a model config's fields added since it was written take their defaults (formats.py, "model_config")
-        saved = config_type.from_dict(saved_config).to_dict()
-    except ConfigError:
-        saved = saved_config  # no longer a valid config: compared as stored, the differences name what changed
-    diffs = [d for d in config_differences(saved, model_config) if not d.startswith(tuple(f"{f}:" for f in ignore))]
-    if diffs:
-        raise CheckpointError(f"checkpoint {where} is of another model config; differing fields:\n  "
-                              + "\n  ".join(diffs)
-                              + "\nUse the checkpoint's model config, or another --output-dir for a new model.")
-
-
-# --- RNG states -------------------------------------------------------------------------------------
 def rng_state() -> dict[str, Any]:
     """Every generator the training step draws from on this rank (MoE gate noise and dropout use
     torch's global generator)."""
@@ -232,7 +71,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-# --- save / load ------------------------------------------------------------------------------------
 def estimate_checkpoint_bytes(module: torch.nn.Module, ep_size: int) -> int:
     """A checkpoint's size before the first one is written: each weight in its dtype plus the optimizer's
     fp32 master copy and two moments. This rank's module holds 1/ep_size of the experts."""
@@ -297,7 +135,7 @@ class CheckpointManager:
         try:
             partial.mkdir(parents=True, exist_ok=True)
             torch.save({"loader": loader.state_dict(), "rng": rng_state(), "step": state.step},
-                       _rank_file(partial, self.rank))
+                       rank_file(partial, self.rank))
         except Exception as err:
             failure = err
         self._agree(failure, partial, state.step)
@@ -365,18 +203,20 @@ class CheckpointManager:
         beyond `current_step` left by an interrupted earlier attempt of this run."""
         tags = []
         for child in self.checkpoint_dir.iterdir():
-            match = _TAG.match(child.name.removesuffix(PARTIAL).removesuffix(".old"))
+            match = TAG.match(child.name.removesuffix(PARTIAL).removesuffix(".old"))
             if match and child.is_dir():
                 tags.append((int(match.group(1)), child))
         complete = sorted((step, d) for step, d in tags
-                          if step <= current_step and _TAG.match(d.name) and (d / META_FILE).is_file())
+                          if step <= current_step and TAG.match(d.name) and (d / META_FILE).is_file())
         keep = {d for _, d in complete[-self.keep_last:]}
         for _, tag_dir in tags:
             if tag_dir not in keep:
                 shutil.rmtree(tag_dir)
 
-    def load(self, engine, tag_dir: Path, meta: CheckpointMeta, loader) -> TrainingState:
-        """Collective. Restores engine (weights, optimizer, schedule), loader and RNG of this rank."""
+    def load(self, engine, source: CheckpointSource, loader) -> TrainingState:
+        """Collective. Restores engine (weights, optimizer, schedule), loader and RNG of this rank from `source`,
+        opened for --resume (its files checked on every rank)."""
+        tag_dir, meta = source.tag_dir, source.meta
         if meta.world_size != self.world_size:
             raise CheckpointError(f"checkpoint {tag_dir} was written by {meta.world_size} ranks, this run has "
                                   f"{self.world_size}; an exact resume needs the same number of ranks (the data "
@@ -384,7 +224,7 @@ class CheckpointManager:
         load_path, _ = engine.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
         if load_path is None:
             raise CheckpointError(f"DeepSpeed found no checkpoint files in {tag_dir}.")
-        rank_state = torch.load(_rank_file(tag_dir, self.rank), weights_only=True)
+        rank_state = torch.load(rank_file(tag_dir, self.rank), weights_only=True)
         loader.load_state_dict(rank_state["loader"])
         set_rng_state(rank_state["rng"])
         if engine.global_steps != meta.step:

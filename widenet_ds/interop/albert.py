@@ -33,17 +33,17 @@ import torch
 from torch import Tensor
 
 from widenet_ds.atomic import atomic_folder
-from widenet_ds.checkpoint.format import (
+from widenet_ds.checkpoint.source import CheckpointSource
+from widenet_ds.data.tokenizer import TokenizerFiles
+from widenet_ds.errors import CheckpointError, ConfigError
+from widenet_ds.model.config import ModelConfig
+from widenet_ds.portable.format import (
     PortableCheckpoint,
     missing_safetensors,
     read_safetensors,
     save_folder,
     write_safetensors,
 )
-from widenet_ds.checkpoint.source import CheckpointSource
-from widenet_ds.data.tokenizer import TokenizerFiles
-from widenet_ds.errors import CheckpointError, ConfigError
-from widenet_ds.model.config import ModelConfig
 
 _HF_LAYER = "albert.encoder.albert_layer_groups.{g}.albert_layers.0."
 # HF keys that are tied copies of other tensors (written on export, checked on import).

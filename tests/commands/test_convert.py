@@ -12,18 +12,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from convert_make_checkpoint import fixed_batch
 from launching import REPO, run_deepspeed
+from safetensors.torch import load_file
 
-from widenet_ds.checkpoint.cli import cli as convert
-from widenet_ds.checkpoint.format import read_folder, save_folder
-from widenet_ds.checkpoint.load import load_pretrained
-from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
+from widenet_ds.checkpoint.source import CONVERT, CheckpointSource, load_pretrained
+from widenet_ds.commands.convert import cli as convert
 from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError
 from widenet_ds.model.widenet import WideNetForPreTraining, WideNetForSequenceClassification
+from widenet_ds.portable.format import read_folder, save_folder
 
 pytestmark = [pytest.mark.multirank, pytest.mark.slow, pytest.mark.usefixtures("dist")]  # slow: its fixture's runs
 SCRIPT = REPO / "tests/scripts/convert_make_checkpoint.py"
@@ -223,8 +221,8 @@ def test_a_failure_while_writing_leaves_no_output(checkpoints, tmp_path):
 
 
 def test_the_command_list_of_widenet_ds_names_every_convert_command():
-    from widenet_ds.checkpoint.cli import build_parser
     from widenet_ds.cli import SUBCOMMANDS
+    from widenet_ds.commands.convert import build_parser
 
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
     listed = SUBCOMMANDS["convert"][1].split(": ", 1)[1].split(", ")

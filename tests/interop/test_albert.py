@@ -7,12 +7,12 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from widenet_ds.checkpoint.cli import cli as convert  # noqa: E402
-from widenet_ds.checkpoint.format import PortableCheckpoint, read_folder, save_folder  # noqa: E402
-from widenet_ds.checkpoint.load import load_pretrained  # noqa: E402
+from widenet_ds.checkpoint.source import load_pretrained  # noqa: E402
+from widenet_ds.commands.convert import cli as convert  # noqa: E402
 from widenet_ds.errors import CheckpointError  # noqa: E402
 from widenet_ds.model.config import ModelConfig  # noqa: E402
 from widenet_ds.model.widenet import WideNetForPreTraining  # noqa: E402
+from widenet_ds.portable.format import PortableCheckpoint, read_folder, save_folder  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("dist")
 DIMS = dict(vocab_size=97, embedding_size=16, hidden_size=32, num_layers=3, num_heads=4, intermediate_size=48,

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import torch
 
-from widenet_ds.checkpoint.albert import to_albert
-from widenet_ds.checkpoint.format import PortableCheckpoint, save_folder
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
 from widenet_ds.data.tokenizer import TokenizerFiles, load_tokenizer
+from widenet_ds.interop.albert import to_albert
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
+from widenet_ds.portable.format import PortableCheckpoint, save_folder
 
 
 def test_albert_export_tokenizer_loads_with_autotokenizer(tmp_path, shared_data):

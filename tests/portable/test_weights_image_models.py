@@ -15,19 +15,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from image_checkpoint_logits import fixed_pixels
 from launching import REPO, run_deepspeed, run_train
+from safetensors.torch import load_file
 
-from widenet_ds.checkpoint.format import PortableCheckpoint, read_folder, save_folder
-from widenet_ds.checkpoint.load import load_pretrained, match_weights
-from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
 from widenet_ds.checkpoint.marker import CheckpointMeta
+from widenet_ds.checkpoint.source import CONVERT, CheckpointSource, load_pretrained
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.errors import CheckpointError
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
+from widenet_ds.portable.format import PortableCheckpoint, read_folder, save_folder
+from widenet_ds.portable.weights import match_weights
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification
 

@@ -9,12 +9,12 @@ import json
 import pytest
 import torch
 
-from widenet_ds.checkpoint.format import PortableCheckpoint, save_folder
-from widenet_ds.checkpoint.hf_vit import hf_vit_config
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.errors import ConfigError
+from widenet_ds.interop.hf_vit import hf_vit_config
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
+from widenet_ds.portable.format import PortableCheckpoint, save_folder
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification
 

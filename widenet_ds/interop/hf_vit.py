@@ -21,9 +21,9 @@ import torch
 from torch import Tensor
 
 from widenet_ds.atomic import atomic_folder
-from widenet_ds.checkpoint.format import PortableCheckpoint, write_safetensors
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.errors import CheckpointError, ConfigError
+from widenet_ds.portable.format import PortableCheckpoint, write_safetensors
 from widenet_ds.vision.config import VisionConfig
 
 HF_CONFIG = "config.json"

@@ -18,12 +18,19 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from widenet_ds.checkpoint.branches import check_keep, compress, expand, expanded_config, layout_of
-from widenet_ds.checkpoint.format import (CONFIG_FILE, PortableCheckpoint, architecture, read_folder,
-                                          read_folder_config, save_folder, stored_model_config)
 from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError
 from widenet_ds.model.config import EncoderConfig
+from widenet_ds.portable.branches import check_keep, compress, expand, expanded_config, layout_of
+from widenet_ds.portable.format import (
+    CONFIG_FILE,
+    PortableCheckpoint,
+    architecture,
+    read_folder,
+    read_folder_config,
+    save_folder,
+    stored_model_config,
+)
 from widenet_ds.writable import check_output_folder
 
 

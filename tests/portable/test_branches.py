@@ -14,19 +14,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from launching import REPO, child_env, python_train_command
+from pretrain_support import events, train_losses
 
-from widenet_ds.checkpoint.branches import compress, expand, expanded_config
-from widenet_ds.checkpoint.format import PortableCheckpoint, read_folder, save_folder
-from widenet_ds.checkpoint.load import load_pretrained
+from widenet_ds.checkpoint.source import load_pretrained
 from widenet_ds.cli import main as widenet_ds_main
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining, WideNetForSequenceClassification
+from widenet_ds.portable.branches import compress, expand, expanded_config
+from widenet_ds.portable.format import PortableCheckpoint, read_folder, save_folder
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification
-
-from launching import REPO, child_env, python_train_command
-from pretrain_support import events, train_losses
 
 VISION_PRESETS = ["paraformer-tiny-3x4", "widenet-paraformer-tiny-3x4"]
 

@@ -1,11 +1,10 @@
-"""Loading weights into a model: from a portable folder or any DeepSpeed checkpoint, any ep_size, text or image.
+"""A checkpoint's weights (a `PortableCheckpoint`: from a portable folder or any DeepSpeed checkpoint, any ep_size,
+text or image) into a model.
 
-`load_pretrained(cls, source)` is the one answer to "how do I load a checkpoint?": it opens the source
-(`CheckpointSource.open`: a folder, a DeepSpeed tag folder, a checkpoints folder or a run's output folder),
-builds `cls` with the saved config and copies the weights, each rank taking its own experts. A model built
-from a config of its own (a trainer's `--init-from` with other classes) takes them with
-`load_into(model, source.read_weights(), name)`; `match_weights` makes the same checks before any model
-exists, so that a trainer can refuse a misfit before it builds anything.
+`load_into(model, checkpoint, name)` copies them into a model built from a config of its own, each rank taking
+its own experts (a trainer's `--init-from` with other classes; `checkpoint.source.load_pretrained(cls, path)`
+opens a path and builds `cls` with the saved config first); `match_weights` makes the same checks before any
+model exists, so that a trainer can refuse a misfit before it builds anything.
 
 The rule, for every architecture: the body (the encoder and its embeddings) must match key for key and shape
 for shape, and in its branch layout; a head the checkpoint lacks or holds in another shape (another
@@ -16,27 +15,25 @@ head the model has no place for is unused; the report lists both.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
-from widenet_ds.checkpoint.format import (
+from widenet_ds.errors import CheckpointError
+from widenet_ds.model.base import EncoderModel
+from widenet_ds.model.config import EncoderConfig
+from widenet_ds.portable.format import (
     Architecture,
     PortableCheckpoint,
     architecture,
+    config_differences,
     expected_shapes,
     global_key_map,
     is_expert_key,
 )
-from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
-from widenet_ds.checkpoint.training import config_differences
-from widenet_ds.errors import CheckpointError
-from widenet_ds.model.config import EncoderConfig
-from widenet_ds.model.base import EncoderModel
 
 
-def _same_family(checkpoint: PortableCheckpoint, arch: Architecture, source: str) -> None:
+def check_same_family(checkpoint: PortableCheckpoint, arch: Architecture, source: str) -> None:
     saved = architecture(checkpoint.architecture)
     if saved.config is not arch.config:
         def reads(a: Architecture) -> str:
@@ -63,7 +60,7 @@ def match_weights(checkpoint: PortableCheckpoint, architecture_name: str, cfg: E
     shapes: the model's keys (global) and shapes; default those of `cfg` with every expert (a model with
     ep_size > 1 passes its own: the experts of the other ranks are then not its keys, and not unused)."""
     arch = architecture(architecture_name, "the model")
-    _same_family(checkpoint, arch, source)
+    check_same_family(checkpoint, arch, source)
     saved = checkpoint.config
     branched = max(saved.num_branches, cfg.num_branches) > 1
     if branched and (saved.num_branches, saved.layers_per_branch) != (cfg.num_branches, cfg.layers_per_branch):
@@ -140,29 +137,3 @@ def load_into(model: EncoderModel, checkpoint: PortableCheckpoint, source: str) 
     return LoadReport(source, checkpoint.architecture, len(loaded), match.new, match.unused, experts,
                       checkpoint.provenance.get("trained_with_ep_size") if checkpoint.config.is_moe else None,
                       moe_layers[0].ep_size if moe_layers else None, dict(checkpoint.provenance))
-
-
-def load_pretrained(cls: type[EncoderModel], source, *, ep_size: int = 1, model_overrides: dict[str, Any] | None = None,
-                    tag: str | None = None, model_config: Path | None = None,
-                    **model_kwargs: Any) -> tuple[EncoderModel, LoadReport]:
-    """`load_pretrained(cls, source)` -> (model, report): build `cls` with the saved config, load the weights.
-
-    cls: any architecture of checkpoint/format.py (text: WideNetForPreTraining, ...ForSequenceClassification,
-      ...ForQuestionAnswering; images: ViTWideNetForImageClassification) of the checkpoint's family.
-    source: a checkpoint folder, or a DeepSpeed checkpoint of any ep_size and world size (a tag folder, a
-      checkpoints folder or a run's output folder; `tag` picks one, default the latest complete one).
-    model_overrides: config fields to change (`replace`; `moe` as a dict): ones that keep the shapes (dropouts,
-      `moe.capacity_factor`, ...), or the head's (`num_classes`, `pre_logits`: that head is newly initialised).
-    ep_size: this run's expert parallelism (default 1: every expert in this process).
-    model_config: a model-config JSON for DeepSpeed checkpoints that do not record theirs.
-    model_kwargs: the model's own arguments (`num_labels` for sequence classification).
-    Log `report.summary()`: what was loaded, newly initialised and left unused.
-    """
-    checkpoint = CheckpointSource.open(source, "source", tag=tag, purpose=CONVERT).read_weights(model_config)
-    arch = architecture(cls.__name__, "the model")
-    _same_family(checkpoint, arch, str(source))
-    cfg = checkpoint.config.replace(**dict(model_overrides or {}))
-    if arch.takes_num_labels and arch.name == checkpoint.architecture:
-        model_kwargs.setdefault("num_labels", checkpoint.num_labels)
-    model = cls(cfg, ep_size=ep_size, **model_kwargs)
-    return model, load_into(model, checkpoint, str(source))

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 import widenet_ds
-from widenet_ds.checkpoint.hf_export import TEMPLATE
+from widenet_ds.interop.hf_export import TEMPLATE
 
 MIRROR = TEMPLATE  # the mirror's folder: named once, by the exporter that ships it
 ROOT = Path(widenet_ds.__file__).resolve().parents[1]  # where `widenet_ds.model.widenet` is widenet_ds/model/widenet.py

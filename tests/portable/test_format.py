@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from widenet_ds.checkpoint.deepspeed import load_torch_file
-from widenet_ds.checkpoint.format import PortableCheckpoint, read_folder, save_folder
-from widenet_ds.checkpoint.load import load_pretrained
+from widenet_ds.checkpoint.source import load_pretrained
 from widenet_ds.errors import CheckpointError
+from widenet_ds.formats import upgrade
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining, WideNetForQuestionAnswering
+from widenet_ds.portable.format import PortableCheckpoint, check_same_model, config_differences, read_folder, save_folder
 
 pytestmark = pytest.mark.usefixtures("dist")
 
@@ -116,3 +117,22 @@ def test_a_folder_of_another_format_version_or_without_weights_is_refused(folder
     (folder / "config.json").write_text(json.dumps({**config, "format_version": "2"}))
     with pytest.raises(CheckpointError, match=r"format_version '2', which is no version"):
         read_folder(folder)
+
+
+def test_config_differences_name_each_field_with_both_values():
+    widenet = ModelConfig.from_preset("widenet-tiny-e4", vocab_size=1000).to_dict()
+    albert = ModelConfig.from_preset("albert-tiny", vocab_size=1000).to_dict()
+    diffs = config_differences(albert, widenet)
+    assert "ffn: 'dense' (checkpoint) vs 'moe' (this run)" in diffs
+    assert "share_layernorm: True (checkpoint) vs False (this run)" in diffs
+    changed = json.loads(json.dumps(widenet))
+    changed["moe"]["num_experts"] = 8
+    assert config_differences(widenet, changed) == ["moe.num_experts: 4 (checkpoint) vs 8 (this run)"]
+    legacy = json.loads(json.dumps(widenet))  # a checkpoint written before 0.2 records run settings in its config
+    legacy["activation_checkpointing"], legacy["moe"]["ep_size"] = True, 2
+    del legacy["moe"]["capacity_rounding"]  # a field added later takes its default
+    marker = upgrade("marker", {"step": 1, "samples": 8, "world_size": 2, "model_config": legacy}, "ckpt")
+    assert marker["ep_size"] == 2  # (formats.py moves the run settings out of the config)
+    check_same_model(marker["model_config"], widenet, "ckpt")  # they are not model differences
+    with pytest.raises(CheckpointError, match=r"another model config; differing fields:\n  moe.num_experts"):
+        check_same_model(widenet, changed, "ckpt")

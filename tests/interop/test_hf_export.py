@@ -22,19 +22,19 @@ from safetensors.torch import load_file
 
 transformers = pytest.importorskip("transformers")
 
-from widenet_ds.checkpoint.format import PortableCheckpoint, read_folder, save_folder  # noqa: E402
-from widenet_ds.checkpoint.hf_export import HF_INDEX, from_hf, hf_config, hf_key_pairs, write_hf_folder  # noqa: E402
-from widenet_ds.checkpoint.hf_template import configuration_widenet  # noqa: E402
-from widenet_ds.cli import main as widenet_ds  # noqa: E402
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource  # noqa: E402
+from widenet_ds.cli import main as widenet_ds  # noqa: E402
 from widenet_ds.data.tokenizer import TokenizerFiles, load_tokenizer  # noqa: E402
 from widenet_ds.errors import CheckpointError  # noqa: E402
+from widenet_ds.interop.hf_export import HF_INDEX, from_hf, hf_config, hf_key_pairs, write_hf_folder  # noqa: E402
+from widenet_ds.interop.hf_template import configuration_widenet  # noqa: E402
 from widenet_ds.model.config import ModelConfig, MoEConfig  # noqa: E402
 from widenet_ds.model.widenet import (  # noqa: E402
     WideNetForPreTraining,
     WideNetForQuestionAnswering,
     WideNetForSequenceClassification,
 )
+from widenet_ds.portable.format import PortableCheckpoint, read_folder, save_folder  # noqa: E402
 from widenet_ds.vision.augment import normalize  # noqa: E402
 from widenet_ds.vision.config import VisionConfig  # noqa: E402
 from widenet_ds.vision.datasets import _array_source  # noqa: E402
@@ -504,7 +504,7 @@ def test_a_model_card_keeps_local_paths_out_and_explains_the_unused_sop_head(tmp
     """Item 8: a card is made to be published: the run's data folder, tokenizer and checkpoint source show by their
     names, marked local, never as this machine's absolute paths; a masked-LM card says why transformers lists
     `sop_head.*` as UNEXPECTED."""
-    from widenet_ds.checkpoint.hf_model_card import model_card
+    from widenet_ds.interop.hf_model_card import model_card
     from widenet_ds.run_folder import RunFolder
 
     run = RunFolder(tmp_path / "secret-home" / "runs" / "x")

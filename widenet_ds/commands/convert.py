@@ -1,25 +1,14 @@
 """`widenet-ds convert`: to-folder, reshard, to-shape-free, to-albert, from-albert, to-hf-vit, to-hf, from-hf (docs/checkpoints.md).
 
 Text and image checkpoints alike, except the native HF mappings: ALBERT's for dense text models, ViT's for dense
-image ones; `to-hf` / `from-hf` carry any model with its own transformers code (checkpoint/hf_export.py)."""
+image ones; `to-hf` / `from-hf` carry any model with its own transformers code (interop/hf_export.py)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
-from widenet_ds.checkpoint.albert import from_albert, to_albert
-from widenet_ds.checkpoint.format import WEIGHTS_FILE, architecture, save_folder
-from widenet_ds.checkpoint.hf_export import (
-    from_hf,
-    hf_weight_files,
-    native_alternative,
-    read_hf_config,
-    write_hf_folder,
-)
-from widenet_ds.checkpoint.hf_vit import to_hf_vit
 from widenet_ds.checkpoint.reshard import reshard
 from widenet_ds.checkpoint.shape_free import STATE_FILE, TENSORS_FILE, read_shape_free, save_shape_free
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
@@ -29,8 +18,18 @@ from widenet_ds.checkpoint.tokenizer_check import (
     saved_tokenizer_problem,
 )
 from widenet_ds.data.tokenizer import TokenizerFiles
-from widenet_ds.disk_space import check_free_space, disk_full_errors, mib
+from widenet_ds.disk_space import check_free_space, disk_full_errors
 from widenet_ds.errors import CheckpointError
+from widenet_ds.interop.albert import from_albert, to_albert
+from widenet_ds.interop.hf_export import (
+    from_hf,
+    hf_weight_files,
+    native_alternative,
+    read_hf_config,
+    write_hf_folder,
+)
+from widenet_ds.interop.hf_vit import to_hf_vit
+from widenet_ds.portable.format import WEIGHTS_FILE, architecture, save_folder
 from widenet_ds.run_lock import output_lock
 from widenet_ds.writable import check_output_folder
 
@@ -232,22 +231,4 @@ def _convert(args, source: CheckpointSource | None) -> int:
                           noise=args.upcycle_noise, seed=args.seed, overwrite=args.overwrite)
         kind = f"WideNet upcycled to {args.upcycle_experts} experts" if args.upcycle_experts else "exact conversion"
         print(f"wrote {out} ({kind})")
-    return 0
-
-
-def verify_cli(argv: list[str]) -> int:
-    """`widenet-ds verify CHECKPOINT`: check every file of a checkpoint against its recorded size and SHA-256."""
-    parser = argparse.ArgumentParser(prog="widenet-ds verify", description=verify_cli.__doc__)
-    parser.add_argument("checkpoint", type=Path, help="an exported checkpoint folder, or a DeepSpeed checkpoint: a tag "
-                                                      "folder, a checkpoints folder or a run folder")
-    parser.add_argument("--tag", help="checkpoint tag, e.g. step1000 (default: the latest complete one)")
-    args = parser.parse_args(argv)
-    start = time.perf_counter()
-    verified = CheckpointSource.open(args.checkpoint, "checkpoint", tag=args.tag, purpose=CONVERT).verified
-    if not verified.files:
-        print(f"{verified.path}: no checksums recorded (written by an older widenet-ds or another program); "
-              f"nothing to check against")
-        return 0
-    print(f"{verified.path}: {verified.files} files ({mib(verified.bytes)}) match their recorded sizes and SHA-256 "
-          f"[{time.perf_counter() - start:.1f} s]")
     return 0

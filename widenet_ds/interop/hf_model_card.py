@@ -18,11 +18,18 @@ from typing import Any
 
 from torch import Tensor
 
-from widenet_ds.checkpoint.format import PortableCheckpoint, is_folder
 from widenet_ds.errors import RunFolderError
 from widenet_ds.model.config import ModelConfig
-from widenet_ds.results import (TASK_RESULTS, ClassifyResults, FinetuneResults, PretrainResults, Results, SeedResults,
-                                numbers)
+from widenet_ds.portable.format import PortableCheckpoint, is_folder
+from widenet_ds.results import (
+    TASK_RESULTS,
+    ClassifyResults,
+    FinetuneResults,
+    PretrainResults,
+    Results,
+    SeedResults,
+    numbers,
+)
 from widenet_ds.run_folder import SEED_DIR, RunFolder
 from widenet_ds.vision.config import VisionConfig
 

@@ -94,7 +94,7 @@ _TEXT_BODY = ("widenet.",)
 _ARCHITECTURES = (Architecture(WideNetForPreTraining, ModelConfig, _TEXT_BODY),
                   Architecture(WideNetForSequenceClassification, ModelConfig, _TEXT_BODY, takes_num_labels=True),
                   Architecture(WideNetForQuestionAnswering, ModelConfig, _TEXT_BODY),
-                  # the HF ViT mapping is checkpoint/hf_vit.py, beside HF ALBERT's (checkpoint/albert.py)
+                  # the HF ViT mapping is interop/hf_vit.py, beside HF ALBERT's (interop/albert.py)
                   Architecture(ViTWideNetForImageClassification, VisionConfig, ("embeddings.", "encoder.")))
 
 
@@ -271,7 +271,7 @@ def _readme(checkpoint: PortableCheckpoint, dtype: str, tokenizer_names: list[st
     if architecture(checkpoint.architecture).tokenized:
         lines.append(f"- tokenizer: {', '.join(tokenizer_names) if tokenizer_names else 'not included'}")
     lines += [f"- {key}: {value}" for key, value in sorted(checkpoint.provenance.items())]
-    lines += ["", f"Load with `widenet_ds.checkpoint.load.load_pretrained({checkpoint.architecture}, folder)` (or "
+    lines += ["", f"Load with `widenet_ds.portable.weights.load_pretrained({checkpoint.architecture}, folder)` (or "
                   f"with a model whose head differs, which is then newly initialised); see docs/checkpoints.md.", ""]
     return "\n".join(lines)
 
@@ -320,3 +320,44 @@ def read_folder(folder: Path, config: dict[str, Any] | None = None) -> PortableC
                                     config["num_labels"], dict(config["provenance"]))
     checkpoint.check(f"{folder}: {CONFIG_FILE} vs {WEIGHTS_FILE}")
     return checkpoint
+
+
+
+# --- model configs: a checkpoint's against another ---------------------------------------------------
+def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
+    """`field: saved -> current` for every differing model-config field (nested ones dotted)."""
+    lines = []
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key, "<absent>"), current.get(key, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            lines += config_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            lines.append(f"{prefix}{key}: {a!r} (checkpoint) vs {b!r} (this run)")
+    return lines
+
+
+def check_explicit_config(recorded: EncoderConfig, explicit: Path, where: str) -> None:
+    """An explicit --model-config may only repeat the config a checkpoint records (`where`): a different
+    activation or LayerNorm epsilon keeps every shape, so nothing else would notice the weights are misread."""
+    given = type(recorded).from_json(explicit)
+    diffs = config_differences(recorded.to_dict(), given.to_dict())
+    if diffs:
+        raise CheckpointError(f"--model-config {explicit} differs from the model config recorded in {where}:\n  "
+                              + "\n  ".join(diffs) + "\nThe recorded config is the one the weights were trained "
+                              "with; drop --model-config.")
+
+
+def check_same_model(saved_config: dict[str, Any], model_config: dict[str, Any], where: Path,
+                     architecture_name: str | None = None, ignore: tuple[str, ...] = ()) -> None:
+    """Refuse a checkpoint of another model config than this run's, naming the differing fields (but the dotted
+    fields in `ignore`)."""
+    config_type = architecture(architecture_name or TEXT_DEFAULT, str(where)).config
+    try:  # a model config's fields added since it was written take their defaults (formats.py, "model_config")
+        saved = config_type.from_dict(saved_config).to_dict()
+    except ConfigError:
+        saved = saved_config  # no longer a valid config: compared as stored, the differences name what changed
+    diffs = [d for d in config_differences(saved, model_config) if not d.startswith(tuple(f"{f}:" for f in ignore))]
+    if diffs:
+        raise CheckpointError(f"checkpoint {where} is of another model config; differing fields:\n  "
+                              + "\n  ".join(diffs)
+                              + "\nUse the checkpoint's model config, or another --output-dir for a new model.")

@@ -5,7 +5,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from widenet_ds.checkpoint.albert import albert_config, config_from_albert, from_albert_state_dict, to_albert_state_dict
+from widenet_ds.interop.albert import albert_config, config_from_albert, from_albert_state_dict, to_albert_state_dict
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
 

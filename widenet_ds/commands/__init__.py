@@ -1,0 +1,1 @@
+"""The command fronts of `widenet-ds` over checkpoints: `convert`, `branches`, `verify` (cli.py dispatches to them)."""
