@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from launching import REPO
+from tests.support.launching import REPO
 
 from widenet_ds import launch_cli
 from widenet_ds.errors import LaunchError

@@ -25,8 +25,8 @@ from widenet_ds.model.widenet import WideNetForPreTraining, WideNetForSequenceCl
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification
 
-from launching import REPO, child_env, python_train_command
-from pretrain_support import events, train_losses
+from tests.support.launching import REPO, child_env, python_train_command
+from tests.support.pretrain_support import events, train_losses
 
 VISION_PRESETS = ["paraformer-tiny-3x4", "widenet-paraformer-tiny-3x4"]
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from convert_make_checkpoint import fixed_batch
-from launching import REPO, run_deepspeed
+from tests.scripts.convert_make_checkpoint import fixed_batch
+from tests.support.launching import REPO, run_deepspeed
 
 from widenet_ds.checkpoint.cli import cli as convert
 from widenet_ds.checkpoint.deepspeed import read_deepspeed_checkpoint

@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from image_checkpoint_logits import fixed_pixels
-from launching import REPO, run_deepspeed, run_train
+from tests.scripts.image_checkpoint_logits import fixed_pixels
+from tests.support.launching import REPO, run_deepspeed, run_train
 
 from widenet_ds.checkpoint.format import PortableCheckpoint, read_folder, save_folder
 from widenet_ds.checkpoint.load import load_pretrained, match_weights, read_checkpoint

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from launching import REPO, child_env
+from tests.support.launching import REPO, child_env
 from widenet_ds.checkpoint.format import read_folder
 from widenet_ds.checkpoint.load import load_pretrained
 from widenet_ds.vision.config import VisionConfig

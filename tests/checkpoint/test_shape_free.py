@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from launching import REPO, run_deepspeed
+from tests.support.launching import REPO, run_deepspeed
 
 from widenet_ds.checkpoint.cli import cli as convert
 from widenet_ds.checkpoint.deepspeed import load_torch_file, read_deepspeed_checkpoint

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from convert_make_checkpoint import MICRO_BATCH, FixedBatchLoader, build, fixed_batch, model_config
+from tests.scripts.convert_make_checkpoint import MICRO_BATCH, FixedBatchLoader, build, fixed_batch, model_config
 from widenet_ds.checkpoint.cli import cli as convert
 from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta
 from widenet_ds.checkpoint.training import (CheckpointManager, TrainingState, check_checkpoint_files,

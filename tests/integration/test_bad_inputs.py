@@ -27,8 +27,8 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from launching import REPO, child_env
-from pretrain_support import CPU_CONFIG, write_model_config
+from tests.support.launching import REPO, child_env
+from tests.support.pretrain_support import CPU_CONFIG, write_model_config
 
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.errors import WideNetError

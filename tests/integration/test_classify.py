@@ -15,9 +15,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from launching import REPO, child_env, python_train_command, run_deepspeed, run_train, train_command
-from pretrain_support import events, train_losses
-from report_page import parse_page, report
+from tests.support.launching import REPO, child_env, python_train_command, run_deepspeed, run_train, train_command
+from tests.support.pretrain_support import events, train_losses
+from tests.support.report_page import parse_page, report
 
 from widenet_ds.params import preset_counts
 from widenet_ds.run_folder import RunFolder

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from launching import REPO, child_env, python_train_command, run_train
+from tests.support.launching import REPO, child_env, python_train_command, run_train
 
 CPU_CONFIG = str(REPO / "ds_configs/finetune_cpu_small.json")
 

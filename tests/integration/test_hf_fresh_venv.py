@@ -34,8 +34,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from launching import RANK_VARS, REPO, run_train
-from pretrain_support import prepare_data
+from tests.support.launching import RANK_VARS, REPO, run_train
+from tests.support.pretrain_support import prepare_data
 
 from widenet_ds.checkpoint.format import read_folder
 from widenet_ds.checkpoint.load import load_pretrained, read_checkpoint

@@ -13,9 +13,9 @@ import pytest
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.errors import ConfigError
 
-from launching import REPO
-from pretrain_support import (BOOKS, events, prepare_data, train_in_process, train_losses, write_ds_config,
-                              write_model_config)
+from tests.support.launching import REPO
+from tests.support.pretrain_support import (BOOKS, events, prepare_data, train_in_process, train_losses,
+                                            write_ds_config, write_model_config)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launching import REPO, child_env
+from tests.support.launching import REPO, child_env
 from widenet_ds.runtime.extensions import (SHM_OP, default_extensions_dir, pending_build,
                                            use_environment_extensions_dir, use_environment_ninja)
 

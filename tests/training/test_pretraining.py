@@ -12,8 +12,8 @@ import torch
 from widenet_ds.checkpoint.format import read_folder
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.errors import CheckpointError, ConfigError, DataError
-from open_counts import counted_opens
-from pretrain_support import BOOKS, CPU_CONFIG, events, prepare_data, train_in_process, train_losses, write_ds_config
+from tests.support.open_counts import counted_opens
+from tests.support.pretrain_support import BOOKS, CPU_CONFIG, events, prepare_data, train_in_process, train_losses, write_ds_config
 
 
 def run(argv):

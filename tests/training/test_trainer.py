@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from pretrain_support import CPU_CONFIG, events, train_losses
+from tests.support.pretrain_support import CPU_CONFIG, events, train_losses
 from widenet_ds.checkpoint.training import complete_tags
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
