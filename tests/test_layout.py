@@ -153,11 +153,6 @@ COVERED_BY = {
                                                               "integration/test_hf_fresh_venv.py"],
     "widenet_ds/checkpoint/reshard.py": ["checkpoint/test_cli.py", "checkpoint/test_load_image_models.py"],
     "widenet_ds/checkpoint/tokenizer_check.py": ["integration/test_bad_inputs.py", "checkpoint/test_cli.py"],
-    "widenet_ds/report/branches.py": ["integration/test_report_images.py"],
-    "widenet_ds/report/cli.py": ["integration/test_report.py", "integration/test_report_images.py"],
-    "widenet_ds/report/metrics.py": ["integration/test_report.py", "integration/test_report_images.py"],
-    "widenet_ds/report/page.py": ["integration/test_report.py", "integration/test_report_images.py"],
-    "widenet_ds/report/plots.py": ["integration/test_report.py"],
     "widenet_ds/runtime/ds_sections.py": ["runtime/test_ds_config.py"],
     "widenet_ds/runtime/launch_env.py": ["runtime/test_launch.py"],
     "widenet_ds/runtime/quiet.py": ["runtime/test_signals.py"],  # the console of a real run, checked line by line
