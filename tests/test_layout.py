@@ -136,9 +136,7 @@ COVERED_BY = {
     "widenet_ds/cli.py": ["integration/test_bad_inputs.py"],  # every `widenet-ds` command's errors, the dispatch
     "widenet_ds/train.py": ["integration/test_golden_losses.py", "integration/test_bad_inputs.py"],  # every run
     "widenet_ds/demo.py": ["integration/test_demo.py"],
-    "widenet_ds/writable.py": ["integration/test_bad_inputs.py"],  # the unwritable / file-blocked output rows
     "widenet_ds/checkpoint/branches_cli.py": ["checkpoint/test_branches.py"],
-    "widenet_ds/data/batch_order.py": ["data/test_loader.py", "training/test_epoch_batches.py"],  # through the loaders
     "widenet_ds/checkpoint/source.py": ["training/test_pretraining.py", "integration/test_bad_inputs.py"],  # --init-from
     "widenet_ds/data/prepared.py": ["data/test_loader.py", "training/test_pretraining.py"],  # opened once, counted
     "widenet_ds/training/new_shape.py": ["integration/test_resume_new_shape.py"],  # real resumes on other shapes
@@ -170,7 +168,6 @@ COVERED_BY = {
     "widenet_ds/training/predict.py": ["training/test_finetuning.py", "integration/test_finetune.py"],
     "widenet_ds/training/preemption.py": ["checkpoint/test_training.py", "integration/test_pretrain_resume.py"],
     "widenet_ds/training/run.py": ["training/test_pretraining.py", "training/test_finetuning.py"],
-    "widenet_ds/vision/augment.py": ["vision/test_datasets.py"],
     "widenet_ds/vision/config.py": ["vision/test_model.py", "model/test_config_presets.py"],
     "widenet_ds/vision/loader.py": ["vision/test_datasets.py"],
 }
