@@ -178,6 +178,7 @@ def run_classify(tmp_path: Path, out: Path, steps: int, *extra: str) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
+@pytest.mark.slow  # a 40-step run, a refused start and 10 steps after the expansion (23 s of CPU)
 def test_training_continues_from_an_expanded_folder(dist, tmp_path):
     run_classify(tmp_path, tmp_path / "old", 40, "--log-interval", "5")
     assert widenet_ds_main(["convert", "to-folder", str(tmp_path / "old"), str(tmp_path / "two")]) == 0

@@ -35,6 +35,7 @@ def write_ds_config(path: Path, steps: int, lr: float = 0.003, **changes) -> Pat
     return path
 
 
+@pytest.mark.slow  # a real run to convergence (24 s of CPU)
 def test_digits_single_rank_learns_far_above_chance(tmp_path):
     ds = write_ds_config(tmp_path / "ds.json", steps=120)
     out = tmp_path / "digits"

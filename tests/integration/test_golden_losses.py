@@ -24,8 +24,6 @@ from tests.support.golden_curves import (ASSETS, CHANGES, RUNS, STEPS, TOLERANCE
                                          exact_mode, read_asset, run_golden, ulps, write_asset)
 from tests.support.pretrain_support import prepare_data
 
-pytestmark = pytest.mark.multirank
-
 # placeholder -> the fixture that gives its value
 FIXTURES = {"data": "pretraining_data", "shared": "shared_data"}
 
@@ -35,6 +33,7 @@ def pretraining_data(tmp_path_factory):
     return prepare_data(tmp_path_factory.mktemp("golden") / "data", [], tokenizer=str(VOCAB))
 
 
+@pytest.mark.multirank  # the comparisons below are plain unit tests over stored curves
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_first_20_losses_match_the_stored_curve(name, request, tmp_path):

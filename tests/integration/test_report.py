@@ -23,6 +23,8 @@ from tests.support.launching import REPO
 from tests.support.pretrain_support import BOOKS, CPU_CONFIG, prepare_data, train_in_process, write_model_config
 from tests.support.report_page import assert_shows, parse_page, report
 
+pytestmark = pytest.mark.slow  # its fixtures train a pretraining, a finetuning and a ParaFormer run (~100 s of CPU)
+
 FINETUNE_CONFIG = REPO / "ds_configs" / "finetune_cpu_small.json"
 PRETRAIN_STEPS, FINETUNE_STEPS = 6, 4
 EXPECTED_PLOTS = {"mlm_loss.png", "sop_loss.png", "lr.png", "tokens_per_second.png", "balance_loss.png",

@@ -21,6 +21,8 @@ from tests.support.headless_browser import find_chromium, open_page
 from tests.support.launching import REPO, run_train
 from tests.support.report_page import assert_shows, parse_page, report
 
+pytestmark = pytest.mark.slow  # its fixture trains two image runs (~35 s of CPU)
+
 STEPS = 20
 IMAGE_PLOTS = {"image_accuracy.png", "image_task_loss.png", "image_lr.png", "image_samples_per_second.png",
                "image_balance_loss.png", "image_dropped_fraction.png", "expert_load_vit.png",

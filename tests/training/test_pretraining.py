@@ -145,6 +145,7 @@ def test_init_from_a_checkpoint_folder_starts_from_its_weights(data, albert_run,
         assert torch.equal(old[name], new[name]), name
 
 
+@pytest.mark.slow  # a run and its resume (36 s of CPU, measured)
 def test_a_run_saved_with_the_capacity_buffers_resumes_with_them_under_the_compact_default(data, tmp_path, dist):
     # A run from before `compact` became the default: its marker records dispatch "deepspeed", its settings no
     # --set. Resumed with the same preset (whose default is now compact), it continues with its own dispatch.
