@@ -5,8 +5,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="${WIDENET_VENV:-$ROOT/.venv}"
-PY="$VENV/bin/python"
-WDS="$VENV/bin/widenet-ds"
+PY="$VENV/bin/python" WDS="$VENV/bin/widenet-ds"
 export WIDENET_SHARED_DATA="${WIDENET_SHARED_DATA:-$(dirname "$ROOT")/shared/data}"
 
 usage() { cat <<'EOF_USAGE'
@@ -15,7 +14,7 @@ usage: ./launcher.sh <command> [options]
   demo [OPTIONS]         set up, then `widenet-ds demo`: pretrain widenet-tiny-e4 on the embedded corpus on 2 CPU
                          ranks (expert parallelism 2), finetune it on SST-2, print the scores, write a report
   vision-demo [OPTIONS]  set up, install Fashion-MNIST (Debian package, as root), then `widenet-ds vision-demo`
-  test [PYTEST ARGS]     set up, install Slurm, Chromium and Fashion-MNIST (as root), then run the tests
+  test [--fast] [ARGS]   set up, install Slurm, Chromium, Fashion-MNIST (as root), run the tests; --fast: lane 1
   TASK [L] -- ARGS       widenet-ds launch TASK [L] -- ARGS (L: `widenet-ds launch --help`); TASK: pretrain glue
                          squad classify; also `vision` (classify), `finetune` (glue), `finetune --squad` (squad)
   anything else          widenet-ds with the same arguments (launch, convert, report, ...)
@@ -51,16 +50,17 @@ install_fashion_mnist() {  # Debian's dataset-fashion-mnist (MIT): the vision pa
     apt_install dataset-fashion-mnist "or pass the folder of the Fashion-MNIST IDX files as classify's --data"
 }
 
-run_tests() {
-  setup
+run_tests() {  # --fast: lane 1 (docs/testing.md), which needs neither Slurm, the 2-node cluster nor a browser
+  setup; local lane=() tools="slurm cluster_tools chromium"
+  [[ "${1:-}" == --fast ]] && shift && lane=(-m "not (multirank or slow or slurm or cluster)") && tools=""
   if [[ "$(id -u)" == "0" ]]; then
-    for tool in slurm cluster_tools chromium; do  # Slurm; sshd + pdsh (the 2-node cluster); the report's browser
+    for tool in $tools; do  # Slurm; sshd + pdsh (the 2-node cluster); the report's browser
       bash "$ROOT/scripts/install_$tool.sh" >&2 || echo "[test] $tool install failed; its tests will skip" >&2; done
     install_tcmalloc || echo "[test] tcmalloc install failed; CPU ranks get glibc's malloc, tuned; its test will skip" >&2
   fi
   install_fashion_mnist || echo "[test] Fashion-MNIST not installed; its test will skip" >&2
   # Two workers, a file each at a time, slow files first (tests/conftest.py; xdist would reorder by test count).
-  cd "$ROOT" && "$PY" -m pytest -n "${WIDENET_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
+  cd "$ROOT" && "$PY" -m pytest -n "${WIDENET_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "${lane[@]}" "$@"
 }
 
 cmd="${1:-}"; shift || true

@@ -77,8 +77,8 @@ def dist():
 
 @pytest.fixture(scope="session", autouse=True)
 def no_stale_build_locks():
-    """A lock left by an earlier killed process would hang every multi-rank test (see launching.py)."""
-    from launching import clear_stale_build_locks
+    """A lock left by an earlier killed process would hang every multi-rank test (see tests/support/launching.py)."""
+    from tests.support.launching import clear_stale_build_locks
     for lock in clear_stale_build_locks():
         print(f"removed a stale JIT-build lock: {lock}")
     _remove_orphaned_shm_buffers()

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from launching import REPO
+from tests.support.launching import REPO
 
 from widenet_ds import launch_cli
 from widenet_ds.errors import LaunchError

@@ -138,10 +138,8 @@ COVERED_BY = {
     "widenet_ds/cli.py": ["integration/test_bad_inputs.py"],  # every `widenet-ds` command's errors, the dispatch
     "widenet_ds/train.py": ["integration/test_golden_losses.py", "integration/test_bad_inputs.py"],  # every run
     "widenet_ds/demo.py": ["integration/test_demo.py"],
-    "widenet_ds/writable.py": ["integration/test_bad_inputs.py"],  # the unwritable / file-blocked output rows
     "widenet_ds/commands/branches.py": ["portable/test_branches.py"],
     "widenet_ds/commands/verify.py": ["checkpoint/test_verify.py"],
-    "widenet_ds/data/batch_order.py": ["data/test_loader.py", "training/test_epoch_batches.py"],  # through the loaders
     "widenet_ds/checkpoint/source.py": ["training/test_pretraining.py", "integration/test_bad_inputs.py"],  # --init-from
     "widenet_ds/data/prepared.py": ["data/test_loader.py", "training/test_pretraining.py"],  # opened once, counted
     "widenet_ds/training/new_shape.py": ["integration/test_resume_new_shape.py"],  # real resumes on other shapes
@@ -156,11 +154,6 @@ COVERED_BY = {
                                                               "integration/test_hf_fresh_venv.py"],
     "widenet_ds/checkpoint/reshard.py": ["commands/test_convert.py", "portable/test_weights_image_models.py"],
     "widenet_ds/checkpoint/tokenizer_check.py": ["integration/test_bad_inputs.py", "commands/test_convert.py"],
-    "widenet_ds/report/branches.py": ["integration/test_report_images.py"],
-    "widenet_ds/report/cli.py": ["integration/test_report.py", "integration/test_report_images.py"],
-    "widenet_ds/report/metrics.py": ["integration/test_report.py", "integration/test_report_images.py"],
-    "widenet_ds/report/page.py": ["integration/test_report.py", "integration/test_report_images.py"],
-    "widenet_ds/report/plots.py": ["integration/test_report.py"],
     "widenet_ds/runtime/ds_sections.py": ["runtime/test_ds_config.py"],
     "widenet_ds/runtime/launch_env.py": ["runtime/test_launch.py"],
     "widenet_ds/runtime/quiet.py": ["runtime/test_signals.py"],  # the console of a real run, checked line by line
@@ -177,7 +170,6 @@ COVERED_BY = {
     "widenet_ds/training/predict.py": ["training/test_finetuning.py", "integration/test_finetune.py"],
     "widenet_ds/training/run.py": ["training/test_pretraining.py", "training/test_finetuning.py"],
     "widenet_ds/training/sweep.py": ["training/test_finetuning.py", "integration/test_finetune_resume.py"],
-    "widenet_ds/vision/augment.py": ["vision/test_datasets.py"],
     "widenet_ds/vision/config.py": ["vision/test_model.py", "model/test_config_presets.py"],
     "widenet_ds/vision/loader.py": ["vision/test_datasets.py"],
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tasks_fixtures import bert_tokenizer, hf_reference_tokenizer  # noqa: F401  (fixtures)
+from tests.support.tasks_fixtures import bert_tokenizer, hf_reference_tokenizer  # noqa: F401  (fixtures)
 
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.benchmarks.features import (

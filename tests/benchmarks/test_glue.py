@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from tasks_fixtures import bert_tokenizer  # noqa: F401  (fixture)
+from tests.support.tasks_fixtures import bert_tokenizer  # noqa: F401  (fixture)
 
 from widenet_ds.errors import ConfigError, DataError
 from widenet_ds.benchmarks.features import glue_features

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from tasks_fixtures import bert_tokenizer, hf_reference_tokenizer  # noqa: F401  (fixtures)
+from tests.support.tasks_fixtures import bert_tokenizer, hf_reference_tokenizer  # noqa: F401  (fixtures)
 
 from widenet_ds.errors import ConfigError, DataError
 from widenet_ds.benchmarks.squad import (

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from launching import REPO, run_deepspeed
 from safetensors.torch import load_file
 
+from tests.support.launching import REPO, run_deepspeed
 from widenet_ds.checkpoint.deepspeed import load_torch_file
 from widenet_ds.checkpoint.shape_free import (
     ShapeFreeState,

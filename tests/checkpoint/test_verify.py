@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from convert_make_checkpoint import MICRO_BATCH, FixedBatchLoader, build, fixed_batch, model_config
 
+from tests.scripts.convert_make_checkpoint import MICRO_BATCH, FixedBatchLoader, build, fixed_batch, model_config
 from widenet_ds.checkpoint.manager import CheckpointManager, TrainingState, estimate_checkpoint_bytes
 from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource

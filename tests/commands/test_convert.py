@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from convert_make_checkpoint import fixed_batch
-from launching import REPO, run_deepspeed
 from safetensors.torch import load_file
 
+from tests.scripts.convert_make_checkpoint import fixed_batch
+from tests.support.launching import REPO, run_deepspeed
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource, load_pretrained
 from widenet_ds.commands.convert import cli as convert
 from widenet_ds.data.tokenizer import TokenizerFiles

@@ -27,8 +27,8 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from launching import REPO, child_env
-from pretrain_support import CPU_CONFIG, write_model_config
+from tests.support.launching import REPO, child_env
+from tests.support.pretrain_support import CPU_CONFIG, write_model_config
 
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.errors import WideNetError
@@ -800,6 +800,7 @@ def test_exported_folders_are_readable_by_group_and_others(earlier):
             assert path.stat().st_mode & 0o044 == 0o044, f"{path} is not readable by group/others"
 
 
+@pytest.mark.slow  # a resumed run (21 s of CPU)
 def test_resume_with_changed_settings_runs_when_accepted_and_logs_the_change(earlier, tmp_path):
     """With --accept-changed-settings the resumed run continues and its log names each change."""
     run = run_copy(earlier, tmp_path, lambda r: None)

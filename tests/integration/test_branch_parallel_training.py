@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from launching import REPO, run_train
-from pretrain_support import events, train_losses
+from tests.support.launching import REPO, run_train
+from tests.support.pretrain_support import events, train_losses
 
 TRAIN_STEPS = 6
 TRAIN_CASES = {

@@ -6,7 +6,7 @@ import os
 import time
 
 import pytest
-from launching import STALE_LOCK_SECONDS, clear_stale_build_locks
+from tests.support.launching import STALE_LOCK_SECONDS, clear_stale_build_locks
 
 
 @pytest.mark.parametrize("tag", [("py311_cpu",), ()], ids=["default-cache-layout", "TORCH_EXTENSIONS_DIR-layout"])

@@ -15,9 +15,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from launching import REPO, child_env, python_train_command, run_deepspeed, run_train, train_command
-from pretrain_support import events, train_losses
-from report_page import parse_page, report
+from tests.support.launching import REPO, child_env, python_train_command, run_deepspeed, run_train, train_command
+from tests.support.pretrain_support import events, train_losses
+from tests.support.report_page import parse_page, report
 
 from widenet_ds.params import preset_counts
 from widenet_ds.run_folder import RunFolder
@@ -35,6 +35,7 @@ def write_ds_config(path: Path, steps: int, lr: float = 0.003, **changes) -> Pat
     return path
 
 
+@pytest.mark.slow  # a real run to convergence (24 s of CPU)
 def test_digits_single_rank_learns_far_above_chance(tmp_path):
     ds = write_ds_config(tmp_path / "ds.json", steps=120)
     out = tmp_path / "digits"

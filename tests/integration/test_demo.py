@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from launching import REPO, child_env
+from tests.support.launching import REPO, child_env
 
 from widenet_ds.results import ClassifyResults, FinetuneResults
 from widenet_ds.run_folder import RunFolder

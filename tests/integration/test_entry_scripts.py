@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from golden_curves import ASSETS, RUNS, VOCAB, beyond_tolerance, golden_args, read_asset
-from launching import REPO, child_env, free_port, run_deepspeed
-from pretrain_support import events, prepare_data, train_losses
+from tests.support.golden_curves import ASSETS, RUNS, VOCAB, beyond_tolerance, golden_args, read_asset
+from tests.support.launching import REPO, child_env, free_port, run_deepspeed
+from tests.support.pretrain_support import events, prepare_data, train_losses
 
 SCRIPTS = {"pretrain": "pretrain/run_pretrain.py", "glue": "finetune/run_glue.py", "squad": "finetune/run_squad.py"}
 

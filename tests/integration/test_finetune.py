@@ -5,7 +5,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from launching import REPO, child_env, python_train_command, run_train
+
+from tests.support.launching import REPO, child_env, python_train_command, run_train
 
 CPU_CONFIG = str(REPO / "ds_configs/finetune_cpu_small.json")
 

@@ -8,7 +8,8 @@ import random
 from pathlib import Path
 
 import pytest
-from launching import REPO, run_train
+
+from tests.support.launching import REPO, run_train
 
 CPU_CONFIG = str(REPO / "ds_configs/finetune_cpu_small.json")
 HEADER = "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t" \

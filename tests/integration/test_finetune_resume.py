@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launching import REPO, child_env, run_train, train_command
+from tests.support.launching import REPO, child_env, run_train, train_command
 
 from widenet_ds.run_folder import read_metrics
 

@@ -1,5 +1,5 @@
 """Golden loss curves (torchtitan's `tests/assets/losses` idea): the first 20 logged training losses of
-fixed runs, stored in `tests/assets/losses/` and compared step by step within tests/golden_curves.py's
+fixed runs, stored in `tests/assets/losses/` and compared step by step within tests/support/golden_curves.py's
 tolerance (a few float32 ulps: what other CPUs move; any real change moves a step by far more), or to the bit
 with `WIDENET_GOLDEN_EXACT=1`. Any change to model construction, initialisation order, routing, the
 optimizer or the data order shows up here as a changed number.
@@ -20,11 +20,9 @@ import re
 import numpy as np
 import pytest
 
-from golden_curves import (ASSETS, CHANGES, RUNS, STEPS, TOLERANCE_ULPS, VOCAB, beyond_tolerance, exact_mode,
-                           read_asset, run_golden, ulps, write_asset)
-from pretrain_support import prepare_data
-
-pytestmark = pytest.mark.multirank
+from tests.support.golden_curves import (ASSETS, CHANGES, RUNS, STEPS, TOLERANCE_ULPS, VOCAB, beyond_tolerance,
+                                         exact_mode, read_asset, run_golden, ulps, write_asset)
+from tests.support.pretrain_support import prepare_data
 
 # placeholder -> the fixture that gives its value
 FIXTURES = {"data": "pretraining_data", "shared": "shared_data"}
@@ -35,6 +33,7 @@ def pretraining_data(tmp_path_factory):
     return prepare_data(tmp_path_factory.mktemp("golden") / "data", [], tokenizer=str(VOCAB))
 
 
+@pytest.mark.multirank  # the comparisons below are plain unit tests over stored curves
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_first_20_losses_match_the_stored_curve(name, request, tmp_path):

@@ -32,10 +32,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from launching import RANK_VARS, REPO, run_train
-from pretrain_support import prepare_data
 from safetensors.torch import load_file, save_file
 
+from tests.support.launching import RANK_VARS, REPO, run_train
+from tests.support.pretrain_support import prepare_data
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource, load_pretrained
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.data.tokenizer import load_tokenizer

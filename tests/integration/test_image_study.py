@@ -17,7 +17,7 @@ from widenet_ds.run_folder import RunFolder
 from widenet_ds.training.command_line import parse
 from widenet_ds.vision.datasets import DEBIAN_FASHION_MNIST
 
-from launching import REPO
+from tests.support.launching import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="Debian's dataset-fashion-mnist is not installed "

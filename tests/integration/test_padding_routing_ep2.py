@@ -6,13 +6,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from launching import REPO, run_deepspeed
+from tests.support.launching import REPO, run_deepspeed
 
 pytestmark = [pytest.mark.multirank, pytest.mark.usefixtures("dist")]
 
 
 def test_padding_changes_nothing_for_the_real_tokens_with_ep2(tmp_path):
-    import padding_expert_parallel as script
+    from tests.scripts import padding_expert_parallel as script
 
     run_deepspeed(REPO / "tests/scripts/padding_expert_parallel.py", [str(tmp_path / "ep2"), "2"], num_ranks=2)
     for rank in (0, 1):

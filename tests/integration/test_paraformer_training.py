@@ -13,9 +13,9 @@ import pytest
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.errors import ConfigError
 
-from launching import REPO
-from pretrain_support import (BOOKS, events, prepare_data, train_in_process, train_losses, write_ds_config,
-                              write_model_config)
+from tests.support.launching import REPO
+from tests.support.pretrain_support import (BOOKS, events, prepare_data, train_in_process, train_losses,
+                                            write_ds_config, write_model_config)
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +32,7 @@ def pretrain_args(data: Path, tmp_path: Path, out: str, *extra: str) -> list[str
             "--no-progress-bar", "--no-tensorboard", *extra]
 
 
+@pytest.mark.slow  # trains in this process (20-140 s of CPU)
 def test_prefix_pretraining_follows_the_phases_and_resumes_exactly(data, tmp_path, dist):
     schedule = ["--branch-schedule", "prefix", "--prefix-cycle-batches", "2"]
     assert train_in_process("pretrain", (pretrain_args(data, tmp_path, "full", *schedule, "--max-steps", "12"))) is not None
@@ -48,6 +49,7 @@ def test_prefix_pretraining_follows_the_phases_and_resumes_exactly(data, tmp_pat
     assert len(set(full.values())) == 12
 
 
+@pytest.mark.slow  # trains in this process (20-140 s of CPU)
 def test_a_run_length_inside_a_prefix_batch_is_rounded_up(data, tmp_path, dist):
     argv = pretrain_args(data, tmp_path, "run", "--branch-schedule", "prefix", "--prefix-cycle-batches", "2",
                          "--max-steps", "3")
@@ -56,6 +58,7 @@ def test_a_run_length_inside_a_prefix_batch_is_rounded_up(data, tmp_path, dist):
     assert any("the run ends at step 4" in e for e in events(tmp_path / "run"))
 
 
+@pytest.mark.slow  # trains in this process (20-140 s of CPU)
 def test_staged_pretraining_adds_the_second_branch_and_reports_mlm_loss_per_branch_count(data, tmp_path, dist):
     argv = pretrain_args(data, tmp_path, "run", "--branch-schedule", "staged", "--stage-steps", "3", "--max-steps", "5",
                          "--eval-interval", "5", "--eval-batches", "2")
@@ -68,6 +71,7 @@ def test_staged_pretraining_adds_the_second_branch_and_reports_mlm_loss_per_bran
     assert per_k[0] != per_k[1]
 
 
+@pytest.mark.slow  # trains in this process (20-140 s of CPU)
 def test_pretraining_continues_from_an_expanded_folder(data, tmp_path, dist):
     # 2 branches pretrained, exported, expanded to 3. The first step of the new phase runs at the warm-up's
     # lr 0, so its held-out MLM loss with the first 2 branches is the old run's last one.
@@ -108,6 +112,7 @@ def classify_args(tmp_path: Path, out: str, *extra: str) -> list[str]:
             *extra]
 
 
+@pytest.mark.slow  # trains in this process (20-140 s of CPU)
 def test_prefix_image_classification_resumes_exactly_and_reports_accuracy_per_branch_count(tmp_path, dist):
     assert train_in_process("classify", (classify_args(tmp_path, "full", "--max-steps", "12"))) is not None
     active = train_losses(tmp_path / "full", "branches/active")

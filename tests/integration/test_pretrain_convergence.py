@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from pretrain_support import CPU_CONFIG, prepare_data, train_in_process, train_losses
+from tests.support.pretrain_support import CPU_CONFIG, prepare_data, train_in_process, train_losses
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from launching import REPO, child_env, free_port, run_train, train_command
-from pretrain_support import (
+from tests.support.launching import REPO, child_env, free_port, run_train, train_command
+from tests.support.pretrain_support import (
     BOOKS,
     events,
     prepare_data,

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from launching import REPO, child_env
+from tests.support.launching import REPO, child_env
 
 README = REPO / "README.md"
 CHEAP = [".venv/bin/widenet-ds params"]  # run as written, in the checkout

@@ -17,11 +17,13 @@ from PIL import Image
 
 from widenet_ds.run_folder import RunFolder
 
-from headless_browser import find_chromium, open_page
-from golden_curves import VOCAB
-from launching import REPO
-from pretrain_support import BOOKS, CPU_CONFIG, prepare_data, train_in_process, write_model_config
-from report_page import assert_shows, parse_page, report
+from tests.support.headless_browser import find_chromium, open_page
+from tests.support.golden_curves import VOCAB
+from tests.support.launching import REPO
+from tests.support.pretrain_support import BOOKS, CPU_CONFIG, prepare_data, train_in_process, write_model_config
+from tests.support.report_page import assert_shows, parse_page, report
+
+pytestmark = pytest.mark.slow  # its fixtures train a pretraining, a finetuning and a ParaFormer run (~100 s of CPU)
 
 FINETUNE_CONFIG = REPO / "ds_configs" / "finetune_cpu_small.json"
 PRETRAIN_STEPS, FINETUNE_STEPS = 6, 4

@@ -17,9 +17,11 @@ from PIL import Image
 
 from widenet_ds.run_folder import OLD_VISION_CONFIG_FILE, RunFolder
 
-from headless_browser import find_chromium, open_page
-from launching import REPO, run_train
-from report_page import assert_shows, parse_page, report
+from tests.support.headless_browser import find_chromium, open_page
+from tests.support.launching import REPO, run_train
+from tests.support.report_page import assert_shows, parse_page, report
+
+pytestmark = pytest.mark.slow  # its fixture trains two image runs (~35 s of CPU)
 
 STEPS = 20
 IMAGE_PLOTS = {"image_accuracy.png", "image_task_loss.png", "image_lr.png", "image_samples_per_second.png",

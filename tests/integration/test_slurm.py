@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
-from golden_curves import TOLERANCE_ULPS, ulps
-from launch_inputs import DS_CONFIG, REPO, prepare_tiny_corpus
-from launching import run_train
-from slurm_cluster import missing_tools, slurm_cluster
 
+from tests.support.golden_curves import TOLERANCE_ULPS, ulps
+from tests.support.launch_inputs import DS_CONFIG, REPO, prepare_tiny_corpus
+from tests.support.launching import run_train
+from tests.support.slurm_cluster import missing_tools, slurm_cluster
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.training.registry import TASKS
 

@@ -19,7 +19,7 @@ from widenet_ds.model.layernorm_divergence import layernorm_divergence
 from widenet_ds.report.paired import paired_difference
 from widenet_ds.run_folder import RunFolder
 
-from launching import REPO
+from tests.support.launching import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dist")]
 SEEDS = (1234, 1235)

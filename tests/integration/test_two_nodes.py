@@ -1,11 +1,11 @@
-"""Runs across two nodes for real: the 2-node cluster of tests/netns_cluster.py (network namespaces, sshd per
+"""Runs across two nodes for real: the 2-node cluster of tests/support/netns_cluster.py (network namespaces, sshd per
 node), one rank per node, a text run with ep_size 2 so that the MoE all-to-all crosses the nodes.
 
 - `widenet-ds launch pretrain --hostfile` (DeepSpeed's pdsh runner over ssh), started on node 1: rank 0 serves
   the rendezvous on node 1's address, the ranks get the launch's environment, and the losses equal the same run
   with 2 ranks on one node (within the golden curves' tolerance);
 - `mpiexec -hosts node1,node2` (MPICH's hydra over the same ssh): the same losses;
-- `sbatch --nodes=2 slurm/train.sbatch pretrain ...` on slurmctld + one slurmd per node (tests/netns_slurm.py): the same
+- `sbatch --nodes=2 slurm/train.sbatch pretrain ...` on slurmctld + one slurmd per node (tests/support/netns_slurm.py): the same
   losses;
 - the rendezvous port busy on node 1 (rank 0's): refused there before training, naming node and holder, and
   node 2's rank, which would wait for that rendezvous for 30 minutes, is stopped by `widenet-ds launch`;
@@ -30,13 +30,13 @@ from pathlib import Path
 
 import pytest
 
-from golden_curves import beyond_tolerance
-from launch_inputs import DS_CONFIG, prepare_tiny_corpus, pretrain_args, tiny_model_config
-from launching import REPO, child_env, clear_stale_build_locks
-from netns_cluster import leftovers, netns_cluster, unavailable_reason
-from netns_slurm import slurm_on
-from slurm_cluster import missing_tools
-from pretrain_support import events, train_losses
+from tests.support.golden_curves import beyond_tolerance
+from tests.support.launch_inputs import DS_CONFIG, prepare_tiny_corpus, pretrain_args, tiny_model_config
+from tests.support.launching import REPO, child_env, clear_stale_build_locks
+from tests.support.netns_cluster import leftovers, netns_cluster, unavailable_reason
+from tests.support.netns_slurm import slurm_on
+from tests.support.slurm_cluster import missing_tools
+from tests.support.pretrain_support import events, train_losses
 
 pytestmark = [pytest.mark.multirank, pytest.mark.cluster, pytest.mark.slow]
 

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from launch_inputs import prepare_tiny_corpus, pretrain_args, tiny_model_config
-from launching import REPO, child_env, deepspeed_launcher, python_train_command, run_deepspeed, run_train
-from pretrain_support import train_losses
+from tests.support.launch_inputs import prepare_tiny_corpus, pretrain_args, tiny_model_config
+from tests.support.launching import REPO, child_env, deepspeed_launcher, python_train_command, run_deepspeed, run_train
+from tests.support.pretrain_support import train_losses
 
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
 from widenet_ds.run_lock import LOCK_FILE

@@ -21,7 +21,7 @@ from widenet_ds.training.branch_schedule import BranchSchedule, check_branch_upd
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification, build_model, count_trainable_parameters
 
-from launching import REPO
+from tests.support.launching import REPO
 
 
 # --- parameter counts: a hand count of the authors' modules ---------------------------------------------

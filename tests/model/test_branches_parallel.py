@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from launching import REPO, run_deepspeed
-from branch_parallel_forward import CASES, build, run
+from tests.support.launching import REPO, run_deepspeed
+from tests.scripts.branch_parallel_forward import CASES, build, run
 
 SCRIPT = REPO / "tests" / "scripts" / "branch_parallel_forward.py"
 

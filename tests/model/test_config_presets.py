@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from launching import REPO
+from tests.support.launching import REPO
 from widenet_ds.checkpoint.marker import config_sha256
 from widenet_ds.model.config import PRESETS, ModelConfig
 from widenet_ds.vision.config import VISION_PRESETS, VisionConfig

@@ -9,8 +9,8 @@ from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.moe import MoEFeedForward
 from widenet_ds.model.widenet import WideNetForPreTraining
 
-import dropless_expert_parallel
-from launching import REPO, run_deepspeed
+from tests.scripts import dropless_expert_parallel
+from tests.support.launching import REPO, run_deepspeed
 
 pytestmark = pytest.mark.usefixtures("dist")
 

@@ -4,13 +4,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from launching import REPO, run_deepspeed
+from tests.support.launching import REPO, run_deepspeed
 
 pytestmark = [pytest.mark.multirank, pytest.mark.usefixtures("dist")]
 
 
 def test_ep2_over_two_ranks_matches_ep1_in_one_process(tmp_path):
-    from expert_parallel_forward import build, fixed_batch
+    from tests.scripts.expert_parallel_forward import build, fixed_batch
 
     run_deepspeed(REPO / "tests/scripts/expert_parallel_forward.py", [str(tmp_path / "ep2"), "2"], num_ranks=2)
     reference = build(ep_size=1)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from launching import REPO, child_env, python_train_command
-from pretrain_support import events, train_losses
 
+from tests.support.launching import REPO, child_env, python_train_command
+from tests.support.pretrain_support import events, train_losses
 from widenet_ds.checkpoint.source import load_pretrained
 from widenet_ds.cli import main as widenet_ds_main
 from widenet_ds.errors import CheckpointError, ConfigError
@@ -177,6 +177,7 @@ def run_classify(tmp_path: Path, out: Path, steps: int, *extra: str) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
+@pytest.mark.slow  # a 40-step run, a refused start and 10 steps after the expansion (23 s of CPU)
 def test_training_continues_from_an_expanded_folder(dist, tmp_path):
     run_classify(tmp_path, tmp_path / "old", 40, "--log-interval", "5")
     assert widenet_ds_main(["convert", "to-folder", str(tmp_path / "old"), str(tmp_path / "two")]) == 0

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from image_checkpoint_logits import fixed_pixels
-from launching import REPO, run_deepspeed, run_train
 from safetensors.torch import load_file
 
+from tests.scripts.image_checkpoint_logits import fixed_pixels
+from tests.support.launching import REPO, run_deepspeed, run_train
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource, load_pretrained
 from widenet_ds.cli import main as widenet_ds

@@ -12,10 +12,10 @@ import subprocess
 import sys
 
 import torch
-from launching import REPO, child_env
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from tests.support.launching import REPO, child_env
 from widenet_ds.checkpoint.source import load_pretrained
 from widenet_ds.portable.format import read_folder, read_folder_config
 from widenet_ds.vision.config import VisionConfig

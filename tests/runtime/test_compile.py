@@ -280,9 +280,9 @@ def test_pretraining_with_compile_follows_the_eager_golden_curve(mode, tmp_path)
     """`--compile` in a real launched run: the first losses follow the stored eager curve of the same run
     (tests/assets/losses, read only). aot_eager keeps the test free of a C++ build; it traces and runs
     the same graphs inductor would get, decomposed, so only float rounding may differ."""
-    from launching import run_train
-    from pretrain_support import CPU_CONFIG, prepare_data, train_losses
-    from golden_curves import ASSETS, SEED, VOCAB, read_asset
+    from tests.support.launching import run_train
+    from tests.support.pretrain_support import CPU_CONFIG, prepare_data, train_losses
+    from tests.support.golden_curves import ASSETS, SEED, VOCAB, read_asset
 
     data = prepare_data(tmp_path / "data", [], tokenizer=str(VOCAB))
     out = tmp_path / "run"

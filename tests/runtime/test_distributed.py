@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 
-from launching import REPO, child_env
+from tests.support.launching import REPO, child_env
 
 SCRIPT = """
 import atexit, sys, threading, time

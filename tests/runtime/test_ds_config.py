@@ -10,7 +10,7 @@ import pytest
 from widenet_ds.errors import ConfigError
 from widenet_ds.runtime.ds_config import load_ds_config, validate_ds_config
 
-from launching import REPO
+from tests.support.launching import REPO
 
 # The pretraining configs (the finetuning ones, finetune_*.json, are tested with finetuning).
 SHIPPED = sorted((REPO / "ds_configs").glob("pretrain_*.json")) + [REPO / "ds_configs" / "cpu_small.json"]

@@ -13,9 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from launching import REPO, child_env
-from widenet_ds.runtime.extensions import (SHM_OP, announce_build, builder_of, default_extensions_dir, pending_build,
-                                           use_environment_extensions_dir, use_environment_ninja)
+from tests.support.launching import REPO, child_env
+from widenet_ds.runtime.extensions import (
+    SHM_OP,
+    announce_build,
+    builder_of,
+    default_extensions_dir,
+    pending_build,
+    use_environment_extensions_dir,
+    use_environment_ninja,
+)
 
 OWN_NINJA = Path(sys.executable).parent / "ninja"  # pip's, installed with deepspeed
 

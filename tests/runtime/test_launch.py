@@ -27,8 +27,8 @@ from widenet_ds.runtime.launch_env import (
     resolve_launch_env,
 )
 
-from launch_inputs import prepare_tiny_corpus, pretrain_args, tiny_model_config, train_losses
-from launching import REPO, free_port
+from tests.support.launch_inputs import prepare_tiny_corpus, pretrain_args, tiny_model_config, train_losses
+from tests.support.launching import REPO, free_port
 
 BIN = Path(sys.executable).parent
 LAUNCHER_SH = REPO / "launcher.sh"

@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launching import REPO, child_env, free_port
-from pretrain_support import CPU_CONFIG, events, train_losses, write_model_config
+from tests.support.launching import REPO, child_env, free_port
+from tests.support.pretrain_support import CPU_CONFIG, events, train_losses, write_model_config
 
 pytestmark = pytest.mark.multirank
 WIDENET_DS_LAUNCH = [sys.executable, "-m", "widenet_ds.cli", "launch"]

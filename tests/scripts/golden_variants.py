@@ -1,5 +1,5 @@
 """`python tests/scripts/golden_variants.py OUTPUT VARIANT [VARIANT ...] [--runs NAME ...]`: the golden runs
-(tests/golden_curves.py) under other arithmetic or with a one-line real change, each curve written to
+(tests/support/golden_curves.py) under other arithmetic or with a one-line real change, each curve written to
 OUTPUT/VARIANT/NAME.txt, and each curve's largest distance from its stored asset printed in float32 ulps.
 
 The measurements behind the golden tolerance (tests/assets/README.md):
@@ -28,11 +28,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared test modules
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: the tests package and its support modules
 
-from conftest import shared_data_dir  # noqa: E402
-from golden_curves import ASSETS, CHANGES, RUNS, VOCAB, GoldenRun, golden_args, read_asset, run_golden, ulps, write_asset  # noqa: E402
-from pretrain_support import prepare_data  # noqa: E402
+from tests.conftest import shared_data_dir  # noqa: E402
+from tests.support.golden_curves import (ASSETS, CHANGES, RUNS, VOCAB, GoldenRun, golden_args, read_asset,  # noqa: E402
+                                         run_golden, ulps, write_asset)
+from tests.support.pretrain_support import prepare_data  # noqa: E402
 
 AVX2_CPU = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
             "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F,-AVX512DQ,-AVX512VL,-AVX512BW"}

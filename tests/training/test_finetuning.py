@@ -8,8 +8,8 @@ import json
 
 import pytest
 import torch
-from launching import REPO
-from open_counts import counted_opens
+from tests.support.launching import REPO
+from tests.support.open_counts import counted_opens
 
 from widenet_ds.benchmarks.recipes import recipe_for
 from widenet_ds.checkpoint.source import CheckpointSource

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-from pretrain_support import CPU_CONFIG
 
+from tests.support.pretrain_support import CPU_CONFIG
 from widenet_ds.checkpoint.marker import LATEST_FILE, CheckpointMeta
 from widenet_ds.checkpoint.tags import MODEL_STATES
 from widenet_ds.data.batch_order import GLOBAL_CHUNKS, RANK_STRIDED

@@ -8,9 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from open_counts import counted_opens
-from pretrain_support import BOOKS, CPU_CONFIG, events, prepare_data, train_in_process, train_losses, write_ds_config
 
+from tests.support.open_counts import counted_opens
+from tests.support.pretrain_support import (
+    BOOKS,
+    CPU_CONFIG,
+    events,
+    prepare_data,
+    train_in_process,
+    train_losses,
+    write_ds_config,
+)
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.errors import CheckpointError, ConfigError, DataError
 from widenet_ds.portable.format import read_folder
@@ -145,6 +153,7 @@ def test_init_from_a_checkpoint_folder_starts_from_its_weights(data, albert_run,
         assert torch.equal(old[name], new[name]), name
 
 
+@pytest.mark.slow  # a run and its resume (36 s of CPU, measured)
 def test_a_run_saved_with_the_capacity_buffers_resumes_with_them_under_the_compact_default(data, tmp_path, dist):
     # A run from before `compact` became the default: its marker records dispatch "deepspeed", its settings no
     # --set. Resumed with the same preset (whose default is now compact), it continues with its own dispatch.

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from pretrain_support import CPU_CONFIG, events, train_losses
 
+from tests.support.pretrain_support import CPU_CONFIG, events, train_losses
 from widenet_ds.checkpoint.tags import complete_tags
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining

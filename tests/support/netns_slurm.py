@@ -1,4 +1,4 @@
-"""A real multi-node Slurm on the 2-node test cluster (tests/netns_cluster.py): slurmctld on node 1, one slurmd per
+"""A real multi-node Slurm on the 2-node test cluster (tests/support/netns_cluster.py): slurmctld on node 1, one slurmd per
 node, each inside its node's namespaces and reaching the others by the nodes' addresses; one munged (outside the
 namespaces: its socket is a file on the shared file system, as a cluster's is on every node's local disk).
 
@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from netns_cluster import NetnsCluster
-from slurm_cluster import _stop, _wait_for, _write_munge_files, missing_tools, slurm_conf
+from tests.support.netns_cluster import NetnsCluster
+from tests.support.slurm_cluster import _stop, _wait_for, _write_munge_files, missing_tools, slurm_conf
 
 CTLD_PORT, SLURMD_PORT = 6817, 6818  # each node's own network: nothing else listens there
 

@@ -5,7 +5,8 @@ A stored curve is compared within TOLERANCE_ULPS float32 ulps per step: fp32 res
 processors (MKL, glibc's libm and ATen pick code paths per CPU), by 1-2 ulps of a loss between an Intel
 Xeon and an AMD EPYC, while a one-line real change moves some step of every curve by far more. Both
 sides are measured and stored (tests/assets/README.md, `tests/assets/losses/changes/`), and
-tests/test_golden_comparison.py holds the tolerance between them. `WIDENET_GOLDEN_EXACT=1` compares to
+tests/integration/test_golden_losses.py checks that the tolerance lies between them (every measured kernel path
+passes, every real change fails). `WIDENET_GOLDEN_EXACT=1` compares to
 the bit instead: for a refactor that must not move a bit, record on this machine first
 (`WIDENET_UPDATE_GOLDEN=1 WIDENET_GOLDEN_DIR=DIR`), change the code, compare against DIR exactly.
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from launching import REPO
+from tests.support.launching import REPO
 
 ASSETS = Path(os.environ.get("WIDENET_GOLDEN_DIR") or REPO / "tests" / "assets" / "losses")
 # The curves of one-line real changes (tests/scripts/golden_variants.py records them): what the tolerance
@@ -118,8 +119,8 @@ def run_golden(run: GoldenRun, out: Path, values: dict[str, Path], env: dict[str
                args: list[str] | None = None) -> dict[int, float]:
     """Run `run` into `out` ({data}/{shared} from `values`; `args`: its formatted arguments, changed) with this
     CPU's own kernels, one thread per rank (launching.child_env) plus `env`; its step -> train/loss."""
-    from launching import run_train
-    from pretrain_support import train_losses
+    from tests.support.launching import run_train
+    from tests.support.pretrain_support import train_losses
 
     args = args if args is not None else golden_args(run, out, values)
     run_train(run.entry[2], args, num_ranks=run.ranks, env=env)

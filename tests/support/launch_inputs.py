@@ -10,7 +10,8 @@ from widenet_ds.data.prepare import cli as prepare_data
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.training.run_config import PretrainConfig
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.launching import REPO
+
 DS_CONFIG = REPO / "ds_configs" / "cpu_small.json"
 
 

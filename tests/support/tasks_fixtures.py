@@ -1,6 +1,6 @@
 """Fixtures for the tests of widenet_ds.benchmarks: a real WordPiece fast tokenizer over the shared BERT vocab.
 
-Import the fixtures into a test module (`from tasks_fixtures import bert_tokenizer`)."""
+Import the fixtures into a test module (`from tests.support.tasks_fixtures import bert_tokenizer`)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launching import REPO, child_env
+from tests.support.launching import REPO, child_env
 
 
 def report(*args: str | Path) -> subprocess.CompletedProcess:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launching import REPO
+from tests.support.launching import REPO
 
 CPU_CONFIG = REPO / "ds_configs" / "cpu_small.json"
 BOOKS = ("corpus/books/pg11.txt", "corpus/books/pg84.txt")
