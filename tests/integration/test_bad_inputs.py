@@ -544,7 +544,7 @@ CASES = [
     C("classify-channels", "classify", lambda e, t: classify(e, t, "--model-config", "vit-b16"),
       r"1-channel images, the model expects 3; set --set num_channels=1"),
     C("classify-epochs-and-max-steps", "classify", lambda e, t: classify(e, t, "--epochs", "1"),
-      r"--epochs .* cannot be combined with --max-steps"),
+      r"--epochs and --max-steps both set the run's length; pass one of them"),
     C("classify-cifar-without-data", "classify", lambda e, t: classify(e, t, "--dataset", "cifar10",
       "--set", "num_classes=10"), r"--dataset cifar10 needs --data"),
     C("classify-init-from-a-text-folder", "classify", lambda e, t: classify(e, t, "--init-from", str(e["export"])),
@@ -941,20 +941,21 @@ def test_a_resharded_checkpoint_resumed_on_its_own_shape_is_not_called_another_s
 def test_a_bf16_refusal_on_another_shape_names_what_is_not_fp32(earlier):
     from dataclasses import replace
 
-    from widenet_ds.checkpoint.marker import CheckpointMeta
+    from widenet_ds.checkpoint.source import RESUME, CheckpointSource
     from widenet_ds.errors import ConfigError
     from widenet_ds.model.config import ModelConfig
     from widenet_ds.runtime.ds_config import validate_ds_config
     from widenet_ds.runtime.parallel import ParallelPlan
     from widenet_ds.training.new_shape import plan_new_shape
 
-    tag = earlier["run"] / "checkpoints/step2"
-    meta = CheckpointMeta.read(tag)
+    source = CheckpointSource.open(earlier["run"] / "checkpoints/step2", "--resume", purpose=RESUME)
+    meta = source.meta
     bf16 = {**meta.deepspeed_config, "bf16": {"enabled": True}}
     model = ModelConfig.from_dict(meta.model_config)
     ds = validate_ds_config(bf16, world_size=2, has_moe=True, cuda_available=False)
     with pytest.raises(ConfigError, match=r"re-lays out the fp32 master weights and optimizer state of an fp32 run "
                                           r"only, and checkpoint .*step2 was trained in bf16; resume on its own shape"):
-        plan_new_shape(tag, replace(meta, deepspeed_config=bf16), ParallelPlan.plan(2, 0, 1, 1, model), ds, True)
+        plan_new_shape(replace(source, meta=replace(meta, deepspeed_config=bf16)), ParallelPlan.plan(2, 0, 1, 1, model),
+                       ds, True)
     with pytest.raises(ConfigError, match=r"fp32 run only, and this run is bf16 \(checkpoint .*step2: fp32\)"):
-        plan_new_shape(tag, meta, ParallelPlan.plan(2, 0, 1, 1, model), ds, True)
+        plan_new_shape(source, ParallelPlan.plan(2, 0, 1, 1, model), ds, True)

@@ -42,14 +42,17 @@ def test_each_environment_builds_into_its_own_folder_unless_one_is_set(tmp_path)
 
 
 def test_a_start_up_that_will_build_or_wait_says_so(tmp_path):
+    # own=True: the line itself, also in a test process where a run installed `announce_op_builds` (which then
+    # says it as the build happens, and a plain pending_build stays quiet)
     assert f"building DeepSpeed's shared-memory op into {tmp_path / SHM_OP}: first run of this environment only" \
-        in pending_build(tmp_path)
+        in pending_build(tmp_path, own=True)
     build = tmp_path / SHM_OP
     build.mkdir()
     (build / f"{SHM_OP}.so").write_bytes(b"")
-    assert pending_build(tmp_path) is None
+    assert pending_build(tmp_path, own=True) is None
     (build / "lock").touch()  # another process is building it now
-    assert "waiting for DeepSpeed's shared-memory op: another process is building it" in pending_build(tmp_path)
+    assert "waiting for DeepSpeed's shared-memory op: another process is building it" in pending_build(tmp_path,
+                                                                                                      own=True)
 
 
 def test_a_build_says_who_builds_it_and_that_time_passes(tmp_path, monkeypatch):
