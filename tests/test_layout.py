@@ -15,14 +15,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "widenet_ds"
 # `vision` is a domain package beside `model` (its config, model, datasets, loader, augmentation), which the
 # checkpoint stack registers; its trainer is a task of `training` (`training/classification.py`).
 LAYERS = [
-    {"widenet_ds", "widenet_ds.errors", "widenet_ds.formats", "widenet_ds.atomic", "widenet_ds.writable", "widenet_ds.run_folder",
-     "widenet_ds.results", "widenet_ds.run_lock", "widenet_ds.disk_space", "widenet_ds.checksums"},
+    {"widenet_ds", "widenet_ds.errors", "widenet_ds.formats", "widenet_ds.fs", "widenet_ds.run_folder",
+     "widenet_ds.results"},
     {"widenet_ds.data", "widenet_ds.benchmarks", "widenet_ds.model", "widenet_ds.runtime", "widenet_ds.vision"},
-    {"widenet_ds.portable", "widenet_ds.params"},
+    {"widenet_ds.portable"},
     {"widenet_ds.checkpoint"},
     {"widenet_ds.interop"},
     {"widenet_ds.training", "widenet_ds.report"},
-    {"widenet_ds.cli", "widenet_ds.train", "widenet_ds.demo", "widenet_ds.launch_cli", "widenet_ds.commands"},
+    {"widenet_ds.cli", "widenet_ds.train", "widenet_ds.commands"},
 ]
 
 
@@ -137,7 +137,7 @@ TESTS = PACKAGE.parent / "tests"
 COVERED_BY = {
     "widenet_ds/cli.py": ["integration/test_bad_inputs.py"],  # every `widenet-ds` command's errors, the dispatch
     "widenet_ds/train.py": ["integration/test_golden_losses.py", "integration/test_bad_inputs.py"],  # every run
-    "widenet_ds/demo.py": ["integration/test_demo.py"],
+    "widenet_ds/commands/demo.py": ["integration/test_demo.py"],
     "widenet_ds/commands/branches.py": ["portable/test_branches.py"],
     "widenet_ds/commands/verify.py": ["checkpoint/test_verify.py"],
     "widenet_ds/checkpoint/source.py": ["training/test_pretraining.py", "integration/test_bad_inputs.py"],  # --init-from
@@ -162,7 +162,7 @@ COVERED_BY = {
     "widenet_ds/benchmarks/squad_postprocess.py": ["benchmarks/test_squad.py"],
     "widenet_ds/training/branch_schedule.py": ["model/test_branches.py", "integration/test_paraformer_training.py"],
     "widenet_ds/training/classification.py": ["integration/test_classify.py", "integration/test_golden_losses.py"],
-    "widenet_ds/training/console.py": ["runtime/test_signals.py", "integration/test_bad_inputs.py"],
+    "widenet_ds/runtime/console.py": ["runtime/test_signals.py", "integration/test_bad_inputs.py"],
     "widenet_ds/training/benchmark.py": ["training/test_finetuning.py", "integration/test_finetune.py"],
     "widenet_ds/training/finetune_weights.py": ["training/test_finetuning.py"],
     "widenet_ds/training/flags.py": ["training/test_command_line.py"],

@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from widenet_ds.atomic import atomic_write_json, atomic_write_text
 from widenet_ds.errors import RunFolderError
-from widenet_ds.formats import read_json as read_versioned, unversioned, versioned
+from widenet_ds.formats import read_json as read_versioned
+from widenet_ds.formats import unversioned, versioned
+from widenet_ds.fs.atomic import atomic_write_json, atomic_write_text
 from widenet_ds.results import TASK_RESULTS, Results
 
 RUN_CONFIG_FILE = "run_config.json"  # (data/manifest.py spells it too: data/ sits below this module)

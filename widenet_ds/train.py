@@ -24,10 +24,10 @@ quiet_third_party()  # before DeepSpeed is imported
 
 from widenet_ds.cli import run_command  # noqa: E402
 from widenet_ds.errors import WideNetError, mark_same_on_every_rank  # noqa: E402
+from widenet_ds.runtime.console import process_rank  # noqa: E402
 from widenet_ds.runtime.distributed import exit_rank  # noqa: E402
 from widenet_ds.runtime.lost_peer import lost_peer_message  # noqa: E402
 from widenet_ds.training.command_line import parse  # noqa: E402
-from widenet_ds.training.console import process_rank  # noqa: E402
 from widenet_ds.training.registry import TASKS  # noqa: E402
 from widenet_ds.training.run import run_task  # noqa: E402
 from widenet_ds.training.run_config import InvalidConfig  # noqa: E402

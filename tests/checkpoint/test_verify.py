@@ -17,11 +17,11 @@ from widenet_ds.checkpoint.manager import CheckpointManager, TrainingState, esti
 from widenet_ds.checkpoint.marker import META_FILE, CheckpointMeta
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
 from widenet_ds.checkpoint.tags import check_checkpoint_files
-from widenet_ds.checksums import total_size
 from widenet_ds.commands.convert import cli as convert
 from widenet_ds.commands.verify import cli as verify_cli
-from widenet_ds.disk_space import DiskFullError
 from widenet_ds.errors import CheckpointError
+from widenet_ds.fs.checksums import total_size
+from widenet_ds.fs.disk_space import DiskFullError
 
 pytestmark = pytest.mark.usefixtures("dist")
 

@@ -18,11 +18,11 @@ import pytest
 from widenet_ds.data import shards
 from widenet_ds.data.examples import ExampleConfig
 from widenet_ds.data.loader import PretrainingDataLoader
-from widenet_ds.data.prepare import PrepareConfig, cli, prepare
 from widenet_ds.data.manifest import read_manifest
+from widenet_ds.data.prepare import PrepareConfig, cli, prepare
 from widenet_ds.data.sources import parse_source
-from widenet_ds.disk_space import DiskFullError
 from widenet_ds.errors import DataError
+from widenet_ds.fs.disk_space import DiskFullError
 
 # Small partitions so a 1 MB input is several shards and two workers really split the work.
 SMALL = dict(partition_chars=150_000, valid_fraction=0.02)

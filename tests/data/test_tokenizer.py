@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from widenet_ds.checksums import file_sha256
 from widenet_ds.data.sentences import split_sentences
 from widenet_ds.data.tokenizer import SPECIAL_TOKENS, cli, load_tokenizer, save_tokenizer, train_tokenizer
 from widenet_ds.errors import DataError
+from widenet_ds.fs.checksums import file_sha256
 
 
 @pytest.fixture(scope="module")

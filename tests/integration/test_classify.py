@@ -18,10 +18,9 @@ from safetensors.torch import load_file
 from tests.support.launching import REPO, child_env, python_train_command, run_deepspeed, run_train, train_command
 from tests.support.pretrain_support import events, train_losses
 from tests.support.report_page import parse_page, report
-
-from widenet_ds.params import preset_counts
+from widenet_ds.commands.params import preset_counts
+from widenet_ds.fs.run_lock import LOCK_FILE
 from widenet_ds.run_folder import RunFolder
-from widenet_ds.run_lock import LOCK_FILE
 
 EP_FORWARD = REPO / "tests" / "scripts" / "vision_expert_parallel_forward.py"
 

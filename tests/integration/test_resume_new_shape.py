@@ -22,9 +22,16 @@ import pytest
 
 from tests.support.golden_curves import TOLERANCE_ULPS, beyond_tolerance, ulps
 from tests.support.launching import REPO, child_env, run_train, train_command
-from tests.support.pretrain_support import BOOKS, events, prepare_data, train_losses, write_ds_config, write_model_config
-from widenet_ds.checksums import record_files
+from tests.support.pretrain_support import (
+    BOOKS,
+    events,
+    prepare_data,
+    train_losses,
+    write_ds_config,
+    write_model_config,
+)
 from widenet_ds.cli import main as widenet_ds
+from widenet_ds.fs.checksums import record_files
 
 pytestmark = [pytest.mark.multirank, pytest.mark.slow]
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from widenet_ds.atomic import atomic_write_text
 from widenet_ds.errors import ConfigError, DataError
+from widenet_ds.fs.atomic import atomic_write_text
 
 Column = str | int  # a header name, or a 0-based position for headerless files
 

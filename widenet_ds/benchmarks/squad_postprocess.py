@@ -21,11 +21,11 @@ from typing import Sequence
 
 import numpy as np
 
-from widenet_ds.atomic import atomic_write_json
-from widenet_ds.errors import ConfigError
 from widenet_ds.benchmarks.squad import SquadExample
 from widenet_ds.benchmarks.squad_features import SquadFeatures
 from widenet_ds.benchmarks.squad_metrics import evaluate_v2
+from widenet_ds.errors import ConfigError
+from widenet_ds.fs.atomic import atomic_write_json
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from widenet_ds.atomic import atomic_write_json
-from widenet_ds.checksums import FileRecords
 from widenet_ds.data.batch_order import RANK_STRIDED
 from widenet_ds.errors import CheckpointError
 from widenet_ds.formats import VERSION_KEY, upgrade, versioned
+from widenet_ds.fs.atomic import atomic_write_json
+from widenet_ds.fs.checksums import FileRecords
 
 META_FILE = "widenet_checkpoint.json"
 LATEST_FILE = "latest"  # beside the tags: the newest complete one

@@ -24,14 +24,14 @@ from pathlib import Path
 
 import torch
 
-from widenet_ds.atomic import atomic_folder
 from widenet_ds.checkpoint.deepspeed import expert_file, load_torch_file
 from widenet_ds.checkpoint.marker import LATEST_FILE, CheckpointMeta
 from widenet_ds.checkpoint.shape_free import ShapeFreeState, read_shape_free, save_shape_free
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.tags import MODEL_STATES
-from widenet_ds.checksums import record_files
 from widenet_ds.errors import CheckpointError, ConfigError
+from widenet_ds.fs.atomic import atomic_folder
+from widenet_ds.fs.checksums import record_files
 from widenet_ds.runtime.distributed import check_ep_size
 
 SHAPE_FREE_DIR = "shape_free"

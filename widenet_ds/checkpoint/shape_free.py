@@ -37,7 +37,6 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from widenet_ds.atomic import atomic_folder
 from widenet_ds.checkpoint.deepspeed import load_torch_file, precision, read_tag, zero_stage
 from widenet_ds.checkpoint.manager import TrainingState
 from widenet_ds.checkpoint.marker import CheckpointMeta, check_marker
@@ -45,6 +44,7 @@ from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.tags import MODEL_STATES
 from widenet_ds.errors import CheckpointError
 from widenet_ds.formats import VERSION_KEY, current, upgrade, versioned
+from widenet_ds.fs.atomic import atomic_folder
 from widenet_ds.portable.format import TEXT_DEFAULT, architecture
 from widenet_ds.runtime.lamb import build_param_groups
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Callable
 
 from widenet_ds.checkpoint.marker import LATEST_FILE, META_FILE, CheckpointMeta, check_marker
-from widenet_ds.checksums import file_problems
 from widenet_ds.errors import CheckpointError
+from widenet_ds.fs.checksums import file_problems
 
 TAG = re.compile(r"^step(\d+)$")
 

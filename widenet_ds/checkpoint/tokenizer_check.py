@@ -19,9 +19,9 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from widenet_ds.checkpoint.source import CheckpointSource
-from widenet_ds.checksums import file_sha256
 from widenet_ds.data.tokenizer import TOKENIZER_FILE, load_tokenizer
 from widenet_ds.errors import CheckpointError, WideNetError
+from widenet_ds.fs.checksums import file_sha256
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from typing import Callable
 
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.tags import check_checkpoint_files
-from widenet_ds.checksums import file_problems, total_size
 from widenet_ds.errors import CheckpointError
+from widenet_ds.fs.checksums import file_problems, total_size
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError
+from widenet_ds.fs.writable import check_output_folder
 from widenet_ds.model.config import EncoderConfig
 from widenet_ds.portable.branches import check_keep, compress, expand, expanded_config, layout_of
 from widenet_ds.portable.format import (
@@ -31,7 +32,6 @@ from widenet_ds.portable.format import (
     save_folder,
     stored_model_config,
 )
-from widenet_ds.writable import check_output_folder
 
 
 def fresh_state(architecture_name: str, cfg: EncoderConfig, num_labels: int | None, seed: int) -> dict[str, Tensor]:

@@ -18,8 +18,10 @@ from widenet_ds.checkpoint.tokenizer_check import (
     saved_tokenizer_problem,
 )
 from widenet_ds.data.tokenizer import TokenizerFiles
-from widenet_ds.disk_space import check_free_space, disk_full_errors
 from widenet_ds.errors import CheckpointError
+from widenet_ds.fs.disk_space import check_free_space, disk_full_errors
+from widenet_ds.fs.run_lock import output_lock
+from widenet_ds.fs.writable import check_output_folder
 from widenet_ds.interop.albert import from_albert, to_albert
 from widenet_ds.interop.hf_export import (
     from_hf,
@@ -30,8 +32,6 @@ from widenet_ds.interop.hf_export import (
 )
 from widenet_ds.interop.hf_vit import to_hf_vit
 from widenet_ds.portable.format import WEIGHTS_FILE, architecture, save_folder
-from widenet_ds.run_lock import output_lock
-from widenet_ds.writable import check_output_folder
 
 _SOURCE_HELP = ("a checkpoint folder, or a DeepSpeed checkpoint: a tag folder (<output>/checkpoints/step1000), a "
                 "checkpoints folder or a run's output folder (then --tag, or the latest complete tag)")

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
-from widenet_ds.disk_space import mib
+from widenet_ds.fs.disk_space import mib
 
 
 def cli(argv: list[str]) -> int:

@@ -34,8 +34,6 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from widenet_ds.atomic import atomic_write_json
-from widenet_ds.checksums import file_sha256
 from widenet_ds.data.default_corpus import DefaultCorpusSource
 from widenet_ds.data.examples import ExampleConfig, PretrainingIds, create_examples, mask_tokens
 from widenet_ds.data.manifest import MANIFEST, MANIFEST_FILE, Manifest
@@ -50,11 +48,13 @@ from widenet_ds.data.shards import (
 )
 from widenet_ds.data.sources import DocumentStream, HFSource, SkipCounter, TextSource, WeightedSource, parse_source
 from widenet_ds.data.tokenizer import BatchEncoder, load_tokenizer, save_tokenizer, train_tokenizer
-from widenet_ds.disk_space import check_free_space, disk_full_errors
 from widenet_ds.errors import DataError
 from widenet_ds.formats import versioned
-from widenet_ds.run_lock import LOCK_FILE, folder_lock
-from widenet_ds.writable import check_output_folder as check_writable
+from widenet_ds.fs.atomic import atomic_write_json
+from widenet_ds.fs.checksums import file_sha256
+from widenet_ds.fs.disk_space import check_free_space, disk_full_errors
+from widenet_ds.fs.run_lock import LOCK_FILE, folder_lock
+from widenet_ds.fs.writable import check_output_folder as check_writable
 
 SETTINGS_FILE = "prepare_settings.json"
 # Its kind in widenet_ds/formats.py. The version is hashed with the settings into every shard's settings_sha256:

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from widenet_ds.atomic import atomic_write_bytes
-from widenet_ds.checksums import file_sha256
 from widenet_ds.errors import DataError
+from widenet_ds.fs.atomic import atomic_write_bytes
+from widenet_ds.fs.checksums import file_sha256
 
 INDEX_COLUMNS = ("offset", "length", "a_length", "sop_label", "mask_offset", "mask_count")
 # Unit of the lazy CRC checks: small enough that the first touch of a block costs well under a

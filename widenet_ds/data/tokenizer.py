@@ -18,12 +18,12 @@ from pathlib import Path
 from tokenizers import Encoding, Tokenizer, normalizers
 from tokenizers.implementations import BertWordPieceTokenizer
 
-from widenet_ds.atomic import atomic_write_bytes, atomic_write_text
 from widenet_ds.data.default_corpus import DefaultCorpusSource
-from widenet_ds.checksums import file_sha256
 from widenet_ds.data.manifest import MANIFEST_FILE, Manifest, read_manifest
 from widenet_ds.data.sources import DocumentStream, SkipCounter, WeightedSource, parse_source
 from widenet_ds.errors import DataError
+from widenet_ds.fs.atomic import atomic_write_bytes, atomic_write_text
+from widenet_ds.fs.checksums import file_sha256
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TOKENIZER_FILE = "tokenizer.json"

@@ -11,10 +11,10 @@ import argparse
 import time
 from pathlib import Path
 
-from widenet_ds.checksums import file_sha256
 from widenet_ds.data.manifest import read_manifest
 from widenet_ds.data.shards import shard_problems
 from widenet_ds.errors import DataError
+from widenet_ds.fs.checksums import file_sha256
 
 TOKENIZER_FILE = "tokenizer.json"
 

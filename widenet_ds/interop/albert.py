@@ -32,10 +32,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from widenet_ds.atomic import atomic_folder
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError, ConfigError
+from widenet_ds.fs.atomic import atomic_folder
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.portable.format import (
     PortableCheckpoint,

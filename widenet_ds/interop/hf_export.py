@@ -31,13 +31,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from widenet_ds.atomic import atomic_folder
 from widenet_ds.benchmarks.glue import get_glue_dataset
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.tags import is_deepspeed_checkpoint
 from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.formats import VERSION_KEY, upgrade, versioned
+from widenet_ds.fs.atomic import atomic_folder
 from widenet_ds.interop.albert import write_hf_tokenizer_config
 from widenet_ds.interop.hf_model_card import model_card
 from widenet_ds.interop.hf_vit import check_hf_convertible

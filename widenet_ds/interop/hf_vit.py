@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from widenet_ds.atomic import atomic_folder
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.errors import CheckpointError, ConfigError
+from widenet_ds.fs.atomic import atomic_folder
 from widenet_ds.portable.format import PortableCheckpoint, write_safetensors
 from widenet_ds.vision.config import VisionConfig
 

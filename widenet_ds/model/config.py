@@ -14,9 +14,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Self, get_args
 
-from widenet_ds.atomic import atomic_write_json
 from widenet_ds.errors import ConfigError
 from widenet_ds.formats import RUN_SETTINGS, VERSION_KEY, upgrade, versioned
+from widenet_ds.fs.atomic import atomic_write_json
 
 MODEL_CONFIG = "model_config"  # its kind in widenet_ds/formats.py
 

@@ -1,6 +1,6 @@
 """Parameter and FLOP counts of the models: parameters counted from instantiated models (text and image), by
 part; model FLOPs per token of the text model counted from the config, for MFU and speed targets. The counts
-of every preset: `widenet-ds params` (widenet_ds/params.py).
+of every preset: `widenet-ds params` (widenet_ds/commands/params.py).
 
 FLOP conventions (the usual MFU ones, e.g. PaLM's appendix B, Megatron's):
 * a GEMM [m, k] x [k, n] costs 2 m n k; element-wise work (softmax, LayerNorm, GELU, residuals) and

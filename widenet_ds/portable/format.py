@@ -34,11 +34,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from widenet_ds.atomic import atomic_folder, set_default_permissions
-from widenet_ds.checksums import record_files
 from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.formats import current, upgrade, versioned
+from widenet_ds.fs.atomic import atomic_folder, set_default_permissions
+from widenet_ds.fs.checksums import record_files
 from widenet_ds.model.config import EncoderConfig, ModelConfig
 from widenet_ds.model.moe import MoEFeedForward
 from widenet_ds.model.widenet import (

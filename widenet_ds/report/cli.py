@@ -13,14 +13,14 @@ import json
 import sys
 from pathlib import Path
 
-from widenet_ds.atomic import atomic_folder, atomic_write_text
 from widenet_ds.errors import ConfigError
 from widenet_ds.formats import VERSION_KEY, current
+from widenet_ds.fs.atomic import atomic_folder, atomic_write_text
+from widenet_ds.fs.run_lock import output_lock
 from widenet_ds.report.branches import branch_curves, markdown_table
 from widenet_ds.report.metrics import load_runs
 from widenet_ds.report.page import render
 from widenet_ds.report.plots import draw_all
-from widenet_ds.run_lock import output_lock
 
 PAGE_FILE = "index.html"
 MARKER_FILE = "report.json"  # what this report holds; its presence marks the folder as ours to replace

@@ -29,13 +29,13 @@ from pathlib import Path
 
 import widenet_ds
 from widenet_ds.errors import LaunchError
+from widenet_ds.results import TASK_RESULTS
 from widenet_ds.runtime.host_allocator import allocator_env, find_tcmalloc
 from widenet_ds.runtime.launch_env import check_hostfile
 from widenet_ds.runtime.node_env import ranks_env, runner_env_file
 from widenet_ds.runtime.node_failures import NodeWatch
 from widenet_ds.runtime.ports import free_port, port_holder, port_is_free
 from widenet_ds.runtime.signals import forward
-from widenet_ds.results import TASK_RESULTS
 
 PROG = "widenet-ds launch"
 TRAIN_MODULE = "widenet_ds.train"  # its tasks: training/registry.py
@@ -56,7 +56,7 @@ class LaunchOptions:
     master_addr: str | None = None
     master_port: int | None = None
     ssh_check: bool = True
-    run_config: Path | None = None  # a run's saved settings (run_config.json), read by the caller (launch_cli.py)
+    run_config: Path | None = None  # a run's saved settings (run_config.json), read by the caller (commands/launch.py)
 
     def __post_init__(self) -> None:
         if self.task not in TASK_RESULTS:
@@ -207,7 +207,7 @@ def failure(status: int) -> str:
 
 def launch(options: LaunchOptions, check_task_options: Callable[[LaunchOptions], None] | None = None) -> int:
     """Plan, then (`check_task_options`: the task's command line, checked by the caller that knows the trainer's
-    parser, widenet_ds/launch_cli.py) start the ranks."""
+    parser, widenet_ds/commands/launch.py) start the ranks."""
     plan = plan_launch(options, this_machine(), runner=deepspeed_runner())
     if check_task_options is not None:
         check_task_options(options)

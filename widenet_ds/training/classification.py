@@ -13,7 +13,7 @@ from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.errors import CheckpointError, DataError
 from widenet_ds.portable.weights import load_into, match_weights
 from widenet_ds.results import ClassifyResults
-from widenet_ds.training.console import say
+from widenet_ds.runtime.console import say
 from widenet_ds.training.log import TrainingLog
 from widenet_ds.training.metrics import ClassifyMetrics
 from widenet_ds.training.model_source import resolve_model_config

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from widenet_ds.errors import ConfigError, DataError, raise_config_problems
-from widenet_ds.run_lock import folder_lock
 from widenet_ds.benchmarks.glue import get_glue_dataset, glue_split_path
+from widenet_ds.errors import ConfigError, DataError, raise_config_problems
+from widenet_ds.fs.run_lock import folder_lock
+from widenet_ds.fs.writable import check_output_folder
 from widenet_ds.training.run_config import HF_DATA, FinetuneConfig, GlueConfig, RunConfig, SquadConfig
-from widenet_ds.writable import check_output_folder
 
 
 def check_run(cfg: RunConfig) -> None:

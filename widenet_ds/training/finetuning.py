@@ -24,9 +24,9 @@ from widenet_ds.errors import CheckpointError, ConfigError, raise_config_problem
 from widenet_ds.portable.weights import load_into
 from widenet_ds.results import Scores, SeedResults, is_number, with_scale
 from widenet_ds.run_folder import RunFolder, read_metrics
+from widenet_ds.runtime.console import say
 from widenet_ds.runtime.ds_config import DeepSpeedSettings
 from widenet_ds.training.benchmark import Benchmark
-from widenet_ds.training.console import say
 from widenet_ds.training.epoch_batches import EpochBatches
 from widenet_ds.training.finetune_weights import finetune_model_config, save_finetuned
 from widenet_ds.training.log import TrainingLog

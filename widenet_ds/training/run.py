@@ -17,12 +17,12 @@ from typing import Any, Iterator
 import torch.distributed as torch_dist
 
 from widenet_ds.checkpoint.source import CheckpointSource
-from widenet_ds.disk_space import DiskFullError
 from widenet_ds.errors import ConfigError, WideNetError, mark_same_on_every_rank
-from widenet_ds.run_lock import FolderLockedError, folder_lock
+from widenet_ds.fs.disk_space import DiskFullError
+from widenet_ds.fs.run_lock import FolderLockedError, folder_lock
+from widenet_ds.runtime.console import say
 from widenet_ds.runtime.distributed import all_values, init_distributed, rank0_value
 from widenet_ds.runtime.extensions import announce_op_builds
-from widenet_ds.training.console import say
 from widenet_ds.training.environment import check_run
 from widenet_ds.training.plan import plan_task
 from widenet_ds.training.preemption import StopRequest

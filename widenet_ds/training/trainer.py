@@ -28,9 +28,9 @@ from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.shape_free import resume_on_new_shape
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.compile import compile_for_training
+from widenet_ds.runtime.console import say
 from widenet_ds.runtime.distributed import seed_everything
 from widenet_ds.runtime.engine import build_engine, expert_grad_norm_stage0
-from widenet_ds.training.console import say
 from widenet_ds.training.log import TrainingLog, memory_mib
 from widenet_ds.training.new_shape import shape_words
 from widenet_ds.training.plan import RunPlan

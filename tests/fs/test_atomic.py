@@ -9,8 +9,8 @@ import stat
 
 import pytest
 
-from widenet_ds.atomic import atomic_folder, atomic_write, atomic_write_json
 from widenet_ds.errors import CheckpointError
+from widenet_ds.fs.atomic import atomic_folder, atomic_write, atomic_write_json
 
 
 def test_a_failed_write_keeps_the_earlier_file_and_leaves_no_temporary(tmp_path):

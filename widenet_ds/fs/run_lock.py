@@ -25,8 +25,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from widenet_ds.disk_space import DiskFullError, is_disk_full
 from widenet_ds.errors import WideNetError
+from widenet_ds.fs.disk_space import DiskFullError, is_disk_full
 
 LOCK_FILE = ".widenet-ds.lock"
 

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import widenet_ds
+from widenet_ds.benchmarks.glue import get_glue_dataset
 from widenet_ds.errors import ConfigError, LaunchError, RunFolderError
-from widenet_ds.run_folder import RunFolder, read_run_config as read_settings
+from widenet_ds.run_folder import RunFolder
+from widenet_ds.run_folder import read_run_config as read_settings
 from widenet_ds.runtime.launch import PROG, TRAIN_MODULE, LaunchOptions, launch, parse_launch_args, this_machine
 from widenet_ds.training.command_line import CONFIGS, build_parser, parse
-from widenet_ds.benchmarks.glue import get_glue_dataset
 from widenet_ds.training.run_config import LATEST, FinetuneConfig, GlueConfig, RunConfig, SquadConfig, saved_record
 
 CPU_EVAL_EXAMPLES = 500  # SQuAD questions (or GLUE examples) a CPU machine evaluates in about a minute

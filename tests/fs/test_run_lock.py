@@ -14,9 +14,17 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from widenet_ds.disk_space import DiskFullError
-from widenet_ds.run_lock import (LOCK_FILE, FolderLockedError, Holder, _command_line, _process_start, folder_lock,
-                                  output_lock, read_holder)
+from widenet_ds.fs.disk_space import DiskFullError
+from widenet_ds.fs.run_lock import (
+    LOCK_FILE,
+    FolderLockedError,
+    Holder,
+    _command_line,
+    _process_start,
+    folder_lock,
+    output_lock,
+    read_holder,
+)
 
 
 def sleeper() -> subprocess.Popen:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from widenet_ds.checksums import file_problems, file_sha256, record_files, total_size
+from widenet_ds.fs.checksums import file_problems, file_sha256, record_files, total_size
 
 
 def test_records_name_every_file_and_each_kind_of_damage(tmp_path):

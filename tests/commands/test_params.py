@@ -5,8 +5,8 @@ import json
 import pytest
 
 from widenet_ds.cli import main
+from widenet_ds.commands.params import preset_counts
 from widenet_ds.model.config import PRESETS
-from widenet_ds.params import preset_counts
 from widenet_ds.vision.config import VISION_PRESETS, VisionConfig
 from widenet_ds.vision.model import build_model, count_trainable_parameters
 

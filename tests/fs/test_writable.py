@@ -1,4 +1,4 @@
-"""Output folders checked before anything heavy starts (widenet_ds/writable.py): a folder that can be made is
+"""Output folders checked before anything heavy starts (widenet_ds/fs/writable.py): a folder that can be made is
 accepted and nothing is created; a file in the way, a broken link, a folder no file can be made in are refused
 with the flag and the reason."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from widenet_ds.errors import ConfigError, DataError
-from widenet_ds.writable import check_output_folder
+from widenet_ds.fs.writable import check_output_folder
 
 
 def test_a_folder_that_can_be_made_is_accepted_and_nothing_is_created(tmp_path):

@@ -31,7 +31,7 @@ def _image(name: str) -> nn.Module:
     return ViTWideNetForImageClassification(VisionConfig.from_preset(name))
 
 
-# preset -> its model; a name is a text or an image preset, never both (tests/test_params.py)
+# preset -> its model; a name is a text or an image preset, never both (tests/commands/test_params.py)
 BUILDERS: dict[str, Callable[[str], nn.Module]] = {**dict.fromkeys(PRESETS, _text),
                                                    **dict.fromkeys(VISION_PRESETS, _image)}
 DEFAULT = (*BASE_PRESETS, *PAPER_PRESETS)

@@ -23,11 +23,11 @@ import sys
 from pathlib import Path
 
 import widenet_ds
-from widenet_ds.atomic import atomic_write_json
-from widenet_ds.data.prepare import cli as prepare_data
+from widenet_ds.commands.launch import launch_config
 from widenet_ds.data.manifest import MANIFEST_FILE, read_manifest
+from widenet_ds.data.prepare import cli as prepare_data
 from widenet_ds.errors import ConfigError, DataError
-from widenet_ds.launch_cli import launch_config
+from widenet_ds.fs.atomic import atomic_write_json
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.report.cli import cli as write_report
 from widenet_ds.results import ClassifyResults, FinetuneResults

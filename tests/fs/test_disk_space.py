@@ -8,9 +8,15 @@ import os
 
 import pytest
 
-from widenet_ds.atomic import atomic_write_bytes
-from widenet_ds.disk_space import (DiskFullError, check_free_space, disk_full_errors, free_bytes, full_disk_message,
-                                   is_disk_full)
+from widenet_ds.fs.atomic import atomic_write_bytes
+from widenet_ds.fs.disk_space import (
+    DiskFullError,
+    check_free_space,
+    disk_full_errors,
+    free_bytes,
+    full_disk_message,
+    is_disk_full,
+)
 
 
 def test_a_write_that_cannot_fit_is_refused_before_anything_is_written(small_disk):

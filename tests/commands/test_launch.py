@@ -11,8 +11,7 @@ from dataclasses import replace
 import pytest
 
 from tests.support.launching import REPO
-
-from widenet_ds import launch_cli
+from widenet_ds.commands import launch as launch_cli
 from widenet_ds.errors import LaunchError
 from widenet_ds.runtime.launch import LaunchOptions
 from widenet_ds.training.command_line import parse
