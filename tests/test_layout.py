@@ -140,7 +140,6 @@ COVERED_BY = {
     "widenet_ds/commands/demo.py": ["integration/test_demo.py"],
     "widenet_ds/commands/branches.py": ["portable/test_branches.py"],
     "widenet_ds/commands/verify.py": ["checkpoint/test_verify.py"],
-    "widenet_ds/checkpoint/source.py": ["training/test_pretraining.py", "integration/test_bad_inputs.py"],  # --init-from
     "widenet_ds/data/prepared.py": ["data/test_loader.py", "training/test_pretraining.py"],  # opened once, counted
     "widenet_ds/training/new_shape.py": ["integration/test_resume_new_shape.py"],  # real resumes on other shapes
     "widenet_ds/checkpoint/deepspeed.py": ["commands/test_convert.py", "portable/test_weights_image_models.py"],

@@ -47,7 +47,8 @@ from widenet_ds.data.shards import (
     token_dtype,
 )
 from widenet_ds.data.sources import DocumentStream, HFSource, SkipCounter, TextSource, WeightedSource, parse_source
-from widenet_ds.data.tokenizer import BatchEncoder, load_tokenizer, save_tokenizer, train_tokenizer
+from widenet_ds.data.tokenizer import (TOKENIZER_FILE, TOKENIZER_FILES, BatchEncoder, TokenizerFiles, load_tokenizer,
+                                       save_tokenizer, train_tokenizer)
 from widenet_ds.errors import DataError
 from widenet_ds.formats import versioned
 from widenet_ds.fs.atomic import atomic_write_json
@@ -62,7 +63,7 @@ SETTINGS_FILE = "prepare_settings.json"
 DATA_SETTINGS = "data_settings"
 SPLITS = ("train", "valid")
 # Everything prepare-data writes into --output; a folder holding anything else is not a data folder.
-DATA_FOLDER_ENTRIES = frozenset({SETTINGS_FILE, MANIFEST_FILE, "tokenizer.json", "vocab.txt", *SPLITS})
+DATA_FOLDER_ENTRIES = frozenset({SETTINGS_FILE, MANIFEST_FILE, *TOKENIZER_FILES, *SPLITS})
 # Documents per tokenizer call: big enough to amortise the call, small enough that the Rust
 # encodings (tens of bytes per token) stay small.
 _ENCODE_BATCH_CHARS = 1 << 20
@@ -249,7 +250,7 @@ def _check_previous_settings(output: Path, settings: dict, overwrite: bool) -> N
     for split in SPLITS:
         for file in (output / split).glob("part-*"):
             file.unlink()
-    for name in ("tokenizer.json", "vocab.txt"):
+    for name in TOKENIZER_FILES:
         (output / name).unlink(missing_ok=True)
 
 
@@ -323,7 +324,7 @@ def _remove_if_nothing_built(output: Path, before: set[str]) -> None:
     would refuse the corrected command ("prepared with other settings"), no tokenizer of its own."""
     if any(True for split in SPLITS for _ in (output / split).glob("part-*.json")):
         return  # finished shards: a re-run of the same command continues from them
-    for name in (SETTINGS_FILE, MANIFEST_FILE, "tokenizer.json", "vocab.txt", *SPLITS):
+    for name in (SETTINGS_FILE, MANIFEST_FILE, *TOKENIZER_FILES, *SPLITS):
         path = output / name
         if name in before or not path.exists():
             continue
@@ -341,8 +342,8 @@ def _prepare(sources: list[WeightedSource], output: Path, config: PrepareConfig,
     _write_json(output / SETTINGS_FILE, settings)
 
     tok = _resolve_tokenizer(sources, output, config, tokenizer, vocab_size, progress)
-    tokenizer_sha = save_tokenizer(tok, output) if given_sha or not (output / "tokenizer.json").is_file() \
-        else file_sha256(output / "tokenizer.json")
+    tokenizer_sha = save_tokenizer(tok, output) if given_sha or not (output / TOKENIZER_FILE).is_file() \
+        else file_sha256(output / TOKENIZER_FILE)
     settings_sha = hashlib.sha256(json.dumps([settings, tokenizer_sha], sort_keys=True).encode()).hexdigest()
 
     started = time.perf_counter()
@@ -388,9 +389,9 @@ def _prepare(sources: list[WeightedSource], output: Path, config: PrepareConfig,
 
 def _tokenizer_file(path: Path) -> Path:
     if path.is_dir():
-        for name in ("tokenizer.json", "vocab.txt"):
-            if (path / name).is_file():
-                return path / name
+        found = TokenizerFiles.in_folder(path)
+        if found:
+            return found.paths[0]
         raise DataError(f"--tokenizer {str(path)!r} is a folder holding neither tokenizer.json nor vocab.txt; pass "
                         "'train', a tokenizer.json, a vocab.txt or a folder holding one")
     if not path.is_file():
@@ -402,8 +403,8 @@ def _tokenizer_file(path: Path) -> Path:
 def _resolve_tokenizer(sources, output, config, tokenizer, vocab_size, progress) -> Tokenizer:
     if tokenizer != "train":
         return load_tokenizer(tokenizer)
-    if (output / "tokenizer.json").is_file():  # trained by an earlier run with the same settings
-        return load_tokenizer(output / "tokenizer.json")
+    if (output / TOKENIZER_FILE).is_file():  # trained by an earlier run with the same settings
+        return load_tokenizer(output / TOKENIZER_FILE)
     skipped = SkipCounter()
     trained = train_tokenizer(DocumentStream(sources, config.seed, skipped), vocab_size, show_progress=progress)
     if skipped and progress:

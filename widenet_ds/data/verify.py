@@ -13,10 +13,10 @@ from pathlib import Path
 
 from widenet_ds.data.manifest import read_manifest
 from widenet_ds.data.shards import shard_problems
+from widenet_ds.data.tokenizer import TOKENIZER_FILE
 from widenet_ds.errors import DataError
 from widenet_ds.fs.checksums import file_sha256
 
-TOKENIZER_FILE = "tokenizer.json"
 
 
 def verify_data(data_dir: Path) -> dict[str, int]:
