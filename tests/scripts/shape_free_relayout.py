@@ -18,9 +18,8 @@ import torch
 from convert_make_checkpoint import FixedBatchLoader, build, fixed_batch, save_logits
 
 from widenet_ds.checkpoint.manager import CheckpointManager, TrainingState
-from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.shape_free import apply_to_engine, load_shape_free, target_meta
-from widenet_ds.checkpoint.tags import check_resumable
+from widenet_ds.checkpoint.source import RESUME, CheckpointSource
 from widenet_ds.runtime.distributed import init_distributed
 
 
@@ -44,11 +43,11 @@ def resume(out_prefix: str, tag_dirs: list[Path]) -> None:
     init_distributed()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     for index, tag_dir in enumerate(tag_dirs):
-        meta = CheckpointMeta.read(tag_dir)
-        check_resumable(tag_dir, meta)
+        source = CheckpointSource.open(tag_dir, "--resume", purpose=RESUME)  # its files checked, its state complete
+        meta = source.meta
         engine, _ = build(meta.ep_size, meta.deepspeed_config["zero_optimization"]["stage"], world)
         CheckpointManager(tag_dir.parent, keep_last=1, rank=rank, world_size=world).load(
-            engine, tag_dir, meta, ResumableLoader())
+            engine, source, ResumableLoader())
         torch.manual_seed(7 + rank)
         engine.train()
         out = engine(**fixed_batch(rank, seed=520))
