@@ -21,6 +21,7 @@ from widenet_ds.disk_space import DiskFullError
 from widenet_ds.errors import ConfigError, WideNetError, mark_same_on_every_rank
 from widenet_ds.run_lock import FolderLockedError, folder_lock
 from widenet_ds.runtime.distributed import all_values, init_distributed, rank0_value
+from widenet_ds.runtime.peer_watch import stop_watching, watch_peers
 from widenet_ds.task_registry import TASKS
 from widenet_ds.training.console import say
 from widenet_ds.training.environment import check_run
@@ -45,8 +46,9 @@ def run_task(cfg: RunConfig) -> Any:
     stop.install(signal.SIGUSR1)
     try:
         say("starting: initialising the process group")
-        init_distributed(say=say)
+        init_distributed(say=say, timeouts_s=(cfg.init_timeout, cfg.train_timeout))
         stop.install(signal.SIGTERM)
+        watch_peers(cfg.output_dir / "checkpoints", f"python -m widenet_ds.train {cfg.TASK}")
         with run_folder_lock(cfg):
             check_shared_output(cfg.output_dir)
             init_source = None
@@ -63,10 +65,13 @@ def run_task(cfg: RunConfig) -> Any:
             else:  # a finetuning TaskRun: one trainer per seed
                 result = run_finetune(cfg, stop, init_source)
             # Every rank leaves together: a rank tearing its gloo group down while another still writes the
-            # results (rank 0) aborts at exit ("terminate called without an active exception").
+            # results (rank 0) aborts at exit ("terminate called without an active exception"). No watch after it:
+            # the rendezvous store it beats into ends with rank 0.
+            stop_watching()
             torch_dist.barrier()
         return result
     finally:
+        stop_watching()
         stop.uninstall()
 
 

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal
 
 from widenet_ds.errors import ConfigError, problems_text
 from widenet_ds.run_folder import RunFolder
+from widenet_ds.runtime.collective_timeouts import INIT_TIMEOUT_S, TRAIN_TIMEOUT_S
 from widenet_ds.runtime.compile import CompileMode
 from widenet_ds.tasks.glue import get_glue_task
 from widenet_ds.training.branch_schedule import ScheduleKind
@@ -38,9 +39,10 @@ RESUMABLE_SETTINGS = frozenset({
     "output_dir", "resume", "accept_changed_settings", "deepspeed_config", "max_steps", "seeds", "log_interval",
     "eval_interval", "save_interval", "keep_last", "eval_batches", "max_eval_examples", "tensorboard",
     "progress_bar", "compile", "compile_backend", "workers", "predict_test", "save_model",
-    "ep_size"})  # a layout setting: a resume on another layout re-lays the checkpoint out (training/plan.py)
+    "init_timeout", "train_timeout", "ep_size"})  # a layout setting: a resume on another layout re-lays the checkpoint out (training/plan.py)
 _BRANCHES = "ParaFormer branch layouts (num_branches > 1; docs/paraformer.md)"
 _MONITORING = "logging"
+_CLUSTER = "faults on several ranks (docs/cluster.md)"
 _DATA = ("the training data: pretraining, a prepared folder (`widenet-ds prepare-data`; its valid split is the "
          "evaluation's); finetuning, the task's files in their original format (a folder or file) or `hf` for HF "
          "datasets; images, the --dataset's folder (fashion-mnist default: /usr/share/datasets/fashion-mnist)")
@@ -126,6 +128,11 @@ class RunConfig:
         metavar="S[,S2,...]", group=_BRANCHES))
     tensorboard: bool = field(default=True, metadata=flag("write metrics.jsonl only", group=_MONITORING))
     progress_bar: bool = field(default=True, metadata=flag("no progress bar on a terminal", group=_MONITORING))
+    init_timeout: float = field(default=INIT_TIMEOUT_S, metadata=flag(
+        "seconds a rank waits in one collective before the first step (the rendezvous, building, loading, the first "
+        "step) before it ends, naming the rank it waited for", metavar="SECONDS", group=_CLUSTER))
+    train_timeout: float = field(default=TRAIN_TIMEOUT_S, metadata=flag(
+        "the same once training runs (steps, evaluations, checkpoint saves)", metavar="SECONDS", group=_CLUSTER))
 
     def __post_init__(self) -> None:
         self.deepspeed_config, self.output_dir = Path(self.deepspeed_config), Path(self.output_dir)
@@ -140,7 +147,7 @@ class RunConfig:
         """Every value that cannot work, each with its fix (a task adds its own); no file is read."""
         problems = []
         for name in ("max_steps", "log_interval", "save_interval", "keep_last", "ep_size", "branch_parallel",
-                     *self.POSITIVE):
+                     "init_timeout", "train_timeout", *self.POSITIVE):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 problems.append(f"--{name.replace('_', '-')} must be positive, got {value}.")
