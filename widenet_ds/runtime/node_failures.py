@@ -21,6 +21,21 @@ from typing import BinaryIO
 PROG = "widenet-ds launch"
 NODE_EXIT = re.compile(rb"^pdsh@\S+: (?P<node>\S+): ssh exited with exit code (?P<status>\d+)")
 GRACE_S = 10.0  # time for the other nodes' ranks to notice by themselves (a lost peer: ~6 s on the test cluster)
+SSH_FAILED = 255  # ssh's own exit status (pdsh passes it on): not a rank's, and not a signal's
+
+
+def failure(status: int) -> str:
+    """What an exit status of the runner (or of a node's ssh, as pdsh reports it) says. deepspeed's launch.py exits
+    with a killed rank's negative return code, which the shell reads as 256 - N for signal N; a killed runner reads
+    128 + N; 255 is ssh's own failure (a node down, unreachable, refusing the login, or lost mid-run: pdsh's line
+    above names it)."""
+    if status == SSH_FAILED:
+        return ("ssh's own failure: a node was down, unreachable or refused the login, or its connection was lost "
+                "mid-run; pdsh's line above names the node")
+    for signum, what in ((256 - status, "a rank was killed by"), (status - 128, "the deepspeed runner was killed by")):
+        if 0 < signum < 32 and signum in signal.valid_signals():
+            return f"{what} {signal.Signals(signum).name}"
+    return "a rank failed; its messages are above"
 
 
 class NodeWatch:
@@ -53,8 +68,10 @@ class NodeWatch:
         if self.runner.poll() is not None:
             return
         node, status = self.failed
+        why = (f"ssh lost {node}: it is down, unreachable or cut off" if status == SSH_FAILED
+               else "its messages above say why")
         print(f"{PROG}: node {node} ended with exit status {status} and the other nodes still run "
-              f"{self.grace:.0f} s later: stopping them (its messages above say why)", file=sys.stderr, flush=True)
+              f"{self.grace:.0f} s later: stopping them ({why})", file=sys.stderr, flush=True)
         self.stopped = True
         self.runner.send_signal(signal.SIGTERM)  # deepspeed's runner then kills the launchers on every node
 
