@@ -24,7 +24,7 @@ from widenet_ds.runtime.distributed import all_values, init_distributed, rank0_v
 from widenet_ds.runtime.peer_watch import stop_watching, watch_peers
 from widenet_ds.task_registry import TASKS
 from widenet_ds.training.console import say
-from widenet_ds.training.environment import check_run
+from widenet_ds.training.environment import check_every_rank, check_run
 from widenet_ds.training.finetuning import run_finetune
 from widenet_ds.training.plan import plan_task
 from widenet_ds.training.preemption import StopRequest
@@ -47,6 +47,7 @@ def run_task(cfg: RunConfig) -> Any:
     try:
         say("starting: initialising the process group")
         init_distributed(say=say, timeouts_s=(cfg.init_timeout, cfg.train_timeout))
+        check_every_rank(cfg)  # each node's own problems, said once for all ranks before any rank goes on
         stop.install(signal.SIGTERM)
         watch_peers(cfg.output_dir / "checkpoints", f"python -m widenet_ds.train {cfg.TASK}")
         with run_folder_lock(cfg):
