@@ -84,6 +84,7 @@ class LaunchPlan:
     env_changes: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
     # With a hostfile: what every node's ranks must get, which the runner's ssh does not carry (runtime/node_env.py)
     node_env: dict[str, str] = field(default_factory=dict)
+    nodes: tuple[str, ...] = ()  # with a hostfile: the nodes the run uses
 
     def echo(self) -> str:
         shown = {k: v for k, v in self.env_changes.items() if k != "PYTHONPATH"}
@@ -115,9 +116,10 @@ def plan_launch(options: LaunchOptions, machine: Machine, environ: Mapping[str, 
     """The runner's command line and environment; checks the hostfile first."""
     ds_args: list[str] = []
     ranks = options.ranks_per_node
+    nodes: tuple[str, ...] = ()
     if options.hostfile is not None:
         # Unresolvable hosts, malformed lines or too few slots: one error naming the line, no rank started.
-        nodes = list(check_hostfile(options.hostfile, num_nodes=options.num_nodes, ranks_per_node=ranks))
+        nodes = tuple(check_hostfile(options.hostfile, num_nodes=options.num_nodes, ranks_per_node=ranks))
         if options.master_addr is not None:
             check_rendezvous_address(options.master_addr, len(nodes), "--master-addr", f"leave out --master-addr "
                                      f"(deepspeed then asks {nodes[0]} for its address over ssh)", first=nodes[0])
@@ -158,7 +160,8 @@ def plan_launch(options: LaunchOptions, machine: Machine, environ: Mapping[str, 
     node_env = ranks_env(environ, env) if options.hostfile is not None else {}
     if options.hostfile is not None:
         env.update(ssh_keepalive_env(environ))
-    return LaunchPlan([runner, *ds_args, "--module", TRAIN_MODULE, options.task, *options.train_args], env, node_env)
+    return LaunchPlan([runner, *ds_args, "--module", TRAIN_MODULE, options.task, *options.train_args], env, node_env,
+                      nodes)
 
 
 def ssh_keepalive_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -178,15 +181,15 @@ def run(plan: LaunchPlan) -> int:
         env = {**os.environ, **plan.env_changes}
         if plan.node_env:
             env.update(runner_env_file(plan.node_env, Path(folder)))
-        return _run_runner(plan.command, env, watch_nodes=bool(plan.node_env))
+        return _run_runner(plan.command, env, plan.nodes)
 
 
-def _run_runner(command: list[str], env: dict[str, str], watch_nodes: bool) -> int:
+def _run_runner(command: list[str], env: dict[str, str], nodes: tuple[str, ...]) -> int:
     # Its own process group: a terminal's Ctrl-C reaches this process only, which relays it as a TERM
     # (the ranks would otherwise die of the INT while deepspeed's launch.py kills the rest).
-    runner = subprocess.Popen(command, env=env, process_group=0, stderr=subprocess.PIPE if watch_nodes else None)
+    runner = subprocess.Popen(command, env=env, process_group=0, stderr=subprocess.PIPE if nodes else None)
     # Several nodes: one that failed must not leave the run waiting for the others (runtime/node_failures.py).
-    watch = NodeWatch(runner) if watch_nodes else None
+    watch = NodeWatch(runner, nodes=nodes, env=env) if nodes else None
 
     def relay(signum: int, frame) -> None:
         message = forward(RELAYED[signal.Signals(signum)], runner.pid)

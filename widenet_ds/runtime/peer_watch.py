@@ -195,10 +195,11 @@ class PeerWatch:
                    f"{describe_ranks(silent, self.hosts)}, which has not answered for {STALE_S:.0f} s or more: its process or node "
                    f"has ended, is stopped or is cut off, so no checkpoint can be agreed on now. The run stopped; "
                    f"{resume_advice(self.checkpoints)}.")
-        print(f"{self.program}: error: {message}", file=sys.stderr, flush=True)
-        with contextlib.suppress(Exception):
+        try:  # the console may have gone with the peer (a node's ssh session): the rank ends all the same
+            print(f"{self.program}: error: {message}", file=sys.stderr, flush=True)
             sys.stdout.flush()
-        os._exit(1)
+        finally:
+            os._exit(1)
 
     # -- for the main thread --------------------------------------------------------------------------
     def describe(self, ranks: list[int]) -> str:
