@@ -1,6 +1,7 @@
 """Running a training task: every problem of its settings and of what they name on this machine, at once
 (training/environment.py); then the stop signals (a preemption during start-up stops the run at its first
-step, saved; a TERM during the rendezvous ends the rank at once), the process group, the output folder's lock
+step, saved; a TERM during the rendezvous ends the rank at once), the process group with bounded waits, every
+rank's own problems said once, the watch on the peers (runtime/peer_watch.py), the output folder's lock
 (one writer per run folder), the checkpoint to start from checked file by file, every other check, then the
 one trainer (finetuning: one trainer per seed)."""
 
