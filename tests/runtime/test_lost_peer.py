@@ -38,3 +38,9 @@ def test_a_collective_that_timed_out_is_one_line_with_the_bound_and_the_checkpoi
     assert message.startswith("rank 1 on ") and "waited in a collective for its whole timeout, " in message
     assert "for another rank: its process or node has ended, hangs or is cut off" in message
     assert f"{tmp_path / 'step6'}, is kept: run the same command with --resume" in message
+
+
+def test_a_user_error_that_mentions_a_timeout_is_left_to_say_itself(tmp_path):
+    from widenet_ds.errors import LaunchError  # a RuntimeError as well, caught beside the transport's errors
+
+    assert lost_peer_message(LaunchError("the rendezvous timed out: set MASTER_ADDR"), 0, tmp_path) is None

@@ -17,6 +17,8 @@ import re
 import socket
 from pathlib import Path
 
+from widenet_ds.errors import WideNetError
+
 # gloo's (tcp transport) and NCCL's words for a peer that is gone
 LOST_PEER = re.compile(r"Connection reset by peer|Connection closed by peer|Broken pipe|remote process exited|"
                        r"NCCL communicator was aborted")
@@ -42,6 +44,8 @@ def lost_peer_message(err: BaseException, rank: int, checkpoints: Path | None) -
     from widenet_ds.runtime.collective_timeouts import current_bound
     from widenet_ds.runtime.peer_watch import stalled_peers
 
+    if isinstance(err, WideNetError):  # a user error (LaunchError is a RuntimeError too): it says what to fix itself
+        return None
     text = str(err)
     first = text.splitlines()[0][:200] if text else ""
     if LOST_PEER.search(text) is not None:
