@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 from widenet_ds.errors import WideNetError
+from widenet_ds.runtime.collective_timeouts import current_bound
 
 # gloo's (tcp transport) and NCCL's words for a peer that is gone
 LOST_PEER = re.compile(r"Connection reset by peer|Connection closed by peer|Broken pipe|remote process exited|"
@@ -27,6 +29,13 @@ TIMED_OUT = re.compile(r"Timed out waiting|timed out|Watchdog caught collective 
 # The peer's address where gloo names it, before or after those words: `[10.77.0.2]:5826` (not the
 # `[/path/pair.cc:553]` of its source line).
 PEER = re.compile(r"\[(?P<address>[^\]\s/]+)\]:\d+")
+# What names the rank a timed-out collective waited for: the rank's watch registers itself (runtime/peer_watch.py)
+_NAMER: list[Callable[[], str | None]] = []
+
+
+def name_silent_peers_with(namer: Callable[[], str | None]) -> None:
+    """`namer()`: `rank 1 on node2` when a peer's heartbeat stood still in the wait that just failed, else None."""
+    _NAMER[:] = [namer]
 
 
 def resume_advice(checkpoints: Path | None) -> str:
@@ -41,9 +50,6 @@ def resume_advice(checkpoints: Path | None) -> str:
 def lost_peer_message(err: BaseException, rank: int, checkpoints: Path | None) -> str | None:
     """The line for `err` when it is a lost peer or a collective that timed out, else None. `checkpoints`: the
     run's checkpoint folder."""
-    from widenet_ds.runtime.collective_timeouts import current_bound
-    from widenet_ds.runtime.peer_watch import stalled_peers
-
     if isinstance(err, WideNetError):  # a user error (LaunchError is a RuntimeError too): it says what to fix itself
         return None
     text = str(err)
@@ -55,7 +61,7 @@ def lost_peer_message(err: BaseException, rank: int, checkpoints: Path | None) -
                 f"collective: that rank's process or node ended (its own messages, above, say why). The run stopped; "
                 f"{resume_advice(checkpoints)}. ({type(err).__name__}: {first})")
     if TIMED_OUT.search(text) is not None:
-        silent = stalled_peers()
+        silent = _NAMER[0]() if _NAMER else None
         who = (f"{silent}, whose heartbeat stood still: its process or node has ended, is stopped or is cut off"
                if silent else "another rank: its process or node has ended, hangs or is cut off")
         return (f"rank {rank} on {socket.gethostname()} waited in a collective for its whole timeout, {current_bound()}, "

@@ -42,7 +42,7 @@ from types import FrameType
 import torch.distributed as torch_dist
 
 from widenet_ds.runtime.every_rank import describe_ranks, rank_hosts
-from widenet_ds.runtime.lost_peer import resume_advice
+from widenet_ds.runtime.lost_peer import name_silent_peers_with, resume_advice
 
 BEAT_S = 2.0  # each rank's heartbeat
 SUSPECT_S = 5.0  # a collective waiting this long: the peers' heartbeats are read
@@ -234,6 +234,7 @@ def watch_peers(checkpoints: Path | None, program: str) -> None:
     address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
     _SILENT_AT_CLOSE.clear()
     _WATCH.append(PeerWatch(torch_dist.get_rank(), hosts, address, checkpoints, program))
+    name_silent_peers_with(stalled_peers)
 
 
 def stop_watching() -> None:
