@@ -45,3 +45,21 @@ def test_pruning_keeps_the_last_k_complete_and_drops_partial_and_stale_ones(tmp_
     make_tag(tmp_path, 50)  # from an earlier attempt that got further than the run being resumed
     CheckpointManager(tmp_path, keep_last=2, rank=0, world_size=1)._prune(current_step=40)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step30", "step40"]
+
+
+def test_the_size_estimate_counts_the_experts_once_per_expert_parallel_rank():
+    """`estimate_checkpoint_bytes` finds the experts by DeepSpeed's own mark (not all-reduced): exactly the
+    parameters the portable format names experts, each held ep_size times over the ranks."""
+    from deepspeed.moe.utils import is_moe_param
+
+    from widenet_ds.checkpoint.manager import OPTIMIZER_BYTES_PER_PARAM, estimate_checkpoint_bytes
+    from widenet_ds.model.config import ModelConfig
+    from widenet_ds.model.widenet import WideNetForPreTraining
+    from widenet_ds.portable.format import is_expert_key
+
+    model = WideNetForPreTraining(ModelConfig.from_preset("widenet-tiny-e4", vocab_size=1000))
+    marked = {name for name, p in model.named_parameters() if is_moe_param(p)}
+    assert marked and marked == {name for name, _ in model.named_parameters() if is_expert_key(name)}
+    expert_bytes = sum(p.numel() * (p.element_size() + OPTIMIZER_BYTES_PER_PARAM)
+                       for p in model.parameters() if is_moe_param(p))
+    assert estimate_checkpoint_bytes(model, 4) - estimate_checkpoint_bytes(model, 1) == 3 * expert_bytes

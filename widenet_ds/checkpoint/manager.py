@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from deepspeed.moe.utils import is_moe_param
 
 from widenet_ds.checkpoint.marker import LATEST_FILE, META_FILE, CheckpointMeta
 from widenet_ds.checkpoint.source import CheckpointSource
@@ -31,7 +32,6 @@ from widenet_ds.errors import CheckpointError, mark_same_on_every_rank
 from widenet_ds.fs.atomic import atomic_write_text
 from widenet_ds.fs.checksums import record_files, total_size
 from widenet_ds.fs.disk_space import DiskFullError, check_free_space, free_bytes, is_disk_full, mib, needed_bytes
-from widenet_ds.portable.format import is_expert_key
 from widenet_ds.runtime.distributed import all_values, barrier, rank0_value
 
 OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master weight + two moments (Adam, LAMB), saved by every ZeRO stage
@@ -73,10 +73,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def estimate_checkpoint_bytes(module: torch.nn.Module, ep_size: int) -> int:
     """A checkpoint's size before the first one is written: each weight in its dtype plus the optimizer's
-    fp32 master copy and two moments. This rank's module holds 1/ep_size of the experts."""
+    fp32 master copy and two moments. This rank's module holds 1/ep_size of the experts (the parameters
+    DeepSpeed's MoE layer marks as its own: they are not all-reduced over data parallel ranks)."""
     total = 0
-    for name, param in module.named_parameters():
-        copies = ep_size if is_expert_key(name) else 1
+    for param in module.parameters():
+        copies = ep_size if is_moe_param(param) else 1
         total += copies * param.numel() * (param.element_size() + OPTIMIZER_BYTES_PER_PARAM)
     return total
 

@@ -71,9 +71,9 @@ class EncoderModel(nn.Module):
         """
         std = self.cfg.initializer_range
         moe_layers = self.moe_layers()
-        expert_params = {id(p) for moe in moe_layers for p in moe.experts.parameters()}
+        expert_modules = {id(m) for moe in moe_layers for m in moe.experts.modules()}
         for module in self.modules():
-            if any(id(p) in expert_params for p in module.parameters(recurse=False)):
+            if id(module) in expert_modules:
                 continue
             if isinstance(module, (nn.Linear, nn.Embedding, nn.Conv2d)):
                 module.weight.normal_(0.0, std)
