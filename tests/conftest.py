@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -117,6 +119,25 @@ def _mapped_files() -> set[str]:
         fields = (line.split(maxsplit=5) for line in text.splitlines())
         mapped.update(f[5] for f in fields if len(f) == 6)  # address perms offset dev inode path
     return mapped
+
+
+def pytest_configure(config):
+    """One cache of prepared data folders for the session (tests/support/pretrain_support.py, `prepare_data`),
+    made by the process that starts the workers, which inherit its environment."""
+    from tests.support.pretrain_support import DATA_CACHE_VAR
+
+    if not hasattr(config, "workerinput") and DATA_CACHE_VAR not in os.environ:
+        config.prepared_data_cache = tempfile.mkdtemp(prefix="widenet-test-prepared-")
+        os.environ[DATA_CACHE_VAR] = config.prepared_data_cache
+
+
+def pytest_unconfigure(config):
+    from tests.support.pretrain_support import DATA_CACHE_VAR
+
+    cache = getattr(config, "prepared_data_cache", None)
+    if cache:
+        shutil.rmtree(cache, ignore_errors=True)
+        os.environ.pop(DATA_CACHE_VAR, None)
 
 
 def pytest_collection_modifyitems(config, items):

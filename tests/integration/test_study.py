@@ -38,7 +38,7 @@ def run_study(module, out, shared_data, *extra: str) -> None:
     try:  # the script sets the process's torch threads: give them back to the other tests
         assert module.main(["--output", str(out), "--scale", "0.01", "--threads", str(threads),
                             "--variants", "widenet", "albert", "--tasks", "SST-2", "SQuAD1.1",
-                            "--pretrain-seeds", "2", "--finetune-seeds", "2", "--finetune-budgets", "steps",
+                            "--pretrain-seeds", "2", "--finetune-seeds", "1", "--finetune-budgets", "steps",
                             "--shared-data", str(shared_data), *extra]) == 0
     finally:
         torch.set_num_threads(threads)
@@ -91,7 +91,7 @@ def test_finetuning_scores_come_from_every_pretraining_and_finetuning_seed(study
         saved = json.loads((folder / task.lower().replace("-", "") / "results.json").read_text())
         scale = 1.0 if task == "SQuAD1.1" else 100.0
         values = [run["metrics"]["dev"][score["metric"]] * scale for run in saved["per_seed"]]
-        assert len(values) == 2 and score["scores"] == values
+        assert len(values) == 1 and score["scores"] == values  # (one finetuning seed: the sweep is test_finetune's)
         assert score["median"] == statistics.median(values)
         assert re.fullmatch("[0-9a-f]{40}", score["commit"])
 

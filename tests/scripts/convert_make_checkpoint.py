@@ -1,9 +1,11 @@
 """Run by the deepspeed launcher for the conversion tests.
 
-    save OUT_DIR EP_SIZE ZERO_STAGE   build a tiny WideNet in a real engine (widenet_ds.runtime.engine.build_engine,
+    save OUT_DIR EP_SIZE ZERO_STAGE [OUT_DIR ZERO_STAGE ...]
+                                      build a tiny WideNet in a real engine (widenet_ds.runtime.engine.build_engine,
                                       LAMB, the MoE param groups), train 2 steps, save a checkpoint with
                                       CheckpointManager (tag step2 under OUT_DIR/checkpoints), then write
-                                      this rank's eval logits on its fixed batch to OUT_DIR/logits.rank<r>
+                                      this rank's eval logits on its fixed batch to OUT_DIR/logits.rank<r>;
+                                      each further pair another run of its own engine in the same launch
     load CKPT_TAG_DIR EP_SIZE OUT [FOLDER]
                                       a fresh engine with EP_SIZE loads the (resharded) checkpoint's
                                       weights (load_optimizer_states=False) and writes its eval logits to
@@ -75,7 +77,6 @@ def save_logits(engine, rank: int, path: str) -> None:
 
 
 def save(out_dir: Path, ep_size: int, zero_stage: int) -> None:
-    init_distributed()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     engine, settings = build(ep_size, zero_stage, world)
     engine.train()
@@ -108,7 +109,9 @@ def load(tag_dir: Path, ep_size: int, out_prefix: str, folder: str | None) -> No
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds --local_rank
     if args[0] == "save":
-        save(Path(args[1]), int(args[2]), int(args[3]))
+        init_distributed()
+        for out, stage in [(args[1], args[3]), *zip(args[4::2], args[5::2], strict=True)]:
+            save(Path(out), int(args[2]), int(stage))
     else:
         load(Path(args[1]), int(args[2]), args[3], args[4] if len(args) > 4 else None)
     # Every rank exits together: a gloo group torn down while a peer still writes aborts that peer at exit.

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
+import os
+import shutil
 from pathlib import Path
 
 from tests.support.launching import REPO
@@ -11,16 +15,35 @@ CPU_CONFIG = REPO / "ds_configs" / "cpu_small.json"
 BOOKS = ("corpus/books/pg11.txt", "corpus/books/pg84.txt")
 
 
+# Set by tests/conftest.py for one pytest session (its workers share it): a prepared folder is built once per set of
+# inputs and copied to each test that asks for it (a copy: a test may damage its own).
+DATA_CACHE_VAR = "WIDENET_TEST_PREPARED_CACHE"
+
+
 def prepare_data(output: Path, sources: list[Path], seq_length: int = 64, tokenizer: str = "train") -> Path:
     """A real prepared data folder built by `widenet-ds prepare-data` (no sources: the embedded corpus)."""
     from widenet_ds.data.prepare import cli as prepare_cli
 
     args = [arg for source in sources for arg in ("--source", str(source))] or ["--default-corpus"]
-    args += ["--tokenizer", tokenizer, "--seq-length", str(seq_length), "--valid-fraction", "0.05",
-             "--output", str(output), "--workers", "1", "--no-progress"]
+    args += ["--tokenizer", tokenizer, "--seq-length", str(seq_length), "--valid-fraction", "0.05"]
     if tokenizer == "train":
         args += ["--vocab-size", "1000"]
-    assert prepare_cli(args) == 0, "prepare-data failed"
+
+    def prepare(folder: Path) -> None:
+        assert prepare_cli([*args, "--output", str(folder), "--workers", "1", "--no-progress"]) == 0, \
+            "prepare-data failed"
+
+    cache = os.environ.get(DATA_CACHE_VAR)
+    if not cache:
+        prepare(output)
+        return output
+    built = Path(cache) / hashlib.sha256(json.dumps(args).encode()).hexdigest()[:16]
+    with open(f"{built}.lock", "w") as lock:  # another worker building the same folder: wait for it
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not built.is_dir():
+            prepare(built.with_suffix(".tmp"))
+            os.replace(built.with_suffix(".tmp"), built)
+    shutil.copytree(built, output)
     return output
 
 
