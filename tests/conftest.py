@@ -122,10 +122,18 @@ def _mapped_files() -> set[str]:
 
 
 def pytest_configure(config):
-    """One cache of prepared data folders for the session (tests/support/pretrain_support.py, `prepare_data`),
-    made by the process that starts the workers, which inherit its environment."""
+    """One torch thread per worker when there are several; one cache of prepared data folders for the session
+    (tests/support/pretrain_support.py, `prepare_data`), made by the process that starts the workers, which inherit
+    its environment."""
     from tests.support.pretrain_support import DATA_CACHE_VAR
 
+    # Each of several workers trains in its own process on its share of the cores: one torch thread each. torch's
+    # default, a thread per core in every worker, left OpenMP threads spinning for a core another worker held
+    # (lane 1's training, vision and model tests on 2 cores: 87 s, 167 s of CPU; with one thread 26 s, 43 s).
+    if hasattr(config, "workerinput") and int(config.workerinput["workercount"]) > 1:
+        import torch
+
+        torch.set_num_threads(1)
     if not hasattr(config, "workerinput") and DATA_CACHE_VAR not in os.environ:
         config.prepared_data_cache = tempfile.mkdtemp(prefix="widenet-test-prepared-")
         os.environ[DATA_CACHE_VAR] = config.prepared_data_cache
