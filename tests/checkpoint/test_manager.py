@@ -3,14 +3,14 @@ tags. (Whole save/kill/resume runs are in tests/integration/test_pretrain_resume
 
 from __future__ import annotations
 
-import json
 import random
 
 import numpy as np
 import torch
 
 from widenet_ds.checkpoint.manager import CheckpointManager, rng_state, set_rng_state
-from widenet_ds.checkpoint.marker import META_FILE
+
+from tests.support.run_folders import make_tag
 
 
 def draws():
@@ -27,15 +27,6 @@ def test_rng_state_round_trip_through_a_weights_only_file(tmp_path):
     draws()  # move every generator on
     set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
     assert draws() == expected
-
-
-def make_tag(root, step, complete=True):
-    tag = root / f"step{step}"
-    tag.mkdir(parents=True)
-    (tag / "mp_rank_00_model_states.pt").write_bytes(b"x")
-    if complete:
-        (tag / META_FILE).write_text(json.dumps({"step": step}))
-    return tag
 
 
 def test_pruning_keeps_the_last_k_complete_and_drops_partial_and_stale_ones(tmp_path):

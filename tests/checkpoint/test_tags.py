@@ -3,22 +3,12 @@ tag folder, a checkpoints folder or a run folder to a tag."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from widenet_ds.checkpoint.marker import META_FILE
 from widenet_ds.checkpoint.tags import latest_checkpoint, resolve_tag_dir
 from widenet_ds.errors import CheckpointError
 
-
-def make_tag(root, step, complete=True):
-    tag = root / f"step{step}"
-    tag.mkdir(parents=True)
-    (tag / "mp_rank_00_model_states.pt").write_bytes(b"x")
-    if complete:
-        (tag / META_FILE).write_text(json.dumps({"step": step}))
-    return tag
+from tests.support.run_folders import make_tag
 
 
 def test_latest_must_point_at_a_complete_checkpoint(tmp_path):

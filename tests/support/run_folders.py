@@ -67,3 +67,16 @@ def finetune_folder(path: Path, results: bool = True, loss_key: str = "train/los
     if results:
         shutil.copy(BEFORE / "finetune.json", path / "results.json")
     return path
+
+
+def make_tag(root: Path, step: int, complete: bool = True) -> Path:
+    """A checkpoint tag `step<step>` under `root` with a stand-in model file; `complete`: with its marker, as a
+    finished save leaves it (without: a save killed half-way)."""
+    from widenet_ds.checkpoint.marker import META_FILE
+
+    tag = root / f"step{step}"
+    tag.mkdir(parents=True)
+    (tag / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    if complete:
+        (tag / META_FILE).write_text(json.dumps({"step": step}))
+    return tag
