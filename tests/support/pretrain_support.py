@@ -41,8 +41,10 @@ def prepare_data(output: Path, sources: list[Path], seq_length: int = 64, tokeni
     with open(f"{built}.lock", "w") as lock:  # another worker building the same folder: wait for it
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not built.is_dir():
-            prepare(built.with_suffix(".tmp"))
-            os.replace(built.with_suffix(".tmp"), built)
+            building = built.with_suffix(".tmp")
+            shutil.rmtree(building, ignore_errors=True)  # left by a build that failed earlier in the session
+            prepare(building)
+            os.replace(building, built)
     shutil.copytree(built, output)
     return output
 
