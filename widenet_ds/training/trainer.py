@@ -25,7 +25,7 @@ import torch.distributed as torch_dist
 
 from widenet_ds.checkpoint.manager import CheckpointManager, TrainingState, load_weights_only
 from widenet_ds.checkpoint.marker import CheckpointMeta
-from widenet_ds.checkpoint.shape_free import resume_on_new_shape
+from widenet_ds.checkpoint.relayout import resume_on_new_shape
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.compile import compile_for_training
 from widenet_ds.runtime.console import say
