@@ -13,21 +13,17 @@ import torch
 from safetensors.torch import load_file
 
 from tests.support.launching import REPO, run_deepspeed
+from tests.support.shape_free_states import RELAYOUT, assert_identical, shape_free_of, spec
+from tests.support.shape_free_states import relayout as relayout_with
 from widenet_ds.checkpoint.deepspeed import load_torch_file
-from widenet_ds.checkpoint.shape_free import (
-    ShapeFreeState,
-    global_expert_name,
-    load_shape_free,
-    read_shape_free,
-    save_shape_free,
-)
+from widenet_ds.checkpoint.shape_free import global_expert_name, load_shape_free, save_shape_free
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
 from widenet_ds.commands.convert import cli as convert
 from widenet_ds.errors import CheckpointError
+from widenet_ds.fs.checksums import record_files
 
 pytestmark = [pytest.mark.multirank, pytest.mark.slow]  # slow: its fixture's launcher runs
 MAKE = REPO / "tests/scripts/convert_make_checkpoint.py"
-RELAYOUT = REPO / "tests/scripts/shape_free_relayout.py"
 EXPERT = "widenet.encoder.ffn.0.moe.deepspeed_moe.experts.deepspeed_experts"
 
 
@@ -39,30 +35,9 @@ def run(tmp_path_factory) -> Path:
     return folder
 
 
-def spec(state_folder: Path, out: Path, ep_size: int, stage: int, precision: str = "fp32") -> str:
-    """One re-layout of tests/scripts/shape_free_relayout.py (no branch groups)."""
-    return f"{state_folder},{out},{ep_size},{stage},{precision},1"
-
-
 def relayout(state_folder: Path, out: Path, ranks: int, ep_size: int, stage: int) -> Path:
-    run_deepspeed(RELAYOUT, ["relayout", spec(state_folder, out, ep_size, stage)], num_ranks=ranks)
+    relayout_with(ranks, spec(state_folder, out, ep_size, stage))
     return out / "checkpoints" / "step2"
-
-
-def shape_free_of(path: Path) -> ShapeFreeState:
-    """The shape-free state of the training checkpoint at `path`, opened as `convert` opens it."""
-    return read_shape_free(CheckpointSource.open(path, "source", purpose=CONVERT))
-
-
-def assert_identical(got: ShapeFreeState, want: ShapeFreeState) -> None:
-    assert set(got.master) == set(want.master) and set(got.optimizer) == set(want.optimizer) == {"exp_avg", "exp_avg_sq"}
-    for name, tensor in want.master.items():
-        assert torch.equal(got.master[name], tensor), name
-        for what in want.optimizer:
-            assert torch.equal(got.optimizer[what][name], want.optimizer[what][name]), (what, name)
-    assert got.param_state == want.param_state and got.hyper == want.hyper
-    for scalar in ("lr_scheduler", "global_steps", "global_samples", "skipped_steps"):
-        assert got.scalars[scalar] == want.scalars[scalar], scalar
 
 
 def test_zero1_ep2_to_one_rank_zero0_and_back_keeps_every_weight_and_optimizer_tensor(run, tmp_path):
@@ -149,9 +124,8 @@ def test_bf16_zero1_and_zero2_to_one_rank_zero0_and_back_keep_every_fp32_master_
         assert all(torch.equal(original.master[k].to(torch.bfloat16).float(), weights[k]) for k in weights)
         assert sum(not torch.equal(original.master[k], weights[k]) for k in weights) > len(weights) // 2
         save_shape_free(original, tmp_path / f"state{stage}")
-    run_deepspeed(RELAYOUT, ["relayout", *(spec(tmp_path / f"state{s}", tmp_path / f"one{s}", 1, 0, "bf16")
-                                           for s in stages), spec(tmp_path / "state1", tmp_path / "fp32", 1, 0)],
-                  num_ranks=1)
+    relayout_with(1, *(spec(tmp_path / f"state{s}", tmp_path / f"one{s}", 1, 0, "bf16") for s in stages),
+                  spec(tmp_path / "state1", tmp_path / "fp32", 1, 0))
     for stage, original in originals.items():
         one = tmp_path / f"one{stage}" / "checkpoints" / "step3"
         assert (one / "expp_rank_0_mp_rank_00_optim_states.pt").is_file() and not list(one.glob("*zero_pp_rank_*"))
@@ -163,8 +137,7 @@ def test_bf16_zero1_and_zero2_to_one_rank_zero0_and_back_keep_every_fp32_master_
     in_fp32 = shape_free_of(tmp_path / "fp32" / "checkpoints" / "step3")
     assert in_fp32.scalars["source"]["precision"] == "fp32"
     assert_identical(in_fp32, originals[1])  # bf16 -> fp32: the masters become the module's weights
-    run_deepspeed(RELAYOUT, ["relayout", *(spec(tmp_path / f"back_state{s}", tmp_path / f"back{s}", 2, s, "bf16")
-                                           for s in stages)], num_ranks=2)
+    relayout_with(2, *(spec(tmp_path / f"back_state{s}", tmp_path / f"back{s}", 2, s, "bf16") for s in stages))
     for stage, original in originals.items():
         source, back = bf16_runs / f"zero{stage}" / "checkpoints" / "step3", tmp_path / f"back{stage}/checkpoints/step3"
         assert_identical(shape_free_of(back), original)
@@ -184,6 +157,12 @@ def test_bf16_zero1_and_zero2_to_one_rank_zero0_and_back_keep_every_fp32_master_
             module = want["module"] if "module" in want else want
             for key, tensor in module.items():
                 assert torch.equal((got["module"] if "module" in got else got)[key], tensor), (name, key)
+    # `convert reshard` carries the same state, the source untouched
+    source = bf16_runs / "zero1" / "checkpoints" / "step3"
+    before = record_files(source)
+    assert convert(["reshard", str(source), str(tmp_path / "resharded"), "--ep-size", "1", "--world-size", "1"]) == 0
+    assert record_files(source) == before
+    assert_identical(shape_free_of(tmp_path / "resharded"), originals[1])
 
 
 def test_convert_to_shape_free_writes_the_state_and_leaves_the_source_as_it_was(run, tmp_path, capsys):

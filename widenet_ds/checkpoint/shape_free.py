@@ -19,8 +19,8 @@ Where DeepSpeed's own code does the work and where ours takes over:
   expert groups, which its universal checkpoint does not (DeepSpeed #4497, #5716): an expert group is
   partitioned over the expert-data-parallel ranks of one expert-parallel rank e = r % ep (DeepSpeed's default
   E+D topology), and its names carry the LOCAL expert index, which becomes e * (E / ep) + local.
-- ZeRO 0 files (`expp_rank_<e>_mp_rank_00_optim_states.pt`, one per expert-parallel rank) hold a torch optimizer
-  state dict keyed by position; the positions are named by rebuilding the engine's param groups
+- ZeRO 0 files (`expp_rank_<e>_mp_rank_00_optim_states.pt`, one per expert-parallel rank; a model without MoE
+  layers keeps it in `mp_rank_00_model_states.pt`) hold a torch optimizer state dict keyed by position; the positions are named by rebuilding the engine's param groups
   (`build_param_groups`) on a model of the same architecture and ep_size built on the meta device. fp32: the
   module's weights are the master weights. bf16: DeepSpeed's `FP16_UnfusedOptimizer` wraps that state dict
   with its fp32 copies (`fp32_groups`, by the same positions: the masters) and a static loss scale of 1 (nothing
@@ -127,6 +127,15 @@ def fp16_refusal(what: str) -> str:
             f"has not been verified against them)")
 
 
+def check_carried(source: CheckpointSource, fix: str) -> None:
+    """Refuse, before any file of it is read, a checkpoint whose training state is not re-laid out (fp16, as its
+    marker records), naming `fix`."""
+    meta = source.meta
+    trained_in = precision({"ds_config": meta.deepspeed_config}) if meta and meta.deepspeed_config else None
+    if trained_in is not None and trained_in not in RELAID_OUT:
+        raise CheckpointError(f"{fp16_refusal(f'{source.tag_dir} was trained in {trained_in}')}; {fix}.")
+
+
 def read_shape_free(source: CheckpointSource) -> ShapeFreeState:
     """The shape-free state of a complete widenet-ds training checkpoint (fp32 or bf16, ZeRO 0/1/2, any W and ep),
     opened (its marker read, its files checked) by the caller."""
@@ -136,6 +145,9 @@ def read_shape_free(source: CheckpointSource) -> ShapeFreeState:
     tag_dir, meta = source.tag_dir, source.meta
     if meta is None:
         check_marker(tag_dir)  # the error of a tag without our marker, naming the fix
+    own_shape = (f"continue it on its own shape (--resume on the same ranks, --ep-size and ZeRO stage), or start a "
+                 f"new run from its weights with --init-from {tag_dir}")
+    check_carried(source, own_shape)
     if meta.shape_free_state:  # resharded: the state is kept as it is
         return stored_shape_free(tag_dir, meta)
     if not meta.optimizer_states:
@@ -143,10 +155,8 @@ def read_shape_free(source: CheckpointSource) -> ShapeFreeState:
                               f"optimizer state to carry; use the checkpoint it was resharded from.")
     states = load_torch_file(tag_dir / MODEL_STATES)
     trained_in = precision(states)
-    if trained_in not in RELAID_OUT:
-        raise CheckpointError(f"{fp16_refusal(f'{tag_dir} was trained in {trained_in}')}; continue it on its own shape "
-                              f"(--resume on the same ranks, --ep-size and ZeRO stage), or start a new run from its "
-                              f"weights with --init-from {tag_dir}.")
+    if trained_in not in RELAID_OUT:  # (a marker that did not record the DeepSpeed JSON)
+        raise CheckpointError(f"{fp16_refusal(f'{tag_dir} was trained in {trained_in}')}; {own_shape}.")
     experts = states.get("num_experts") or [0]
     local_experts = experts[0] // meta.ep_size
     stage = zero_stage(states)
@@ -228,7 +238,10 @@ def _read_stage0(tag_dir: Path, meta: CheckpointMeta, local_experts: int, traine
     param_state: dict[str, dict[str, Any]] = {}
     hyper: dict[str, dict[str, Any]] = {}
     for ep_rank in range(meta.ep_size):
-        saved_optimizer = load_torch_file(tag_dir / f"expp_rank_{ep_rank}_mp_rank_00_optim_states.pt")["optimizer"]
+        expert_file = tag_dir / f"expp_rank_{ep_rank}_mp_rank_00_optim_states.pt"
+        # (a model without MoE layers: DeepSpeed keeps the optimizer state in the model-states file)
+        saved_optimizer = (load_torch_file(expert_file) if expert_file.is_file() or meta.ep_size > 1 else
+                           load_torch_file(tag_dir / MODEL_STATES))["optimizer"]
         sd, copies = ((saved_optimizer, None) if trained_in == "fp32" else
                       (saved_optimizer["optimizer_state_dict"], saved_optimizer["fp32_groups"]))
         if len(sd["param_groups"]) != len(groups):
