@@ -158,6 +158,9 @@ COVERED_BY = {
     "widenet_ds/runtime/ds_sections.py": ["runtime/test_ds_config.py"],
     "widenet_ds/runtime/launch_env.py": ["runtime/test_launch.py"],
     "widenet_ds/runtime/quiet.py": ["runtime/test_signals.py"],  # the console of a real run, checked line by line
+    # two real gloo ranks: a stopped peer's collective ends at the training bound; every rank's problems at once
+    "widenet_ds/runtime/collective_timeouts.py": ["runtime/test_peer_watch.py"],
+    "widenet_ds/runtime/every_rank.py": ["runtime/test_peer_watch.py"],
     "widenet_ds/benchmarks/recipes.py": ["benchmarks/test_features.py", "training/test_finetuning.py"],
     "widenet_ds/benchmarks/squad_features.py": ["benchmarks/test_squad.py"],
     "widenet_ds/benchmarks/squad_postprocess.py": ["benchmarks/test_squad.py"],

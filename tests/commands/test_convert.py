@@ -193,13 +193,13 @@ def test_without_a_recorded_model_config_the_converter_asks_for_one(checkpoints,
 
 def test_a_marker_naming_its_architecture_is_read_and_an_unknown_one_refused(checkpoints, tmp_path):
     import shutil
-    new = CheckpointSource.open(checkpoints[1], "source", purpose=CONVERT).read_weights()  # markers name their architecture
+    new = CheckpointSource.open(checkpoints[1], "source", purpose=CONVERT).read_weights()  # markers name it
     marker = json.loads((checkpoints[1] / "checkpoints/step2/widenet_checkpoint.json").read_text())
     assert marker["architecture"] == new.architecture == "WideNetForPreTraining"
-    unnamed = tmp_path / "unnamed"  # as text markers before the one trainer: no architecture, read off the heads
-    shutil.copytree(checkpoints[1] / "checkpoints" / "step2", unnamed)
-    (unnamed / "widenet_checkpoint.json").write_text(json.dumps({k: v for k, v in marker.items()
-                                                                 if k != "architecture"}))
+    unnamed = tmp_path / "unnamed"  # as text markers before the one trainer (version 1): no architecture, read off
+    shutil.copytree(checkpoints[1] / "checkpoints" / "step2", unnamed)  # the heads
+    (unnamed / "widenet_checkpoint.json").write_text(json.dumps({**{k: v for k, v in marker.items()
+                                                                    if k != "architecture"}, "format_version": 1}))
     old = CheckpointSource.open(unnamed, "source", purpose=CONVERT).read_weights()
     assert new.architecture == old.architecture and new.config == old.config
     assert all(torch.equal(new.state[k], old.state[k]) for k in old.state)

@@ -623,6 +623,18 @@ CASES = [
       r"'70000' is not a TCP port"),
     C("launch-without-task-options", "launch", lambda e, t: ["classify", "--num-ranks", "2"],
       r"the classify options after `--`: the following arguments are required: .*--output-dir"),
+    # ---- several nodes (issue 49): what a one-process row can show; each case's run across nodes is a test of
+    # tests/integration/test_two_nodes.py (the table in docs/cluster.md, "What has run across nodes for real") ----
+    C("launch-loopback-master-addr-with-two-nodes", "launch", lambda e, t: ["pretrain", "--hostfile", str(write(
+      t / "hosts", f"localhost slots=1\n{socket.gethostname()} slots=1\n")), "--num-nodes", "2", "--num-ranks", "1",
+      "--master-addr", "127.0.0.1", "--", "--x"], r"--master-addr 127\.0\.0\.1 is a loopback address, and the ranks "
+                                                  r"run on 2 nodes.*never reach.*leave out --master-addr"),
+    C("pretrain-data-missing-on-this-node", "pretrain", lambda e, t: pretrain(e, t, data=t / "node-local" / "data"),
+      r"--data .*node-local/data does not exist; pass the folder `widenet-ds prepare-data --output` wrote"),
+    C("pretrain-train-timeout-not-positive", "pretrain", lambda e, t: pretrain(e, t, "--train-timeout", "0"),
+      r"--train-timeout must be positive, got 0\.0"),
+    C("glue-init-timeout-not-a-number", "glue", lambda e, t: glue(e, t, "--init-timeout", "10m"),
+      r"--init-timeout: invalid float value: '10m'"),
     # ---- launcher.sh (subprocesses) ----
     C("launcher-vision-unknown-task-option", "launcher", lambda e, t: ["vision", "--num-ranks", "2", "--",
       "--model-config", "widenet-vit-digits", "--output-dir", str(t / "o"), "--deepspeed-config", str(VISION_CONFIG),

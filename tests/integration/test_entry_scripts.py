@@ -101,8 +101,8 @@ def test_the_train_command_of_widenet_ds_is_the_module_entry(capsys, monkeypatch
     assert main(["pretrain", "--model-config", "albert-tiny", "--deepspeed_config", "none.json", "--data", "d",
                  "--output-dir", "o", "--log-interval", "0"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("python -m widenet_ds.train pretrain: error: 2 problems with the pretrain settings:"), err
-    assert "--log-interval must be positive" in err and "none.json does not exist" in err
+    assert err.startswith("python -m widenet_ds.train pretrain: error: 3 problems with the pretrain settings:"), err
+    assert "--log-interval must be positive" in err and "none.json does not exist" in err and "--data d does not" in err
 
 
 @pytest.mark.multirank

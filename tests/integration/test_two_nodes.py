@@ -5,6 +5,10 @@ node), one rank per node, a text run with ep_size 2 so that the MoE all-to-all c
   the rendezvous on node 1's address, the ranks get the launch's environment, and the losses equal the same run
   with 2 ranks on one node (within the golden curves' tolerance);
 - `mpiexec -hosts node1,node2` (MPICH's hydra over the same ssh): the same losses;
+- faults that end the whole run within a bounded time with one line naming the node (issue 49): node 2 vanishing
+  mid-run (its link cut, then its processes killed; the run continues on node 1 alone), node 2's own start-up
+  problems (--data on node 1 only, --output-dir read-only on node 2) under pdsh and mpiexec, a SIGTERM to a rank
+  waiting for a stopped (SIGSTOP) peer, and a loopback --master-addr for two nodes;
 - `sbatch --nodes=2 slurm/train.sbatch pretrain ...` on slurmctld + one slurmd per node (tests/support/netns_slurm.py): the same
   losses;
 - the rendezvous port busy on node 1 (rank 0's): refused there before training, naming node and holder, and
@@ -22,6 +26,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,6 +55,11 @@ KILL_BOUND_S = 60  # node 1's rank must end this soon after node 2's died (not a
 # start-up, rank 0's refusal, launch's 10 s grace before it stops node 2, whose launcher TERMs its rank
 BUSY_PORT_BOUND_S = 120
 KILLED_RUN_STEPS = 200  # far more than run before the kill (cpu_small.json schedules 300)
+# node 2 vanished: the launcher's ssh keep-alives (20-25 s), its grace before stopping the run (10 s), DeepSpeed's
+# kill on every node (node 2's ssh: its 15 s connect timeout); node 1's rank ends on that kill's SIGTERM
+VANISH_BOUND_S = 120
+STOP_BOUND_S = 60  # a SIGTERM while waiting for a stopped peer: the watch's 5 s suspicion + 20 s silence, + margin
+PROBLEMS_BOUND_S = 180  # start-up on both nodes, then one error from the rendezvous
 
 
 @pytest.fixture(scope="module")
@@ -169,15 +179,19 @@ def test_an_output_dir_on_node_local_storage_is_refused_before_training(cluster,
     assert not (node1.local_dir / "run" / "checkpoints").exists() and not list(node1.local_dir.glob("run/.widenet-ds-shared-*"))
 
 
-def test_mpiexec_with_two_hosts_equals_one_node(cluster, inputs, one_node, tmp_path):
+def mpiexec_on_both(cluster) -> list[str]:
+    """`mpiexec` with one rank on each node: MPICH's hydra starts its proxy on each host over ssh (the cluster's) and
+    hands every rank this environment."""
     mpiexec = BIN / "mpiexec"
     if not mpiexec.exists():
         pytest.skip("mpiexec not in the environment (`pip install mpi4py mpich`)")
+    return [str(mpiexec), "-n", "2", "-ppn", "1", "-hosts", ",".join(n.name for n in cluster.nodes), "-launcher", "ssh",
+            "-launcher-exec", str(cluster.ssh_bin / "ssh")]
+
+
+def test_mpiexec_with_two_hosts_equals_one_node(cluster, inputs, one_node, tmp_path):
     out = tmp_path / "mpi"
-    # MPICH's hydra starts its proxy on each host over ssh (the cluster's) and hands every rank this environment.
-    command = [str(mpiexec), "-n", "2", "-ppn", "1", "-hosts", ",".join(n.name for n in cluster.nodes),
-               "-launcher", "ssh", "-launcher-exec", str(cluster.ssh_bin / "ssh"),
-               sys.executable, "-m", "widenet_ds.train", "pretrain", *run_args(inputs, out)]
+    command = [*mpiexec_on_both(cluster), sys.executable, "-m", "widenet_ds.train", "pretrain", *run_args(inputs, out)]
     # The nodes share this machine's kernel, so UCX (MPICH's transport) takes them for one host and would reach
     # the other rank through shared memory and its pid, which the other node's PID namespace hides: its network
     # transport, the one it picks between real nodes.
@@ -190,6 +204,225 @@ def test_mpiexec_with_two_hosts_equals_one_node(cluster, inputs, one_node, tmp_p
     assert {node: env["PMI_RANK"] for node, env in ranks.items()} == {node1.name: "0", node2.name: "1"}, ranks
     assert ranks[node2.name]["OMP_NUM_THREADS"] == "1"  # hydra hands the whole environment to every host
     assert_losses_equal_one_node(one_node, out)
+
+
+# --- faults that must end the whole run within a bounded time, with one line naming the node (issue 49) ------------
+def launch_on_two_nodes(cluster, inputs, out: Path, steps: int, *launch: str, **settings) -> subprocess.Popen:
+    """`widenet-ds launch pretrain` over pdsh from node 1, one rank per node."""
+    return on_node1(cluster, [*WIDENET_DS, "launch", "pretrain", "--hostfile", str(cluster.hostfile(slots=1)),
+                              "--num-nodes", "2", "--num-ranks", "1", *launch, "--",
+                              *run_args(inputs, out, steps, **settings)], child_env())
+
+
+def give_up(cluster, proc: subprocess.Popen) -> str:
+    """A launch that outlived its bound: what it started on both nodes killed (a kill of nsenter would leave its child,
+    the launcher, holding the output pipe), then its output so far."""
+    for node in cluster.nodes:
+        for pid in {*node.processes("widenet_ds"), *node.processes("deepspeed"), *node.processes("pdsh")}:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    proc.kill()
+    try:
+        return proc.communicate(timeout=30)[0]
+    except subprocess.TimeoutExpired:
+        return "(no output: a process still holds the pipe)"
+
+
+def wait_for_checkpoint(proc: subprocess.Popen, out: Path, timeout: float = 240) -> Path:
+    latest = out / "checkpoints" / "latest"
+    deadline = time.monotonic() + timeout
+    while not latest.exists():
+        assert proc.poll() is None, proc.communicate()[0][-6000:]
+        assert time.monotonic() < deadline, f"no checkpoint within {timeout} s"
+        time.sleep(0.1)
+    return out / "checkpoints" / latest.read_text().strip()
+
+
+def wait_gone(node, pattern: str, since: float, bound: float) -> float:
+    """Seconds from `since` until no process of `node` matches `pattern` (fails past `bound`)."""
+    while node.processes(pattern):
+        assert time.monotonic() - since < bound, f"{node.name} still runs {pattern!r} {bound} s later"
+        time.sleep(0.2)
+    return time.monotonic() - since
+
+
+def lines_of(output: str, node) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith(f"{node.name}: ")]
+
+
+@contextlib.contextmanager
+def link_cut(cluster, node):
+    """`node`'s end of the veth pair down, as a pulled cable or a powered-off machine: no packet in or out, no
+    connection closed; back up afterwards for the module's other tests."""
+    end = f"{cluster.prefix}v{cluster.nodes.index(node)}"
+    subprocess.run(["ip", "-n", node.netns, "link", "set", end, "down"], check=True, timeout=30)
+    try:
+        yield
+    finally:
+        subprocess.run(["ip", "-n", node.netns, "link", "set", end, "up"], check=True, timeout=30)
+        deadline = time.monotonic() + 30
+        while cluster.ssh(node, "true").returncode != 0:
+            assert time.monotonic() < deadline, f"{node.name} unreachable after its link came back"
+            time.sleep(0.5)
+
+
+def test_node2_vanishing_mid_run_ends_node1_and_the_launcher_naming_node2_and_node1_alone_resumes(
+        cluster, inputs, tmp_path):
+    """Node 2's link cut, then every process there killed (a power loss): no connection reset reaches node 1.
+    Before: node 1's rank and the launcher printed nothing for minutes (the 30-minute collective timeout; pdsh's ssh
+    without keep-alives). Now the launcher's ssh sees node 2 gone within SSH_SILENCE_S, stops the run, and node 1's
+    rank, asked to stop while it waits for node 2's silent rank, ends with one line naming node 2 and the
+    checkpoint to resume from."""
+    out = tmp_path / "vanished"
+    proc = launch_on_two_nodes(cluster, inputs, out, KILLED_RUN_STEPS, save_interval=3, keep_last=100)
+    saved = wait_for_checkpoint(proc, out)
+    before = file_hashes(saved)
+    node1, node2 = cluster.nodes
+    with link_cut(cluster, node2):
+        for pid in node2.processes(""):  # every process of node 2 but its first, the sshd (a node that boots again)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        cut = time.monotonic()
+        rank_s = launcher_s = None
+        while launcher_s is None:  # its output is a few lines: the pipe is read once it has ended
+            elapsed = time.monotonic() - cut
+            if rank_s is None and not node1.processes(RANK):
+                rank_s = elapsed
+            if proc.poll() is not None:
+                launcher_s = elapsed
+            elif elapsed > VANISH_BOUND_S + 60:
+                pytest.fail(f"the launcher still ran {elapsed:.0f} s after node 2 vanished:\n"
+                            f"{give_up(cluster, proc)[-6000:]}")
+            time.sleep(0.2)
+        output, _ = proc.communicate(timeout=30)
+    print(f"node 2 vanished: node 1's rank ended after {rank_s} s, the launcher after {launcher_s:.0f} s")
+    assert rank_s is not None and rank_s < VANISH_BOUND_S and launcher_s < VANISH_BOUND_S, output[-6000:]
+    said = [line for line in lines_of(output, node1) if " error: " in line]
+    assert len(said) == 1, output[-6000:]
+    print(said[0])
+    assert f"for rank 1 on {node2.name}" in said[0] and f"{saved}, is kept" in said[0] and "--resume" in said[0]
+    assert not any("Traceback" in line for line in lines_of(output, node1)), output[-6000:]
+    assert (f"widenet-ds launch: the run ended with exit status 255 (ssh's own failure: a node was down, unreachable "
+            f"or refused the login, or its connection was lost mid-run" in output), output[-6000:]
+    assert max(train_losses(out)) < KILLED_RUN_STEPS, "the run finished before node 2 vanished"
+    assert file_hashes(saved) == before
+
+    # The run goes on on node 1 alone (2 ranks there, the same ep_size): from the last complete checkpoint.
+    step = int(saved.name.removeprefix("step"))
+    resumed = on_node1(cluster, [*WIDENET_DS, "launch", "pretrain", "--num-ranks", "2", "--",
+                                 *run_args(inputs, out, step + 2, save_interval=3, keep_last=100), "--resume"],
+                       child_env())
+    output, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, output[-6000:]
+    assert f"resumed from {saved}" in events(out)
+    assert max(train_losses(out)) == step + 2
+
+
+def test_node2s_own_problems_are_one_error_naming_node2_before_training_under_pdsh_mpiexec_and_srun(
+        cluster, inputs, tmp_path, request):
+    """--data on node 1's disk only, --output-dir read-only on node 2 only. Before: node 2's rank exited 2 without a
+    line (only rank 0 prints an error every rank shares, and rank 0 had none); under mpiexec and srun rank 0 then
+    waited for ever. Now every rank's problems are gathered after the rendezvous: one error, naming node 2 and both
+    paths, printed once by rank 0."""
+    node1, node2 = cluster.nodes
+    corpus, _ = inputs
+    shutil.copytree(corpus, node1.local_dir / "corpus")  # node-local: cluster.local/corpus exists on node 1 only
+    data = cluster.local / "corpus"
+    shared = tmp_path / "ro"
+    shared.mkdir()
+    subprocess.run(node2.command(["sh", "-c", f"mount --bind {shared} {shared} && mount -o remount,bind,ro {shared}"]),
+                   check=True, timeout=30)
+    try:
+        for path in ("pdsh", "mpiexec", "srun"):
+            out = shared / path
+            train = [*run_args(inputs, out), "--data", str(data)]  # the later --data wins
+            output = start_with_problems(path, cluster, train, out, tmp_path, request)
+            print(f"{path}: {output[output.index('error: '):][:700]}" if "error: " in output else output[-3000:])
+            for problem in (f"rank 1 on {node2.name}: --data {data} does not exist",
+                            f"rank 1 on {node2.name}: --output-dir {out} is not writable"):
+                assert output.count(problem) == 1, f"{path}:\n{output[-6000:]}"
+            assert f"rank 0 on {node1.name}" not in output and "training: steps" not in output, output[-6000:]
+            assert not out.exists()
+    finally:
+        subprocess.run(node2.command(["umount", str(shared)]), timeout=30)
+
+
+def start_with_problems(path: str, cluster, train: list[str], out: Path, tmp_path: Path, request) -> str:
+    """Start `train` across both nodes by `path` (pdsh, mpiexec, srun) and return its output, once it has ended with
+    exit status 2 within PROBLEMS_BOUND_S."""
+    if path == "srun":
+        slurm = request.getfixturevalue("slurm")
+        at = train.index("--output-dir")  # the batch script passes OUTPUT_DIR as --output-dir
+        log = tmp_path / "srun.log"
+        job = slurm.sbatch("--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1", "--time=10", f"--output={log}",
+                           str(REPO / "slurm" / "train.sbatch"), "pretrain", *train[:at], *train[at + 2:],
+                           env=dict(slurm.env, OUTPUT_DIR=str(out)))
+        assert slurm.wait_done(job, PROBLEMS_BOUND_S) == "FAILED", log.read_text()
+        output = log.read_text()
+        assert "exit code 2" in output, output[-6000:]
+        return output
+    if path == "pdsh":
+        command = [*WIDENET_DS, "launch", "pretrain", "--hostfile", str(cluster.hostfile(slots=1)), "--num-nodes", "2",
+                   "--num-ranks", "1", "--", *train]
+    else:
+        command = [*mpiexec_on_both(cluster), sys.executable, "-m", "widenet_ds.train", "pretrain", *train]
+    proc = on_node1(cluster, command, child_env(UCX_TLS="self,tcp"))
+    try:
+        output, _ = proc.communicate(timeout=PROBLEMS_BOUND_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{path}: still running {PROBLEMS_BOUND_S} s after start; node 2's problems unsaid:\n"
+                    f"{give_up(cluster, proc)[-6000:]}")
+    assert proc.returncode == 2, f"{path}:\n{output[-6000:]}"
+    return output
+
+
+def test_a_rank_waiting_for_a_stopped_peer_ends_on_sigterm_within_the_bound(cluster, inputs, tmp_path):
+    """Node 2's rank stopped (SIGSTOP: a frozen process or VM), node 1's rank waits for it in a collective; a SIGTERM
+    there (a scheduler's, a user's) ran no handler until the collective returned. Now it ends the rank within
+    STOP_BOUND_S, with one line naming node 2 and the checkpoint."""
+    out = tmp_path / "stopped"
+    proc = launch_on_two_nodes(cluster, inputs, out, KILLED_RUN_STEPS, save_interval=3, keep_last=100)
+    saved = wait_for_checkpoint(proc, out)
+    node1, node2 = cluster.nodes
+    stopped, waiting = node2.processes(RANK), node1.processes(RANK)
+    assert stopped and waiting, "a rank is missing"
+    try:
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(2)  # node 1's rank is in its next all-to-all by now
+        for pid in waiting:
+            os.kill(pid, signal.SIGTERM)
+        signalled = time.monotonic()
+        took = wait_gone(node1, RANK, signalled, STOP_BOUND_S)
+    except BaseException:
+        give_up(cluster, proc)
+        raise
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    output, _ = proc.communicate(timeout=120)
+    said = [line for line in lines_of(output, node1) if " error: " in line]
+    print(f"node 1's rank ended {took:.0f} s after its SIGTERM:", *said, sep="\n")
+    assert len(said) == 1 and " got SIGTERM while waiting " in said[0], output[-6000:]
+    assert f"for rank 1 on {node2.name}, which has not answered" in said[0] and f"{saved}, is kept" in said[0]
+
+
+def test_a_loopback_master_addr_with_two_nodes_is_refused_before_any_rank_starts(cluster, inputs, tmp_path):
+    """A one-machine habit: before, "initialising the process group" and then nothing (node 2's rank waited for a
+    rendezvous on its own loopback)."""
+    node1, node2 = cluster.nodes
+    out = tmp_path / "loopback"
+    proc = launch_on_two_nodes(cluster, inputs, out, STEPS, "--master-addr", "127.0.0.1")
+    try:
+        output, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the launch still ran 120 s later:\n{give_up(cluster, proc)[-4000:]}")
+    assert proc.returncode == 2, output[-4000:]
+    assert (f"--master-addr 127.0.0.1 is a loopback address, and the ranks run on 2 nodes" in output
+            and f"Use {node1.name} ({node1.address}), the address the other nodes reach rank 0's node by" in output)
+    assert "--module widenet_ds.train" not in output and not out.exists()  # no runner started
+    assert not node1.processes(RANK) and not node2.processes(RANK)
 
 
 @pytest.fixture(scope="module")

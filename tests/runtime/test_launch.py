@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 import time
@@ -230,6 +232,37 @@ def test_hostfile_is_checked_then_handed_to_deepspeed(tmp_path):
         plan(Machine(cores=2, has_gpu=False), hostfile=hostfile, ranks_per_node=3)
 
 
+def test_a_hostfile_launch_gives_pdshs_ssh_keepalives_after_the_users_own_options(tmp_path):
+    """A node that vanishes mid-run closes no connection: without keep-alives pdsh's ssh, and the run, wait for it
+    for ever (the real case: tests/integration/test_two_nodes.py)."""
+    hostfile = write(tmp_path / "hosts", "localhost slots=1\n127.0.0.1 slots=1\n")
+    _, env = plan(Machine(cores=2, has_gpu=False), hostfile=hostfile, num_nodes=1)
+    assert env["PDSH_SSH_ARGS_APPEND"] == "-o ServerAliveInterval=5 -o ServerAliveCountMax=4 -o ConnectTimeout=15"
+    _, env = plan(Machine(cores=2, has_gpu=False), {"PDSH_SSH_ARGS_APPEND": "-o ServerAliveInterval=60"},
+                  hostfile=hostfile, num_nodes=1)
+    assert env["PDSH_SSH_ARGS_APPEND"].startswith("-o ServerAliveInterval=60 -o ServerAliveInterval=5")  # ssh: 1st wins
+    assert "PDSH_SSH_ARGS_APPEND" not in plan(Machine(cores=2, has_gpu=False))[1]  # one machine: no ssh
+
+
+def test_a_loopback_rendezvous_address_for_several_nodes_is_refused_naming_the_first_node(tmp_path):
+    hostfile = write(tmp_path / "hosts", f"localhost slots=1\n{socket.gethostname()} slots=1\n")
+    for address in ("127.0.0.1", "localhost", "::1"):
+        with pytest.raises(LaunchError, match=rf"--master-addr {re.escape(address)} is a loopback address, and the "
+                                              rf"ranks run on 2 nodes: .*never reach.*leave out --master-addr"):
+            plan(Machine(cores=2, has_gpu=False), hostfile=hostfile, num_nodes=2, master_addr=address)
+    # one node of the file, or an address the nodes reach: accepted
+    plan(Machine(cores=2, has_gpu=False), hostfile=hostfile, num_nodes=1, master_addr="127.0.0.1")
+    plan(Machine(cores=2, has_gpu=False), hostfile=hostfile, num_nodes=2, master_addr="10.77.0.1")
+
+
+def test_a_loopback_master_addr_in_a_multi_node_slurm_step_is_refused_once():
+    with pytest.raises(LaunchError, match=r"MASTER_ADDR 127\.0\.0\.1 is a loopback address, and the ranks run on 4 "
+                                          r"nodes.*Unset MASTER_ADDR, and the first host of the job is used") as err:
+        resolve_launch_env({**SLURM_STEP, "SLURM_STEP_NUM_NODES": "4", "MASTER_ADDR": "127.0.0.1"})
+    assert err.value.same_on_every_rank  # printed by rank 0 only
+    assert resolve_launch_env({**SLURM_STEP, "SLURM_STEP_NUM_NODES": "1", "MASTER_ADDR": "127.0.0.1"}).rank == 3
+
+
 def test_launch_options_before_the_separator_task_options_after_it():
     options = parse_launch_args(["squad", "--num-gpus", "3", "--no-ssh-check", "--", "--version", "2.0", "--", "x"])
     assert (options.task, options.ranks_per_node, options.ssh_check) == ("squad", 3, False)
@@ -242,6 +275,7 @@ def test_exit_status_of_a_failed_run_is_explained():
     assert failure(1) == "a rank failed; its messages are above"
     assert failure(247) == "a rank was killed by SIGKILL"  # launch.py's sys.exit(-9)
     assert failure(143) == "the deepspeed runner was killed by SIGTERM"
+    assert failure(255).startswith("ssh's own failure: a node was down, unreachable")  # not SIGHUP (256 - 255)
 
 
 @pytest.mark.parametrize("front", [[str(LAUNCHER_SH), "pretrain"], [*WIDENET_DS, "launch", "pretrain"]],

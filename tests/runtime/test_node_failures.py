@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import re
+import shlex
 import signal
 import subprocess
 import sys
 import time
 
-from widenet_ds.runtime.node_failures import NodeWatch
+from widenet_ds.runtime.node_failures import NodeWatch, launcher_pattern
 
 # A stand-in for deepspeed's runner that prints what pdsh prints, then waits as pdsh does for the other node.
 RUNNER = """
@@ -42,3 +44,19 @@ def test_a_node_that_ended_well_stops_nothing():
     runner.kill()
     runner.wait()
     watch.close()
+
+
+def test_the_other_nodes_launchers_of_this_run_are_found_by_their_arguments_not_the_shell_that_kills_them():
+    """What `NodeWatch` stops the other nodes with: `pkill -f PATTERN` run by a remote shell, whose own command line
+    holds PATTERN; another run's launchers on the same nodes (another rendezvous port) are not this run's."""
+    pdsh = ["pdsh", "-S", "-f", "1024", "-w", "node1,node2", "export A=1; ", "cd /w;", "/venv/bin/python", "-u", "-m",
+            "deepspeed.launcher.launch", "--world_info=eyJub2RlMSI6IFswXX0+/=", "--node_rank=%n",
+            "--master_addr=10.77.0.1", "--master_port=29500", "--module", "widenet_ds.train", "pretrain"]
+    pattern = launcher_pattern(pdsh)
+    launcher = ("/venv/bin/python -u -m deepspeed.launcher.launch --world_info=eyJub2RlMSI6IFswXX0+/= --node_rank=1 "
+                "--master_addr=10.77.0.1 --master_port=29500 --module widenet_ds.train pretrain")
+    assert re.search(pattern, launcher)
+    assert not re.search(pattern, f"bash -c export A=1; cd /w; {launcher}")  # the shell that started it
+    assert not re.search(pattern, f"bash -c pkill -f {shlex.quote(pattern)}")
+    assert not re.search(pattern, launcher.replace("29500", "29501"))
+    assert launcher_pattern(["pdsh", "-w", "node1", "hostname"]) is None

@@ -63,7 +63,7 @@ class ResumableLoader(FixedBatchLoader):
 def resume(out_prefix: str, tag_dirs: list[Path]) -> None:
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     for index, tag_dir in enumerate(tag_dirs):
-        source = CheckpointSource.open(tag_dir, "--resume", purpose=RESUME)
+        source = CheckpointSource.open(tag_dir, "--resume", purpose=RESUME)  # its files checked, its state complete
         config = source.meta.deepspeed_config
         engine, _ = build(source.meta.ep_size, config["zero_optimization"]["stage"], world,
                           "bf16" if (config.get("bf16") or {}).get("enabled") else "fp32")

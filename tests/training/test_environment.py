@@ -28,7 +28,7 @@ def test_building_a_configuration_touches_no_file(tmp_path, monkeypatch):
     monkeypatch.undo()
     pretrain, glue, squad, classify = map(environment_problems, configs)
     assert [p.split(" ", 2)[:2] for p in pretrain] == [["--init-from", str(gone / "ckpt")],
-                                                      ["DeepSpeed", "config"]]
+                                                      ["DeepSpeed", "config"], ["--data", str(gone / "data")]]
     assert any("--data " in p and "SST-2 does not exist" in p for p in glue)
     assert any(p.startswith("--train-file: ") and "t.json does not exist" in p for p in squad)
     assert len(classify) == 1 and "ds.json does not exist" in classify[0]

@@ -27,6 +27,11 @@ def say(message: str) -> None:
         print(f"[widenet-ds {time.monotonic() - _START:5.1f}s] {message}", file=sys.stderr, flush=True)
 
 
+# How long another rank holding a shared error waits for rank 0 to print it: a launcher that sees a rank end ends
+# the others (DeepSpeed's kills them at once), and a silent rank ending first would take rank 0's line with it.
+SHARED_ERROR_GRACE_S = 5.0
+
+
 def report_error(program: str, err: BaseException) -> None:
     """Print a user error once: rank 0 prints shared errors; another rank only its own, with its rank."""
     rank = process_rank()
@@ -34,3 +39,5 @@ def report_error(program: str, err: BaseException) -> None:
         print(f"{program}: error: {err}", file=sys.stderr, flush=True)
     elif not getattr(err, "same_on_every_rank", False):
         print(f"{program}: error (rank {rank}): {err}", file=sys.stderr, flush=True)
+    elif int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        time.sleep(SHARED_ERROR_GRACE_S)  # rank 0 says it, exits, and its launcher ends this rank

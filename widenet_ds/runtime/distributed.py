@@ -17,17 +17,21 @@ import torch
 import torch.distributed as torch_dist
 
 from widenet_ds.errors import ConfigError
+from widenet_ds.runtime.collective_timeouts import start_up_timeout
 from widenet_ds.runtime.extensions import pending_build, use_environment_extensions_dir, use_environment_ninja
 from widenet_ds.runtime.launch_env import LaunchEnv, busy_port_error, resolve_launch_env
 
 
-def init_distributed(backend: str | None = None, say: Callable[[str], None] | None = None) -> None:
+def init_distributed(backend: str | None = None, say: Callable[[str], None] | None = None,
+                     timeouts_s: tuple[float, float] | None = None) -> None:
     """Initialise torch.distributed through DeepSpeed, whatever started us.
 
     The `deepspeed` launcher, torchrun, `mpiexec`, Slurm's `srun` and a plain `python` are all
     resolved by `resolve_launch_env` into the `env://` variables first, so DeepSpeed never falls
     back to its own MPI discovery (fixed port 29500). A rendezvous port another program holds is one error
-    naming it. `say` gets a line when the start-up will wait for a JIT build of DeepSpeed's op.
+    naming it. `say` gets a line when the start-up will wait for a JIT build of DeepSpeed's op. `timeouts_s`: how
+    long a collective may wait during start-up and during training (runtime/collective_timeouts.py); None: torch's
+    default.
     """
     if torch_dist.is_available() and torch_dist.is_initialized():
         return
@@ -41,8 +45,9 @@ def init_distributed(backend: str | None = None, say: Callable[[str], None] | No
     if backend == "gloo" and say is not None and (line := pending_build(extensions)):
         say(line)
     # DeepSpeed prints "... built successfully" for its shared-memory op on every rank: kept off the console.
+    timeout = {} if timeouts_s is None else {"timeout": start_up_timeout(*timeouts_s)}
     with contextlib.redirect_stdout(io.StringIO()), rendezvous_port_errors(env):
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False, **timeout)
     # Tear the groups down before interpreter exit (and, under mpiexec, before mpi4py's MPI_Finalize,
     # registered earlier so run later): left to static destructors, gloo's threads abort ~1 exit in 10.
     atexit.register(_destroy_process_groups)

@@ -21,6 +21,7 @@ from deepspeed.moe.utils import is_moe_param
 from torch import nn
 
 from widenet_ds.errors import ConfigError
+from widenet_ds.runtime.collective_timeouts import apply_current_timeout
 from widenet_ds.runtime.ds_config import DeepSpeedSettings
 from widenet_ds.runtime.lamb import Lamb, build_param_groups, enable_per_tensor_trust_ratio
 
@@ -86,6 +87,7 @@ def build_engine(model: nn.Module, settings: DeepSpeedSettings, optimizer_choice
                                                config=config)
     if plan.implementation == "torch-lamb":
         enable_per_tensor_trust_ratio(engine)
+    apply_current_timeout()  # DeepSpeed's expert and data-parallel groups: the run's bound, not torch's 30 minutes
     return engine, plan
 
 

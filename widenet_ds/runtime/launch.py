@@ -31,9 +31,9 @@ import widenet_ds
 from widenet_ds.errors import LaunchError
 from widenet_ds.results import TASK_RESULTS
 from widenet_ds.runtime.host_allocator import allocator_env, find_tcmalloc
-from widenet_ds.runtime.launch_env import check_hostfile
+from widenet_ds.runtime.launch_env import check_hostfile, check_rendezvous_address
 from widenet_ds.runtime.node_env import ranks_env, runner_env_file
-from widenet_ds.runtime.node_failures import NodeWatch
+from widenet_ds.runtime.node_failures import NodeWatch, failure
 from widenet_ds.runtime.ports import free_port, port_holder, port_is_free
 from widenet_ds.runtime.signals import forward
 
@@ -42,6 +42,9 @@ TRAIN_MODULE = "widenet_ds.train"  # its tasks: training/registry.py
 MAX_CPU_RANKS = 8
 LOG_LEVEL_VAR = "WIDENET_DEEPSPEED_LOG_LEVEL"
 # A terminal's Ctrl-C (INT) and a closed terminal (HUP) stop the run like a scheduler's TERM: saved, exit 0.
+# pdsh's ssh: a keep-alive every 5 s, 4 unanswered ones end the session (a vanished node is seen within 20-25 s)
+SSH_OPTIONS = ("-o ServerAliveInterval=5", "-o ServerAliveCountMax=4", "-o ConnectTimeout=15")
+SSH_SILENCE_S = 25
 RELAYED = {signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGTERM, signal.SIGHUP: signal.SIGTERM,
            signal.SIGUSR1: signal.SIGUSR1}
 
@@ -81,6 +84,7 @@ class LaunchPlan:
     env_changes: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
     # With a hostfile: what every node's ranks must get, which the runner's ssh does not carry (runtime/node_env.py)
     node_env: dict[str, str] = field(default_factory=dict)
+    nodes: tuple[str, ...] = ()  # with a hostfile: the nodes the run uses
 
     def echo(self) -> str:
         shown = {k: v for k, v in self.env_changes.items() if k != "PYTHONPATH"}
@@ -112,9 +116,13 @@ def plan_launch(options: LaunchOptions, machine: Machine, environ: Mapping[str, 
     """The runner's command line and environment; checks the hostfile first."""
     ds_args: list[str] = []
     ranks = options.ranks_per_node
+    nodes: tuple[str, ...] = ()
     if options.hostfile is not None:
         # Unresolvable hosts, malformed lines or too few slots: one error naming the line, no rank started.
-        check_hostfile(options.hostfile, num_nodes=options.num_nodes, ranks_per_node=ranks)
+        nodes = tuple(check_hostfile(options.hostfile, num_nodes=options.num_nodes, ranks_per_node=ranks))
+        if options.master_addr is not None:
+            check_rendezvous_address(options.master_addr, len(nodes), "--master-addr", f"leave out --master-addr "
+                                     f"(deepspeed then asks {nodes[0]} for its address over ssh)", first=nodes[0])
         ds_args += ["--hostfile", str(options.hostfile)]
         if options.num_nodes is not None:
             ds_args += ["--num_nodes", str(options.num_nodes)]
@@ -150,7 +158,20 @@ def plan_launch(options: LaunchOptions, machine: Machine, environ: Mapping[str, 
     source_root = str(Path(widenet_ds.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, environ.get("PYTHONPATH")) if p)
     node_env = ranks_env(environ, env) if options.hostfile is not None else {}
-    return LaunchPlan([runner, *ds_args, "--module", TRAIN_MODULE, options.task, *options.train_args], env, node_env)
+    if options.hostfile is not None:
+        env.update(ssh_keepalive_env(environ))
+    return LaunchPlan([runner, *ds_args, "--module", TRAIN_MODULE, options.task, *options.train_args], env, node_env,
+                      nodes)
+
+
+def ssh_keepalive_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The ssh options of pdsh, DeepSpeed's multi-node runner: keep-alives, so that a node that vanishes mid-run
+    (powered off, its link cut: no connection is ever closed) ends its ssh within SSH_SILENCE_S and pdsh reports it
+    (`ssh exited with exit code 255`, which NodeWatch acts on), and a connect timeout, so that stopping the run
+    (DeepSpeed's `pdsh ... pkill` on every node) does not wait minutes for that node. The user's own
+    PDSH_SSH_ARGS_APPEND comes first: for each option ssh takes the first value given."""
+    theirs = environ.get("PDSH_SSH_ARGS_APPEND", "").strip()
+    return {"PDSH_SSH_ARGS_APPEND": " ".join(part for part in (theirs, *SSH_OPTIONS) if part)}
 
 
 def run(plan: LaunchPlan) -> int:
@@ -160,15 +181,15 @@ def run(plan: LaunchPlan) -> int:
         env = {**os.environ, **plan.env_changes}
         if plan.node_env:
             env.update(runner_env_file(plan.node_env, Path(folder)))
-        return _run_runner(plan.command, env, watch_nodes=bool(plan.node_env))
+        return _run_runner(plan.command, env, plan.nodes)
 
 
-def _run_runner(command: list[str], env: dict[str, str], watch_nodes: bool) -> int:
+def _run_runner(command: list[str], env: dict[str, str], nodes: tuple[str, ...]) -> int:
     # Its own process group: a terminal's Ctrl-C reaches this process only, which relays it as a TERM
     # (the ranks would otherwise die of the INT while deepspeed's launch.py kills the rest).
-    runner = subprocess.Popen(command, env=env, process_group=0, stderr=subprocess.PIPE if watch_nodes else None)
+    runner = subprocess.Popen(command, env=env, process_group=0, stderr=subprocess.PIPE if nodes else None)
     # Several nodes: one that failed must not leave the run waiting for the others (runtime/node_failures.py).
-    watch = NodeWatch(runner) if watch_nodes else None
+    watch = NodeWatch(runner, nodes=nodes, env=env) if nodes else None
 
     def relay(signum: int, frame) -> None:
         message = forward(RELAYED[signal.Signals(signum)], runner.pid)
@@ -194,15 +215,6 @@ def _run_runner(command: list[str], env: dict[str, str], watch_nodes: bool) -> i
     if status not in (0, 2):
         print(f"{PROG}: the run ended with exit status {status} ({failure(status)})", file=sys.stderr, flush=True)
     return status
-
-
-def failure(status: int) -> str:
-    """What an exit status of the runner says. deepspeed's launch.py exits with a killed rank's negative
-    return code, which the shell reads as 256 - N for signal N; a killed runner reads 128 + N."""
-    for signum, what in ((256 - status, "a rank was killed by"), (status - 128, "the deepspeed runner was killed by")):
-        if 0 < signum < 32 and signum in signal.valid_signals():
-            return f"{what} {signal.Signals(signum).name}"
-    return "a rank failed; its messages are above"
 
 
 def launch(options: LaunchOptions, check_task_options: Callable[[LaunchOptions], None] | None = None) -> int:

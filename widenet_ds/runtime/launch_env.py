@@ -18,6 +18,7 @@ Also the check `widenet-ds launch` runs before starting anything: `check_hostfil
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import re
 import socket
@@ -27,7 +28,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from widenet_ds.errors import LaunchError
+from widenet_ds.errors import LaunchError, mark_same_on_every_rank
 from widenet_ds.runtime.ports import free_port, port_holder
 
 TORCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -44,6 +45,7 @@ class LaunchEnv:
     master_addr: str
     master_port: int
     source: str  # "launcher", "mpi", "slurm" or "single"
+    nodes: int = 1  # the hosts the ranks run on, where the launch says (Slurm, MPI); 1 where it does not
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
@@ -79,7 +81,25 @@ def resolve_launch_env(environ: MutableMapping[str, str] | None = None) -> Launc
     else:
         env = _single(environ, source="single")
     env.export(environ)
+    if env.nodes > 1:  # after the export: the rank is known, so the error is printed once (by rank 0)
+        check_rendezvous_address(env.master_addr, env.nodes, "MASTER_ADDR", "unset MASTER_ADDR, and the first host "
+                                 "of the job is used" if env.source == "slurm" else "unset MASTER_ADDR, and rank 0's "
+                                 "address is used")
     return env
+
+
+def expected_world_size(environ: MutableMapping[str, str] | None = None) -> int:
+    """How many ranks the run will have, read from the launchers' variables as `resolve_launch_env` would, but
+    without starting anything (no mpi4py): a check before the rendezvous knows whether this process is alone."""
+    environ = os.environ if environ is None else environ
+    if "WORLD_SIZE" in environ:
+        return _int_var(environ, "WORLD_SIZE", "the launcher environment")
+    mpi = _mpi_rank_size(environ)
+    if mpi is not None and not _slurm_step_matches_mpi(environ):
+        return mpi[1]
+    if "SLURM_JOB_ID" in environ and "SLURM_STEP_ID" in environ:
+        return _slurm_step_tasks(environ) or 1
+    return 1
 
 
 def _single(environ: MutableMapping[str, str], source: str) -> LaunchEnv:
@@ -157,7 +177,7 @@ def _from_mpi(environ: MutableMapping[str, str]) -> LaunchEnv:
         rendezvous = None
     master_addr, master_port = comm.bcast(rendezvous, root=0)
     return LaunchEnv(rank=rank, local_rank=local_rank, world_size=world_size, master_addr=master_addr,
-                     master_port=master_port, source="mpi")
+                     master_port=master_port, source="mpi", nodes=len(set(hosts)))
 
 
 def _first_address() -> str:
@@ -205,9 +225,11 @@ def _from_slurm(environ: MutableMapping[str, str]) -> LaunchEnv:
     if port is None:
         restarts = _int_var(environ, "SLURM_RESTART_COUNT", "Slurm") if "SLURM_RESTART_COUNT" in environ else 0
         port = SLURM_PORT_BASE + (job_id * SLURM_PORTS_PER_JOB + restarts % SLURM_PORTS_PER_JOB) % SLURM_PORT_SPAN
+    nodes = next((_int_var(environ, name, "Slurm") for name in ("SLURM_STEP_NUM_NODES", "SLURM_NNODES")
+                  if name in environ), 1)
     return LaunchEnv(rank=_int_var(environ, "SLURM_PROCID", "Slurm"),
                      local_rank=_int_var(environ, "SLURM_LOCALID", "Slurm"), world_size=ntasks,
-                     master_addr=addr or first_host(nodelist), master_port=port, source="slurm")
+                     master_addr=addr or first_host(nodelist), master_port=port, source="slurm", nodes=nodes)
 
 
 def first_host(nodelist: str) -> str:
@@ -223,7 +245,44 @@ def first_host(nodelist: str) -> str:
     return prefix + first
 
 
-# ---- the rendezvous port ---------------------------------------------------------------------
+# ---- the rendezvous address and port ---------------------------------------------------------
+
+def is_loopback(address: str) -> bool:
+    """Whether `address` (a name or an IP) is this machine's loopback wherever it is resolved."""
+    try:
+        found = socket.getaddrinfo(address, None)
+    except (socket.gaierror, UnicodeError):
+        return False
+    return bool(found) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in found)
+
+
+def routable_address(host: str) -> str | None:
+    """`host`'s first address that is not a loopback one, as resolved here (None: none)."""
+    try:
+        found = socket.getaddrinfo(host, None, socket.AF_INET)
+    except (socket.gaierror, UnicodeError):
+        return None
+    return next((info[4][0] for info in found if not ipaddress.ip_address(info[4][0]).is_loopback), None)
+
+
+def check_rendezvous_address(address: str, nodes: int, option: str, fix: str, first: str | None = None) -> None:
+    """Refuse a loopback rendezvous address for ranks on several nodes: on each node it is that node itself, so
+    every rank outside rank 0's node would wait for a rendezvous it never reaches (the init timeout, or for ever).
+    `first`: rank 0's host, where known; `fix`: the other way out (leave the option out)."""
+    if nodes < 2 or not is_loopback(address):
+        return
+    use = ""
+    if first is not None and (reach := routable_address(first)) is not None:
+        use = f"Use {first} ({reach}), the address the other nodes reach rank 0's node by, or "
+    elif first is not None:
+        use = (f"Use the address the other nodes reach rank 0's node, {first}, by ({first} itself resolves to a "
+               f"loopback address here), or ")
+    raise mark_same_on_every_rank(LaunchError(
+        f"{option} {address} is a loopback address, and the ranks run on {nodes} nodes: on each node it names that "
+        f"node itself, so the ranks outside rank 0's node would wait for a rendezvous they never reach. "
+        f"{use}{fix if use else fix[:1].upper() + fix[1:]}."))
+
+
 
 def busy_port_error(env: LaunchEnv) -> LaunchError:
     """Rank 0 could not serve the rendezvous on its port: the error naming the program that holds it and how the

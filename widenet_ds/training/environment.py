@@ -1,30 +1,46 @@
 """What a run configuration names, checked on the machine that runs it: the checkpoint to start from, the DeepSpeed
-JSON, the data files, the compile backend and the output folder (free of other runs, not locked by a running one).
+JSON, the compile backend, the task's data (each configuration's `data_problems`) and the output folder (free of
+other runs, not locked by a running one).
 
 A `RunConfig` checks its values only and touches no file (a launcher or a study builds one where the files may not
 be); `check_run` is the one place a run looks at them, once, where it starts (training/run.py), before any data is
-read or model built, and reports every problem of the values and of the environment in one error.
+read or model built, and reports every problem of the values and of the environment in one error. On several ranks
+each rank's node may lack what another has (its own disks): `check_every_rank`, right after the rendezvous, says
+every rank's problems at once, naming the ranks and nodes (runtime/every_rank.py).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import torch.distributed as torch_dist
 
-from widenet_ds.benchmarks.glue import get_glue_dataset, glue_split_path
-from widenet_ds.errors import ConfigError, DataError, raise_config_problems
+from widenet_ds.errors import ConfigError, raise_config_problems
 from widenet_ds.fs.run_lock import folder_lock
 from widenet_ds.fs.writable import check_output_folder
-from widenet_ds.training.run_config import HF_DATA, FinetuneConfig, GlueConfig, RunConfig, SquadConfig
+from widenet_ds.runtime.every_rank import raise_problems_of_every_rank
+from widenet_ds.runtime.launch_env import expected_world_size
+from widenet_ds.training.run_config import RunConfig
 
 
 def check_run(cfg: RunConfig) -> None:
     """Every problem of `cfg`, its values' and its environment's, in one ConfigError; nothing when it can run.
-    `cfg` may be one whose values were refused (`InvalidConfig.config`): their problems are listed with the rest."""
-    raise_config_problems(cfg.problems() + environment_problems(cfg), f"the {cfg.TASK} settings")
+    `cfg` may be one whose values were refused (`InvalidConfig.config`): their problems are listed with the rest.
+    Started as one of several ranks with values that can work, the environment waits for `check_every_rank`."""
+    values = cfg.problems()
+    if values or expected_world_size() == 1:
+        raise_config_problems(values + environment_problems(cfg), f"the {cfg.TASK} settings")
 
 
-def environment_problems(cfg: RunConfig) -> list[str]:
-    """What `cfg` names that this machine lacks, each with its fix."""
+def check_every_rank(cfg: RunConfig) -> None:
+    """Collective, after the rendezvous: every rank's environment problems, in one error printed once (the output
+    folder's lock, which rank 0 takes, by rank 0 only); nothing on a single rank (`check_run` checked it)."""
+    if torch_dist.get_world_size() > 1:
+        raise_problems_of_every_rank(environment_problems(cfg, lock_holder=torch_dist.get_rank() == 0),
+                                     f"the {cfg.TASK} settings")
+
+
+def environment_problems(cfg: RunConfig, lock_holder: bool = True) -> list[str]:
+    """What `cfg` names that this machine lacks, each with its fix (`lock_holder`: also whether another run holds
+    the output folder's lock)."""
     problems = []
     if cfg.init_from is not None and not cfg.init_from.exists():
         problems.append(f"--init-from {cfg.init_from} does not exist; pass a checkpoint folder (`widenet-ds convert "
@@ -34,14 +50,7 @@ def environment_problems(cfg: RunConfig) -> list[str]:
                         f"JSON file, e.g. ds_configs/{cfg.EXAMPLE_DS_CONFIG} (see ds_configs/README.md).")
     if cfg.compile != "none":
         problems += compile_backend_problems(cfg.compile_backend)
-    if isinstance(cfg, FinetuneConfig) and cfg.data != HF_DATA and not Path(cfg.data).exists():
-        problems.append(f"--data {cfg.data} does not exist; pass the folder (or file) in the original format, "
-                        f"or `--data hf` to download through HF datasets.")
-    if isinstance(cfg, GlueConfig):
-        problems += glue_file_problems(cfg)
-    if isinstance(cfg, SquadConfig):
-        problems += squad_file_problems(cfg)
-    return problems + output_dir_problems(cfg)
+    return problems + cfg.data_problems() + output_dir_problems(cfg, lock_holder)
 
 
 def compile_backend_problems(backend: str) -> list[str]:
@@ -56,47 +65,13 @@ def compile_backend_problems(backend: str) -> list[str]:
     return [f"--compile-backend {backend!r} is not a torch.compile backend; choose one of {', '.join(shown)}."]
 
 
-def glue_file_problems(cfg: GlueConfig) -> list[str]:
-    """The task's files in --data (a missing --data is named once, above)."""
-    try:
-        task = get_glue_dataset(cfg.glue_task)
-    except ConfigError:  # a value problem: cfg.problems() names it
-        return []
-    if not task.eval_splits or cfg.data_path is None or not cfg.data_path.exists():
-        return []
-    problems = []
-    for split in ("train", *task.eval_splits):
-        try:
-            glue_split_path(task, split, cfg.data_path)
-        except DataError as err:
-            problems.append(f"--data: {err}")
-    if cfg.predict_test:
-        for split in task.test_splits:
-            try:
-                glue_split_path(task, split, cfg.data_path)
-            except DataError:
-                problems.append(f"--predict-test: no {task.files[split]} in {cfg.data_path} (nor in "
-                                f"{cfg.data_path / task.name}); add the test file there, or drop --predict-test.")
-    return problems
-
-
-def squad_file_problems(cfg: SquadConfig) -> list[str]:
-    problems = []
-    for option, split in (("--train-file", "train"), ("--dev-file", "dev")):
-        path = cfg.file(split)
-        if path is not None and not path.is_file():
-            problems.append(f"{option}: {path} does not exist; pass the SQuAD JSON with {option}, or a --data folder "
-                            f"holding train-v{cfg.version}.json and dev-v{cfg.version}.json.")
-    return problems
-
-
-def output_dir_problems(cfg: RunConfig) -> list[str]:
+def output_dir_problems(cfg: RunConfig, lock_holder: bool = True) -> list[str]:
     """A folder holding an earlier run is never written into unless that run is to be continued."""
     try:
         check_output_folder(cfg.output_dir, "--output-dir", subfolders=("checkpoints", "tensorboard"))
     except ConfigError as err:
         return [str(err)]
-    writer = folder_lock(cfg.output_dir, cfg.TASK).holder_problem()  # another run writes it now
+    writer = folder_lock(cfg.output_dir, cfg.TASK).holder_problem() if lock_holder else None  # another run writes it
     if writer:
         return [writer]
     held = cfg.folder.holds()

@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import signal
+
 import torch
 import torch.distributed as torch_dist
+
+from widenet_ds.runtime.collective_timeouts import use_training_timeout
 
 
 class StopRequest:
@@ -60,7 +63,9 @@ class SavePoints:
         return step // self.save_interval > since // self.save_interval or step == self.max_steps
 
     def due(self, step: int, since: int) -> bool:
-        """Collective (`StopRequest.agreed`): whether `step`, reached from step `since`, is to be saved."""
+        """Collective (`StopRequest.agreed`): whether `step`, reached from step `since`, is to be saved. A step has
+        run: from now on every collective has the training bound (runtime/collective_timeouts.py)."""
+        use_training_timeout()
         self.stopping = self.stop.agreed()
         return self.stopping or self.crosses(since, step)
 

@@ -1,6 +1,7 @@
 """Running a training task: every problem of its settings and of what they name on this machine, at once
 (training/environment.py); then the stop signals (a preemption during start-up stops the run at its first
-step, saved; a TERM during the rendezvous ends the rank at once), the process group, the output folder's lock
+step, saved; a TERM during the rendezvous ends the rank at once), the process group with bounded waits, every
+rank's own problems said once, the watch on the peers (runtime/peer_watch.py), the output folder's lock
 (one writer per run folder), the checkpoint to start from checked file by file, every other check, then the
 one trainer (finetuning: one trainer per seed)."""
 
@@ -23,7 +24,8 @@ from widenet_ds.fs.run_lock import FolderLockedError, folder_lock
 from widenet_ds.runtime.console import say
 from widenet_ds.runtime.distributed import all_values, init_distributed, rank0_value
 from widenet_ds.runtime.extensions import announce_op_builds
-from widenet_ds.training.environment import check_run
+from widenet_ds.runtime.peer_watch import stop_watching, watch_peers
+from widenet_ds.training.environment import check_every_rank, check_run
 from widenet_ds.training.plan import plan_task
 from widenet_ds.training.preemption import StopRequest
 from widenet_ds.training.registry import TASKS
@@ -51,8 +53,10 @@ def run_task(cfg: RunConfig) -> Any:
     try:
         say("starting: initialising the process group")
         announce_op_builds(say)  # a first run's op builds (shared memory, fused_adam, ...) are said as they happen
-        init_distributed(say=say)
+        init_distributed(say=say, timeouts_s=(cfg.init_timeout, cfg.train_timeout))
+        check_every_rank(cfg)  # each node's own problems, said once for all ranks before any rank goes on
         stop.install(signal.SIGTERM)
+        watch_peers(cfg.output_dir / "checkpoints", f"python -m widenet_ds.train {cfg.TASK}")
         with run_folder_lock(cfg):
             check_shared_output(cfg.output_dir)
             init_source = None
@@ -67,10 +71,13 @@ def run_task(cfg: RunConfig) -> Any:
             else:  # finetuning: one trainer per seed
                 result = SeedSweep(cfg, spec.benchmark(cfg), init_source).run(stop)
             # Every rank leaves together: a rank tearing its gloo group down while another still writes the
-            # results (rank 0) aborts at exit ("terminate called without an active exception").
+            # results (rank 0) aborts at exit ("terminate called without an active exception"). No watch after it:
+            # the rendezvous store it beats into ends with rank 0.
+            stop_watching()
             torch_dist.barrier()
         return result
     finally:
+        stop_watching()
         stop.uninstall()
 
 

@@ -21,11 +21,12 @@ from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from widenet_ds.errors import ConfigError, problems_text
+from widenet_ds.benchmarks.glue import get_glue_dataset, glue_split_path
+from widenet_ds.errors import ConfigError, DataError, problems_text
 from widenet_ds.model.config import PRESETS
 from widenet_ds.run_folder import RunFolder
+from widenet_ds.runtime.collective_timeouts import INIT_TIMEOUT_S, TRAIN_TIMEOUT_S
 from widenet_ds.runtime.compile import CompileMode
-from widenet_ds.benchmarks.glue import get_glue_dataset
 from widenet_ds.training.branch_schedule import ScheduleKind
 from widenet_ds.training.flags import flag, int_list, to_argv
 from widenet_ds.vision.augment import AugmentConfig
@@ -42,10 +43,11 @@ RESUMABLE_SETTINGS = frozenset({
     "output_dir", "resume", "accept_changed_settings", "deepspeed_config", "max_steps", "seeds", "log_interval",
     "eval_interval", "save_interval", "keep_last", "eval_batches", "max_eval_examples", "tensorboard",
     "progress_bar", "compile", "compile_backend", "workers", "predict_test", "save_model",
-    "ep_size", "branch_parallel"})  # layout settings: a resume on another layout re-lays the checkpoint out
-#                                     (training/new_shape.py)
+    "init_timeout", "train_timeout", "ep_size", "branch_parallel"})  # layout settings: a resume on another layout
+#                                                                   re-lays the checkpoint out (training/new_shape.py)
 _BRANCHES = "ParaFormer branch layouts (num_branches > 1; docs/paraformer.md)"
 _MONITORING = "logging"
+_CLUSTER = "faults on several ranks (docs/cluster.md)"
 _DATA = ("the training data: pretraining, a prepared folder (`widenet-ds prepare-data`; its valid split is the "
          "evaluation's); finetuning, the task's files in their original format (a folder or file) or `hf` for HF "
          "datasets; images, the --dataset's folder (fashion-mnist default: /usr/share/datasets/fashion-mnist)")
@@ -131,6 +133,11 @@ class RunConfig:
         metavar="S[,S2,...]", group=_BRANCHES))
     tensorboard: bool = field(default=True, metadata=flag("write metrics.jsonl only", group=_MONITORING))
     progress_bar: bool = field(default=True, metadata=flag("no progress bar on a terminal", group=_MONITORING))
+    init_timeout: float = field(default=INIT_TIMEOUT_S, metadata=flag(
+        "seconds a rank waits in one collective before the first step (the rendezvous, building, loading, the first "
+        "step) before it ends, naming the rank it waited for", metavar="SECONDS", group=_CLUSTER))
+    train_timeout: float = field(default=TRAIN_TIMEOUT_S, metadata=flag(
+        "the same once training runs (steps, evaluations, checkpoint saves)", metavar="SECONDS", group=_CLUSTER))
 
     def __post_init__(self) -> None:
         self.deepspeed_config, self.output_dir = Path(self.deepspeed_config), Path(self.output_dir)
@@ -145,7 +152,7 @@ class RunConfig:
         """Every value that cannot work, each with its fix (a task adds its own); no file is read."""
         problems = []
         for name in ("max_steps", "log_interval", "save_interval", "keep_last", "ep_size", "branch_parallel",
-                     *self.POSITIVE):
+                     "init_timeout", "train_timeout", *self.POSITIVE):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 problems.append(f"--{name.replace('_', '-')} must be positive, got {value}.")
@@ -165,6 +172,12 @@ class RunConfig:
 
     POSITIVE: ClassVar[tuple[str, ...]] = ()  # the task's own settings that must be positive when given
     EXAMPLE_DS_CONFIG: ClassVar[str] = "cpu_small.json"
+
+    def data_problems(self) -> list[str]:
+        """What this task's data settings name that this machine lacks, each with its fix: the one place a task
+        looks at its own files, called where a run starts with the other checks of its environment
+        (training/environment.py). A value that is wrong in itself is `problems()`'s."""
+        return []
 
     # -- derived -------------------------------------------------------------------------------------
     @property
@@ -213,6 +226,11 @@ class RunConfig:
 PATH_SETTINGS = frozenset({"deepspeed_config", "output_dir", "init_from", "data", "tokenizer", "train_file", "dev_file",
                            "model_config", "resume"})
 _NOT_PATHS = {"data": {HF_DATA}, "resume": {LATEST}, "model_config": {*PRESETS, *VISION_PRESETS}}
+
+
+def missing(option: str, path: Path, fix: str) -> list[str]:
+    """`option`'s problem when `path` does not exist on this machine (none when it does)."""
+    return [] if Path(path).exists() else [f"{option} {path} does not exist; {fix}."]
 
 
 def names_a_path(name: str, value: Any) -> bool:
@@ -311,6 +329,9 @@ class PretrainConfig(RunConfig):
         self.data = Path(self.data)
         super().__post_init__()
 
+    def data_problems(self) -> list[str]:
+        return missing("--data", self.data, "pass the folder `widenet-ds prepare-data --output` wrote")
+
 
 # --- finetuning ---------------------------------------------------------------------------------------
 @dataclass(kw_only=True)
@@ -355,6 +376,12 @@ class FinetuneConfig(RunConfig):
                             f"from its latest checkpoint); pass --resume without a value.")
         return problems
 
+    def data_problems(self) -> list[str]:
+        if self.data == HF_DATA:
+            return []
+        return missing("--data", Path(self.data), "pass the folder (or file) in the original format, or `--data hf` to "
+                                                  "download through HF datasets")
+
     def schedule_change_flags(self, resuming: bool) -> str:
         """A finetuning run also takes a schedule other than its task recipe's with --allow-recipe-mismatch only,
         and compares its settings with its run_config.json whenever --resume finds one (whichever seed is next)."""
@@ -397,6 +424,29 @@ class GlueConfig(FinetuneConfig):
                             f"the MNLI model (--glue-task mnli --predict-test).")
         return problems
 
+    def data_problems(self) -> list[str]:
+        """--data, then the dataset's files in it (and the test files --predict-test asks for)."""
+        problems = super().data_problems()
+        try:
+            dataset = get_glue_dataset(self.glue_task)
+        except ConfigError:  # a value problem: problems() names it
+            return problems
+        if problems or not dataset.eval_splits or self.data_path is None:
+            return problems
+        for split in ("train", *dataset.eval_splits):
+            try:
+                glue_split_path(dataset, split, self.data_path)
+            except DataError as err:
+                problems.append(f"--data: {err}")
+        if self.predict_test:
+            for split in dataset.test_splits:
+                try:
+                    glue_split_path(dataset, split, self.data_path)
+                except DataError:
+                    problems.append(f"--predict-test: no {dataset.files[split]} in {self.data_path} (nor in "
+                                    f"{self.data_path / dataset.name}); add the test file there, or drop --predict-test.")
+        return problems
+
 
 @dataclass(kw_only=True)
 class SquadConfig(FinetuneConfig):
@@ -415,6 +465,15 @@ class SquadConfig(FinetuneConfig):
         problems = super().problems()
         if self.doc_stride is not None and self.doc_stride < 0:
             problems.append(f"--doc-stride must be >= 0, got {self.doc_stride}.")
+        return problems
+
+    def data_problems(self) -> list[str]:
+        problems = super().data_problems()
+        for option, split in (("--train-file", "train"), ("--dev-file", "dev")):
+            path = self.file(split)
+            if path is not None and not path.is_file():
+                problems.append(f"{option}: {path} does not exist; pass the SQuAD JSON with {option}, or a --data "
+                                f"folder holding train-v{self.version}.json and dev-v{self.version}.json.")
         return problems
 
     def file(self, split: str) -> Path | None:
@@ -491,6 +550,9 @@ class ClassifyConfig(RunConfig):
         except ConfigError as err:
             problems.append(str(err))
         return problems
+
+    def data_problems(self) -> list[str]:
+        return missing("--data", self.data, "pass the folder holding the --dataset's files") if self.data else []
 
     @property
     def augment(self) -> AugmentConfig:
