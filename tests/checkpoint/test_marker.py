@@ -28,7 +28,7 @@ def test_a_marker_reads_back_as_written(tmp_path):
     # the task's entries sit beside the others; the derived ones are there for readers outside widenet-ds
     assert on_disk["data_manifest"] == {"tokenizer_sha256": "cd"} and "run" not in on_disk
     assert on_disk["format_version"] == current("marker") == 3
-    assert (meta.branch_parallel, meta.loss_normalisation) == (1, "step-counts")  # a new run's
+    assert (meta.branch_parallel, meta.loss_normalisation) == (1, "micro-batch-means")  # a new run's
     assert on_disk["model_config_sha256"] == config_sha256(MODEL)
     assert meta.tokenizer_sha256 == "cd"
 

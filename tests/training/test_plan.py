@@ -286,7 +286,7 @@ def test_a_micro_batch_the_ranks_cannot_form_gives_way_to_one_they_can_with_the_
         plan_task(cfg, PlanTask(cfg, model=QUIET), 3, 0)
 
 
-def test_a_checkpoint_written_before_the_step_normalisation_keeps_its_own_unless_the_micro_batch_changes(tmp_path):
+def test_a_run_keeps_its_micro_batch_means_unless_a_resume_changes_the_micro_batch(tmp_path):
     out = tmp_path / "run"
     save_tag(out, 2, QUIET, world_size=2, ep_size=2, loss_normalisation="micro-batch-means")
     assert plan_task(config(out, "--resume"), PlanTask(config(out), model=QUIET), 2, 0).loss_normalisation == \
@@ -300,7 +300,7 @@ def test_a_checkpoint_written_before_the_step_normalisation_keeps_its_own_unless
     assert "the MLM loss, each micro-batch's own mean until now, is the mean over the step's masked tokens from " \
            "here on" in changed.new_shape.statistical
     assert plan_task(config(tmp_path / "new"), PlanTask(config(tmp_path / "new")), 1, 0).loss_normalisation == \
-        "step-counts"  # a new run
+        "micro-batch-means"  # a new run: its curve as before (the golden curves')
 
 
 def test_branch_groups_are_a_layout_a_resume_re_lays_out(tmp_path):

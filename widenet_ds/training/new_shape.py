@@ -138,7 +138,7 @@ def _statistical(old: Shape, new: Shape, meta: CheckpointMeta, model_config) -> 
     if old.micro_batch != new.micro_batch:
         why.append(f"micro-batches of {new.micro_batch} samples instead of {old.micro_batch} (the same samples per "
                    f"step): the balance loss and capacity routing see other groups of tokens")
-        if meta.loss_normalisation == LOSS_PER_MICRO_BATCH:
+        if meta.loss_normalisation == LOSS_PER_MICRO_BATCH and meta.task in (None, "pretrain"):
             why.append("the MLM loss, each micro-batch's own mean until now, is the mean over the step's masked "
                        "tokens from here on")
     if old.precision != new.precision:

@@ -14,7 +14,7 @@ import torch
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.source import RESUME, CheckpointSource
 from widenet_ds.checkpoint.tags import latest_checkpoint
-from widenet_ds.data.batch_order import GLOBAL_CHUNKS, LOSS_PER_STEP
+from widenet_ds.data.batch_order import GLOBAL_CHUNKS, LOSS_PER_MICRO_BATCH
 from widenet_ds.errors import CheckpointError, ConfigError, WideNetError, mark_same_on_every_rank
 from widenet_ds.portable.format import check_same_model
 from widenet_ds.run_folder import RunFolder
@@ -39,7 +39,9 @@ class RunPlan:
     changes: tuple[str, ...] = ()  # settings changed since the checkpoint, accepted with --accept-changed-settings
     new_shape: NewShape | None = None  # when the checkpoint is re-laid out for this run's shape
     data_order: str = GLOBAL_CHUNKS  # the order the loaders use: the resumed checkpoint's (data/batch_order.py)
-    loss_normalisation: str = LOSS_PER_STEP  # how a step weighs its per-token losses (data/batch_order.py)
+    loss_normalisation: str = LOSS_PER_MICRO_BATCH  # how a step weighs its per-token losses (data/batch_order.py):
+    #   a new run each micro-batch's own mean (its curve as before, the golden curves'); the step's counts from a
+    #   resume onto another micro batch on
 
 
 def resolve_max_steps(requested: int | None, ds: DeepSpeedSettings, also: str = "") -> int:
