@@ -191,13 +191,20 @@ def test_a_restart_from_the_weights_does_not_continue_the_run(inputs, two_ranks)
     assert max(ulps(restarted[s], continued[s]) for s in continued) > 100 * TOLERANCE_ULPS
 
 
-# --- bf16: the README's recipe, and a precision change ------------------------------------------------------
-# bf16 computes the MLM loss in bf16 (its 8 bits: steps of 2^-5 at these losses, 32,768 float32 ulps in the mean of
-# a step's two micro-batches), so losses are a coarse yardstick: the continuations are measured on the fp32 master
-# weights after the last step instead (`weights_distance`), the losses printed beside. Measured on these runs:
-# docs/pretraining.md, "Resuming on another shape".
-BF16_TOLERANCE = 0.05  # of the continued steps' update
-MICRO_BATCH_TOLERANCE_ULPS = 256
+# --- bf16: the README's recipe, a precision change, another micro batch -------------------------------------
+# Measured on the fp32 master weights after the last step (`weights_distance`: 0 the same weights, 1 as far as the
+# continued steps moved them), the losses printed beside in float32 ulps: a step's loss is one number per step of a
+# bf16 forward, the masters are every weight. Each tolerance is set from the distances this module measures
+# (docs/pretraining.md, "Resuming on another shape"; the restart with --init-from lands beyond 10 x each):
+# - bf16 on another shape: resumed 0.0023 (2 -> 1 rank) and 0.0024 (1 -> 2), the uninterrupted run on the other
+#   shape 0.0049, --init-from 0.99: 0.01 is twice what the shape alone does.
+# - fp32 -> bf16: 0.014 from the fp32 run it continues (4 steps computed in bf16), where the bf16 run from step 1 is
+#   0.37 away and --init-from in bf16 1.02: 0.05.
+# - micro batch 3 -> 4 (global 12): 0.037, the uninterrupted micro-4 run 0.068, --init-from 0.85: 0.075, above
+#   what the other micro batch does from the first step.
+BF16_TOLERANCE = 0.01
+PRECISION_CHANGE_TOLERANCE = 0.05
+MICRO_BATCH_TOLERANCE = 0.075
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +221,7 @@ def one_bf16(inputs):
     return out, train(inputs, out, 1, "bf16_zero0")
 
 
-def bf16_measures(resumed: Path, other_shape: Path, restarted: Path, reference: Path) -> dict[str, float]:
+def weight_measures(resumed: Path, other_shape: Path, restarted: Path, reference: Path) -> dict[str, float]:
     return {"resumed": weights_distance(resumed, reference), "uninterrupted on the other shape":
             weights_distance(other_shape, reference), "--init-from": weights_distance(restarted, reference, SAVE)}
 
@@ -229,7 +236,7 @@ def test_a_bf16_run_continues_on_one_rank_and_zero_0(inputs, two_bf16, one_bf16)
     resumed = resume(inputs, two_bf16[0], out, 1, "bf16_zero0")
     restarted = restart(inputs, two_bf16[0], root / "restart_bf16", 1, "bf16_zero0")
     name = "bf16 2 ranks ep 2 ZeRO 1 -> 1 rank ZeRO 0"
-    assert_continues(name, bf16_measures(out, one_bf16[0], root / "restart_bf16", two_bf16[0]), BF16_TOLERANCE,
+    assert_continues(name, weight_measures(out, one_bf16[0], root / "restart_bf16", two_bf16[0]), BF16_TOLERANCE,
                      "weights")
     print(f"{name} (loss ulps): {loss_measures(resumed, one_bf16[1], restarted, two_bf16[1])}")
     line = next(e for e in events(out) if e.startswith("resumed from"))
@@ -242,25 +249,23 @@ def test_a_bf16_run_on_one_rank_continues_on_two_ranks_and_zero_1(inputs, two_bf
     resumed = resume(inputs, one_bf16[0], out, 2, "bf16_zero1")
     restarted = restart(inputs, one_bf16[0], root / "restart_bf16_two", 2, "bf16_zero1")
     name = "bf16 1 rank ZeRO 0 -> 2 ranks ep 2 ZeRO 1"
-    assert_continues(name, bf16_measures(out, two_bf16[0], root / "restart_bf16_two", one_bf16[0]), BF16_TOLERANCE,
+    assert_continues(name, weight_measures(out, two_bf16[0], root / "restart_bf16_two", one_bf16[0]), BF16_TOLERANCE,
                      "weights")
     print(f"{name} (loss ulps): {loss_measures(resumed, two_bf16[1], restarted, one_bf16[1])}")
 
 
-def test_an_fp32_run_continues_in_bf16_when_the_change_is_accepted(inputs, two_ranks, two_bf16):
-    """A run begun in fp32 continued in bf16 (on 1 rank, ZeRO 0): its fp32 masters and moments carry over. Against
-    the fp32 run every bf16 run is as far as bf16's rounding of the loss (printed); the yardstick is the
-    uninterrupted bf16 run of the same shape: the continued run lands near it, where a restart in bf16 from the
-    same weights does not."""
+def test_an_fp32_run_continues_in_bf16_when_the_change_is_accepted(inputs, two_ranks, one_bf16):
+    """A run begun in fp32 continued in bf16 (on 1 rank, ZeRO 0): its fp32 masters and moments carry over, so it
+    stays near the fp32 run it continues (only its last 4 steps computed in bf16), far nearer than the bf16 run of
+    the new shape from step 1, and a restart in bf16 from the same weights does not."""
     root, out = inputs["root"], inputs["root"] / "fp32_to_bf16"
     resumed = resume(inputs, two_ranks[0], out, 1, "bf16_zero0", "--accept-changed-settings")
     restarted = restart(inputs, two_ranks[0], root / "restart_fp32_in_bf16", 1, "bf16_zero0")
-    name = "fp32 2 ranks -> bf16 1 rank, against the bf16 run"
-    assert_continues(name, bf16_measures(out, two_ranks[0], root / "restart_fp32_in_bf16", two_bf16[0]),
-                     BF16_TOLERANCE, "weights")
-    print(f"{name} (loss ulps): {loss_measures(resumed, two_ranks[1], restarted, two_bf16[1])}")
-    print(f"fp32 2 ranks -> bf16 1 rank, against the fp32 run (loss ulps): "
-          f"{loss_measures(resumed, two_bf16[1], restarted, two_ranks[1])}")
+    name = "fp32 2 ranks -> bf16 1 rank, against the fp32 run"
+    measured = weight_measures(out, one_bf16[0], root / "restart_fp32_in_bf16", two_ranks[0])
+    assert_continues(name, measured, PRECISION_CHANGE_TOLERANCE, "weights")
+    assert measured["resumed"] < measured["uninterrupted on the other shape"] / 5, measured
+    print(f"{name} (loss ulps): {loss_measures(resumed, one_bf16[1], restarted, two_ranks[1])}")
     said = events(out)
     assert any("fp32 -> 1 rank, ep 1, ZeRO 0, bf16" in e and "continues statistically, not step for step: the "
                "forward and backward compute in bf16 instead of fp32" in e for e in said), said
@@ -270,19 +275,22 @@ def test_an_fp32_run_continues_in_bf16_when_the_change_is_accepted(inputs, two_r
 def test_a_micro_batch_the_new_ranks_need_continues_the_run_statistically(inputs):
     """Global batch 12: 4 ranks x micro 3, moved to 3 ranks, where 4 micro-batches cannot be split: with micro 4 (the
     same 12 samples per step in 3 micro-batches) the resume is accepted without --accept-changed-settings and said
-    to be statistical; the MLM loss is the mean over the step's masked tokens on both shapes."""
+    to be statistical; from there on the MLM loss is the mean over the step's masked tokens."""
     root, four = inputs["root"], inputs["root"] / "four_micro3"
     reference = train(inputs, four, 4, "twelve_micro3", ep=1)
     other = train(inputs, root / "three_micro4", 3, "twelve_micro4", ep=1)
     out = root / "four_to_three"
     resumed = resume(inputs, four, out, 3, "twelve_micro4", ep=1)
     restarted = restart(inputs, four, root / "restart_three", 3, "twelve_micro4", ep=1)
-    assert_continues("4 ranks x micro 3 -> 3 ranks x micro 4", loss_measures(resumed, other, restarted, reference),
-                     MICRO_BATCH_TOLERANCE_ULPS)
+    name = "4 ranks x micro 3 -> 3 ranks x micro 4"
+    assert_continues(name, weight_measures(out, root / "three_micro4", root / "restart_three", four),
+                     MICRO_BATCH_TOLERANCE, "weights")
+    print(f"{name} (loss ulps): {loss_measures(resumed, other, restarted, reference)}")
     line = next(e for e in events(out) if e.startswith("resumed from"))
     assert "on another shape (4 ranks, ep 1, ZeRO 1, micro batch 3 -> 3 ranks, ep 1, ZeRO 1, micro batch 4)" in line
     assert ("continues statistically, not step for step: micro-batches of 4 samples instead of 3 (the same samples "
-            "per step): the balance loss and capacity routing see other groups of tokens") in line
+            "per step): the balance loss and capacity routing see other groups of tokens; the MLM loss, each "
+            "micro-batch's own mean until now, is the mean over the step's masked tokens from here on") in line
 
 
 # --- an image run and a finetuning run ----------------------------------------------------------------------
