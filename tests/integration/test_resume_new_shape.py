@@ -19,9 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
-from tests.support.golden_curves import BF16_TOLERANCE_ULPS, TOLERANCE_ULPS, beyond_tolerance, ulps
+from tests.support.golden_curves import TOLERANCE_ULPS, beyond_tolerance, ulps
 from tests.support.launching import REPO, child_env, run_train, train_command
 from tests.support.pretrain_support import (
     BOOKS,
@@ -31,7 +30,7 @@ from tests.support.pretrain_support import (
     write_ds_config,
     write_model_config,
 )
-from tests.support.shape_free_states import shape_free_of
+from tests.support.shape_free_states import BF16_TOLERANCE, weights_apart
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.fs.checksums import record_files
 
@@ -109,18 +108,12 @@ def distance(got: dict[int, float], want: dict[int, float]) -> float:
     return max(ulps(want[step], got[step]) for step in range(SAVE + 1, STEPS + 1))
 
 
-def masters(run: Path, step: int) -> torch.Tensor:
-    """Every fp32 master weight of the run's checkpoint of `step`, whole and in one vector (by name)."""
-    state = shape_free_of(run / "checkpoints" / f"step{step}")
-    return torch.cat([state.master[name].reshape(-1) for name in sorted(state.master)])
-
-
 def weights_distance(run: Path, reference: Path, step: int = STEPS) -> float:
-    """How far `run`'s master weights are from `reference`'s at `step`, as a share of how far the reference moved
-    them since the checkpoint: |w - w_ref(8)| / |w_ref(8) - w_ref(4)| (0: the same weights; about 1: as far as
-    the continued steps moved them)."""
-    moved = masters(reference, STEPS) - masters(reference, SAVE)
-    return float((masters(run, step) - masters(reference, STEPS)).norm() / moved.norm())
+    """How far `run`'s master weights at `step` are from `reference`'s at the last step, as a share of how far the
+    reference moved them since the checkpoint (0: the same weights; about 1: as far as the continued steps moved
+    them)."""
+    checkpoints = reference / "checkpoints"
+    return weights_apart(run / "checkpoints" / f"step{step}", checkpoints / f"step{STEPS}", checkpoints / f"step{SAVE}")
 
 
 def restart(inputs, source: Path, out: Path, ranks: int, zero: int | str, *extra: str,
@@ -193,16 +186,18 @@ def test_a_restart_from_the_weights_does_not_continue_the_run(inputs, two_ranks)
 
 # --- bf16: the README's recipe, a precision change, another micro batch -------------------------------------
 # Measured on the fp32 master weights after the last step (`weights_distance`: 0 the same weights, 1 as far as the
-# continued steps moved them), the losses printed beside in float32 ulps: a step's loss is one number per step of a
-# bf16 forward, the masters are every weight. Each tolerance is set from the distances this module measures
+# continued steps moved them), the losses printed beside in float32 ulps. A bf16 run's loss is no yardstick: each
+# micro-batch's loss is a bf16 number (steps of 2^-5 at these losses), so two runs' step losses are either tens of
+# ulps apart or a whole half-step, 32,768 ulps (both seen between the same two uninterrupted runs), where a restart
+# with --init-from is 118,000 away. Each tolerance is set from the distances this module measures
 # (docs/pretraining.md, "Resuming on another shape"; the restart with --init-from lands beyond 10 x each):
-# - bf16 on another shape: resumed 0.0023 (2 -> 1 rank) and 0.0024 (1 -> 2), the uninterrupted run on the other
-#   shape 0.0049, --init-from 0.99: 0.01 is twice what the shape alone does.
-# - fp32 -> bf16: 0.014 from the fp32 run it continues (4 steps computed in bf16), where the bf16 run from step 1 is
-#   0.37 away and --init-from in bf16 1.02: 0.05.
-# - micro batch 3 -> 4 (global 12): 0.037, the uninterrupted micro-4 run 0.068, --init-from 0.85: 0.075, above
-#   what the other micro batch does from the first step.
-BF16_TOLERANCE = 0.01
+# - bf16 on another shape: resumed 0.0023-0.0037 (2 -> 1 rank) and 0.0024-0.0025 (1 -> 2), the uninterrupted run on
+#   the other shape 0.0049-0.0069 (two runs of this module: the bf16 runs did not repeat to the bit), --init-from 0.99:
+#   0.02, three times what the shape alone does.
+# - fp32 -> bf16: 0.014-0.016 from the fp32 run it continues (4 steps computed in bf16), where the bf16 run from
+#   step 1 is 0.37 away and --init-from in bf16 1.02: 0.05.
+# - micro batch 3 -> 4 (global 12): 0.037-0.041, the uninterrupted micro-4 run 0.067-0.068, --init-from 0.85:
+#   0.075, above what the other micro batch does from the first step.
 PRECISION_CHANGE_TOLERANCE = 0.05
 MICRO_BATCH_TOLERANCE = 0.075
 
@@ -238,7 +233,7 @@ def test_a_bf16_run_continues_on_one_rank_and_zero_0(inputs, two_bf16, one_bf16)
     name = "bf16 2 ranks ep 2 ZeRO 1 -> 1 rank ZeRO 0"
     assert_continues(name, weight_measures(out, one_bf16[0], root / "restart_bf16", two_bf16[0]), BF16_TOLERANCE,
                      "weights")
-    assert_continues(name, loss_measures(resumed, one_bf16[1], restarted, two_bf16[1]), BF16_TOLERANCE_ULPS)
+    print(f"{name} (loss ulps): {loss_measures(resumed, one_bf16[1], restarted, two_bf16[1])}")
     line = next(e for e in events(out) if e.startswith("resumed from"))
     assert "on another shape (2 ranks, ep 2, ZeRO 1, bf16 -> 1 rank, ep 1, ZeRO 0, bf16)" in line
     assert "continues step for step (the same micro-batches; sums in another order)" in line
@@ -251,7 +246,7 @@ def test_a_bf16_run_on_one_rank_continues_on_two_ranks_and_zero_1(inputs, two_bf
     name = "bf16 1 rank ZeRO 0 -> 2 ranks ep 2 ZeRO 1"
     assert_continues(name, weight_measures(out, two_bf16[0], root / "restart_bf16_two", one_bf16[0]), BF16_TOLERANCE,
                      "weights")
-    assert_continues(name, loss_measures(resumed, two_bf16[1], restarted, one_bf16[1]), BF16_TOLERANCE_ULPS)
+    print(f"{name} (loss ulps): {loss_measures(resumed, two_bf16[1], restarted, one_bf16[1])}")
 
 
 def test_an_fp32_run_continues_in_bf16_when_the_change_is_accepted(inputs, two_ranks, one_bf16):

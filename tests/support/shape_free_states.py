@@ -12,6 +12,9 @@ from widenet_ds.checkpoint.shape_free import ShapeFreeState, read_shape_free
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
 
 RELAYOUT = REPO / "tests/scripts/shape_free_relayout.py"
+# A bf16 run continued on another shape: how far its masters may land from the uninterrupted run's, as a share of
+# the continued steps' update (`weights_apart`). Measured and justified in tests/integration/test_resume_new_shape.py.
+BF16_TOLERANCE = 0.02
 
 
 def spec(state_folder: Path, out: Path, ep_size: int, stage: int, precision: str = "fp32",
@@ -28,6 +31,20 @@ def relayout(ranks: int, *specs: str) -> None:
 def shape_free_of(path: Path) -> ShapeFreeState:
     """The shape-free state of the training checkpoint at `path`, opened as `convert` opens it."""
     return read_shape_free(CheckpointSource.open(path, "source", purpose=CONVERT))
+
+
+def masters(tag: Path) -> torch.Tensor:
+    """Every fp32 master weight of the checkpoint tag, whole and in one vector (by name)."""
+    state = shape_free_of(tag)
+    return torch.cat([state.master[name].reshape(-1) for name in sorted(state.master)])
+
+
+def weights_apart(tag: Path, reference: Path, reference_start: Path) -> float:
+    """How far the master weights of `tag` are from those of `reference`, as a share of how far the reference's
+    run moved them since `reference_start`: |w - w_ref| / |w_ref - w_ref_start| (0: the same weights; about 1: as
+    far as the continued steps moved them)."""
+    want = masters(reference)
+    return float((masters(tag) - want).norm() / (want - masters(reference_start)).norm())
 
 
 def assert_identical(got: ShapeFreeState, want: ShapeFreeState) -> None:
