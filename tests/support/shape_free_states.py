@@ -36,7 +36,7 @@ def shape_free_of(path: Path) -> ShapeFreeState:
 def masters(tag: Path) -> torch.Tensor:
     """Every fp32 master weight of the checkpoint tag, whole and in one vector (by name)."""
     state = shape_free_of(tag)
-    return torch.cat([state.master[name].reshape(-1) for name in sorted(state.master)])
+    return torch.cat([state.master[name].detach().reshape(-1) for name in sorted(state.master)])
 
 
 def weights_apart(tag: Path, reference: Path, reference_start: Path) -> float:
