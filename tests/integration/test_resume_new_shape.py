@@ -192,9 +192,9 @@ def test_a_restart_from_the_weights_does_not_continue_the_run(inputs, two_ranks)
 # with --init-from is 118,000 away. Each tolerance is set from the distances this module measures
 # (docs/pretraining.md, "Resuming on another shape"; the restart with --init-from lands beyond 10 x each):
 # - bf16 on another shape: resumed 0.0023-0.0037 (2 -> 1 rank) and 0.0024-0.0025 (1 -> 2), the uninterrupted run on
-#   the other shape 0.0049-0.0069 (two runs of this module: the bf16 runs did not repeat to the bit), --init-from 0.99:
+#   the other shape 0.0043-0.0069 (three runs of this module: the bf16 runs did not repeat to the bit), --init-from 0.99:
 #   0.02, three times what the shape alone does.
-# - fp32 -> bf16: 0.014-0.016 from the fp32 run it continues (4 steps computed in bf16), where the bf16 run from
+# - fp32 -> bf16: 0.0136-0.016 from the fp32 run it continues (4 steps computed in bf16), where the bf16 run from
 #   step 1 is 0.37 away and --init-from in bf16 1.02: 0.05.
 # - micro batch 3 -> 4 (global 12): 0.037-0.041, the uninterrupted micro-4 run 0.067-0.068, --init-from 0.85:
 #   0.075, above what the other micro batch does from the first step.
