@@ -16,6 +16,7 @@ from tests.support.launching import REPO, run_train
 from tests.support.pretrain_support import events, train_losses
 from tests.support.shape_free_states import assert_identical, relayout, shape_free_of, spec
 from widenet_ds.checkpoint.shape_free import save_shape_free
+from widenet_ds.commands.convert import cli as convert
 from widenet_ds.fs.checksums import record_files
 
 TRAIN_STEPS = 6
@@ -118,10 +119,20 @@ def test_a_branch_parallel_run_continues_on_one_rank_and_a_one_rank_run_on_a_bra
 @pytest.mark.multirank
 @pytest.mark.slow
 def test_a_branch_parallel_checkpoint_re_laid_out_to_one_rank_and_back_keeps_every_tensor(trained, tmp_path):
-    """Every rank of a branch group holds every weight and its AdamW state (ZeRO 0, fp32): 2 ranks in one group
-    -> 1 rank -> a group of 2 again, by real engines, every tensor to the bit."""
+    """Every rank of a branch group holds every weight and its AdamW state (ZeRO 0, fp32; branch-parallel runs are
+    fp32 only): 2 ranks in one group -> 1 rank -> a group of 2 again, by real engines, every tensor to the bit; and
+    `convert reshard` for 1 rank carries the same state, the source untouched, the copy without branch groups."""
     tag = trained("paraformer-3x4")[1] / "checkpoints" / f"step{SAVE}"
     original = shape_free_of(tag)
+    before = record_files(tag)
+    assert convert(["reshard", str(tag), str(tmp_path / "resharded"), "--ep-size", "1", "--world-size", "1"]) == 0
+    assert record_files(tag) == before
+    resharded = tmp_path / "resharded" / f"step{SAVE}"
+    marker = json.loads((resharded / "widenet_checkpoint.json").read_text())
+    assert (marker["world_size"], marker["branch_parallel"]) == (1, 1)
+    assert {k: marker["resharded_from"][k] for k in ("world_size", "branch_parallel")} == \
+        {"world_size": 2, "branch_parallel": 2}
+    assert_identical(shape_free_of(resharded), original)
     assert {k: original.scalars["source"][k] for k in ("world_size", "zero_stage", "precision")} == \
         {"world_size": 2, "zero_stage": 0, "precision": "fp32"}
     save_shape_free(original, tmp_path / "state")

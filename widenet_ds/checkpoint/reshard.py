@@ -66,7 +66,7 @@ def reshard(source: CheckpointSource, target: Path, *, ep_size: int, world_size:
     meta = source.meta or CheckpointMeta(
         step=0, samples=states.get("global_samples"), world_size=0, ep_size=0, model_config={}, deepspeed_config={})
     resharded_from = {"source": str(tag_dir.resolve()), "ep_size": checkpoint.provenance["trained_with_ep_size"],
-                      "world_size": checkpoint.provenance["world_size"]}
+                      "world_size": checkpoint.provenance["world_size"], "branch_parallel": meta.branch_parallel}
     state, why_not = (None, "--model-states-only") if model_states_only else _training_state(source)
 
     with atomic_folder(target, overwrite, CheckpointError) as tmp:
@@ -79,7 +79,9 @@ def reshard(source: CheckpointSource, target: Path, *, ep_size: int, world_size:
                     shutil.copyfile(expert_file(tag_dir, layer, expert), expert_file(out, layer, expert))
         if state is not None:
             save_shape_free(state, out / SHAPE_FREE_DIR)
+        # the new layout has no branch groups (--resume forms the run's own; the source's are in resharded_from)
         dataclasses.replace(meta, step=checkpoint.provenance["step"], world_size=world_size, ep_size=ep_size,
+                            branch_parallel=1,
                             model_config=cfg.to_dict(), optimizer_states=state is not None,
                             shape_free_state=SHAPE_FREE_DIR if state is not None else None,
                             files=record_files(out),  # this tag's files (the source's records describe the source's)

@@ -85,13 +85,19 @@ def trained_world_size(meta: CheckpointMeta) -> int:
     return (meta.run.get("resharded_from") or {}).get("world_size") or meta.world_size
 
 
+def trained_branch_parallel(meta: CheckpointMeta) -> int:
+    """The ranks of a branch group of the checkpoint's run (a resharded tag has none: its source's are recorded)."""
+    return (meta.run.get("resharded_from") or {}).get("branch_parallel") or meta.branch_parallel
+
+
 def saved_settings(meta: CheckpointMeta, has_moe: bool) -> DeepSpeedSettings | None:
     """The checkpoint's DeepSpeed settings as its run resolved them (None: a marker that did not record them; an
     fp16 run's on a machine without CUDA too: what it computed is read, not run)."""
     if not meta.deepspeed_config:
         return None
     return validate_ds_config(meta.deepspeed_config,
-                              world_size=trained_world_size(meta) // max(1, meta.branch_parallel), has_moe=has_moe,
+                              world_size=trained_world_size(meta) // max(1, trained_branch_parallel(meta)),
+                              has_moe=has_moe,
                               cuda_available=True)
 
 
@@ -160,7 +166,7 @@ def plan_new_shape(checkpoint: CheckpointSource, parallel: ParallelPlan, ds: Dee
     resharded = meta.run.get("resharded_from") or {}
     old = Shape(trained_world_size(meta), resharded.get("ep_size") or meta.ep_size,
                 saved.zero_stage if saved else ds.zero_stage, saved.precision if saved else ds.precision,
-                meta.branch_parallel, saved.batch.micro_batch_size if saved else ds.batch.micro_batch_size)
+                trained_branch_parallel(meta), saved.batch.micro_batch_size if saved else ds.batch.micro_batch_size)
     new = Shape(parallel.world_size, parallel.ep_size, ds.zero_stage, ds.precision, parallel.branch_parallel,
                 ds.batch.micro_batch_size)
     if old == new and not meta.shape_free_state:
