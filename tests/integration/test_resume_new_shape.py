@@ -187,13 +187,13 @@ def test_a_restart_from_the_weights_does_not_continue_the_run(inputs, two_ranks)
 # --- bf16: the README's recipe, a precision change, another micro batch -------------------------------------
 # Measured on the fp32 master weights after the last step (`weights_distance`: 0 the same weights, 1 as far as the
 # continued steps moved them), the losses printed beside in float32 ulps. A bf16 run's loss is no yardstick: each
-# micro-batch's loss is a bf16 number (steps of 2^-5 at these losses), so two runs' step losses are either tens of
-# ulps apart (36-131) or a whole half-step, 32,768 ulps (both seen between the same two uninterrupted runs), where a restart
-# with --init-from is 118,000 away. Each tolerance is set from the distances this module measures
+# micro-batch's loss is a bf16 number (steps of 2^-5 at these losses), so two runs' step losses are either
+# 36-131 ulps apart or a whole half-step, 32,768 ulps (both seen between the same two uninterrupted runs), where a
+# restart with --init-from is 118,000 away. Each tolerance is set from the distances this module measures
 # (docs/pretraining.md, "Resuming on another shape"; the restart with --init-from lands beyond 10 x each):
-# - bf16 on another shape: resumed 0.0023-0.0037 (2 -> 1 rank) and 0.0024-0.0025 (1 -> 2), the uninterrupted run on
-#   the other shape 0.0043-0.0069 (three runs of this module: the bf16 runs did not repeat to the bit), --init-from 0.99:
-#   0.02, three times what the shape alone does.
+# - bf16 on another shape: resumed 0.0023-0.0037 (2 -> 1 rank) and 0.0024-0.0025 (1 -> 2), the uninterrupted run
+#   on the other shape 0.0043-0.0069 (three runs of this module: the bf16 runs did not repeat to the bit),
+#   --init-from 0.99: 0.02, three times what the shape alone does.
 # - fp32 -> bf16: 0.0136-0.016 from the fp32 run it continues (4 steps computed in bf16), where the bf16 run from
 #   step 1 is 0.37 away and --init-from in bf16 1.02: 0.05.
 # - micro batch 3 -> 4 (global 12): 0.037-0.041, the uninterrupted micro-4 run 0.067-0.068, --init-from 0.85:
@@ -222,7 +222,8 @@ def weight_measures(resumed: Path, other_shape: Path, restarted: Path, reference
 
 
 def loss_measures(resumed: dict, other_shape: dict, restarted: dict, reference: dict) -> dict[str, float]:
-    return {"resumed": distance(resumed, reference), "uninterrupted on the other shape": distance(other_shape, reference),
+    return {"resumed": distance(resumed, reference),
+            "uninterrupted on the other shape": distance(other_shape, reference),
             "--init-from": distance(restarted, reference)}
 
 

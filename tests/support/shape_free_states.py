@@ -49,7 +49,8 @@ def weights_apart(tag: Path, reference: Path, reference_start: Path) -> float:
 
 def assert_identical(got: ShapeFreeState, want: ShapeFreeState) -> None:
     """Every master weight and optimizer state tensor to the bit, the same steps, hyper-parameters and schedule."""
-    assert set(got.master) == set(want.master) and set(got.optimizer) == set(want.optimizer) == {"exp_avg", "exp_avg_sq"}
+    assert set(got.master) == set(want.master)
+    assert set(got.optimizer) == set(want.optimizer) == {"exp_avg", "exp_avg_sq"}
     for name, tensor in want.master.items():
         assert torch.equal(got.master[name], tensor), name
         for what in want.optimizer:
