@@ -15,7 +15,7 @@ import pytest
 
 from widenet_ds.data.batch_order import RANK_STRIDED
 from widenet_ds.errors import CheckpointError, RunFolderError
-from widenet_ds.formats import KINDS, VERSION_KEY, Kind, current, read_json, upgrade, versioned
+from widenet_ds.formats import KINDS, MICRO_BATCH_MEANS, VERSION_KEY, Kind, current, read_json, upgrade, versioned
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "widenet_ds"
@@ -29,7 +29,8 @@ OLDEST = {
          "model_config": {**MODEL, "activation_checkpointing": True, "moe": {**MODEL["moe"], "ep_size": 2}}},
         {"step": 5, "samples": 10, "world_size": 2, "num_labels": 3, "tokenizer_dir": "/runs/tok",
          "model_config": MODEL, "ep_size": 2, "deepspeed_config": {}, "architecture": None, "task": None,
-         "branch_schedule": "joint", "optimizer_states": True, "data_order": RANK_STRIDED, "shape_free_state": None, "files": {}}),
+         "branch_schedule": "joint", "optimizer_states": True, "data_order": RANK_STRIDED, "shape_free_state": None, "files": {},
+         "branch_parallel": 1, "loss_normalisation": MICRO_BATCH_MEANS}),
     "folder": (  # an image folder of `python -m widenet_ds.vision.export`
         {VERSION_KEY: 1, "architecture": "ViTWideNetForImageClassification", "vision_model": MODEL,
          "provenance": {"step": 0}},
@@ -55,6 +56,10 @@ OLDEST = {
     "loader_state.finetune": (  # micro-batches of this rank, on the run's micro batch and ranks
         {"epoch": 1, "position": 2},
         {"order": RANK_STRIDED, "epoch": 1, "micro_batch_size": 4, "consumed": 16}),
+    "shape_free": (  # read from fp32 checkpoints only, the source's precision not recorded
+        {"param_state": {}, "hyper": {}, "scalars": {"source": {"tag_dir": "/runs/x/step2", "zero_stage": 1}}},
+        {"param_state": {}, "hyper": {}, "scalars": {"source": {"tag_dir": "/runs/x/step2", "zero_stage": 1,
+                                                                "precision": "fp32"}}}),
 }
 # What the last writer of version 1 (before the version was raised) wrote: every entry, version 1 or none.
 LAST = {
@@ -74,6 +79,15 @@ LAST = {
                           "micro_batch_size": 4, "global_batch": 16},
     "loader_state.image": {"epoch": 1, "consumed": 32, "seed": 7, "micro_batch_size": 4, "order": "global-chunks"},
     "loader_state.finetune": {"order": "global-chunks", "epoch": 1, "consumed": 32, "micro_batch_size": 4},
+    "shape_free": {VERSION_KEY: 1, "param_state": {"a": {"step": 2}}, "hyper": {"a": {"lr": 0.1}},
+                   "scalars": {"global_steps": 2, "source": {"tag_dir": "/runs/x/step2", "world_size": 2, "ep_size": 2,
+                                                             "zero_stage": 1}}},
+}
+# What those files gain from later versions (what their writers did not record yet); else nothing.
+GAINED = {
+    "marker": lambda data: {**data, "branch_parallel": 1, "loss_normalisation": MICRO_BATCH_MEANS},
+    "shape_free": lambda data: {**data, "scalars": {**data["scalars"], "source": {**data["scalars"]["source"],
+                                                                                  "precision": "fp32"}}},
 }
 UPGRADED = sorted(name for name, kind in KINDS.items() if kind.current > 1)
 
@@ -96,9 +110,11 @@ def test_the_oldest_files_upgrade_to_what_their_readers_read(kind):
 
 @pytest.mark.parametrize("kind", UPGRADED)
 def test_the_last_files_of_version_one_read_as_they_were_written(kind):
-    """Files written just before the version was raised (format_version 1, or none) keep every value."""
+    """Files written just before the version was raised (format_version 1, or none) keep every value (and gain
+    what later versions record)."""
     written = LAST[kind]
-    assert upgrade(kind, written, "last.json", assume=assume(kind)) == {**written, VERSION_KEY: current(kind)}
+    read = GAINED.get(kind, lambda data: data)(written)
+    assert upgrade(kind, written, "last.json", assume=assume(kind)) == {**read, VERSION_KEY: current(kind)}
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -134,7 +150,7 @@ def test_a_file_newer_than_this_code_is_one_error_naming_file_version_newest_and
 @pytest.mark.parametrize("version", ["2", True, 0, -1, 1.0, None])
 def test_a_version_entry_that_is_no_version_is_refused(version):
     with pytest.raises(CheckpointError, match=rf"x.json \(checkpoint marker\) has format_version "
-                                              rf"{re.escape(repr(version))}, which is no version \(1 to 2\)"):
+                                              rf"{re.escape(repr(version))}, which is no version \(1 to 3\)"):
         upgrade("marker", {VERSION_KEY: version}, "x.json")
     with pytest.raises(RunFolderError, match=r"x.json \(the run's settings\) holds a JSON list, not an object"):
         upgrade("run_config", [], "x.json")

@@ -152,6 +152,8 @@ COVERED_BY = {
     "widenet_ds/interop/hf_template/modeling_widenet.py": ["interop/test_hf_export.py",
                                                               "integration/test_hf_fresh_venv.py"],
     "widenet_ds/checkpoint/reshard.py": ["commands/test_convert.py", "portable/test_weights_image_models.py"],
+    # the state put into real engines of every layout and precision (and resumed from), under the launcher
+    "widenet_ds/checkpoint/relayout.py": ["checkpoint/test_shape_free.py", "integration/test_resume_new_shape.py"],
     "widenet_ds/checkpoint/tokenizer_check.py": ["integration/test_bad_inputs.py", "commands/test_convert.py"],
     "widenet_ds/runtime/ds_sections.py": ["runtime/test_ds_config.py"],
     "widenet_ds/runtime/launch_env.py": ["runtime/test_launch.py"],

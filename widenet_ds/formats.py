@@ -43,6 +43,7 @@ Migration = Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]]
 # them); today they are options of a run (the flags), not part of the model.
 RUN_SETTINGS = {"activation_checkpointing": "--activation-checkpointing", "ep_size": "--ep-size"}
 RANK_STRIDED = "rank-strided"  # widenet_ds/data/batch_order.py's name of the order older checkpoints trained in
+MICRO_BATCH_MEANS = "micro-batch-means"  # batch_order.py's name of how older runs weighed their per-token losses
 
 
 def split_run_settings(model_config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -77,6 +78,23 @@ def _marker_1_to_2(marker: dict[str, Any], assume: Mapping[str, Any]) -> dict[st
                         ("files", {})):                 # {}: no checksums recorded
         marker.setdefault(key, absent)
     return marker
+
+
+def _marker_2_to_3(marker: dict[str, Any], assume: Mapping[str, Any]) -> dict[str, Any]:
+    """Version 2 did not record the branch-parallel group size (its runs re-laid out to no branch parallelism
+    only: recorded as 1, which the re-layout reads as "every rank computes every branch", true of the saved
+    state) nor how its run weighed the MLM loss: every micro-batch's own mean."""
+    marker.setdefault("branch_parallel", 1)
+    marker.setdefault("loss_normalisation", MICRO_BATCH_MEANS)
+    return marker
+
+
+def _shape_free_1_to_2(state: dict[str, Any], assume: Mapping[str, Any]) -> dict[str, Any]:
+    """Version 1 was read from fp32 checkpoints only: its source's precision is fp32."""
+    source = (state.get("scalars") or {}).get("source")
+    if isinstance(source, dict):
+        source.setdefault("precision", "fp32")
+    return state
 
 
 def _folder_1_to_2(config: dict[str, Any], assume: Mapping[str, Any]) -> dict[str, Any]:
@@ -177,13 +195,13 @@ class Kind:
 
 _NEW_RUN = "restore it, or run again into another folder"
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (
-    Kind("marker", "checkpoint marker", 2, CheckpointError, {1: _marker_1_to_2},
+    Kind("marker", "checkpoint marker", 3, CheckpointError, {1: _marker_1_to_2, 2: _marker_2_to_3},
          damaged="resume from another checkpoint of the run"),
     Kind("folder", "checkpoint folder's config", 2, CheckpointError, {1: _folder_1_to_2},
          damaged="convert the checkpoint again"),
     Kind("folder_weights", "checkpoint folder's model.safetensors metadata", 1, CheckpointError),
     Kind("hf_config", "widenet-ds entry of an HF config", 1, CheckpointError),
-    Kind("shape_free", "shape-free training state", 1, CheckpointError),
+    Kind("shape_free", "shape-free training state", 2, CheckpointError, {1: _shape_free_1_to_2}),
     Kind("loader_state.text", "pretraining data loader's state in a checkpoint", 2, CheckpointError,
          {1: _text_loader_1_to_2}),
     Kind("loader_state.image", "image data loader's state in a checkpoint", 2, CheckpointError,

@@ -1,5 +1,5 @@
-"""The checkpoint marker (`widenet_checkpoint.json`): written (format version 2) and read back whole, markers of
-version 1 (the oldest, and the last ones written with every entry) upgraded through widenet_ds/formats.py as their
+"""The checkpoint marker (`widenet_checkpoint.json`): written (format version 3) and read back whole, markers of
+versions 1 and 2 (the oldest, and the last ones written with every entry) upgraded through widenet_ds/formats.py as their
 readers read them, damaged and newer ones named. (tests/test_formats.py checks that marker.py is the only module
 that opens the file.)"""
 
@@ -27,7 +27,8 @@ def test_a_marker_reads_back_as_written(tmp_path):
     on_disk = json.loads((tmp_path / META_FILE).read_text())
     # the task's entries sit beside the others; the derived ones are there for readers outside widenet-ds
     assert on_disk["data_manifest"] == {"tokenizer_sha256": "cd"} and "run" not in on_disk
-    assert on_disk["format_version"] == current("marker") == 2
+    assert on_disk["format_version"] == current("marker") == 3
+    assert (meta.branch_parallel, meta.loss_normalisation) == (1, "micro-batch-means")  # a new run's
     assert on_disk["model_config_sha256"] == config_sha256(MODEL)
     assert meta.tokenizer_sha256 == "cd"
 
@@ -42,29 +43,35 @@ def test_the_entries_of_earlier_versions_are_mapped(tmp_path):
     assert meta.model_config == MODEL  # the run setting is out of the model config
     assert (meta.data_order, meta.optimizer_states, meta.shape_free_state, meta.branch_schedule) == (
         "rank-strided", True, None, "joint")
+    assert (meta.branch_parallel, meta.loss_normalisation) == (1, "micro-batch-means")
     assert meta.num_labels == 3
     assert meta.tokenizer_folders == [Path("/runs/tok"), Path("/data/phase1")]
     assert meta.tokenizer_sha256 is None
-    # written again (`convert reshard` of an old checkpoint): version 2, every entry
+    # written again (`convert reshard` of an old checkpoint): version 3, every entry
     meta.write(tmp_path / "again")
     assert CheckpointMeta.read(tmp_path / "again") == meta
-    assert json.loads((tmp_path / "again" / META_FILE).read_text())["format_version"] == 2
+    assert json.loads((tmp_path / "again" / META_FILE).read_text())["format_version"] == 3
 
 
-def test_a_marker_of_version_one_with_every_entry_reads_as_written(tmp_path):
-    """The markers written before the version was raised (format_version 1, every entry): the same values."""
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_marker_of_an_earlier_version_with_every_entry_reads_as_written(tmp_path, version):
+    """The markers written before the version was raised (format_version 1 or 2, every entry of then): the same
+    values, and what version 3 added as those runs had it (no branch groups recorded, each micro-batch's own
+    loss mean)."""
     meta = CheckpointMeta(step=3, samples=96, world_size=2, ep_size=2, model_config=MODEL, deepspeed_config={"a": 1},
                           architecture="WideNetForSequenceClassification", task="glue", branch_schedule="prefix",
                           optimizer_states=False, data_order="global-chunks", shape_free_state="shape_free",
-                          files={"x.pt": {"size": 1, "sha256": "ab"}}, run={"seed": 7})
-    (tmp_path / META_FILE).write_text(json.dumps({**meta.to_json(), "format_version": 1}))
+                          files={"x.pt": {"size": 1, "sha256": "ab"}}, run={"seed": 7},
+                          loss_normalisation="micro-batch-means")
+    written = {k: v for k, v in meta.to_json().items() if k not in ("branch_parallel", "loss_normalisation")}
+    (tmp_path / META_FILE).write_text(json.dumps({**written, "format_version": version}))
     assert CheckpointMeta.read(tmp_path) == meta
 
 
 def test_a_marker_newer_than_this_code_is_named(tmp_path):
-    (tmp_path / META_FILE).write_text(json.dumps({"format_version": 3, "step": 1}))
-    with pytest.raises(CheckpointError, match=rf"{META_FILE} \(checkpoint marker\) is of format version 3, newer "
-                                              r"than this widenet-ds reads \(up to version 2\).*pip install --upgrade"):
+    (tmp_path / META_FILE).write_text(json.dumps({"format_version": 4, "step": 1}))
+    with pytest.raises(CheckpointError, match=rf"{META_FILE} \(checkpoint marker\) is of format version 4, newer "
+                                              r"than this widenet-ds reads \(up to version 3\).*pip install --upgrade"):
         CheckpointMeta.read(tmp_path)
 
 

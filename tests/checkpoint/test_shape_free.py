@@ -1,6 +1,7 @@
 """The shape-free training state: a real 2-rank, ep 2, ZeRO 1 checkpoint re-laid-out to 1 rank, ep 1, ZeRO 0 and
 back by real engines keeps every master weight and every optimizer state tensor bit for bit (and so does 2 ranks,
-ep 1, ZeRO 2, where the expert groups are partitioned too)."""
+ep 1, ZeRO 2, where the expert groups are partitioned too); so do real bf16 checkpoints of ZeRO 1 and ZeRO 2 (their
+fp32 masters, not the bf16 weights), also through an fp32 engine."""
 
 from __future__ import annotations
 
@@ -12,21 +13,17 @@ import torch
 from safetensors.torch import load_file
 
 from tests.support.launching import REPO, run_deepspeed
+from tests.support.shape_free_states import RELAYOUT, assert_identical, shape_free_of, spec
+from tests.support.shape_free_states import relayout as relayout_with
 from widenet_ds.checkpoint.deepspeed import load_torch_file
-from widenet_ds.checkpoint.shape_free import (
-    ShapeFreeState,
-    global_expert_name,
-    load_shape_free,
-    read_shape_free,
-    save_shape_free,
-)
+from widenet_ds.checkpoint.shape_free import global_expert_name, load_shape_free, save_shape_free
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
 from widenet_ds.commands.convert import cli as convert
 from widenet_ds.errors import CheckpointError
+from widenet_ds.fs.checksums import record_files
 
 pytestmark = [pytest.mark.multirank, pytest.mark.slow]  # slow: its fixture's launcher runs
 MAKE = REPO / "tests/scripts/convert_make_checkpoint.py"
-RELAYOUT = REPO / "tests/scripts/shape_free_relayout.py"
 EXPERT = "widenet.encoder.ffn.0.moe.deepspeed_moe.experts.deepspeed_experts"
 
 
@@ -39,31 +36,15 @@ def run(tmp_path_factory) -> Path:
 
 
 def relayout(state_folder: Path, out: Path, ranks: int, ep_size: int, stage: int) -> Path:
-    run_deepspeed(RELAYOUT, ["relayout", str(state_folder), str(out), str(ep_size), str(stage)], num_ranks=ranks)
+    relayout_with(ranks, spec(state_folder, out, ep_size, stage))
     return out / "checkpoints" / "step2"
-
-
-def shape_free_of(path: Path) -> ShapeFreeState:
-    """The shape-free state of the training checkpoint at `path`, opened as `convert` opens it."""
-    return read_shape_free(CheckpointSource.open(path, "source", purpose=CONVERT))
-
-
-def assert_identical(got: ShapeFreeState, want: ShapeFreeState) -> None:
-    assert set(got.master) == set(want.master) and set(got.optimizer) == set(want.optimizer) == {"exp_avg", "exp_avg_sq"}
-    for name, tensor in want.master.items():
-        assert torch.equal(got.master[name], tensor), name
-        for what in want.optimizer:
-            assert torch.equal(got.optimizer[what][name], want.optimizer[what][name]), (what, name)
-    assert got.param_state == want.param_state and got.hyper == want.hyper
-    for scalar in ("lr_scheduler", "global_steps", "global_samples", "skipped_steps"):
-        assert got.scalars[scalar] == want.scalars[scalar], scalar
 
 
 def test_zero1_ep2_to_one_rank_zero0_and_back_keeps_every_weight_and_optimizer_tensor(run, tmp_path):
     source = run / "checkpoints" / "step2"
     original = shape_free_of(run)
     assert original.scalars["source"] == {"tag_dir": str(source.resolve()), "world_size": 2, "ep_size": 2,
-                                          "zero_stage": 1}
+                                          "zero_stage": 1, "precision": "fp32"}
     # every weight, experts by global index; the fp32 partitions are the weights the engine saved
     weights = CheckpointSource.open(run, "source", purpose=CONVERT).read_weights().state
     assert set(original.master) == set(weights) and {f"{EXPERT}.{g}.fc_in.weight" for g in range(4)} <= set(weights)
@@ -116,6 +97,72 @@ def test_zero1_ep2_to_one_rank_zero0_and_back_keeps_every_weight_and_optimizer_t
         for name, tensor in from_source.items():
             assert torch.equal(from_back[name], tensor), (rank, name)
             assert not torch.equal(tensor, load_file(run / f"logits.rank{rank}.safetensors")[name])  # it stepped
+
+
+@pytest.fixture(scope="module")
+def bf16_runs(tmp_path_factory) -> Path:
+    """2-rank, ep_size 2 bf16 runs of the same model with ZeRO 1 and with ZeRO 2 (one launch), saved at step 3 (the
+    first with a learning rate above 0: the masters part from the bf16 weights)."""
+    folder = tmp_path_factory.mktemp("shape_free_bf16")
+    run_deepspeed(MAKE, ["save", str(folder), "2", "1,2", "bf16", "3"], num_ranks=2)
+    return folder
+
+
+def test_bf16_zero1_and_zero2_to_one_rank_zero0_and_back_keep_every_fp32_master_and_optimizer_tensor(bf16_runs,
+                                                                                                   tmp_path):
+    """DeepSpeed's bf16 ZeRO 1/2 files (`bf16_zero_pp_rank_*`) hold the fp32 masters and moments; on 1 rank without
+    ZeRO its FP16_UnfusedOptimizer keeps them as per-tensor fp32 copies. 2 ranks / ep 2 -> 1 rank / ep 1 / ZeRO 0
+    -> back: every tensor to the bit, and DeepSpeed's files as the original's; an fp32 engine takes them too."""
+    stages = (1, 2)
+    originals = {stage: shape_free_of(bf16_runs / f"zero{stage}") for stage in stages}
+    for stage, original in originals.items():
+        assert {k: original.scalars["source"][k] for k in ("world_size", "ep_size", "zero_stage", "precision")} == \
+            {"world_size": 2, "ep_size": 2, "zero_stage": stage, "precision": "bf16"}
+        weights = CheckpointSource.open(bf16_runs / f"zero{stage}", "source", purpose=CONVERT).read_weights().state
+        # the masters, not the bf16 weights the module holds: those are the masters rounded to bf16
+        assert set(original.master) == set(weights) and all(original.master[k].dtype == torch.float32 for k in weights)
+        assert all(torch.equal(original.master[k].to(torch.bfloat16).float(), weights[k]) for k in weights)
+        assert sum(not torch.equal(original.master[k], weights[k]) for k in weights) > len(weights) // 2
+        save_shape_free(original, tmp_path / f"state{stage}")
+    relayout_with(1, *(spec(tmp_path / f"state{s}", tmp_path / f"one{s}", 1, 0, "bf16") for s in stages),
+                  spec(tmp_path / "state1", tmp_path / "fp32", 1, 0))
+    for stage, original in originals.items():
+        one = tmp_path / f"one{stage}" / "checkpoints" / "step3"
+        assert (one / "expp_rank_0_mp_rank_00_optim_states.pt").is_file() and not list(one.glob("*zero_pp_rank_*"))
+        on_one = shape_free_of(one)
+        assert {k: on_one.scalars["source"][k] for k in ("world_size", "zero_stage", "precision")} == \
+            {"world_size": 1, "zero_stage": 0, "precision": "bf16"}
+        assert_identical(on_one, original)
+        save_shape_free(on_one, tmp_path / f"back_state{stage}")
+    in_fp32 = shape_free_of(tmp_path / "fp32" / "checkpoints" / "step3")
+    assert in_fp32.scalars["source"]["precision"] == "fp32"
+    assert_identical(in_fp32, originals[1])  # bf16 -> fp32: the masters become the module's weights
+    relayout_with(2, *(spec(tmp_path / f"back_state{s}", tmp_path / f"back{s}", 2, s, "bf16") for s in stages))
+    for stage, original in originals.items():
+        source, back = bf16_runs / f"zero{stage}" / "checkpoints" / "step3", tmp_path / f"back{stage}/checkpoints/step3"
+        assert_identical(shape_free_of(back), original)
+        for rank in (0, 1):
+            name = f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+            want, got = (load_torch_file(tag / name)["optimizer_state_dict"] for tag in (source, back))
+            assert got["param_slice_mappings"] == want["param_slice_mappings"]
+            for a, b in zip(got["single_partition_of_fp32_groups"], want["single_partition_of_fp32_groups"],
+                            strict=True):
+                assert torch.equal(a, b)
+            for index, state in want["base_optimizer_state"]["state"].items():
+                for what in ("exp_avg", "exp_avg_sq"):
+                    assert torch.equal(got["base_optimizer_state"]["state"][index][what], state[what])
+        # and the bf16 weights of the model-states files
+        for name in [p.name for p in source.glob("*model_states.pt")]:
+            want, got = (load_torch_file(tag / name) for tag in (source, back))
+            module = want["module"] if "module" in want else want
+            for key, tensor in module.items():
+                assert torch.equal((got["module"] if "module" in got else got)[key], tensor), (name, key)
+    # `convert reshard` carries the same state, the source untouched
+    source = bf16_runs / "zero1" / "checkpoints" / "step3"
+    before = record_files(source)
+    assert convert(["reshard", str(source), str(tmp_path / "resharded"), "--ep-size", "1", "--world-size", "1"]) == 0
+    assert record_files(source) == before
+    assert_identical(shape_free_of(tmp_path / "resharded"), originals[1])
 
 
 def test_convert_to_shape_free_writes_the_state_and_leaves_the_source_as_it_was(run, tmp_path, capsys):

@@ -33,9 +33,8 @@ def checkpoints(tmp_path_factory) -> dict[int, Path]:
     """ZeRO stage -> run folder of a 2-rank, ep_size 2 training run saved at step 2."""
     root = tmp_path_factory.mktemp("convert")
     runs = {stage: root / f"zero{stage}" for stage in ZERO_STAGES}
-    first, *others = ZERO_STAGES  # one launch: an engine of each stage in turn
-    run_deepspeed(SCRIPT, ["save", str(runs[first]), "2", str(first),
-                           *[arg for stage in others for arg in (str(runs[stage]), str(stage))]], num_ranks=2)
+    # one launch: an engine of each stage in turn, each into root/zero<stage>
+    run_deepspeed(SCRIPT, ["save", str(root), "2", ",".join(map(str, ZERO_STAGES))], num_ranks=2)
     return runs
 
 

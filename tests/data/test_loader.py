@@ -166,6 +166,25 @@ def test_resume_on_another_shape_continues_with_the_same_micro_batches(dynamic_d
         PretrainingDataLoader(dynamic_data, 4, world_size=3, seed=5).load_state_dict(two[0].state_dict())
 
 
+def test_another_micro_batch_continues_with_the_samples_of_the_next_step(dynamic_data):
+    """Global chunks: 4 ranks x micro 3 (steps of 12) continued on 3 ranks x micro 4, or on 1 rank x micro 2 x 6
+    accumulation steps: the next step holds the same 12 samples, cut into other micro-batches."""
+    four = [PretrainingDataLoader(dynamic_data, 3, rank=r, world_size=4, seed=5) for r in range(4)]
+    for loader in four:
+        micro_batches(loader, 2)  # two steps
+    saved = four[0].state_dict()
+    expected = sorted(i for loader in four for batch in micro_batches(loader, 1) for i in batch)
+    three = [PretrainingDataLoader(dynamic_data, 4, rank=r, world_size=3, seed=5) for r in range(3)]
+    one = PretrainingDataLoader(dynamic_data, 2, world_size=1, seed=5, accumulation=6)
+    for loader in (*three, one):
+        loader.load_state_dict(saved)
+    assert sorted(i for loader in three for batch in micro_batches(loader, 1) for i in batch) == expected
+    assert sorted(i for batch in micro_batches(one, 6) for i in batch) == expected
+    assert micro_batches(three[0], 1) != micro_batches(four[0], 1)  # other micro-batches of the same step
+    with pytest.raises(DataError, match="not a whole number of steps of 16"):
+        PretrainingDataLoader(dynamic_data, 4, world_size=4, seed=5).load_state_dict(saved)  # another global batch
+
+
 def test_a_checkpoint_of_the_rank_strided_order_resumes_in_it(dynamic_data):
     """Loader states written before the order was recorded ({"position", "world_size"}) continue exactly."""
     def make():

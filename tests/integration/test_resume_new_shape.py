@@ -30,6 +30,7 @@ from tests.support.pretrain_support import (
     write_ds_config,
     write_model_config,
 )
+from tests.support.shape_free_states import BF16_TOLERANCE, weights_apart
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.fs.checksums import record_files
 
@@ -48,18 +49,28 @@ def inputs(tmp_path_factory, shared_data):
                                     classifier_dropout=0.0),
         **{f"zero{stage}": write_ds_config(root / f"zero{stage}.json", zero_optimization={"stage": stage})
            for stage in (0, 1, 2)},
+        # the README's bf16 recipe on CPU (its LAMB, clipping and schedule are cpu_small.json's)
+        **{f"bf16_zero{stage}": write_ds_config(root / f"bf16_zero{stage}.json", zero_optimization={"stage": stage},
+                                                bf16={"enabled": True}) for stage in (0, 1)},
+        # a global batch of 12: micro 3 on 4 ranks, micro 4 (or 2) on 3
+        **{f"twelve_micro{micro}": write_ds_config(root / f"twelve_micro{micro}.json", train_batch_size=12,
+                                                   train_micro_batch_size_per_gpu=micro) for micro in (3, 4)},
     }
 
 
-def args(inputs, out: Path, ranks_ep: int, zero: int, *extra: str, steps: int = STEPS) -> list[str]:
-    return ["--model-config", str(inputs["model"]), "--deepspeed_config", str(inputs[f"zero{zero}"]),
+def args(inputs, out: Path, ranks_ep: int, zero: int | str, *extra: str, steps: int = STEPS) -> list[str]:
+    """`zero`: the stage of cpu_small.json, or the name of another JSON of `inputs` ("bf16_zero1", ...)."""
+    ds = inputs[zero if isinstance(zero, str) else f"zero{zero}"]
+    return ["--model-config", str(inputs["model"]), "--deepspeed_config", str(ds),
             "--data", str(inputs["data"]), "--output-dir", str(out), "--max-steps", str(steps), "--log-interval", "1",
             "--save-interval", str(SAVE), "--keep-last", "2", "--eval-interval", "0", "--ep-size", str(ranks_ep),
             "--seed", "3", "--no-progress-bar", "--no-tensorboard", *extra]
 
 
-def train(inputs, out: Path, ranks: int, zero: int, *extra: str, steps: int = STEPS) -> dict[int, float]:
-    run_train("pretrain", args(inputs, out, ranks, zero, *extra, steps=steps), num_ranks=ranks)
+def train(inputs, out: Path, ranks: int, zero: int | str, *extra: str, steps: int = STEPS,
+          ep: int | None = None) -> dict[int, float]:
+    """`ranks` ranks with --ep-size `ep` (default: as many as the ranks)."""
+    run_train("pretrain", args(inputs, out, ranks if ep is None else ep, zero, *extra, steps=steps), num_ranks=ranks)
     return train_losses(out)
 
 
@@ -82,13 +93,47 @@ def assert_within_tolerance(got: dict[int, float], want: dict[int, float], steps
     assert not far, f"steps beyond {TOLERANCE_ULPS} ulps (step: ulps): {far}\n{got}\n{want}"
 
 
-def resume(inputs, source: Path, out: Path, ranks: int, zero: int) -> dict[int, float]:
+def resume(inputs, source: Path, out: Path, ranks: int, zero: int | str, *extra: str,
+           ep: int | None = None) -> dict[int, float]:
     tag = source / "checkpoints" / f"step{SAVE}"
     before = record_files(tag)
-    losses = train(inputs, out, ranks, zero, "--resume", str(tag))
+    losses = train(inputs, out, ranks, zero, "--resume", str(tag), *extra, ep=ep)
     assert record_files(tag) == before  # the checkpoint it read is untouched
     assert sorted(losses) == list(range(SAVE + 1, STEPS + 1))
     return losses
+
+
+def distance(got: dict[int, float], want: dict[int, float]) -> float:
+    """The largest distance of the steps after the checkpoint, in float32 ulps of `want`'s losses."""
+    return max(ulps(want[step], got[step]) for step in range(SAVE + 1, STEPS + 1))
+
+
+def weights_distance(run: Path, reference: Path, step: int = STEPS) -> float:
+    """How far `run`'s master weights at `step` are from `reference`'s at the last step, as a share of how far the
+    reference moved them since the checkpoint (0: the same weights; about 1: as far as the continued steps moved
+    them)."""
+    checkpoints = reference / "checkpoints"
+    return weights_apart(run / "checkpoints" / f"step{step}", checkpoints / f"step{STEPS}", checkpoints / f"step{SAVE}")
+
+
+def restart(inputs, source: Path, out: Path, ranks: int, zero: int | str, *extra: str,
+            ep: int | None = None) -> dict[int, float]:
+    """--init-from the checkpoint of `source`: its weights only (a new optimizer, the schedule and the data from
+    their start), the steps after the checkpoint numbered as the run's."""
+    restarted = train(inputs, out, ranks, zero, "--init-from", str(source / "checkpoints" / f"step{SAVE}"), *extra,
+                      steps=STEPS - SAVE, ep=ep)
+    return {step + SAVE: loss for step, loss in restarted.items()}
+
+
+def assert_continues(name: str, measured: dict[str, float], tolerance: float, unit: str = "ulps") -> None:
+    """measured: "resumed", "uninterrupted on the other shape", "--init-from" (each from the run it is compared
+    with). The resumed run within `tolerance`; the restart from the weights beyond 10 x the tolerance; the
+    uninterrupted run on the other shape is what the shape alone does (printed with the others: the numbers of
+    docs/pretraining.md come from here)."""
+    print(f"{name} ({unit}): " + ", ".join(f"{what} {value:.4g}" for what, value in measured.items())
+          + f"; tolerance {tolerance}")
+    assert measured["resumed"] <= tolerance, (name, measured)
+    assert measured["--init-from"] > 10 * tolerance, (name, measured)
 
 
 def test_a_step_computes_the_same_on_one_rank_and_on_two(two_ranks, one_rank):
@@ -137,6 +182,111 @@ def test_a_restart_from_the_weights_does_not_continue_the_run(inputs, two_ranks)
     continued = {step - SAVE: loss for step, loss in two_ranks[1].items() if step > SAVE}
     assert beyond_tolerance(continued, restarted)
     assert max(ulps(restarted[s], continued[s]) for s in continued) > 100 * TOLERANCE_ULPS
+
+
+# --- bf16: the README's recipe, a precision change, another micro batch -------------------------------------
+# Measured on the fp32 master weights after the last step (`weights_distance`: 0 the same weights, 1 as far as the
+# continued steps moved them), the losses printed beside in float32 ulps. A bf16 run's loss is no yardstick: each
+# micro-batch's loss is a bf16 number (steps of 2^-5 at these losses), so two runs' step losses are either
+# 36-131 ulps apart or a whole half-step, 32,768 ulps (both seen between the same two uninterrupted runs), where a
+# restart with --init-from is 118,000 away. Each tolerance is set from the distances this module measures
+# (docs/pretraining.md, "Resuming on another shape"; the restart with --init-from lands beyond 10 x each):
+# - bf16 on another shape: resumed 0.0023-0.0037 (2 -> 1 rank) and 0.0024-0.0025 (1 -> 2), the uninterrupted run
+#   on the other shape 0.0043-0.0069 (three runs of this module: the bf16 runs did not repeat to the bit),
+#   --init-from 0.99: 0.02, three times what the shape alone does.
+# - fp32 -> bf16: 0.0136-0.016 from the fp32 run it continues (4 steps computed in bf16), where the bf16 run from
+#   step 1 is 0.37 away and --init-from in bf16 1.02: 0.05.
+# - micro batch 3 -> 4 (global 12): 0.037-0.041, the uninterrupted micro-4 run 0.067-0.068, --init-from 0.85:
+#   0.075, above what the other micro batch does from the first step.
+PRECISION_CHANGE_TOLERANCE = 0.05
+MICRO_BATCH_TOLERANCE = 0.075
+
+
+@pytest.fixture(scope="module")
+def two_bf16(inputs):
+    """Uninterrupted bf16: 2 ranks, ep 2, ZeRO 1 (the README recipe's stage), saving at step 4."""
+    out = inputs["root"] / "two_bf16"
+    return out, train(inputs, out, 2, "bf16_zero1")
+
+
+@pytest.fixture(scope="module")
+def one_bf16(inputs):
+    """Uninterrupted bf16: 1 rank, ep 1, ZeRO 0 (DeepSpeed's FP16_UnfusedOptimizer: per-tensor fp32 copies)."""
+    out = inputs["root"] / "one_bf16"
+    return out, train(inputs, out, 1, "bf16_zero0")
+
+
+def weight_measures(resumed: Path, other_shape: Path, restarted: Path, reference: Path) -> dict[str, float]:
+    return {"resumed": weights_distance(resumed, reference), "uninterrupted on the other shape":
+            weights_distance(other_shape, reference), "--init-from": weights_distance(restarted, reference, SAVE)}
+
+
+def loss_measures(resumed: dict, other_shape: dict, restarted: dict, reference: dict) -> dict[str, float]:
+    return {"resumed": distance(resumed, reference),
+            "uninterrupted on the other shape": distance(other_shape, reference),
+            "--init-from": distance(restarted, reference)}
+
+
+def test_a_bf16_run_continues_on_one_rank_and_zero_0(inputs, two_bf16, one_bf16):
+    root, out = inputs["root"], inputs["root"] / "two_to_one_bf16"
+    resumed = resume(inputs, two_bf16[0], out, 1, "bf16_zero0")
+    restarted = restart(inputs, two_bf16[0], root / "restart_bf16", 1, "bf16_zero0")
+    name = "bf16 2 ranks ep 2 ZeRO 1 -> 1 rank ZeRO 0"
+    assert_continues(name, weight_measures(out, one_bf16[0], root / "restart_bf16", two_bf16[0]), BF16_TOLERANCE,
+                     "weights")
+    print(f"{name} (loss ulps): {loss_measures(resumed, one_bf16[1], restarted, two_bf16[1])}")
+    line = next(e for e in events(out) if e.startswith("resumed from"))
+    assert "on another shape (2 ranks, ep 2, ZeRO 1, bf16 -> 1 rank, ep 1, ZeRO 0, bf16)" in line
+    assert "continues step for step (the same micro-batches; sums in another order)" in line
+
+
+def test_a_bf16_run_on_one_rank_continues_on_two_ranks_and_zero_1(inputs, two_bf16, one_bf16):
+    root, out = inputs["root"], inputs["root"] / "one_to_two_bf16"
+    resumed = resume(inputs, one_bf16[0], out, 2, "bf16_zero1")
+    restarted = restart(inputs, one_bf16[0], root / "restart_bf16_two", 2, "bf16_zero1")
+    name = "bf16 1 rank ZeRO 0 -> 2 ranks ep 2 ZeRO 1"
+    assert_continues(name, weight_measures(out, two_bf16[0], root / "restart_bf16_two", one_bf16[0]), BF16_TOLERANCE,
+                     "weights")
+    print(f"{name} (loss ulps): {loss_measures(resumed, two_bf16[1], restarted, one_bf16[1])}")
+
+
+def test_an_fp32_run_continues_in_bf16_when_the_change_is_accepted(inputs, two_ranks, one_bf16):
+    """A run begun in fp32 continued in bf16 (on 1 rank, ZeRO 0): its fp32 masters and moments carry over, so it
+    stays near the fp32 run it continues (only its last 4 steps computed in bf16), far nearer than the bf16 run of
+    the new shape from step 1, and a restart in bf16 from the same weights does not."""
+    root, out = inputs["root"], inputs["root"] / "fp32_to_bf16"
+    resumed = resume(inputs, two_ranks[0], out, 1, "bf16_zero0", "--accept-changed-settings")
+    restarted = restart(inputs, two_ranks[0], root / "restart_fp32_in_bf16", 1, "bf16_zero0")
+    name = "fp32 2 ranks -> bf16 1 rank, against the fp32 run"
+    measured = weight_measures(out, one_bf16[0], root / "restart_fp32_in_bf16", two_ranks[0])
+    assert_continues(name, measured, PRECISION_CHANGE_TOLERANCE, "weights")
+    assert measured["resumed"] < measured["uninterrupted on the other shape"] / 5, measured
+    print(f"{name} (loss ulps): {loss_measures(resumed, one_bf16[1], restarted, two_ranks[1])}")
+    said = events(out)
+    assert any("fp32 -> 1 rank, ep 1, ZeRO 0, bf16" in e and "continues statistically, not step for step: the "
+               "forward and backward compute in bf16 instead of fp32" in e for e in said), said
+    assert "changed since the checkpoint (--accept-changed-settings): bf16.enabled: '<absent>' -> True" in said
+
+
+def test_a_micro_batch_the_new_ranks_need_continues_the_run_statistically(inputs):
+    """Global batch 12: 4 ranks x micro 3, moved to 3 ranks, where 4 micro-batches cannot be split: with micro 4 (the
+    same 12 samples per step in 3 micro-batches) the resume is accepted without --accept-changed-settings and said
+    to be statistical; from there on the MLM loss is the mean over the step's masked tokens."""
+    root, four = inputs["root"], inputs["root"] / "four_micro3"
+    reference = train(inputs, four, 4, "twelve_micro3", ep=1)
+    other = train(inputs, root / "three_micro4", 3, "twelve_micro4", ep=1)
+    out = root / "four_to_three"
+    resumed = resume(inputs, four, out, 3, "twelve_micro4", ep=1)
+    restarted = restart(inputs, four, root / "restart_three", 3, "twelve_micro4", ep=1)
+    name = "4 ranks x micro 3 -> 3 ranks x micro 4"
+    assert_continues(name, weight_measures(out, root / "three_micro4", root / "restart_three", four),
+                     MICRO_BATCH_TOLERANCE, "weights")
+    print(f"{name} (loss ulps): {loss_measures(resumed, other, restarted, reference)}")
+    line = next(e for e in events(out) if e.startswith("resumed from"))
+    assert "on another shape (4 ranks, ep 1, ZeRO 1, micro batch 3 -> 3 ranks, ep 1, ZeRO 1, micro batch 4)" in line
+    assert ("continues statistically, not step for step: micro-batches of 4 samples instead of 3 (the same samples "
+            "per step): the balance loss and capacity routing see other groups of tokens; the MLM loss, each "
+            "micro-batch's own mean until now, is the mean over the step's masked tokens from here on") in line
 
 
 # --- an image run and a finetuning run ----------------------------------------------------------------------

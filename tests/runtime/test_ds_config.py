@@ -13,7 +13,8 @@ from widenet_ds.runtime.ds_config import load_ds_config, validate_ds_config
 from tests.support.launching import REPO
 
 # The pretraining configs (the finetuning ones, finetune_*.json, are tested with finetuning).
-SHIPPED = sorted((REPO / "ds_configs").glob("pretrain_*.json")) + [REPO / "ds_configs" / "cpu_small.json"]
+CPU_SIZED = ("cpu_small.json", "cpu_small_bf16.json")
+SHIPPED = sorted((REPO / "ds_configs").glob("pretrain_*.json")) + [REPO / "ds_configs" / name for name in CPU_SIZED]
 BASE = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 8,
         "optimizer": {"type": "Lamb", "params": {"lr": 0.01}}, "zero_allow_untested_optimizer": True}
 
@@ -97,12 +98,12 @@ def test_broken_json_names_the_position(tmp_path):
 
 def test_every_shipped_config_has_docs_and_fits_its_stated_world_sizes():
     readme = (REPO / "ds_configs" / "README.md").read_text()
-    assert len(SHIPPED) >= 9
+    assert len(SHIPPED) >= 10
     for path in SHIPPED:
         config = load_ds_config(path)
         assert config["_comment"], path
         assert path.name in readme, f"{path.name} is not described in ds_configs/README.md"
-        worlds = (1, 2) if path.name == "cpu_small.json" else (1, 8, 64)
+        worlds = (1, 2) if path.name in CPU_SIZED else (1, 8, 64)
         for world in worlds:
             settings = check(config, world_size=world, cuda_available=True)
             assert settings.batch.train_batch_size == config["train_batch_size"]

@@ -88,3 +88,24 @@ def test_a_non_lamb_json_optimizer_is_built_by_deepspeed(dist):
         engine.backward(out.loss)
         engine.step()
     assert any(not torch.equal(a, p) for a, p in zip(before, engine.module.parameters()))
+
+
+def test_a_bf16_engine_without_zero_runs_lamb_on_fp32_copies_from_the_first_step(dist):
+    """bf16 (or fp16) with ZeRO 0: DeepSpeed's optimizer swaps Lamb's tensors for fp32 copies and steps once with
+    zero gradients in its constructor. The copies are whole tensors, and that step (for LAMB a weight-decay update
+    at the full rate) is undone: the masters are the 16-bit weights, no optimizer state, until the first step."""
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    bf16 = {**LAMB_JSON, "zero_optimization": {"stage": 0}, "bf16": {"enabled": True}}
+    engine, plan = build_engine(tiny_model(), settings(bf16))
+    assert plan.implementation == "torch-lamb" and isinstance(engine.optimizer, FP16_UnfusedOptimizer)
+    lamb = engine.optimizer.optimizer
+    assert not lamb.state
+    for masters, weights in zip(engine.optimizer.fp32_groups, engine.optimizer.fp16_groups, strict=True):
+        assert all(torch.equal(m, w.float()) for m, w in zip(masters, weights, strict=True))
+    for step in range(2):
+        out = engine(**batch(step))
+        engine.backward(out.loss)
+        engine.step()
+    steps = {state["step"] for state in lamb.state.values()}
+    assert steps == {2} and len(lamb.state) == sum(len(g) for g in engine.optimizer.fp32_groups)

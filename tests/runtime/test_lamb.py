@@ -174,13 +174,20 @@ def test_bad_hyper_parameters_and_unknown_tensors_are_refused():
         Lamb([p], amsgrad=True)
     with pytest.raises(ConfigError, match="min_coeff"):
         Lamb([p], min_coeff=2.0, max_coeff=1.0)
-    opt = Lamb([p])
+    opt = Lamb([p, nn.Parameter(torch.ones(2, 2))])
     # What ZeRO does to a client optimizer: swap the parameters for a flat partition.
-    flat = nn.Parameter(torch.ones(3))
-    flat.grad = torch.ones(3)
+    flat = nn.Parameter(torch.ones(7))
+    flat.grad = torch.ones(7)
     opt.param_groups[0]["params"] = [flat]
     with pytest.raises(ConfigError, match="enable_per_tensor_trust_ratio"):
         opt.step()
+    # What DeepSpeed's fp16/bf16 optimizer without ZeRO does: one fp32 copy per tensor, whole tensors.
+    copies = [nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(2, 2))]
+    for copy in copies:
+        copy.grad = torch.ones_like(copy)
+    opt.param_groups[0]["params"] = copies
+    opt.step()
+    assert all(opt.state[copy]["step"] == 1 for copy in copies)
 
 
 class TinyMoENet(nn.Module):

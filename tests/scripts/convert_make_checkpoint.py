@@ -1,11 +1,12 @@
 """Run by the deepspeed launcher for the conversion tests.
 
-    save OUT_DIR EP_SIZE ZERO_STAGE [OUT_DIR ZERO_STAGE ...]
+    save OUT_DIR EP_SIZE ZERO_STAGE[,STAGE...] [PRECISION [STEPS]]
                                       build a tiny WideNet in a real engine (widenet_ds.runtime.engine.build_engine,
-                                      LAMB, the MoE param groups), train 2 steps, save a checkpoint with
-                                      CheckpointManager (tag step2 under OUT_DIR/checkpoints), then write
-                                      this rank's eval logits on its fixed batch to OUT_DIR/logits.rank<r>;
-                                      each further pair another run of its own engine in the same launch
+                                      LAMB, the MoE param groups; PRECISION fp32 or bf16), train STEPS (2) steps,
+                                      save a checkpoint with CheckpointManager (tag step<STEPS> under
+                                      OUT_DIR/checkpoints), then write this rank's eval logits on its fixed batch to
+                                      OUT_DIR/logits.rank<r>; several stages: one run each, into OUT_DIR/zero<stage>
+                                      (the schedule's first two steps run at lr 0: the weights move from step 3)
     load CKPT_TAG_DIR EP_SIZE OUT [FOLDER]
                                       a fresh engine with EP_SIZE loads the (resharded) checkpoint's
                                       weights (load_optimizer_states=False) and writes its eval logits to
@@ -59,10 +60,11 @@ class FixedBatchLoader:
         return {}
 
 
-def build(ep_size: int, zero_stage: int, world: int):
+def build(ep_size: int, zero_stage: int, world: int, precision: str = "fp32"):
     torch.manual_seed(1234)
     ds = dict(json.loads(CPU_CONFIG.read_text()), zero_optimization={"stage": zero_stage},
-              train_batch_size=MICRO_BATCH * world, train_micro_batch_size_per_gpu=MICRO_BATCH)
+              train_batch_size=MICRO_BATCH * world, train_micro_batch_size_per_gpu=MICRO_BATCH,
+              **({precision: {"enabled": True}} if precision != "fp32" else {}))
     settings = validate_ds_config(ds, world_size=world, has_moe=True, cuda_available=False)
     engine, _ = build_engine(WideNetForPreTraining(model_config(), ep_size=ep_size), settings)
     return engine, settings
@@ -76,18 +78,20 @@ def save_logits(engine, rank: int, path: str) -> None:
     save_file({"mlm_logits": out.mlm_logits.contiguous(), "sop_logits": out.sop_logits.contiguous()}, path)
 
 
-def save(out_dir: Path, ep_size: int, zero_stage: int) -> None:
+def save(out_dir: Path, ep_size: int, zero_stage: int, precision: str = "fp32", steps: int = 2) -> None:
+    init_distributed()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    engine, settings = build(ep_size, zero_stage, world)
+    engine, settings = build(ep_size, zero_stage, world, precision)
     engine.train()
-    for step in range(2):
+    for step in range(steps):
         out = engine(**fixed_batch(rank, seed=500 + 10 * step))
         engine.backward(out.loss)
         engine.step()
-    meta = CheckpointMeta(step=2, samples=0, world_size=world, ep_size=ep_size, model_config=model_config().to_dict(),
-                          deepspeed_config=settings.config, architecture="WideNetForPreTraining", task="pretrain")
+    meta = CheckpointMeta(step=steps, samples=0, world_size=world, ep_size=ep_size,
+                          model_config=model_config().to_dict(), deepspeed_config=settings.config,
+                          architecture="WideNetForPreTraining", task="pretrain")
     CheckpointManager(out_dir / "checkpoints", keep_last=2, rank=rank, world_size=world).save(
-        engine, TrainingState(step=2, samples=2 * MICRO_BATCH * world), FixedBatchLoader(), meta)
+        engine, TrainingState(step=steps, samples=steps * MICRO_BATCH * world), FixedBatchLoader(), meta)
     save_logits(engine, rank, str(out_dir / f"logits.rank{rank}.safetensors"))
 
 
@@ -109,9 +113,10 @@ def load(tag_dir: Path, ep_size: int, out_prefix: str, folder: str | None) -> No
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds --local_rank
     if args[0] == "save":
-        init_distributed()
-        for out, stage in [(args[1], args[3]), *zip(args[4::2], args[5::2], strict=True)]:
-            save(Path(out), int(args[2]), int(stage))
+        stages = [int(stage) for stage in args[3].split(",")]
+        for stage in stages:
+            save(Path(args[1]) / f"zero{stage}" if len(stages) > 1 else Path(args[1]), int(args[2]), stage,
+                 *args[4:5], *map(int, args[5:6]))
     else:
         load(Path(args[1]), int(args[2]), args[3], args[4] if len(args) > 4 else None)
     # Every rank exits together: a gloo group torn down while a peer still writes aborts that peer at exit.

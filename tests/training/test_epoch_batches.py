@@ -73,3 +73,7 @@ def test_a_step_holds_the_same_micro_batches_on_any_shape_and_resumes_on_another
         three.load_state_dict(two.state_dict())
     with pytest.raises(DataError, match="past the epoch"):
         two.load_state_dict({**two.state_dict(), "consumed": 24})
+    # another micro batch of the same global batch (8 = 4 x 2 ranks): the next step's samples, cut otherwise
+    four = EpochBatches(_Rows(), 4, seed=5, rank=0, world=2)
+    four.load_state_dict(two.state_dict())
+    assert (four.epoch, four.position) == (0, 2)  # the end of epoch 0: 2 steps of 8

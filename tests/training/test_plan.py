@@ -84,9 +84,10 @@ def save_tag(out: Path, step: int, model: ModelConfig, *, world_size: int = 1, e
     (tag / MODEL_STATES).write_bytes(b"")
     for rank in range(world_size):
         (tag / f"rank_{rank:05d}_state.pt").write_bytes(b"")
-    settings = validate_ds_config(load_ds_config(CPU_CONFIG), world_size=world_size, has_moe=True, cuda_available=False)
+    ds = marker.pop("deepspeed_config", None) or validate_ds_config(
+        load_ds_config(CPU_CONFIG), world_size=world_size, has_moe=True, cuda_available=False).config
     CheckpointMeta(step=step, samples=16 * step, world_size=world_size, ep_size=ep_size, model_config=model.to_dict(),
-                   deepspeed_config=settings.config, architecture="WideNetForPreTraining", task="pretrain",
+                   deepspeed_config=ds, architecture="WideNetForPreTraining", task="pretrain",
                    data_order=data_order, **marker).write(tag)
     (out / "checkpoints" / LATEST_FILE).write_text(tag.name)
     return tag
@@ -179,7 +180,9 @@ def test_a_checkpoint_of_another_shape_is_planned_as_a_re_layout(tmp_path):
     out = tmp_path / "run"
     save_tag(out, 2, PlanTask(config(out)).model, world_size=2, ep_size=2)
     plan = plan_task(config(out, "--resume"), PlanTask(config(out)), 1, 0)
-    assert plan.new_shape == "2 ranks, ep 2, ZeRO 1 -> 1 rank, ep 1, ZeRO 1"
+    assert str(plan.new_shape) == "2 ranks, ep 2, ZeRO 1 -> 1 rank, ep 1, ZeRO 1"
+    # the preset's SOP dropout and routing noise draw from each rank's stream: not step for step, and said
+    assert plan.new_shape.statistical == ("new random streams for classifier_dropout 0.1, moe.noise gaussian",)
     # a checkpoint whose micro-batches depended on the number of ranks continues on its own shape only
     older = tmp_path / "older"
     save_tag(older, 2, PlanTask(config(older)).model, world_size=2, ep_size=2, data_order=RANK_STRIDED)
@@ -198,3 +201,122 @@ def test_one_plan_serves_every_folder_of_a_sweep(tmp_path):
     resumed = plan_resume(cfg, task, plan, find_resume(cfg, trained))
     assert resumed.resume.meta.step == 5 and resumed.ds is plan.ds and resumed.max_steps == plan.max_steps
     assert task.calls.count("model_config") == 1 and task.calls.count("check_resume") == 1
+
+
+def ds_json(tmp_path: Path, **changes) -> Path:
+    """cpu_small.json with `changes` (top-level keys; a None value removes the key)."""
+    config = {**load_ds_config(CPU_CONFIG), **changes}
+    path = tmp_path / f"ds{len(list(tmp_path.glob('ds*.json')))}.json"
+    path.write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    return path
+
+
+QUIET = ModelConfig.from_preset("widenet-tiny-e4", vocab_size=64, max_position_embeddings=16, classifier_dropout=0.0,
+                                moe={"noise": "none"})  # no random draws: step for step where the shape allows
+
+
+def test_a_precision_change_is_carried_over_as_a_change_to_accept_and_continues_statistically(tmp_path):
+    """fp32 -> bf16 (a run begun on CPUs continued where bf16 is fast) and back: the fp32 master weights and moments
+    carry over through the shape-free state; the arithmetic is other, so it is a setting to accept, and said."""
+    out = tmp_path / "run"
+    save_tag(out, 2, QUIET, world_size=2, ep_size=2)
+    bf16 = ds_json(tmp_path, bf16={"enabled": True})
+    with pytest.raises(ConfigError, match=r"(?s)settings that change it:\n  bf16\.enabled: '<absent>' -> True"):
+        plan_task(config(out, "--resume", "--deepspeed_config", str(bf16)), PlanTask(config(out), model=QUIET), 1, 0)
+    plan = plan_task(config(out, "--resume", "--deepspeed_config", str(bf16), "--accept-changed-settings"),
+                     PlanTask(config(out), model=QUIET), 1, 0)
+    assert str(plan.new_shape) == "2 ranks, ep 2, ZeRO 1, fp32 -> 1 rank, ep 1, ZeRO 1, bf16"
+    assert plan.new_shape.statistical == ("the forward and backward compute in bf16 instead of fp32 (the fp32 master "
+                                          "weights and optimizer state carry over)",)
+    assert plan.changes == ("bf16.enabled: '<absent>' -> True",)
+    # the same ranks in another precision are a re-layout too (DeepSpeed's own loader reads its own files only)
+    same = plan_task(config(out, "--resume", "--deepspeed_config", str(bf16), "--accept-changed-settings",
+                            "--ep-size", "2"), PlanTask(config(out), model=QUIET), 2, 0)
+    assert str(same.new_shape) == "2 ranks, ep 2, ZeRO 1, fp32 -> 2 ranks, ep 2, ZeRO 1, bf16"
+
+
+def test_fp16_on_either_side_is_refused_naming_what_continues_it(tmp_path):
+    out = tmp_path / "run"
+    save_tag(out, 2, QUIET, world_size=2, ep_size=2)
+    marker = json.loads((out / "checkpoints/step2/widenet_checkpoint.json").read_text())
+    marker["deepspeed_config"]["fp16"] = {"enabled": True}
+    (out / "checkpoints/step2/widenet_checkpoint.json").write_text(json.dumps(marker))
+    with pytest.raises(ConfigError, match=r"checkpoint .*step2 was trained in fp16: fp16's optimizer state includes "
+                                          r"DeepSpeed's dynamic loss scaler.*resume on its own shape \(2 ranks, ep 2, "
+                                          r"ZeRO 1, fp16\), or start a new run from its weights with --init-from"):
+        plan_task(config(out, "--resume", "--accept-changed-settings"), PlanTask(config(out), model=QUIET), 1, 0)
+
+
+def test_a_micro_batch_the_ranks_cannot_form_gives_way_to_one_they_can_with_the_same_global_batch(tmp_path):
+    """train_batch_size 12 of micro 3 on 4 ranks; on 3 ranks the 4 micro-batches of a step cannot be split: the
+    error names the micro batches that form 12 there, and with one of them the resume is planned (statistically,
+    no --accept-changed-settings: the ranks need it); another global batch stays refused."""
+    out = tmp_path / "run"
+    twelve = ds_json(tmp_path, train_batch_size=12, train_micro_batch_size_per_gpu=3)
+    (tmp_path / "no-data").mkdir()
+    cfg = config(out, "--deepspeed_config", str(twelve))
+    first = plan_run(cfg, PlanTask(cfg, model=QUIET), 4, 0)
+    out.mkdir()
+    out.joinpath("run_config.json").write_text(json.dumps({**cfg.record(), "deepspeed_settings": first.ds.config}))
+    save_tag(out, 2, QUIET, world_size=4, ep_size=1, deepspeed_config=first.ds.config)
+    resume = config(out, "--resume", "--deepspeed_config", str(twelve))
+    with pytest.raises(ConfigError, match=r"trained 4 micro-batch\(es\) of 3 per step \(train_batch_size 12\); 3 "
+                                          r"data-parallel rank\(s\) cannot split them\. Keep train_batch_size 12 and "
+                                          r"set train_micro_batch_size_per_gpu to 1 or 2 or 4 in the DeepSpeed JSON"):
+        plan_task(resume, PlanTask(resume, model=QUIET), 3, 0)
+    for micro in (4, 2):
+        other = ds_json(tmp_path, train_batch_size=12, train_micro_batch_size_per_gpu=micro)
+        cfg = config(out, "--resume", "--deepspeed_config", str(other))
+        plan = plan_task(cfg, PlanTask(cfg, model=QUIET), 3, 0)
+        assert str(plan.new_shape) == (f"4 ranks, ep 1, ZeRO 1, micro batch 3 -> 3 ranks, ep 1, ZeRO 1, micro batch "
+                                       f"{micro}")
+        assert plan.changes == () and plan.loss_normalisation == "step-counts"
+        assert plan.new_shape.statistical[0].startswith(f"micro-batches of {micro} samples instead of 3")
+        assert plan.ds.batch.gradient_accumulation_steps == 4 // micro
+    # where the ranks could form the old micro-batches, another one is a choice: a change to accept
+    other = ds_json(tmp_path, train_batch_size=12, train_micro_batch_size_per_gpu=2)
+    cfg = config(out, "--resume", "--deepspeed_config", str(other))
+    with pytest.raises(ConfigError, match=r"train_micro_batch_size_per_gpu: 3 -> 2"):
+        plan_task(cfg, PlanTask(cfg, model=QUIET), 2, 0)
+    other = ds_json(tmp_path, train_batch_size=24, train_micro_batch_size_per_gpu=4)
+    cfg = config(out, "--resume", "--deepspeed_config", str(other), "--accept-changed-settings")
+    with pytest.raises(ConfigError, match=r"trained with train_batch_size 12; on 3 ranks, ep 1, ZeRO 1 this run has "
+                                          r"24\..*set train_batch_size 12 .*with train_micro_batch_size_per_gpu 1 or 2 "
+                                          r"or 4"):
+        plan_task(cfg, PlanTask(cfg, model=QUIET), 3, 0)
+
+
+def test_a_run_keeps_its_micro_batch_means_unless_a_resume_changes_the_micro_batch(tmp_path):
+    out = tmp_path / "run"
+    save_tag(out, 2, QUIET, world_size=2, ep_size=2, loss_normalisation="micro-batch-means")
+    assert plan_task(config(out, "--resume"), PlanTask(config(out), model=QUIET), 2, 0).loss_normalisation == \
+        "micro-batch-means"  # its own shape: exactly as it trained
+    moved = plan_task(config(out, "--resume"), PlanTask(config(out), model=QUIET), 1, 0)
+    assert moved.loss_normalisation == "micro-batch-means" and moved.new_shape.statistical == ()
+    four = ds_json(tmp_path, train_micro_batch_size_per_gpu=4)
+    cfg = config(out, "--resume", "--deepspeed_config", str(four), "--accept-changed-settings")
+    changed = plan_task(cfg, PlanTask(cfg, model=QUIET), 1, 0)
+    assert changed.loss_normalisation == "step-counts"
+    assert "the MLM loss, each micro-batch's own mean until now, is the mean over the step's masked tokens from " \
+           "here on" in changed.new_shape.statistical
+    assert plan_task(config(tmp_path / "new"), PlanTask(config(tmp_path / "new")), 1, 0).loss_normalisation == \
+        "micro-batch-means"  # a new run: its curve as before (the golden curves')
+
+
+def test_branch_groups_are_a_layout_a_resume_re_lays_out(tmp_path):
+    """A branch-parallel run (2 ranks in one branch group) continues on 1 rank, and a 1-rank run on a branch group
+    of 2: its shape names the groups; --branch-parallel is a layout setting (no change to accept)."""
+    branched = QUIET.replace(num_branches=2)
+    zero0 = ds_json(tmp_path, zero_optimization={"stage": 0})
+    out = tmp_path / "run"
+    cfg = config(out, "--deepspeed_config", str(zero0), "--branch-parallel", "2")
+    first = plan_run(cfg, PlanTask(cfg, model=branched), 2, 0)
+    out.mkdir()
+    out.joinpath("run_config.json").write_text(json.dumps({**cfg.record(), "deepspeed_settings": first.ds.config}))
+    save_tag(out, 2, branched, world_size=2, deepspeed_config=first.ds.config, branch_parallel=2)
+    cfg = config(out, "--resume", "--deepspeed_config", str(zero0))
+    plan = plan_task(cfg, PlanTask(cfg, model=branched), 1, 0)
+    assert str(plan.new_shape) == "2 ranks, ep 1, ZeRO 0, branch-parallel 2 -> 1 rank, ep 1, ZeRO 0, branch-parallel 1"
+    assert plan.changes == () and plan.new_shape.statistical == ()
+    cfg = config(out, "--resume", "--deepspeed_config", str(zero0), "--branch-parallel", "2")
+    assert plan_task(cfg, PlanTask(cfg, model=branched), 4, 0).new_shape.new.data_parallel_size == 2

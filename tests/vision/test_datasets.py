@@ -185,6 +185,21 @@ def test_loader_shards_ranks_and_resumes_exactly():
     assert not torch.equal(first[0][0], first[0][per_epoch])  # a new permutation each epoch
 
 
+def test_another_micro_batch_continues_with_the_images_of_the_next_step():
+    """Steps of 32: 2 ranks x 16 continued on 4 ranks x 8 -- the same images in the next step, other micro-batches."""
+    source = digits()["train"]
+    two = [ImageLoader(source, 8, 1, 16, rank, 2, seed=5, train=True) for rank in (0, 1)]
+    streams = [iter(loader) for loader in two]
+    for stream in streams:
+        next(stream)
+    four = [ImageLoader(source, 8, 1, 8, rank, 4, seed=5, train=True) for rank in range(4)]
+    for loader in four:
+        loader.load_state_dict(two[0].state_dict())
+    expected = sorted(torch.cat([next(stream)["labels"] for stream in streams]).tolist())
+    got = [next(iter(loader))["labels"] for loader in four]
+    assert sorted(torch.cat(got).tolist()) == expected and len(got[0]) == 8
+
+
 def test_a_loader_state_of_before_the_order_was_recorded_resumes_in_its_order():
     """{"epoch", "batch", "world", "seed"}, as that version wrote it (formats.py, loader_state.image version 1)."""
     source = digits()["train"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from widenet_ds.data.batch_order import RANK_STRIDED
+from widenet_ds.data.batch_order import LOSS_PER_MICRO_BATCH, RANK_STRIDED
 from widenet_ds.errors import CheckpointError
 from widenet_ds.formats import VERSION_KEY, upgrade, versioned
 from widenet_ds.fs.atomic import atomic_write_json
@@ -74,6 +74,10 @@ class CheckpointMeta:
     #                                  before the global-chunks order, which continues on any shape, are rank-strided
     shape_free_state: str | None = None  # a folder of the tag with the whole training state (`convert reshard`):
     #                                      a resume re-lays it out for its shape (checkpoint/shape_free.py)
+    branch_parallel: int = 1             # ranks of a branch group (--branch-parallel); world_size counts them all
+    loss_normalisation: str = LOSS_PER_MICRO_BATCH  # how a step's micro-batches weighed their per-token losses
+    #                                      (data/batch_order.py): each micro-batch's own mean unless a resume onto
+    #                                      another micro batch changed it to the step's counts
     files: FileRecords = field(default_factory=dict)  # every other file of the tag: size, SHA-256 ({}: not recorded)
     run: dict[str, Any] = field(default_factory=dict)
 

@@ -1,28 +1,33 @@
 """A training checkpoint without its layout: every tensor whole, experts by global index.
 
-A DeepSpeed tag written by our trainer (any world size W, expert-parallel size ep, ZeRO stage 0/1/2, fp32) is
-read into a `ShapeFreeState`: for every parameter, by its global name, the fp32 master weight, the optimizer's
+A DeepSpeed tag written by our trainer (any world size W, expert-parallel size ep, ZeRO stage 0/1/2, fp32 or bf16)
+is read into a `ShapeFreeState`: for every parameter, by its global name, the fp32 master weight, the optimizer's
 per-tensor state (our LAMB's `exp_avg`, `exp_avg_sq` and its `step`) and the param group's hyper-parameters,
-plus the scalar state (LR schedule, global step and samples, the source ranks' data-loader states). It is saved
-as a portable folder (`tensors.safetensors` + `state.json`) and put into a freshly built engine of another layout
-(`apply_to_engine`), whose own `save_checkpoint` then writes the tag for that layout.
+plus the scalar state (LR schedule, global step and samples, the source ranks' data-loader states, the source's
+layout and precision). It is saved as a portable folder (`tensors.safetensors` + `state.json`) and put into a
+freshly built engine of another layout or precision (checkpoint/relayout.py), whose own `save_checkpoint` then
+writes the tag for that layout.
 
 Where DeepSpeed's own code does the work and where ours takes over:
 
-- ZeRO 1/2 files (`zero_pp_rank_<r>_mp_rank_00_optim_states.pt`) hold, per param group, the rank's flat fp32
-  partition (`single_partition_of_fp32_groups`), the base optimizer's state of that partition and
-  `param_slice_mappings` (name -> `fragment_address(numel, start)` in the partition). Like DeepSpeed's
-  `ds_to_universal.extract_zero_shards` we cut each tensor's fragments out of the partitions and join them in
-  partition order; unlike it we read with `torch.load(weights_only=True)` (deepspeed.py: no pickled code runs)
-  and we know MoE expert groups, which its universal checkpoint does not (DeepSpeed #4497, #5716): an expert
-  group is partitioned over the expert-data-parallel ranks of one expert-parallel rank e = r % ep (DeepSpeed's
-  default E+D topology), and its names carry the LOCAL expert index, which becomes e * (E / ep) + local.
-- ZeRO 0 files (`expp_rank_<e>_mp_rank_00_optim_states.pt`, one per expert-parallel rank) hold a torch optimizer
-  state dict keyed by position; the positions are named by rebuilding the engine's param groups
-  (`build_param_groups`) on a model of the same architecture and ep_size built on the meta device.
-- Writing: DeepSpeed's tensor-fragment API (`safe_set_full_fp32_param`, `safe_set_full_optimizer_state`) puts a
-  whole tensor into whatever partition of a ZeRO 1/2 engine holds it; without ZeRO the module's parameters are
-  the master weights and the optimizer's state is per tensor.
+- ZeRO 1/2 files (`zero_pp_rank_<r>_mp_rank_00_optim_states.pt`; bf16: `bf16_zero_pp_rank_<r>_...`, the same
+  content) hold, per param group, the rank's flat fp32 partition (`single_partition_of_fp32_groups`: the master
+  weights, also under bf16), the base optimizer's state of that partition and `param_slice_mappings`
+  (name -> `fragment_address(numel, start)` in the partition). Like DeepSpeed's `ds_to_universal.
+  extract_zero_shards` we cut each tensor's fragments out of the partitions and join them in partition order;
+  unlike it we read with `torch.load(weights_only=True)` (deepspeed.py: no pickled code runs) and we know MoE
+  expert groups, which its universal checkpoint does not (DeepSpeed #4497, #5716): an expert group is
+  partitioned over the expert-data-parallel ranks of one expert-parallel rank e = r % ep (DeepSpeed's default
+  E+D topology), and its names carry the LOCAL expert index, which becomes e * (E / ep) + local.
+- ZeRO 0 files (`expp_rank_<e>_mp_rank_00_optim_states.pt`, one per expert-parallel rank; a model without MoE
+  layers keeps it in `mp_rank_00_model_states.pt`) hold a torch optimizer state dict keyed by position; the positions are named by rebuilding the engine's param groups
+  (`build_param_groups`) on a model of the same architecture and ep_size built on the meta device. fp32: the
+  module's weights are the master weights. bf16: DeepSpeed's `FP16_UnfusedOptimizer` wraps that state dict
+  with its fp32 copies (`fp32_groups`, by the same positions: the masters) and a static loss scale of 1 (nothing
+  to carry); the module holds the bf16 weights computed from them.
+- fp16 adds the dynamic loss scaler (scale, iterations since the last overflow, hysteresis), which only CUDA
+  engines write; without real fp16 files to verify against, fp16 checkpoints are refused with their fix
+  (docs/pretraining.md, "Resuming on another shape").
 """
 
 from __future__ import annotations
@@ -38,7 +43,6 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from widenet_ds.checkpoint.deepspeed import load_torch_file, precision, read_tag, zero_stage
-from widenet_ds.checkpoint.manager import TrainingState
 from widenet_ds.checkpoint.marker import CheckpointMeta, check_marker
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.tags import MODEL_STATES
@@ -54,6 +58,7 @@ STATE_FILE = "state.json"
 MASTER = "master"  # the prefix of the fp32 master weights in TENSORS_FILE; optimizer states use their own key
 _EXPERT = re.compile(r"\.deepspeed_experts\.(\d+)\.")
 _GROUP_ENTRIES_NOT_HYPER = ("params", "name", "moe")  # what a param group holds besides its hyper-parameters
+RELAID_OUT = ("fp32", "bf16")  # the precisions whose state is read and re-laid out (fp16: see the docstring)
 
 
 @dataclass
@@ -90,6 +95,12 @@ def global_expert_name(name: str, ep_rank: int, local_experts: int, *, local: bo
     return _EXPERT.sub(index, name)
 
 
+def local_experts_of(state: ShapeFreeState, ep_size: int) -> int:
+    """How many experts each expert-parallel rank holds of the state's (global) experts."""
+    experts = {int(m.group(1)) for key in state.master if (m := _EXPERT.search(key))}
+    return max(1, len(experts) // ep_size)
+
+
 def scalar_json(state: dict[str, Any]) -> dict[str, Any]:
     """An optimizer's per-tensor scalar state as JSON: torch's AdamW keeps its `step` as a 0-dim tensor, our
     LAMB as a number; a tensor becomes {"tensor": value, "dtype": name} (exact: a float32 step is a whole number)."""
@@ -108,31 +119,51 @@ def _hyper(group: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- reading a DeepSpeed tag ------------------------------------------------------------------------------
+def fp16_refusal(what: str) -> str:
+    """Why an fp16 state is not re-laid out, and the fixes (one sentence after `what`, e.g. "checkpoint X was
+    trained in fp16")."""
+    return (f"{what}: fp16's optimizer state includes DeepSpeed's dynamic loss scaler, and widenet-ds re-lays out "
+            f"fp32 and bf16 state only (fp16 checkpoint files are written by CUDA engines only, and this re-layout "
+            f"has not been verified against them)")
+
+
+def check_carried(source: CheckpointSource, fix: str) -> None:
+    """Refuse, before any file of it is read, a checkpoint whose training state is not re-laid out (fp16, as its
+    marker records), naming `fix`."""
+    meta = source.meta
+    trained_in = precision({"ds_config": meta.deepspeed_config}) if meta and meta.deepspeed_config else None
+    if trained_in is not None and trained_in not in RELAID_OUT:
+        raise CheckpointError(f"{fp16_refusal(f'{source.tag_dir} was trained in {trained_in}')}; {fix}.")
+
+
 def read_shape_free(source: CheckpointSource) -> ShapeFreeState:
-    """The shape-free state of a complete widenet-ds training checkpoint (fp32, ZeRO 0/1/2, any W and ep), opened
-    (its marker read, its files checked) by the caller."""
+    """The shape-free state of a complete widenet-ds training checkpoint (fp32 or bf16, ZeRO 0/1/2, any W and ep),
+    opened (its marker read, its files checked) by the caller."""
     if source.is_folder:
         raise CheckpointError(f"{source.given} is a checkpoint folder (weights only): it holds no training state; pass "
                               f"a training checkpoint (a tag folder, a checkpoints folder or a run folder).")
     tag_dir, meta = source.tag_dir, source.meta
     if meta is None:
         check_marker(tag_dir)  # the error of a tag without our marker, naming the fix
+    own_shape = (f"continue it on its own shape (--resume on the same ranks, --ep-size and ZeRO stage), or start a "
+                 f"new run from its weights with --init-from {tag_dir}")
+    check_carried(source, own_shape)
     if meta.shape_free_state:  # resharded: the state is kept as it is
         return stored_shape_free(tag_dir, meta)
     if not meta.optimizer_states:
         raise CheckpointError(f"{tag_dir} holds model states only (written by `convert reshard --model-states-only`): it has no "
                               f"optimizer state to carry; use the checkpoint it was resharded from.")
     states = load_torch_file(tag_dir / MODEL_STATES)
-    if precision(states) != "fp32":
-        raise CheckpointError(f"{tag_dir} was trained with {precision(states)}: its master weights live in the "
-                              f"16-bit optimizer's own files, which widenet-ds does not re-lay-out yet (fp32 only).")
+    trained_in = precision(states)
+    if trained_in not in RELAID_OUT:  # (a marker that did not record the DeepSpeed JSON)
+        raise CheckpointError(f"{fp16_refusal(f'{tag_dir} was trained in {trained_in}')}; {own_shape}.")
     experts = states.get("num_experts") or [0]
     local_experts = experts[0] // meta.ep_size
     stage = zero_stage(states)
     if stage in (1, 2):
-        state = _read_zero_partitions(tag_dir, meta, local_experts)
+        state = _read_zero_partitions(tag_dir, meta, local_experts, "bf16_" if trained_in == "bf16" else "")
     elif stage == 0:
-        state = _read_stage0(tag_dir, meta, local_experts)
+        state = _read_stage0(tag_dir, meta, local_experts, trained_in)
     else:
         raise CheckpointError(f"{tag_dir} is a ZeRO stage {stage} checkpoint; DeepSpeed MoE trains with ZeRO 0/1/2.")
     loaders = [load_torch_file(path).get("loader") for path in sorted(tag_dir.glob("rank_*_state.pt"))]
@@ -141,16 +172,16 @@ def read_shape_free(source: CheckpointSource) -> ShapeFreeState:
         "global_steps": states["global_steps"], "global_samples": states.get("global_samples"),
         "skipped_steps": states.get("skipped_steps", 0), "loaders": loaders, "marker": meta.to_json(),
         "source": {"tag_dir": str(tag_dir.resolve()), "world_size": meta.world_size, "ep_size": meta.ep_size,
-                   "zero_stage": stage},
+                   "zero_stage": stage, "precision": trained_in},
     }
     state.check(str(tag_dir))
     return state
 
 
-def _read_zero_partitions(tag_dir: Path, meta: CheckpointMeta, local_experts: int) -> ShapeFreeState:
+def _read_zero_partitions(tag_dir: Path, meta: CheckpointMeta, local_experts: int, prefix: str) -> ShapeFreeState:
     """ZeRO 1/2: join each tensor's fragments over the ranks' flat partitions, in rank order. A dense group is
     partitioned over all ranks, an expert group over the ranks r with the same r % ep, in the order of r // ep:
-    both are increasing r."""
+    both are increasing r. `prefix`: DeepSpeed's of the files ("bf16_" under bf16)."""
     shapes: dict[str, torch.Size] = {}
     for group in load_torch_file(tag_dir / MODEL_STATES).get("param_shapes") or []:
         # rank 0's local names: the local experts of every rank have the same shapes
@@ -159,7 +190,7 @@ def _read_zero_partitions(tag_dir: Path, meta: CheckpointMeta, local_experts: in
     param_state: dict[str, dict[str, Any]] = {}
     hyper: dict[str, dict[str, Any]] = {}
     for rank in range(meta.world_size):
-        sd = load_torch_file(tag_dir / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")["optimizer_state_dict"]
+        sd = load_torch_file(tag_dir / f"{prefix}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")["optimizer_state_dict"]
         base = sd["base_optimizer_state"]
         for index, (partition, mapping) in enumerate(zip(sd["single_partition_of_fp32_groups"],
                                                          sd["param_slice_mappings"])):
@@ -190,11 +221,12 @@ def _read_zero_partitions(tag_dir: Path, meta: CheckpointMeta, local_experts: in
     return ShapeFreeState(master, whole, param_state, hyper)
 
 
-def _read_stage0(tag_dir: Path, meta: CheckpointMeta, local_experts: int) -> ShapeFreeState:
-    """ZeRO 0: the module's weights are the master weights; the optimizer state of expert-parallel rank e is a
-    torch state dict whose positions follow the engine's param groups, rebuilt here on the meta device."""
+def _read_stage0(tag_dir: Path, meta: CheckpointMeta, local_experts: int, trained_in: str) -> ShapeFreeState:
+    """ZeRO 0: the optimizer state of expert-parallel rank e is a torch state dict whose positions follow the
+    engine's param groups, rebuilt here on the meta device. The masters: fp32, the module's weights; bf16, the
+    fp32 copies DeepSpeed's optimizer keeps beside that state dict, by the same positions."""
     checkpoint = read_tag(tag_dir, meta)
-    master = checkpoint.state
+    master = checkpoint.state if trained_in == "fp32" else {}
     arch = architecture(meta.architecture or TEXT_DEFAULT, str(tag_dir))
     cfg = arch.config.from_dict(meta.model_config)
     extra = {"num_labels": checkpoint.num_labels} if arch.takes_num_labels else {}
@@ -206,16 +238,23 @@ def _read_stage0(tag_dir: Path, meta: CheckpointMeta, local_experts: int) -> Sha
     param_state: dict[str, dict[str, Any]] = {}
     hyper: dict[str, dict[str, Any]] = {}
     for ep_rank in range(meta.ep_size):
-        sd = load_torch_file(tag_dir / f"expp_rank_{ep_rank}_mp_rank_00_optim_states.pt")["optimizer"]
+        expert_file = tag_dir / f"expp_rank_{ep_rank}_mp_rank_00_optim_states.pt"
+        # (a model without MoE layers: DeepSpeed keeps the optimizer state in the model-states file)
+        saved_optimizer = (load_torch_file(expert_file) if expert_file.is_file() or meta.ep_size > 1 else
+                           load_torch_file(tag_dir / MODEL_STATES))["optimizer"]
+        sd, copies = ((saved_optimizer, None) if trained_in == "fp32" else
+                      (saved_optimizer["optimizer_state_dict"], saved_optimizer["fp32_groups"]))
         if len(sd["param_groups"]) != len(groups):
             raise CheckpointError(f"{tag_dir}: the optimizer has {len(sd['param_groups'])} param groups, a model of "
                                   f"its config {len(groups)}; the checkpoint is of another model or program.")
-        for saved, built in zip(sd["param_groups"], groups):
-            for position, param in zip(saved["params"], built["params"], strict=True):
+        for index, (saved, built) in enumerate(zip(sd["param_groups"], groups)):
+            for slot, (position, param) in enumerate(zip(saved["params"], built["params"], strict=True)):
                 name = names[id(param)]
                 if ep_rank > 0 and not built.get("moe"):
                     continue  # dense weights: every expert-parallel rank holds the same; rank 0's are read
                 key = global_expert_name(name, ep_rank, local_experts) if built.get("moe") else name
+                if copies is not None:
+                    master[key] = copies[index][slot]
                 opt_state = sd["state"].get(position, {})
                 for what, value in opt_state.items():
                     if torch.is_tensor(value) and value.shape == param.shape:
@@ -223,6 +262,9 @@ def _read_stage0(tag_dir: Path, meta: CheckpointMeta, local_experts: int) -> Sha
                 param_state[key] = scalar_json({k: v for k, v in opt_state.items()
                                                 if not (torch.is_tensor(v) and v.dim() > 0)})
                 hyper[key] = _hyper(saved)
+    if set(master) != set(checkpoint.state):
+        raise CheckpointError(f"{tag_dir}: the optimizer's fp32 copies and the model's weights differ in their names "
+                              f"({sorted(set(master) ^ set(checkpoint.state))[:5]}); the files are of another run.")
     return ShapeFreeState(master, optimizer, param_state, hyper)
 
 
@@ -252,92 +294,16 @@ def load_shape_free(folder: Path) -> ShapeFreeState:
     return state
 
 
-# --- into an engine of another layout ---------------------------------------------------------------------
-def apply_to_engine(engine, state: ShapeFreeState, ep_size: int, rank: int) -> None:
-    """Put the state into a freshly built engine (fp32, ZeRO 0/1/2, any W, this `ep_size`); then the engine's
-    `save_checkpoint` writes it in the engine's layout. Every weight of the state must have a place."""
-    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
-
-    experts = {int(m.group(1)) for key in state.master if (m := _EXPERT.search(key))}
-    local_experts = max(1, len(experts) // ep_size)
-    local_names = [n for n, _ in engine.module.named_parameters()]
-    named = {global_expert_name(n, rank % ep_size, local_experts): p for n, p in engine.module.named_parameters()}
-    every = {global_expert_name(n, e, local_experts) for n in local_names for e in range(ep_size)}
-    if every != set(state.master):
-        raise CheckpointError(f"the engine's model (ep_size {ep_size}) and the state differ in their weights: "
-                              f"{sorted(every ^ set(state.master))[:5]}; build the engine from the state's model "
-                              f"config.")
-    by_param = {id(p): n for n, p in named.items()}
-    stage = engine.zero_optimization_stage()
-    with torch.no_grad():
-        for name, param in named.items():
-            param.copy_(state.master[name])
-        if stage == 0:
-            optimizer = engine.optimizer
-            for group in optimizer.param_groups:
-                group.update(_one_hyper(state, [by_param[id(p)] for p in group["params"]]))
-                for p in group["params"]:
-                    name = by_param[id(p)]
-                    optimizer.state[p] = {**scalar_values(state.param_state[name]),
-                                          **{what: t[name].clone() for what, t in state.optimizer.items()}}
-        else:
-            zero = engine.optimizer
-            for index, partition in enumerate(zero.single_partition_of_fp32_groups):
-                names = [by_param[id(p)] for p in zero.bit16_groups[index]]
-                zero.optimizer.param_groups[index].update(_one_hyper(state, names))
-                scalars = {json.dumps(state.param_state[n], sort_keys=True) for n in names}
-                if len(scalars) != 1:
-                    raise CheckpointError(f"the tensors of one ZeRO partition have different optimizer steps "
-                                          f"({sorted(scalars)}); a flat partition holds one.")
-                zero.optimizer.state[partition] = {**scalar_values(json.loads(scalars.pop())),
-                                                   **{what: torch.zeros_like(partition) for what in state.optimizer}}
-            zero._lazy_init_hp_params_optimizer_state()
-            for name, param in named.items():
-                safe_set_full_fp32_param(param, state.master[name])
-                for what, tensors in state.optimizer.items():
-                    safe_set_full_optimizer_state(param, tensors[name], what)
-    scalars = state.scalars
-    if engine.lr_scheduler is not None and scalars.get("lr_scheduler") is not None:
-        engine.lr_scheduler.load_state_dict(scalars["lr_scheduler"])
-    engine.global_steps = scalars["global_steps"]
-    engine.global_samples = scalars["global_samples"]
-    engine.skipped_steps = scalars["skipped_steps"]
-
-
 def stored_shape_free(tag_dir: Path, meta: CheckpointMeta) -> ShapeFreeState:
     """The training state a resharded tag keeps in its folder `meta.shape_free_state`."""
     return load_shape_free(Path(tag_dir) / meta.shape_free_state)
 
 
-def resume_on_new_shape(engine, source: CheckpointSource, loader, ep_size: int, rank: int) -> TrainingState:
-    """Continue a run from `source` (written on another shape, or resharded with its shape-free state) in this
-    rank's freshly built engine and loader: weights, optimizer state, schedule and the data position. Every rank
-    reads the whole checkpoint (nothing of it is modified); the RNG streams of the old ranks mean nothing on the
-    new ones and are not restored. `source` was opened for --resume on every rank (marker read, files checked)."""
-    state = read_shape_free(source)
-    apply_to_engine(engine, state, ep_size, rank)
-    positions = {(s["epoch"], s.get("consumed")) for s in state.scalars["loaders"]}
-    if len(positions) != 1:
-        raise CheckpointError(f"the ranks of {source.tag_dir} saved different data positions {sorted(positions)}; a "
-                              f"checkpoint is taken between steps, where every rank has consumed as much: the folder "
-                              f"is mixed up.")
-    loader.load_state_dict(state.scalars["loaders"][0])
-    return TrainingState(step=source.meta.step, samples=source.meta.samples)
-
-
-def _one_hyper(state: ShapeFreeState, names: list[str]) -> dict[str, Any]:
-    """The hyper-parameters the tensors of one param group share in the state (lr, weight_decay, betas, ...)."""
-    found = {json.dumps(state.hyper[n], sort_keys=True) for n in names}
-    if len(found) != 1:
-        raise CheckpointError(f"the tensors of one param group had different hyper-parameters in the checkpoint: "
-                              f"{sorted(found)}")
-    hyper = json.loads(found.pop())
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in hyper.items()}
-
-
-def target_meta(state: ShapeFreeState, *, world_size: int, ep_size: int,
-                deepspeed_config: dict[str, Any]) -> CheckpointMeta:
+def target_meta(state: ShapeFreeState, *, world_size: int, ep_size: int, deepspeed_config: dict[str, Any],
+                branch_parallel: int = 1) -> CheckpointMeta:
     """The marker of the re-laid-out tag: the source's, with the new layout and where it came from."""
-    marker = {**state.scalars["marker"], "world_size": world_size, "ep_size": ep_size,
-              "deepspeed_config": deepspeed_config, "files": {}, "relaid_out_from": state.scalars["source"]}
-    return CheckpointMeta.from_json(marker, Path(state.scalars["source"]["tag_dir"]))
+    where = Path(state.scalars["source"]["tag_dir"])
+    marker = {**CheckpointMeta.from_json(state.scalars["marker"], where).to_json(), "world_size": world_size,
+              "ep_size": ep_size, "deepspeed_config": deepspeed_config, "branch_parallel": branch_parallel,
+              "files": {}, "relaid_out_from": state.scalars["source"]}
+    return CheckpointMeta.from_json(marker, where)

@@ -90,10 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     reshard.add_argument("--world-size", type=int, required=True, help="number of ranks of the new run")
     reshard.add_argument("--model-states-only", action="store_true",
                          help="leave the optimizer state, schedule and data position out (a smaller copy that "
-                              "--init-from starts a new run from)")
+                              "--init-from starts a new run from; the one way to reshard an fp16 run)")
 
-    shape_free = commands.add_parser("to-shape-free", help="training checkpoint (fp32, ZeRO 0/1/2) -> its training "
-                                                           f"state without layout: {TENSORS_FILE} (every master weight "
+    shape_free = commands.add_parser("to-shape-free", help="training checkpoint (fp32 or bf16, ZeRO 0/1/2) -> its "
+                                                           f"training state without layout: {TENSORS_FILE} (every master weight "
                                                            f"and optimizer state tensor whole, experts by global index) "
                                                            f"+ {STATE_FILE} (steps, schedule, loaders)")
     shape_free.add_argument("source", help="a training checkpoint: a tag folder (<output>/checkpoints/step1000), a "

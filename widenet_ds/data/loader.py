@@ -132,7 +132,8 @@ class PretrainingDataLoader:
                             f"this loader has {self.num_examples} with seed {self.seed}: the data folder or the "
                             "seed changed since the checkpoint; resume with the same data and seed")
         written, consumed = state["order"], state["consumed"]
-        if written != self.order.kind or state["micro_batch_size"] != self.micro_batch_size:
+        # (global chunks: a step takes the same samples with any micro batch of the same global batch)
+        if written != self.order.kind or (written != GLOBAL_CHUNKS and state["micro_batch_size"] != self.micro_batch_size):
             raise DataError(f"loader state of the {written} order with micro batch {state['micro_batch_size']} "
                             f"cannot continue in the {self.order.kind} order with micro batch {self.micro_batch_size}; "
                             f"resume with the run's batch settings")

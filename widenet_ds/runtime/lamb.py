@@ -110,6 +110,7 @@ class Lamb(torch.optim.Optimizer):
         # Tensors this optimizer may update as whole tensors (those it was built with); anything
         # else -- a flat ZeRO partition -- must come with a layout, or step() refuses it.
         self._whole_tensor_ids: set[int] = set()
+        self._built_shapes: list[list[torch.Size]] = []  # per param group, to know a group of fp32 copies
         self._layouts: dict[int, PartitionLayout] = {}
         self._partition_pieces: dict[int, tuple[PartitionLayout, _PartitionPieces]] = {}
         super().__init__(params, defaults)
@@ -117,6 +118,17 @@ class Lamb(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
         self._whole_tensor_ids.update(id(p) for p in self.param_groups[-1]["params"])
+        self._built_shapes.append([p.shape for p in self.param_groups[-1]["params"]])
+
+    def _copies_of_built_tensors(self, index: int, group: dict) -> bool:
+        """DeepSpeed's fp16/bf16 optimizer without ZeRO swaps each group's tensors for fp32 master copies, one per
+        tensor in the same order, and steps once in its constructor (before `enable_per_tensor_trust_ratio` can
+        run): whole tensors, registered here. A flat ZeRO partition never has the group's shapes."""
+        params = group["params"]
+        if [p.shape for p in params] != self._built_shapes[index] or any(id(p) in self._layouts for p in params):
+            return False
+        self._whole_tensor_ids.update(id(p) for p in params)
+        return True
 
     def set_partition_layouts(self, layouts: Iterable[PartitionLayout]) -> None:
         """Per-tensor trust ratios for flat partitions (called by `enable_per_tensor_trust_ratio`)."""
@@ -128,7 +140,7 @@ class Lamb(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
+        for index, group in enumerate(self.param_groups):
             whole = []
             for p in group["params"]:
                 if p.grad is None:
@@ -136,7 +148,8 @@ class Lamb(torch.optim.Optimizer):
                 if p.grad.is_sparse:
                     raise ConfigError("Lamb does not support sparse gradients; use dense embeddings")
                 layout = self._layouts.get(id(p))
-                if layout is None and id(p) not in self._whole_tensor_ids:
+                if layout is None and id(p) not in self._whole_tensor_ids and not self._copies_of_built_tensors(
+                        index, group):
                     raise ConfigError(
                         "Lamb was handed a tensor it was not built with (DeepSpeed ZeRO replaces the "
                         "parameters by flat partitions): call widenet_ds.runtime.lamb.enable_per_tensor_trust_ratio"
@@ -329,7 +342,7 @@ def enable_per_tensor_trust_ratio(engine) -> None:
     """Make the engine's `Lamb` compute its trust ratio per original tensor.
 
     Call once, right after `deepspeed.initialize(model=..., optimizer=Lamb(...), config=...)`.
-    Without ZeRO (stage 0, fp32 or fp16) `Lamb` already sees whole tensors. Under ZeRO stage 1/2
+    Without ZeRO (stage 0: fp32, or fp16/bf16 with their fp32 copies) `Lamb` already sees whole tensors. Under ZeRO stage 1/2
     this reads DeepSpeed's partition bookkeeping and hands `Lamb` one layout per flat partition.
     Any other wrapper (bf16 optimizer, ZeRO-3, offload) is refused, never run per partition.
     """
@@ -346,8 +359,11 @@ def enable_per_tensor_trust_ratio(engine) -> None:
     if wrapper is lamb:
         return  # stage 0 in fp32: whole tensors already
     if isinstance(wrapper, FP16_UnfusedOptimizer):
-        # fp16 without ZeRO: one fp32 master copy per tensor, so each copy is a whole tensor.
-        lamb._whole_tensor_ids.update(id(p) for group in lamb.param_groups for p in group["params"])
+        # fp16/bf16 without ZeRO: one fp32 master copy per tensor (whole tensors). Its constructor stepped once
+        # with zero gradients to create the state, which for LAMB is a real update (weight decay at the full
+        # rate, step 1): undone, the masters copied again from the 16-bit weights they were made from.
+        lamb.state.clear()
+        wrapper.refresh_fp32_params()
         return
     if type(wrapper) is not DeepSpeedZeroOptimizer:
         raise ConfigError(

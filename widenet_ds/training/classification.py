@@ -126,7 +126,8 @@ class ClassifyTask(Task):
         pixels, targets = self.augmenter(batch["pixels"].to(engine.device), labels)
         return {"pixels": pixels.to(_input_dtype(engine)), "targets": targets, "labels": labels}
 
-    def forward(self, engine, batch: dict[str, torch.Tensor], branches: int | None):
+    def forward(self, engine, batch: dict[str, torch.Tensor], branches: int | None,
+                weight: torch.Tensor | None = None):
         return engine(batch["pixels"], batch["targets"], label_smoothing=self.cfg.label_smoothing, branches=branches)
 
     def train_scalars(self) -> dict[str, float]:

@@ -50,7 +50,9 @@ class EpochBatches:
         # (a state of a version that did not record the order counted this shape's micro-batches)
         state = upgrade(LOADER_STATE, state, "the checkpoint's finetuning loader state",
                         assume={"micro_batch_size": self.micro_batch, "world_size": self.order.world})
-        if state["order"] != self.order.kind or state["micro_batch_size"] != self.micro_batch:
+        # (global chunks: a step takes the same samples with any micro batch of the same global batch)
+        if state["order"] != self.order.kind or (self.order.kind != GLOBAL_CHUNKS
+                                                 and state["micro_batch_size"] != self.micro_batch):
             raise DataError(f"loader state of the {state['order']} order with micro batch {state['micro_batch_size']} "
                             f"cannot continue in the {self.order.kind} order with micro batch {self.micro_batch}; "
                             f"resume with the run's batch settings")

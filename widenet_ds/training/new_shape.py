@@ -1,20 +1,27 @@
-"""A resume on another shape (ranks, expert-parallel size, ZeRO stage): what must hold, checked before anything
-loads. The checkpoint is then read whole and put into this run's engine (checkpoint/shape_free.py); the step it
-continues with computes the same thing as on the old shape because the micro-batches of a step do not depend on
-the shape (data/batch_order.py)."""
+"""A resume on another shape (ranks, expert-parallel size, ZeRO stage, branch groups, precision, micro batch): what
+must hold, checked before anything loads, and what the continuation then is. The checkpoint is read whole and put
+into this run's engine (checkpoint/relayout.py).
+
+Step for step: with the same micro batch, the step the run continues with computes the same thing as on the old
+shape, because the micro-batches of a step do not depend on the shape (data/batch_order.py); only sums run in
+another order. Statistically (said on the resume line, never silent): a new micro batch of the same global batch
+(the same samples in other micro-batches: the balance loss and capacity routing see other groups of tokens), a new
+precision (fp32 <-> bf16: the fp32 master weights and moments carry over, the forward and backward compute in the
+other one) or a model that draws random numbers (each rank's stream is new)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from widenet_ds.checkpoint.marker import CheckpointMeta
+from widenet_ds.checkpoint.shape_free import RELAID_OUT, fp16_refusal
 from widenet_ds.checkpoint.source import CheckpointSource
-from widenet_ds.data.batch_order import GLOBAL_CHUNKS
+from widenet_ds.data.batch_order import GLOBAL_CHUNKS, LOSS_PER_MICRO_BATCH, LOSS_PER_STEP
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.runtime.ds_config import DeepSpeedSettings, validate_ds_config
 from widenet_ds.runtime.parallel import ParallelPlan
+
+MICRO_BATCH_KEY = "train_micro_batch_size_per_gpu"  # its line in the changes since the checkpoint
 
 
 @dataclass(frozen=True)
@@ -22,10 +29,55 @@ class Shape:
     world_size: int
     ep_size: int
     zero_stage: int
+    precision: str = "fp32"
+    branch_parallel: int = 1
+    micro_batch: int | None = None  # None: not recorded
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.world_size // self.branch_parallel
+
+    def words(self, other: Shape) -> str:
+        """This shape, naming besides ranks, ep and ZeRO what either side has otherwise (branch groups, 16-bit
+        precision, a micro batch that changes)."""
+        said = [f"{self.world_size} rank{'s' if self.world_size != 1 else ''}", f"ep {self.ep_size}",
+                f"ZeRO {self.zero_stage}"]
+        if max(self.branch_parallel, other.branch_parallel) > 1:
+            said.append(f"branch-parallel {self.branch_parallel}")
+        if "fp32" != self.precision or "fp32" != other.precision:
+            said.append(self.precision)
+        if self.micro_batch != other.micro_batch:
+            said.append(f"micro batch {self.micro_batch}")
+        return ", ".join(said)
 
     def __str__(self) -> str:
-        return (f"{self.world_size} rank{'s' if self.world_size != 1 else ''}, ep {self.ep_size}, "
-                f"ZeRO {self.zero_stage}")
+        return self.words(self)
+
+
+@dataclass(frozen=True)
+class NewShape:
+    """A resume that re-lays the checkpoint out: from which shape to which, and what the continuation is."""
+
+    old: Shape
+    new: Shape
+    statistical: tuple[str, ...] = ()  # why it does not continue step for step (empty: it does)
+    loss_normalisation: str = LOSS_PER_STEP  # how the run weighs its per-token losses from here on
+    accepted_changes: tuple[str, ...] = ()  # settings a changed shape needs (no --accept-changed-settings asked)
+
+    def __str__(self) -> str:
+        return f"{self.old.words(self.new)} -> {self.new.words(self.old)}"
+
+    def words(self) -> str:
+        """How the console and the log say the re-layout: on another shape, or a resharded checkpoint on the
+        shape it was resharded for."""
+        return (f"on another shape ({self})" if self.old != self.new else
+                f"re-laid out from its resharded state (on its own shape, {self.new})")
+
+    def continuation(self) -> str:
+        """What the resumed run then is, for the resume line."""
+        if self.statistical:
+            return "continues statistically, not step for step: " + "; ".join(self.statistical)
+        return "continues step for step (the same micro-batches; sums in another order)"
 
 
 def trained_world_size(meta: CheckpointMeta) -> int:
@@ -33,25 +85,40 @@ def trained_world_size(meta: CheckpointMeta) -> int:
     return (meta.run.get("resharded_from") or {}).get("world_size") or meta.world_size
 
 
+def trained_branch_parallel(meta: CheckpointMeta) -> int:
+    """The ranks of a branch group of the checkpoint's run (a resharded tag has none: its source's are recorded)."""
+    return (meta.run.get("resharded_from") or {}).get("branch_parallel") or meta.branch_parallel
+
+
 def saved_settings(meta: CheckpointMeta, has_moe: bool) -> DeepSpeedSettings | None:
-    """The checkpoint's DeepSpeed settings as its run resolved them (None: a marker that did not record them)."""
+    """The checkpoint's DeepSpeed settings as its run resolved them (None: a marker that did not record them; an
+    fp16 run's on a machine without CUDA too: what it computed is read, not run)."""
     if not meta.deepspeed_config:
         return None
-    return validate_ds_config(meta.deepspeed_config, world_size=trained_world_size(meta), has_moe=has_moe,
-                              cuda_available=torch.cuda.is_available())
+    return validate_ds_config(meta.deepspeed_config,
+                              world_size=trained_world_size(meta) // max(1, trained_branch_parallel(meta)),
+                              has_moe=has_moe,
+                              cuda_available=True)
 
 
-def shape_words(new_shape: str) -> str:
-    """How the console and the log say a re-laid-out resume: on another shape, or a resharded checkpoint on the
-    shape it was resharded for."""
-    old, _, new = new_shape.partition(" -> ")
-    return (f"on another shape ({new_shape})" if old != new else
-            f"re-laid out from its resharded state (on its own shape, {new})")
+def random_draws(model_config) -> dict[str, object]:
+    """The settings under which a step draws random numbers (dropout, routing noise), with their values."""
+    draws = {name: getattr(model_config, name) for name in ("hidden_dropout", "attention_dropout", "classifier_dropout")
+             if getattr(model_config, name, 0.0)}
+    if model_config.is_moe and model_config.moe.noise != "none":
+        draws["moe.noise"] = model_config.moe.noise
+    return draws
+
+
+def micro_batches_that_fit(train_batch: int, data_parallel_size: int) -> list[int]:
+    """Every micro batch that forms `train_batch` on `data_parallel_size` ranks (any accumulation)."""
+    per_rank, rest = divmod(train_batch, data_parallel_size)
+    return [] if rest else [m for m in range(1, per_rank + 1) if per_rank % m == 0]
 
 
 def check_micro_batches_divide(checkpoint: CheckpointSource, data_parallel_size: int, has_moe: bool) -> None:
     """A resume on ranks that cannot split the checkpoint's micro-batches of a step: its message first (the
-    DeepSpeed JSON's batch arithmetic would otherwise suggest a batch the resume then refuses)."""
+    DeepSpeed JSON's batch arithmetic would otherwise suggest a change of the global batch the resume refuses)."""
     source = checkpoint.tag_dir
     saved = saved_settings(checkpoint.meta, has_moe)
     if saved is None:
@@ -60,25 +127,48 @@ def check_micro_batches_divide(checkpoint: CheckpointSource, data_parallel_size:
     per_step = train // micro
     if per_step % data_parallel_size:
         fits = [n for n in range(1, per_step + 1) if per_step % n == 0]
+        micros = [m for m in micro_batches_that_fit(train, data_parallel_size) if m != micro]
+        other_micro = (f"set {MICRO_BATCH_KEY} to {' or '.join(map(str, micros))} in the DeepSpeed JSON (the same "
+                       f"train_batch_size {train}; the run then continues statistically: the same samples per step in "
+                       f"other micro-batches), " if micros else "")
         raise ConfigError(
             f"checkpoint {source} trained {per_step} micro-batch(es) of {micro} per step (train_batch_size {train}); "
-            f"a resume on another number of ranks keeps both, so the ranks must divide {per_step} micro-batches per "
-            f"step, and {data_parallel_size} data-parallel rank(s) do not: resume on {' or '.join(map(str, fits))} "
-            f"data-parallel rank(s), or start a new run from its weights with --init-from {source} (a new optimizer "
-            f"and schedule).")
+            f"{data_parallel_size} data-parallel rank(s) cannot split them. Keep train_batch_size {train} and "
+            f"{other_micro}resume on {' or '.join(map(str, fits))} data-parallel rank(s) (step for step), or start a "
+            f"new run from its weights with --init-from {source} (a new optimizer and schedule).")
+
+
+def _statistical(old: Shape, new: Shape, meta: CheckpointMeta, model_config) -> tuple[str, ...]:
+    """Why a continuation from `old` on `new` is not step for step."""
+    why = []
+    if old.micro_batch != new.micro_batch:
+        why.append(f"micro-batches of {new.micro_batch} samples instead of {old.micro_batch} (the same samples per "
+                   f"step): the balance loss and capacity routing see other groups of tokens")
+        if meta.loss_normalisation == LOSS_PER_MICRO_BATCH and meta.task in (None, "pretrain"):
+            why.append("the MLM loss, each micro-batch's own mean until now, is the mean over the step's masked "
+                       "tokens from here on")
+    if old.precision != new.precision:
+        why.append(f"the forward and backward compute in {new.precision} instead of {old.precision} (the fp32 master "
+                   f"weights and optimizer state carry over)")
+    draws = random_draws(model_config)
+    if draws:
+        why.append("new random streams for " + ", ".join(f"{name} {value}" for name, value in draws.items()))
+    return tuple(why)
 
 
 def plan_new_shape(checkpoint: CheckpointSource, parallel: ParallelPlan, ds: DeepSpeedSettings,
-                   has_moe: bool) -> str | None:
-    """None when the checkpoint (opened for --resume) was written on this run's shape; else the line naming old and
-    new shape, after refusing, with the fix, a shape change that cannot continue the run exactly. A resharded
-    checkpoint's state (`convert reshard`) is always re-laid out: its old shape is the run's it came from."""
+                   model_config) -> NewShape | None:
+    """None when the checkpoint (opened for --resume) was written on this run's shape; else the re-layout, after
+    refusing, with the fix, a shape it cannot continue on. A resharded checkpoint's state (`convert reshard`) is
+    always re-laid out: its old shape is the run's it came from."""
     meta, source = checkpoint.meta, checkpoint.tag_dir
-    saved = saved_settings(meta, has_moe)
+    saved = saved_settings(meta, model_config.is_moe)
     resharded = meta.run.get("resharded_from") or {}
     old = Shape(trained_world_size(meta), resharded.get("ep_size") or meta.ep_size,
-                saved.zero_stage if saved else ds.zero_stage)
-    new = Shape(parallel.world_size, parallel.ep_size, ds.zero_stage)
+                saved.zero_stage if saved else ds.zero_stage, saved.precision if saved else ds.precision,
+                trained_branch_parallel(meta), saved.batch.micro_batch_size if saved else ds.batch.micro_batch_size)
+    new = Shape(parallel.world_size, parallel.ep_size, ds.zero_stage, ds.precision, parallel.branch_parallel,
+                ds.batch.micro_batch_size)
     if old == new and not meta.shape_free_state:
         return None
     own_shape = (f"resume on its own shape ({old}), or start a new run from its weights with --init-from {source} "
@@ -86,26 +176,23 @@ def plan_new_shape(checkpoint: CheckpointSource, parallel: ParallelPlan, ds: Dee
     if meta.data_order != GLOBAL_CHUNKS:
         raise CheckpointError(f"checkpoint {source} was written in the rank-strided data order of earlier widenet-ds "
                               f"versions, whose micro-batches depend on the number of ranks, so it cannot continue "
-                              f"exactly on {new}: {own_shape}.")
+                              f"on {new}: {own_shape}.")
     if saved is None:
         raise CheckpointError(f"checkpoint {source} does not record its DeepSpeed settings; {own_shape}.")
-    if parallel.branch_parallel > 1:
-        raise ConfigError(f"a branch-parallel run (--branch-parallel {parallel.branch_parallel}) continues on its own "
-                          f"shape only: {own_shape}; or continue it on {new} without branch parallelism "
-                          f"(--branch-parallel 1 --accept-changed-settings: the same model and data, each rank "
-                          f"computing every branch).")
-    if saved.precision != "fp32" or ds.precision != "fp32":
-        precisions = (f"checkpoint {source} was trained in {saved.precision}" if saved.precision != "fp32" else
-                      f"this run is {ds.precision} (checkpoint {source}: fp32)")
-        raise ConfigError(f"a resume on another shape re-lays out the fp32 master weights and optimizer state of an "
-                          f"fp32 run only, and {precisions}; {own_shape}.")
-    if (saved.batch.train_batch_size, saved.batch.micro_batch_size) != (ds.batch.train_batch_size,
-                                                                        ds.batch.micro_batch_size):
+    for precision, whose in ((old.precision, f"checkpoint {source} was trained in"), (new.precision, "this run is")):
+        if precision not in RELAID_OUT:
+            raise ConfigError(f"{fp16_refusal(f'{whose} {precision}')}: {own_shape}; or continue it in "
+                              f"{' or '.join(RELAID_OUT)} on another shape.")
+    if saved.batch.train_batch_size != ds.batch.train_batch_size:
+        fits = micro_batches_that_fit(saved.batch.train_batch_size, parallel.data_parallel_size)
         raise ConfigError(
-            f"checkpoint {source} trained with train_batch_size {saved.batch.train_batch_size} and "
-            f"train_micro_batch_size_per_gpu {saved.batch.micro_batch_size}; on {new} this run has "
-            f"{ds.batch.train_batch_size} and {ds.batch.micro_batch_size}. The same steps need the same global and "
-            f"micro batch: set both in the DeepSpeed JSON to the checkpoint's and leave gradient_accumulation_steps "
-            f"out (derived for {parallel.data_parallel_size} rank(s)); the ranks must divide "
-            f"{saved.batch.train_batch_size // saved.batch.micro_batch_size} micro-batches per step.")
-    return f"{old} -> {new}"
+            f"checkpoint {source} trained with train_batch_size {saved.batch.train_batch_size}; on {new} this run has "
+            f"{ds.batch.train_batch_size}. A step of another size would take other samples at another point of the "
+            f"schedule: set train_batch_size {saved.batch.train_batch_size} in the DeepSpeed JSON (with "
+            f"{MICRO_BATCH_KEY} {' or '.join(map(str, fits)) or 'of a rank count that divides it'}) and leave "
+            f"gradient_accumulation_steps out, or start a new run from its weights with --init-from {source}.")
+    forced = (saved.batch.train_batch_size // saved.batch.micro_batch_size) % parallel.data_parallel_size != 0
+    micro_changed = old.micro_batch != new.micro_batch
+    return NewShape(old, new, _statistical(old, new, meta, model_config),
+                    LOSS_PER_STEP if micro_changed else meta.loss_normalisation,
+                    (MICRO_BATCH_KEY,) if micro_changed and forced else ())

@@ -14,7 +14,7 @@ import torch
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.source import RESUME, CheckpointSource
 from widenet_ds.checkpoint.tags import latest_checkpoint
-from widenet_ds.data.batch_order import GLOBAL_CHUNKS
+from widenet_ds.data.batch_order import GLOBAL_CHUNKS, LOSS_PER_MICRO_BATCH
 from widenet_ds.errors import CheckpointError, ConfigError, WideNetError, mark_same_on_every_rank
 from widenet_ds.portable.format import check_same_model
 from widenet_ds.run_folder import RunFolder
@@ -22,7 +22,7 @@ from widenet_ds.runtime.ds_config import DeepSpeedSettings, load_ds_config, traj
 from widenet_ds.runtime.engine import OptimizerPlan, plan_optimizer
 from widenet_ds.runtime.parallel import ParallelPlan
 from widenet_ds.training.branch_schedule import BranchSchedule, plan_branch_schedule
-from widenet_ds.training.new_shape import check_micro_batches_divide, plan_new_shape
+from widenet_ds.training.new_shape import NewShape, check_micro_batches_divide, plan_new_shape, random_draws
 from widenet_ds.training.run_config import LATEST, RunConfig, saved_record, setting_changes
 
 
@@ -37,8 +37,11 @@ class RunPlan:
     notes: tuple[str, ...] = ()    # what the run does that a user may not expect (logged as events)
     resume: CheckpointSource | None = None  # the checkpoint to continue from, opened for --resume
     changes: tuple[str, ...] = ()  # settings changed since the checkpoint, accepted with --accept-changed-settings
-    new_shape: str | None = None   # "old -> new" when the checkpoint is re-laid out for this run's shape
+    new_shape: NewShape | None = None  # when the checkpoint is re-laid out for this run's shape
     data_order: str = GLOBAL_CHUNKS  # the order the loaders use: the resumed checkpoint's (data/batch_order.py)
+    loss_normalisation: str = LOSS_PER_MICRO_BATCH  # how a step weighs its per-token losses (data/batch_order.py):
+    #   a new run each micro-batch's own mean (its curve as before, the golden curves'); the step's counts from a
+    #   resume onto another micro batch on
 
 
 def resolve_max_steps(requested: int | None, ds: DeepSpeedSettings, also: str = "") -> int:
@@ -73,14 +76,10 @@ def branch_parallel_notes(parallel: ParallelPlan, model_config) -> tuple[str, ..
     whole model's in another order: the same model and data, other random draws. Said, not refused."""
     if parallel.branch_parallel == 1:
         return ()
-    draws = {name: getattr(model_config, name) for name in ("hidden_dropout", "attention_dropout", "classifier_dropout")
-             if getattr(model_config, name, 0.0)}
-    fixes = [f"--set {name}=0" for name in draws]
-    if model_config.is_moe and model_config.moe.noise != "none":
-        draws["moe.noise"] = model_config.moe.noise
-        fixes.append("--set moe.noise=none")
+    draws = random_draws(model_config)
     if not draws:
         return ()
+    fixes = [f"--set {name}=none" if name == "moe.noise" else f"--set {name}=0" for name in draws]
     listed = ", ".join(f"{name} {value}" for name, value in draws.items())
     return (f"branch-parallel: {listed} draw on each rank for its own branches, so this run trains with other random "
             f"draws than the same run on one rank (step for step the same only without them: {' '.join(fixes)}).",)
@@ -149,8 +148,12 @@ def plan_task(cfg: RunConfig, task, world_size: int, rank: int) -> RunPlan:
         resume = find_resume(cfg, task.folder)
         plan = plan_resume(cfg, task, plan_run(cfg, task, world_size, rank, resume), resume)
         if plan.resume is not None:
-            plan = replace(plan, changes=tuple(resume_changes(cfg, cfg.folder, plan.ds, plan.resume.meta)))
-            check_resume_changes(cfg, cfg.output_dir, list(plan.changes))
+            # (a setting the new shape needs, a micro batch the ranks can form, is no change to accept)
+            needed = plan.new_shape.accepted_changes if plan.new_shape else ()
+            changes = [c for c in resume_changes(cfg, cfg.folder, plan.ds, plan.resume.meta)
+                       if c.partition(":")[0] not in needed]
+            plan = replace(plan, changes=tuple(changes))
+            check_resume_changes(cfg, cfg.output_dir, changes)
         task.prepare(plan)
     except WideNetError as err:
         raise mark_same_on_every_rank(err)
@@ -192,5 +195,6 @@ def plan_resume(cfg: RunConfig, task, plan: RunPlan, source: CheckpointSource | 
         raise CheckpointError(f"checkpoint {source.tag_dir} was trained with --branch-schedule {meta.branch_schedule}; "
                               f"resume with the same schedule.")
     task.check_resume(meta, source)
-    new_shape = plan_new_shape(source, plan.parallel, plan.ds, model_config.is_moe)
-    return replace(plan, model_config=model_config, resume=source, new_shape=new_shape, data_order=meta.data_order)
+    new_shape = plan_new_shape(source, plan.parallel, plan.ds, model_config)
+    return replace(plan, model_config=model_config, resume=source, new_shape=new_shape, data_order=meta.data_order,
+                   loss_normalisation=new_shape.loss_normalisation if new_shape else meta.loss_normalisation)

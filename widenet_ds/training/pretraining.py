@@ -4,6 +4,7 @@ of each prefix of branches: the compression curve)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -12,12 +13,13 @@ import torch.distributed as torch_dist
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
+from widenet_ds.data.batch_order import LOSS_PER_STEP
 from widenet_ds.data.loader import PretrainingDataLoader
 from widenet_ds.data.prepared import PreparedData
 from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import DataError
 from widenet_ds.model.config import ModelConfig
-from widenet_ds.model.widenet import WideNetForPreTraining
+from widenet_ds.model.widenet import PreTrainingOutput, WideNetForPreTraining
 from widenet_ds.portable.format import check_same_model
 from widenet_ds.portable.weights import load_into
 from widenet_ds.results import PretrainResults
@@ -38,6 +40,7 @@ def _to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor
 class PretrainTask(Task):
     METRICS = PretrainMetrics
     RESULTS = PretrainResults
+    WEIGHS_STEP = True  # the MLM loss is a mean over masked tokens, which micro-batches hold unequally many of
     cfg: PretrainConfig
 
     # -- before anything is built --------------------------------------------------------------------
@@ -128,6 +131,29 @@ class PretrainTask(Task):
     # -- the step --------------------------------------------------------------------------------------
     def micro_batch(self, batches, engine) -> dict[str, torch.Tensor]:
         return _to_device(next(batches), engine.device)
+
+    def loss_weights(self, micro_batches: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:
+        """Each micro-batch's masked tokens over the step's mean per micro-batch (summed over every rank; the ranks
+        of a branch group hold the same micro-batch): the weighted micro-batch means average to the mean over the
+        step's masked tokens, the same for any micro batch of the same global batch."""
+        if self.plan.loss_normalisation != LOSS_PER_STEP:
+            return None  # a run begun with each micro-batch's own mean continues with it (exactly)
+        counts = torch.stack([(batch["mlm_labels"] != -100).sum() for batch in micro_batches]).to(torch.float64)
+        total = counts.sum()
+        if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
+            torch_dist.all_reduce(total)
+        parallel = self.plan.parallel
+        per_step = len(micro_batches) * parallel.data_parallel_size
+        weights = counts * (per_step * parallel.branch_parallel) / total.clamp(min=1.0)
+        return list(weights.to(torch.float32).unbind())
+
+    def forward(self, engine, batch: dict[str, torch.Tensor], branches: int | None,
+                weight: torch.Tensor | None = None) -> PreTrainingOutput:
+        output = super().forward(engine, batch, branches)
+        if weight is None:
+            return output
+        # (weight 1 adds exactly 0: a micro-batch of the step's mean count trains as its own mean does)
+        return replace(output, loss=output.loss + (weight - 1.0) * output.mlm_loss, mlm_loss=weight * output.mlm_loss)
 
     def train_line(self, s: dict[str, float]) -> str:
         return (f"loss {s['train/loss']:.4f} | mlm {s['train/mlm_loss']:.4f} acc {s['train/mlm_accuracy']:.3f} | sop "

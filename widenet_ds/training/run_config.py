@@ -43,7 +43,8 @@ RESUMABLE_SETTINGS = frozenset({
     "output_dir", "resume", "accept_changed_settings", "deepspeed_config", "max_steps", "seeds", "log_interval",
     "eval_interval", "save_interval", "keep_last", "eval_batches", "max_eval_examples", "tensorboard",
     "progress_bar", "compile", "compile_backend", "workers", "predict_test", "save_model",
-    "init_timeout", "train_timeout", "ep_size"})  # a layout setting: a resume on another layout re-lays the checkpoint out (training/plan.py)
+    "init_timeout", "train_timeout", "ep_size", "branch_parallel"})  # layout settings: a resume on another layout
+#                                                                   re-lays the checkpoint out (training/new_shape.py)
 _BRANCHES = "ParaFormer branch layouts (num_branches > 1; docs/paraformer.md)"
 _MONITORING = "logging"
 _CLUSTER = "faults on several ranks (docs/cluster.md)"

@@ -6,8 +6,8 @@ The order of the calls (torchtitan's `Trainer` hooks are the model):
 
     planner (training/plan.py)   model_config -> check_settings(ds) -> load_data -> batches_per_epoch,
                                  requested_steps(ds) -> check_resume(meta, source) -> prepare(plan)
-    loop (training/trainer.py)   train_loader, build_model -> start -> [micro_batch -> forward -> metrics,
-                                 train_scalars, train_line]* with evaluate between -> finish -> its Results
+    loop (training/trainer.py)   train_loader, build_model -> start -> [micro_batch (-> loss_weights) -> forward
+                                 -> metrics, train_scalars, train_line]* with evaluate between -> finish -> its Results
 """
 
 from __future__ import annotations
@@ -101,8 +101,20 @@ class Task(ABC):
     def micro_batch(self, batches, engine) -> dict[str, torch.Tensor]:
         """The next micro-batch, on the engine's device, ready for `forward`."""
 
-    def forward(self, engine, batch: dict[str, torch.Tensor], branches: int | None):
-        """The model's output for a micro-batch (with `branches`: the first k branches only)."""
+    # Whether the loop draws a step's micro-batches before its first forward, for `loss_weights`.
+    WEIGHS_STEP: ClassVar[bool] = False
+
+    def loss_weights(self, micro_batches: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:
+        """Collective (every rank, each step, when WEIGHS_STEP): the weight of each of this rank's micro-batches of
+        a step on its per-token losses, such that the step's loss is their mean over the step's tokens of every
+        micro-batch and rank whatever the micro batch (`plan.loss_normalisation`, data/batch_order.py). None: the
+        task's losses are means over examples, which every micro-batch holds as many of."""
+        return None
+
+    def forward(self, engine, batch: dict[str, torch.Tensor], branches: int | None,
+                weight: torch.Tensor | None = None):
+        """The model's output for a micro-batch (with `branches`: the first k branches only; `weight`: this
+        micro-batch's of `loss_weights`, applied to its per-token losses)."""
         return engine(**batch, branches=branches) if branches else engine(**batch)
 
     def metrics(self) -> WindowSums:

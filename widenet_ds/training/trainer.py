@@ -25,14 +25,13 @@ import torch.distributed as torch_dist
 
 from widenet_ds.checkpoint.manager import CheckpointManager, TrainingState, load_weights_only
 from widenet_ds.checkpoint.marker import CheckpointMeta
-from widenet_ds.checkpoint.shape_free import resume_on_new_shape
+from widenet_ds.checkpoint.relayout import resume_on_new_shape
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.runtime.compile import compile_for_training
 from widenet_ds.runtime.console import say
 from widenet_ds.runtime.distributed import seed_everything
 from widenet_ds.runtime.engine import build_engine, expert_grad_norm_stage0
 from widenet_ds.training.log import TrainingLog, memory_mib
-from widenet_ds.training.new_shape import shape_words
 from widenet_ds.training.plan import RunPlan
 from widenet_ds.training.preemption import SavePoints, StopRequest
 from widenet_ds.training.run_config import RunConfig
@@ -77,7 +76,7 @@ class Trainer:
         checkpoints = CheckpointManager(self.folder.checkpoints, cfg.keep_last, rank, parallel.world_size)
         state = TrainingState()
         if plan.new_shape is not None:
-            say(f"resuming {plan.resume.tag_dir} {shape_words(plan.new_shape)}")
+            say(f"resuming {plan.resume.tag_dir} {plan.new_shape.words()}")
             state = resume_on_new_shape(engine, plan.resume, loader, parallel.ep_size, rank)
             # The old ranks' streams (dropout, routing noise, augmentation) have no counterpart here: new ones,
             # keyed by the step (not the start's streams again); checkpoints from here on save them as usual.
@@ -108,8 +107,9 @@ class Trainer:
                                       f"{list(engine.module.encoder.branch_parallel.branches)}")
             if plan.resume is not None:
                 log.event(state.step, f"resumed from {plan.resume.tag_dir}"
-                          + (f" {shape_words(plan.new_shape)}: weights, optimizer state, schedule and data "
-                             f"position carried over; new random streams" if plan.new_shape else ""))
+                          + (f" {plan.new_shape.words()}: weights, optimizer state, schedule and data position "
+                             f"carried over; new random streams; {plan.new_shape.continuation()}"
+                             if plan.new_shape else ""))
                 for change in plan.changes:
                     log.event(state.step, f"changed since the checkpoint (--accept-changed-settings): {change}")
             else:
@@ -127,7 +127,9 @@ class Trainer:
             meta = CheckpointMeta(step=state.step, samples=state.samples, world_size=parallel.world_size,
                                   ep_size=parallel.ep_size, model_config=cfg_model.to_dict(), deepspeed_config=plan.ds.config,
                                   architecture=type(model).__name__, task=cfg.TASK,
-                                  branch_schedule=plan.schedule.kind, data_order=plan.data_order, run=task.meta())
+                                  branch_schedule=plan.schedule.kind, data_order=plan.data_order,
+                                  branch_parallel=parallel.branch_parallel,
+                                  loss_normalisation=plan.loss_normalisation, run=task.meta())
             finished = self._steps(engine, loader, checkpoints, state, log, meta)
             if not finished:
                 return False, None
@@ -162,6 +164,10 @@ class Trainer:
             # A checkpoint closes the logging window, so that a run resumed from it logs the same windows.
             closes_window = save_points.crosses(first_step, first_step + len(counts))
             micro_batches: list[dict[str, torch.Tensor]] = []  # drawn once, reused by each prefix of a batch
+            weights = None  # of each micro-batch's per-token losses (Task.loss_weights)
+            if task.WEIGHS_STEP:
+                micro_batches = [task.micro_batch(batches, engine) for _ in range(accumulation)]
+                weights = task.loss_weights(micro_batches)
             for index, active in enumerate(counts):
                 if branched and active != trainable:
                     encoder.set_trainable_branches(active)
@@ -175,7 +181,8 @@ class Trainer:
                     if micro_step == len(micro_batches):
                         micro_batches.append(task.micro_batch(batches, engine))
                     batch = micro_batches[micro_step]
-                    output = task.forward(engine, batch, active if branched else None)
+                    output = task.forward(engine, batch, active if branched else None,
+                                          None if weights is None else weights[micro_step])
                     engine.backward(output.loss)
                     if log_now and own_grad_norm and micro_step == accumulation - 1:
                         grad_norm = expert_grad_norm_stage0(engine.module, plan.parallel.ep_size)

@@ -104,13 +104,14 @@ class ImageLoader:
                                         "order": "legacy" if self.legacy else GLOBAL_CHUNKS})
 
     def load_state_dict(self, state: dict[str, int | str]) -> None:
-        # (a state of a version that did not record the micro batch was written with this run's)
+        # (a state of a version that did not record the micro batch was written with this run's; global chunks:
+        # a step takes the same samples with any micro batch of the same global batch)
         state = upgrade(LOADER_STATE, state, "the checkpoint's image loader state",
                         assume={"micro_batch_size": self.order.micro})
         if (state["order"] == "legacy") != self.legacy:
             raise DataError(f"loader state of the {state['order']} order cannot continue in the "
                             f"{'legacy' if self.legacy else GLOBAL_CHUNKS} order; resume from the run's own checkpoint.")
-        if state["seed"] != self.seed or state["micro_batch_size"] != self.order.micro:
+        if state["seed"] != self.seed or (self.legacy and state["micro_batch_size"] != self.order.micro):
             raise DataError(f"loader state of seed {state['seed']} and micro batch {state['micro_batch_size']} cannot "
                             f"continue with seed {self.seed} and micro batch {self.order.micro}; resume with the run's --seed "
                             f"and batch settings.")
