@@ -54,7 +54,7 @@ def test_deepspeed_runs_the_pretraining_script_on_the_golden_curve(tmp_path):
     data = prepare_data(tmp_path / "data", [], tokenizer=str(VOCAB))
     out = tmp_path / "run"
     args = golden_args(RUNS["widenet_tiny_e4_1rank"], out, {"data": data})
-    run_deepspeed(REPO / SCRIPTS["pretrain"], [*args, "--max-steps", str(steps)], num_ranks=1)
+    run_deepspeed(REPO / SCRIPTS["pretrain"], [*args, "--max-steps", str(steps)], num_ranks=1, runner=True)
     curve = read_asset(ASSETS / "widenet_tiny_e4_1rank.txt")
     assert not beyond_tolerance({step: loss for step, loss in curve.items() if step <= steps}, train_losses(out))
 
@@ -76,7 +76,7 @@ def test_deepspeed_runs_the_glue_script(shared_data, tmp_path):
         "--tokenizer", str(shared_data / "vocab/bert-base-uncased-vocab.txt"), "--allow-recipe-mismatch",
         "--deepspeed_config", str(REPO / "ds_configs/finetune_cpu_small.json"), "--output-dir", str(out),
         "--max-train-examples", "32", "--max-eval-examples", "16", "--max-seq-length", "32", "--max-steps", "2",
-        "--seed", "1", "--log-interval", "1", "--no-progress-bar", "--no-tensorboard"], num_ranks=1)
+        "--seed", "1", "--log-interval", "1", "--no-progress-bar", "--no-tensorboard"], num_ranks=1, runner=True)
     assert sorted(train_losses(out / "seed1")) == [1, 2]
     assert (out / "results.json").is_file()
 
@@ -110,7 +110,8 @@ def test_the_script_form_prints_a_command_line_error_once_for_all_ranks():
     """`deepspeed --num_gpus 2 finetune/run_glue.py` without --data: one error line naming the script, not argparse's
     usage and error once per rank."""
     proc = run_deepspeed(REPO / SCRIPTS["glue"], ["--task", "sst2", "--model-config", "widenet-tiny-e4",
-                                                  "--deepspeed_config", "x.json", "--output-dir", "o"], check=False)
+                                                  "--deepspeed_config", "x.json", "--output-dir", "o"], check=False,
+                         runner=True)
     output = proc.stdout + proc.stderr
     errors = [line for line in output.splitlines() if ": error" in line]  # (not the deepspeed runner's log lines)
     assert proc.returncode != 0 and len(errors) == 1, output[-3000:]

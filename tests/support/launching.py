@@ -1,10 +1,17 @@
-"""Start trainers and test scripts under the real `deepspeed` launcher with N local CPU ranks.
+"""Start trainers and test scripts under DeepSpeed's real launcher with N local CPU ranks.
 
-Trainers start the way users start them: `deepspeed --module widenet_ds.train TASK ...` (`train_command`,
-`run_train`); the test scripts of tests/scripts/ by their path (`deepspeed_command`, `run_deepspeed`)."""
+Trainers start the way `deepspeed --module widenet_ds.train TASK ...` starts them (`train_command`, `run_train`);
+the test scripts of tests/scripts/ by their path (`deepspeed_command`, `run_deepspeed`). For a one-node job the
+`deepspeed` command (deepspeed/launcher/runner.py) only builds one command line and waits on it:
+`python -m deepspeed.launcher.launch --world_info=... SCRIPT ...`, the per-node launcher that starts, watches and
+signals the ranks. These helpers run that command line themselves: the runner's own import of torch and DeepSpeed
+is about 3 s of CPU per launch, a tenth of the suite's time. The runner in front is tested where it is the subject
+(tests/integration/test_entry_scripts.py, `widenet-ds launch`, the hostfile and Slurm tests)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import shutil
 import subprocess
@@ -53,9 +60,22 @@ def deepspeed_launcher() -> str:
     return shutil.which("deepspeed", path=str(Path(sys.executable).parent)) or "deepspeed"
 
 
-def deepspeed_command(script: str | Path, args: list[str], num_ranks: int = 2) -> list[str]:
+def local_launch(num_ranks: int) -> list[str]:
+    """DeepSpeed's per-node launcher for `num_ranks` ranks on this machine: the command line `deepspeed --num_gpus
+    N --master_port P` runs for a one-node job (runner.py: world_info is {"localhost": [0, ..., N-1]}, base64)."""
     clear_stale_build_locks()
-    return [deepspeed_launcher(), "--num_gpus", str(num_ranks), "--master_port", str(free_port()), str(script), *args]
+    world_info = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(num_ranks))}).encode()).decode()
+    return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world_info}",
+            "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
+
+
+def deepspeed_command(script: str | Path, args: list[str], num_ranks: int = 2, runner: bool = False) -> list[str]:
+    """`runner`: through the `deepspeed` command itself, where its front is what a test checks."""
+    if runner:
+        clear_stale_build_locks()
+        return [deepspeed_launcher(), "--num_gpus", str(num_ranks), "--master_port", str(free_port()), str(script),
+                *args]
+    return [*local_launch(num_ranks), str(script), *args]
 
 
 def python_train_command(task: str, args: list[str]) -> list[str]:
@@ -64,10 +84,8 @@ def python_train_command(task: str, args: list[str]) -> list[str]:
 
 
 def train_command(task: str, args: list[str], num_ranks: int = 2) -> list[str]:
-    """`deepspeed --module widenet_ds.train TASK ARGS` on `num_ranks` local ranks."""
-    clear_stale_build_locks()
-    return [deepspeed_launcher(), "--num_gpus", str(num_ranks), "--master_port", str(free_port()), "--module",
-            "widenet_ds.train", task, *args]
+    """What `deepspeed --num_gpus N --module widenet_ds.train TASK ARGS` runs, on `num_ranks` local ranks."""
+    return [*local_launch(num_ranks), "--module", "widenet_ds.train", task, *args]
 
 
 def _run(command: list[str], timeout: int, env: dict[str, str] | None, check: bool) -> subprocess.CompletedProcess:
@@ -80,8 +98,9 @@ def _run(command: list[str], timeout: int, env: dict[str, str] | None, check: bo
 
 
 def run_deepspeed(script: str | Path, args: list[str], num_ranks: int = 2, timeout: int = 300,
-                  env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    return _run(deepspeed_command(script, args, num_ranks), timeout, env, check)
+                  env: dict[str, str] | None = None, check: bool = True, runner: bool = False
+                  ) -> subprocess.CompletedProcess:
+    return _run(deepspeed_command(script, args, num_ranks, runner), timeout, env, check)
 
 
 def run_train(task: str, args: list[str], num_ranks: int = 2, timeout: int = 300, env: dict[str, str] | None = None,
