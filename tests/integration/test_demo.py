@@ -61,15 +61,15 @@ def test_demo_pretrains_reports_and_finetunes_once_sst2_is_there(shared_data, tm
     assert str(sst2) in (out / "report" / "index.html").read_text()
 
     # other options in the same folder (the README's quick look after the demo): runs of their own, each over its
-    # whole schedule, the earlier ones kept
+    # whole schedule, the earlier ones kept (here another finetuning length: the pretraining is reused again)
     before = {f: f.stat().st_mtime_ns for run in (pretrain.path, sst2) for f in run.rglob("*") if f.is_file()}
-    third = run_demo(out, shared_data, steps=STEPS + 1)
-    assert "holds the runs of other settings too" in third.stderr
-    other = RunFolder(out / f"pretrain-{STEPS + 1}steps")
-    assert max(other.read_metrics().series("train/mlm_loss")) == STEPS + 1
-    assert RunFolder(out / f"sst2-{STEPS + 1}steps-after-{STEPS + 1}").read_results(FinetuneResults).steps == STEPS + 1
-    assert json.loads((out / "ds_configs" / f"cpu_small-{STEPS + 1}steps.json").read_text())["scheduler"]["params"][
-        "total_num_steps"] == STEPS + 1
+    third = widenet_ds("demo", "--output", str(out), "--steps", str(STEPS), "--finetune-steps", str(STEPS + 1),
+                       WIDENET_SHARED_DATA=str(shared_data), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    assert f"holds the runs of other settings too ({sst2.name})" in third.stderr
+    other = RunFolder(out / f"sst2-{STEPS + 1}steps-after-{STEPS}")
+    assert other.read_results(FinetuneResults).steps == STEPS + 1
+    assert json.loads((out / "ds_configs" / f"finetune_cpu_small-{STEPS + 1}steps.json").read_text())["scheduler"][
+        "params"]["total_num_steps"] == STEPS + 1
     assert {f: f.stat().st_mtime_ns for f in before} == before
 
 

@@ -195,7 +195,7 @@ def test_a_restart_from_the_weights_does_not_continue_the_run(inputs, two_ranks)
 #   on the other shape 0.0043-0.0069 (three runs of this module: the bf16 runs did not repeat to the bit),
 #   --init-from 0.99: 0.02, three times what the shape alone does.
 # - fp32 -> bf16: 0.0136-0.016 from the fp32 run it continues (4 steps computed in bf16), where the bf16 run from
-#   step 1 is 0.37 away and --init-from in bf16 1.02: 0.05.
+#   step 1 is 0.37 away (and --init-from in bf16 1.02, measured when the test still ran it): 0.05.
 # - micro batch 3 -> 4 (global 12): 0.037-0.041, the uninterrupted micro-4 run 0.067-0.068, --init-from 0.85:
 #   0.075, above what the other micro batch does from the first step.
 PRECISION_CHANGE_TOLERANCE = 0.05
@@ -243,9 +243,10 @@ def test_a_bf16_run_continues_on_one_rank_and_zero_0(inputs, two_bf16, one_bf16)
 def test_a_bf16_run_on_one_rank_continues_on_two_ranks_and_zero_1(inputs, two_bf16, one_bf16):
     root, out = inputs["root"], inputs["root"] / "one_to_two_bf16"
     resumed = resume(inputs, one_bf16[0], out, 2, "bf16_zero1")
-    restarted = restart(inputs, one_bf16[0], root / "restart_bf16_two", 2, "bf16_zero1")
+    # the restart on the reference's own shape: what dropping the optimizer state and the schedule does alone
+    restarted = restart(inputs, one_bf16[0], root / "restart_bf16_one", 1, "bf16_zero0")
     name = "bf16 1 rank ZeRO 0 -> 2 ranks ep 2 ZeRO 1"
-    assert_continues(name, weight_measures(out, two_bf16[0], root / "restart_bf16_two", one_bf16[0]), BF16_TOLERANCE,
+    assert_continues(name, weight_measures(out, two_bf16[0], root / "restart_bf16_one", one_bf16[0]), BF16_TOLERANCE,
                      "weights")
     print(f"{name} (loss ulps): {loss_measures(resumed, two_bf16[1], restarted, one_bf16[1])}")
 
@@ -253,15 +254,18 @@ def test_a_bf16_run_on_one_rank_continues_on_two_ranks_and_zero_1(inputs, two_bf
 def test_an_fp32_run_continues_in_bf16_when_the_change_is_accepted(inputs, two_ranks, one_bf16):
     """A run begun in fp32 continued in bf16 (on 1 rank, ZeRO 0): its fp32 masters and moments carry over, so it
     stays near the fp32 run it continues (only its last 4 steps computed in bf16), far nearer than the bf16 run of
-    the new shape from step 1, and a restart in bf16 from the same weights does not."""
-    root, out = inputs["root"], inputs["root"] / "fp32_to_bf16"
+    the new shape from step 1. (What a restart from the weights does is the bf16 tests' --init-from: 0.99.)"""
+    out = inputs["root"] / "fp32_to_bf16"
     resumed = resume(inputs, two_ranks[0], out, 1, "bf16_zero0", "--accept-changed-settings")
-    restarted = restart(inputs, two_ranks[0], root / "restart_fp32_in_bf16", 1, "bf16_zero0")
     name = "fp32 2 ranks -> bf16 1 rank, against the fp32 run"
-    measured = weight_measures(out, one_bf16[0], root / "restart_fp32_in_bf16", two_ranks[0])
-    assert_continues(name, measured, PRECISION_CHANGE_TOLERANCE, "weights")
-    assert measured["resumed"] < measured["uninterrupted on the other shape"] / 5, measured
-    print(f"{name} (loss ulps): {loss_measures(resumed, one_bf16[1], restarted, two_ranks[1])}")
+    measured = {"resumed": weights_distance(out, two_ranks[0]),
+                "the bf16 run of the new shape from step 1": weights_distance(one_bf16[0], two_ranks[0])}
+    print(f"{name} (weights): " + ", ".join(f"{what} {value:.4g}" for what, value in measured.items())
+          + f"; tolerance {PRECISION_CHANGE_TOLERANCE}")
+    assert measured["resumed"] <= PRECISION_CHANGE_TOLERANCE, measured
+    assert measured["resumed"] < measured["the bf16 run of the new shape from step 1"] / 5, measured
+    print(f"{name} (loss ulps): resumed {distance(resumed, two_ranks[1]):.4g}, the bf16 run from step 1 "
+          f"{distance(one_bf16[1], two_ranks[1]):.4g}")
     said = events(out)
     assert any("fp32 -> 1 rank, ep 1, ZeRO 0, bf16" in e and "continues statistically, not step for step: the "
                "forward and backward compute in bf16 instead of fp32" in e for e in said), said
@@ -271,15 +275,17 @@ def test_an_fp32_run_continues_in_bf16_when_the_change_is_accepted(inputs, two_r
 def test_a_micro_batch_the_new_ranks_need_continues_the_run_statistically(inputs):
     """Global batch 12: 4 ranks x micro 3, moved to 3 ranks, where 4 micro-batches cannot be split: with micro 4 (the
     same 12 samples per step in 3 micro-batches) the resume is accepted without --accept-changed-settings and said
-    to be statistical; from there on the MLM loss is the mean over the step's masked tokens."""
+    to be statistical; from there on the MLM loss is the mean over the step's masked tokens. The two contrasts run
+    on 1 rank with 3 accumulated micro-batches of 4: the micro-batches of 3 ranks x micro 4, sample for sample (a
+    step does not depend on the shape: the first test), at a third of the launch cost."""
     root, four = inputs["root"], inputs["root"] / "four_micro3"
     reference = train(inputs, four, 4, "twelve_micro3", ep=1)
-    other = train(inputs, root / "three_micro4", 3, "twelve_micro4", ep=1)
+    other = train(inputs, root / "micro4", 1, "twelve_micro4", ep=1)
     out = root / "four_to_three"
     resumed = resume(inputs, four, out, 3, "twelve_micro4", ep=1)
-    restarted = restart(inputs, four, root / "restart_three", 3, "twelve_micro4", ep=1)
+    restarted = restart(inputs, four, root / "restart_micro4", 1, "twelve_micro4", ep=1)
     name = "4 ranks x micro 3 -> 3 ranks x micro 4"
-    assert_continues(name, weight_measures(out, root / "three_micro4", root / "restart_three", four),
+    assert_continues(name, weight_measures(out, root / "micro4", root / "restart_micro4", four),
                      MICRO_BATCH_TOLERANCE, "weights")
     print(f"{name} (loss ulps): {loss_measures(resumed, other, restarted, reference)}")
     line = next(e for e in events(out) if e.startswith("resumed from"))

@@ -102,7 +102,8 @@ def demo(output: Path, steps: int, finetune_steps: int) -> int:
     data, pretrain = output / "data", RunFolder(output / f"pretrain-{steps}steps")
     sst2 = RunFolder(output / f"sst2-{finetune_steps}steps-after-{steps}")
     output.mkdir(parents=True, exist_ok=True)
-    earlier = sorted(p.name for p in output.glob("pretrain*") if p.is_dir() and p != pretrain.path)
+    earlier = sorted(p.name for pattern in ("pretrain-*", "sst2-*") for p in output.glob(pattern)
+                     if p.is_dir() and p not in (pretrain.path, sst2.path))
     if earlier:
         say(f"[demo] {output} holds the runs of other settings too ({', '.join(earlier)}): kept; this demo's "
             f"runs are {pretrain.path.name} and {sst2.path.name}")
