@@ -18,7 +18,7 @@ usage: ./launcher.sh <command> [options]
   TASK [L] -- ARGS       widenet-ds launch TASK [L] -- ARGS (L: `widenet-ds launch --help`); TASK: pretrain glue
                          squad classify; also `vision` (classify), `finetune` (glue), `finetune --squad` (squad)
   anything else          widenet-ds with the same arguments (launch, convert, report, ...)
-Environment (default): WIDENET_VENV (.venv), WIDENET_SHARED_DATA (../shared/data), WIDENET_TEST_WORKERS (2)
+Environment (default): WIDENET_VENV (.venv), WIDENET_SHARED_DATA (../shared/data), WIDENET_TEST_WORKERS (3; --fast: 2)
 EOF_USAGE
 }
 
@@ -51,16 +51,16 @@ install_fashion_mnist() {  # Debian's dataset-fashion-mnist (MIT): the vision pa
 }
 
 run_tests() {  # --fast: lane 1 (docs/testing.md), which needs neither Slurm, the 2-node cluster nor a browser
-  setup; local lane=() tools="slurm cluster_tools chromium"
-  [[ "${1:-}" == --fast ]] && shift && lane=(-m "not (multirank or slow or slurm or cluster)") && tools=""
+  setup; local lane=() tools="slurm cluster_tools chromium" workers=3  # the fast lane: 2 (docs/testing.md)
+  [[ "${1:-}" == --fast ]] && shift && lane=(-m "not (multirank or slow or slurm or cluster)") && tools="" && workers=2
   if [[ "$(id -u)" == "0" ]]; then
     for tool in $tools; do  # Slurm; sshd + pdsh (the 2-node cluster); the report's browser
       bash "$ROOT/scripts/install_$tool.sh" >&2 || echo "[test] $tool install failed; its tests will skip" >&2; done
     install_tcmalloc || echo "[test] tcmalloc install failed; CPU ranks get glibc's malloc, tuned; its test will skip" >&2
   fi
   install_fashion_mnist || echo "[test] Fashion-MNIST not installed; its test will skip" >&2
-  # Two workers, a file each at a time, slow files first (tests/conftest.py; xdist would reorder by test count).
-  cd "$ROOT" && "$PY" -m pytest -n "${WIDENET_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "${lane[@]}" "$@"
+  # A file per worker at a time, slow files first (tests/conftest.py); a third worker fills the whole suite's waits.
+  cd "$ROOT" && "$PY" -m pytest -n "${WIDENET_TEST_WORKERS:-$workers}" --dist loadfile --no-loadscope-reorder "${lane[@]}" "$@"
 }
 
 cmd="${1:-}"; shift || true
