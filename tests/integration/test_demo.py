@@ -28,8 +28,8 @@ def widenet_ds(*args: str, **env: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def run_demo(out, shared_data, steps: int = STEPS) -> subprocess.CompletedProcess:
-    return widenet_ds("demo", "--output", str(out), "--steps", str(steps), "--finetune-steps", str(steps),
+def run_demo(out, shared_data, finetune_steps: int = STEPS) -> subprocess.CompletedProcess:
+    return widenet_ds("demo", "--output", str(out), "--steps", str(STEPS), "--finetune-steps", str(finetune_steps),
                       WIDENET_SHARED_DATA=str(shared_data), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
 
 
@@ -63,8 +63,7 @@ def test_demo_pretrains_reports_and_finetunes_once_sst2_is_there(shared_data, tm
     # other options in the same folder (the README's quick look after the demo): runs of their own, each over its
     # whole schedule, the earlier ones kept (here another finetuning length: the pretraining is reused again)
     before = {f: f.stat().st_mtime_ns for run in (pretrain.path, sst2) for f in run.rglob("*") if f.is_file()}
-    third = widenet_ds("demo", "--output", str(out), "--steps", str(STEPS), "--finetune-steps", str(STEPS + 1),
-                       WIDENET_SHARED_DATA=str(shared_data), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    third = run_demo(out, shared_data, finetune_steps=STEPS + 1)
     assert f"holds the runs of other settings too ({sst2.name})" in third.stderr
     other = RunFolder(out / f"sst2-{STEPS + 1}steps-after-{STEPS}")
     assert other.read_results(FinetuneResults).steps == STEPS + 1
