@@ -66,7 +66,10 @@ def test_zero1_ep2_to_one_rank_zero0_and_back_keeps_every_weight_and_optimizer_t
     assert marker["relaid_out_from"]["zero_stage"] == 1 and marker["step"] == 2
 
     save_shape_free(on_one, tmp_path / "state1")
-    back = relayout(tmp_path / "state1", tmp_path / "back", ranks=2, ep_size=2, stage=1)
+    # back to 2 ranks: ep 2, ZeRO 1 (the original's layout) and ep 1, ZeRO 2 (one launch)
+    relayout_with(2, spec(tmp_path / "state1", tmp_path / "back", 2, 1),
+                  spec(tmp_path / "state1", tmp_path / "zero2", 1, 2))
+    back, zero2 = (tmp_path / name / "checkpoints" / "step2" for name in ("back", "zero2"))
     assert_identical(shape_free_of(back), original)
     # DeepSpeed's own files are those of the original, padding and all
     for rank in (0, 1):
@@ -82,7 +85,6 @@ def test_zero1_ep2_to_one_rank_zero0_and_back_keeps_every_weight_and_optimizer_t
         assert got["base_optimizer_state"]["param_groups"] == want["base_optimizer_state"]["param_groups"]
 
     # ep 1 on 2 ranks, ZeRO 2: every expert group is partitioned over both ranks (expert data parallelism)
-    zero2 = relayout(tmp_path / "state1", tmp_path / "zero2", ranks=2, ep_size=1, stage=2)
     on_zero2 = shape_free_of(zero2)
     assert {k: on_zero2.scalars["source"][k] for k in ("world_size", "ep_size", "zero_stage")} == \
         {"world_size": 2, "ep_size": 1, "zero_stage": 2}

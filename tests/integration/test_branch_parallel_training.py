@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.golden_curves import ulps
 from tests.support.launching import REPO, run_train
-from tests.support.pretrain_support import events, train_losses
+from tests.support.pretrain_support import events, train_in_process, train_losses
 from tests.support.shape_free_states import assert_identical, relayout, shape_free_of, spec
 from widenet_ds.checkpoint.shape_free import save_shape_free
 from widenet_ds.commands.convert import cli as convert
@@ -35,6 +35,12 @@ TRAIN_CASES = {
 }
 
 
+def train_one_rank(argv: list[str]) -> None:
+    """The 1-rank runs train in this process (the `dist` fixture's group, one torch thread as a launched rank has):
+    a launched rank's start-up costs 6-8 s of CPU, and the 2-rank runs are the ones under the launcher here."""
+    assert train_in_process("classify", argv) is not None
+
+
 def train_args(case: str, out: Path, *extra: str) -> list[str]:
     return [*TRAIN_CASES[case], "--set", "image_size=8", "--set", "patch_size=2", "--set", "hidden_dropout=0",
             "--set", "attention_dropout=0", "--dataset", "digits", "--deepspeed-config",
@@ -44,7 +50,7 @@ def train_args(case: str, out: Path, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, dist):
     """case -> its 1-rank and its branch-parallel run folders, each run trained once (saving at step 3)."""
     runs = {}
 
@@ -52,7 +58,7 @@ def trained(tmp_path_factory):
         if case not in runs:
             root = tmp_path_factory.mktemp(case)
             saves = ("--save-interval", str(SAVE), "--keep-last", "2")
-            run_train("classify", train_args(case, root / "one", *saves), num_ranks=1)
+            train_one_rank(train_args(case, root / "one", *saves))
             run_train("classify", train_args(case, root / "two", "--branch-parallel", "2", *saves), num_ranks=2)
             runs[case] = (root / "one", root / "two")
         return runs[case]
@@ -86,7 +92,7 @@ def distance(got: dict[int, float], want: dict[int, float]) -> float:
 
 @pytest.mark.multirank
 @pytest.mark.slow
-def test_a_branch_parallel_run_continues_on_one_rank_and_a_one_rank_run_on_a_branch_group(trained, tmp_path):
+def test_a_branch_parallel_run_continues_on_one_rank_and_a_one_rank_run_on_a_branch_group(trained, tmp_path, dist):
     """--resume re-lays the branch group's checkpoint out for 1 rank, and a 1-rank run's for a group of 2 ranks:
     each continues its run within the tolerance; the uninterrupted run on the other shape and a restart from the
     weights (--init-from: a new AdamW, the schedule and the data from their start) are the measures."""
@@ -94,12 +100,11 @@ def test_a_branch_parallel_run_continues_on_one_rank_and_a_one_rank_run_on_a_bra
     one, two = train_losses(one_run), train_losses(two_run)
     tags = {run: run / "checkpoints" / f"step{SAVE}" for run in (one_run, two_run)}
     before = {run: record_files(tag) for run, tag in tags.items()}
-    run_train("classify", train_args("paraformer-3x4", tmp_path / "to_one", "--resume", str(tags[two_run])),
-              num_ranks=1)
+    train_one_rank(train_args("paraformer-3x4", tmp_path / "to_one", "--resume", str(tags[two_run])))
     run_train("classify", train_args("paraformer-3x4", tmp_path / "to_two", "--resume", str(tags[one_run]),
                                      "--branch-parallel", "2"), num_ranks=2)
-    run_train("classify", train_args("paraformer-3x4", tmp_path / "restart", "--init-from", str(tags[two_run]),
-                                     "--max-steps", str(TRAIN_STEPS - SAVE)), num_ranks=1)  # (the last --max-steps)
+    train_one_rank(train_args("paraformer-3x4", tmp_path / "restart", "--init-from", str(tags[two_run]),
+                              "--max-steps", str(TRAIN_STEPS - SAVE)))  # (the last --max-steps)
     assert {run: record_files(tag) for run, tag in tags.items()} == before  # the checkpoints read are untouched
     restarted = {step + SAVE: loss for step, loss in train_losses(tmp_path / "restart").items()}
     to_one, to_two = train_losses(tmp_path / "to_one"), train_losses(tmp_path / "to_two")

@@ -49,9 +49,9 @@ def test_demo_pretrains_reports_and_finetunes_once_sst2_is_there(shared_data, tm
 
     second = run_demo(out, shared_data)
     console = second.stdout + second.stderr
-    # the finished pretraining is reported complete and reused, not trained or evaluated again
-    assert f"the run in {pretrain.path} is complete (step {STEPS})" in console
-    assert f"[step {STEPS}] loss" not in console  # the finished pretraining is reused, not repeated
+    # the finished pretraining is reported complete and reused, not launched, trained or evaluated again
+    assert f"[demo] 2/3 the pretraining in {pretrain.path} is complete (step {STEPS}): reused" in console
+    assert f"[step {STEPS}] loss" not in console and "initialising DeepSpeed (ZeRO stage 1" not in console
     # and so is its data: a tokenizer trained again would differ from the one the model learned with
     assert "corpus is prepared already" in console and (out / "data" / "tokenizer.json").read_bytes() == tokenizer
     sst2 = out / f"sst2-{STEPS}steps-after-{STEPS}"
@@ -65,6 +65,7 @@ def test_demo_pretrains_reports_and_finetunes_once_sst2_is_there(shared_data, tm
     before = {f: f.stat().st_mtime_ns for run in (pretrain.path, sst2) for f in run.rglob("*") if f.is_file()}
     third = run_demo(out, shared_data, finetune_steps=STEPS + 1)
     assert f"holds the runs of other settings too ({sst2.name})" in third.stderr
+    assert f"the pretraining in {pretrain.path} is complete (step {STEPS}): reused" in third.stderr
     other = RunFolder(out / f"sst2-{STEPS + 1}steps-after-{STEPS}")
     assert other.read_results(FinetuneResults).steps == STEPS + 1
     assert json.loads((out / "ds_configs" / f"finetune_cpu_small-{STEPS + 1}steps.json").read_text())["scheduler"][

@@ -1,12 +1,12 @@
 """End-to-end finetuning on 2 real CPU ranks (deepspeed launcher) and the entry's error handling."""
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.support.launching import REPO, child_env, python_train_command, run_train
+from tests.support.launching import REPO, run_train
+from widenet_ds.train import main as train_main
 
 CPU_CONFIG = str(REPO / "ds_configs/finetune_cpu_small.json")
 
@@ -75,12 +75,15 @@ def test_seeds_report_the_median_and_test_files_are_written(shared_data, tmp_pat
     assert {row.split("\t")[1] for row in rows[1:]} <= {"0", "1"}
 
 
-def _run_single(task: str, args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(python_train_command(task, args), cwd=REPO, capture_output=True, text=True,
-                          timeout=300, env=child_env())
+def _run_single(task: str, args: list[str], capsys) -> tuple[int, str]:
+    """`python -m widenet_ds.train TASK ARGS` in this process (the `dist` fixture's group): its exit status and its
+    standard error. Each case fails before training, so a process's start-up would be most of its cost."""
+    capsys.readouterr()
+    status = train_main([task, *args])
+    return status, capsys.readouterr().err
 
 
-def test_bad_inputs_fail_with_one_clear_line(shared_data, tmp_path):
+def test_bad_inputs_fail_with_one_clear_line(shared_data, tmp_path, dist, capsys):
     common = ["--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path / "out"),
               "--tokenizer", _vocab(shared_data), "--model-config", "widenet-tiny-e4", "--allow-recipe-mismatch"]
     cases = [
@@ -97,24 +100,24 @@ def test_bad_inputs_fail_with_one_clear_line(shared_data, tmp_path):
     (bad_tsv / "dev.tsv").write_text("text\tlabel\nfine film\t1\n")
     cases.append((["--task", "sst2", "--data", str(bad_tsv)], "sentence"))
     for args, message in cases:
-        proc = _run_single("glue", [*args, *common])
-        assert proc.returncode == 2, proc.stderr[-2000:]
-        last = proc.stderr.strip().splitlines()[-1]
+        status, stderr = _run_single("glue", [*args, *common], capsys)
+        assert status == 2, stderr[-2000:]
+        last = stderr.strip().splitlines()[-1]
         assert "error:" in last and message in last, last
-        assert "Traceback" not in proc.stderr
+        assert "Traceback" not in stderr
 
 
-def test_squad_answer_start_mismatch_and_vocab_mismatch(shared_data, tmp_path):
+def test_squad_answer_start_mismatch_and_vocab_mismatch(shared_data, tmp_path, dist, capsys):
     data = json.loads((shared_data / "squad/dev-v1.1.json").read_text())
     data["data"] = data["data"][:1]
     qa = data["data"][0]["paragraphs"][0]["qas"][0]
     qa["answers"][0]["answer_start"] += 3
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(data))
-    proc = _run_single("squad", [
+    status, stderr = _run_single("squad", [
         "--version", "1.1", "--data", str(bad), "--model-config", "widenet-tiny-e4", "--tokenizer", _vocab(shared_data),
-        "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path / "o"), "--allow-recipe-mismatch"])
-    assert proc.returncode == 2 and qa["id"] in proc.stderr.strip().splitlines()[-1]
+        "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path / "o"), "--allow-recipe-mismatch"], capsys)
+    assert status == 2 and qa["id"] in stderr.strip().splitlines()[-1]
 
     # a model whose vocabulary is not the tokenizer's
     import torch
@@ -126,9 +129,9 @@ def test_squad_answer_start_mismatch_and_vocab_mismatch(shared_data, tmp_path):
     torch.manual_seed(0)
     save_folder(PortableCheckpoint(cfg, "WideNetForPreTraining", WideNetForPreTraining(cfg).state_dict()),
                 tmp_path / "small-vocab")
-    proc = _run_single("glue", [
+    status, stderr = _run_single("glue", [
         "--task", "sst2", "--data", str(shared_data / "glue/SST-2"), "--init-from", str(tmp_path / "small-vocab"),
         "--tokenizer", _vocab(shared_data), "--deepspeed_config", CPU_CONFIG, "--output-dir", str(tmp_path / "p"),
-        "--allow-recipe-mismatch"])
-    assert proc.returncode == 2
-    assert "1000" in proc.stderr.strip().splitlines()[-1] and "30522" in proc.stderr.strip().splitlines()[-1]
+        "--allow-recipe-mismatch"], capsys)
+    assert status == 2
+    assert "1000" in stderr.strip().splitlines()[-1] and "30522" in stderr.strip().splitlines()[-1]

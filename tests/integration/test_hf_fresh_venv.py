@@ -2,8 +2,9 @@
 loaded in a fresh virtualenv that has torch, transformers and safetensors (+ Pillow, which transformers' image
 pipelines need, and accelerate, which its Trainer needs) and neither widenet-ds nor DeepSpeed.
 
-Runs (2 launcher ranks each): pretraining of widenet-tiny-e4 with ep_size 2; SST-2 finetuning with ep_size 2 and
---save-model; a short SQuAD run with --save-model; ViT-WideNet on digits with ep_size 2. On the transformers
+Runs (2 launcher ranks each, but SQuAD's): pretraining of widenet-tiny-e4 with ep_size 2; SST-2 finetuning with
+ep_size 2 and --save-model; a short SQuAD run with --save-model (1 rank, in this process); ViT-WideNet on digits
+with ep_size 2. On the transformers
 side (tests/scripts/hf_fresh_venv_side.py, in the fresh venv's python):
   1. AutoModelForMaskedLM / ForPreTraining / ForSequenceClassification / ForQuestionAnswering /
      ForImageClassification give our model's eval outputs within 1e-5, with both dispatches and with eval
@@ -35,7 +36,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.support.launching import RANK_VARS, REPO, run_train
-from tests.support.pretrain_support import prepare_data
+from tests.support.pretrain_support import prepare_data, train_in_process
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource, load_pretrained
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.data.tokenizer import load_tokenizer
@@ -144,11 +145,12 @@ def runs(tmp_path_factory, shared_data) -> dict[str, Path]:
                        str(REPO / "ds_configs" / "finetune_cpu_small.json"), "--allow-recipe-mismatch",
                        "--max-steps", "60", "--max-train-examples", "2000", "--max-seq-length", "64", "--save-model",
                        "--output-dir", str(root / "sst2"), *COMMON], timeout=900)
-    run_train("squad", ["--version", "1.1", "--data", str(shared_data / "squad" / "dev-v1.1.json"), "--tokenizer",
-                        vocab, "--model-config", "widenet-tiny-e4", "--deepspeed_config", str(root / "squad_ds.json"),
-                        "--allow-recipe-mismatch", "--max-steps", "3", "--max-train-examples", "32",
-                        "--max-eval-examples", "32", "--max-seq-length", "128", "--doc-stride", "32", "--save-model",
-                        "--output-dir", str(root / "squad"), *COMMON], timeout=600)
+    assert train_in_process("squad", [
+        "--version", "1.1", "--data", str(shared_data / "squad" / "dev-v1.1.json"), "--tokenizer", vocab,
+        "--model-config", "widenet-tiny-e4", "--deepspeed_config", str(root / "squad_ds.json"),
+        "--allow-recipe-mismatch", "--max-steps", "3", "--max-train-examples", "32", "--max-eval-examples", "32",
+        "--max-seq-length", "128", "--doc-stride", "32", "--save-model", "--output-dir", str(root / "squad"),
+        *COMMON]) is not None
     run_train("classify", ["--model-config", "widenet-vit-digits", "--dataset", "digits", "--ep-size", "2",
                            "--deepspeed_config", str(root / "vision_ds.json"), "--max-steps", "30",
                            "--eval-interval", "0", "--max-eval-examples", "64", "--workers", "0",

@@ -1,5 +1,5 @@
 """`widenet-ds report` on real image-classification runs: widenet-vit-digits (MoE, 20 steps) and a ParaFormer
-of 2 branches on digits, each trained by `deepspeed --module widenet_ds.train classify` (1 rank).
+of 2 branches on digits, each trained on 1 rank (in the test's process, as `widenet_ds.train classify` trains).
 The page shows them as image runs: accuracy and loss curves (train and test), learning rate, expert load
 per block, results.json's test accuracy, dataset and parameters, and the ParaFormer's accuracy of the first
 k branches, number by number against the runs' files, in the HTML and in headless Chromium. A live image
@@ -18,7 +18,8 @@ from PIL import Image
 from widenet_ds.run_folder import OLD_VISION_CONFIG_FILE, RunFolder
 
 from tests.support.headless_browser import find_chromium, open_page
-from tests.support.launching import REPO, run_train
+from tests.support.launching import REPO
+from tests.support.pretrain_support import train_in_process
 from tests.support.report_page import assert_shows, parse_page, report
 
 pytestmark = pytest.mark.slow  # its fixture trains two image runs (~35 s of CPU)
@@ -41,15 +42,17 @@ def ds_config(template: str, path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, dist):
+    """Two 1-rank runs, in this process (the `dist` fixture's group): the report is the subject, not the launcher."""
     root = tmp_path_factory.mktemp("report_images")
     common = ["--dataset", "digits", "--max-steps", str(STEPS), "--log-interval", "5", "--eval-interval", "10",
               "--workers", "0", "--no-progress-bar", "--no-tensorboard"]
-    run_train("classify", ["--model-config", "widenet-vit-digits", "--output-dir", str(root / "vit"),
-                           "--deepspeed_config", str(ds_config("vision_cpu_small.json", root / "ds_vit.json")),
-                           *common], num_ranks=1)
-    run_train("classify", [*PARAFORMER, "--output-dir", str(root / "pf"), "--deepspeed_config",
-                           str(ds_config("paraformer_cpu_small.json", root / "ds_pf.json")), *common], num_ranks=1)
+    assert train_in_process("classify", [
+        "--model-config", "widenet-vit-digits", "--output-dir", str(root / "vit"),
+        "--deepspeed_config", str(ds_config("vision_cpu_small.json", root / "ds_vit.json")), *common]) is not None
+    assert train_in_process("classify", [
+        *PARAFORMER, "--output-dir", str(root / "pf"), "--deepspeed_config",
+        str(ds_config("paraformer_cpu_small.json", root / "ds_pf.json")), *common]) is not None
     return {"root": root, "vit": root / "vit", "pf": root / "pf"}
 
 

@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import widenet_ds
@@ -30,7 +31,7 @@ from widenet_ds.errors import ConfigError, DataError
 from widenet_ds.fs.atomic import atomic_write_json
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.report.cli import cli as write_report
-from widenet_ds.results import ClassifyResults, FinetuneResults
+from widenet_ds.results import ClassifyResults, FinetuneResults, PretrainResults
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.training.run_config import LATEST, ClassifyConfig, GlueConfig, PretrainConfig, RunConfig
 from widenet_ds.vision.datasets import DEBIAN_FASHION_MNIST, FASHION_MNIST_FIX
@@ -58,6 +59,12 @@ def launch_run(cfg: RunConfig) -> int:
     """Train `cfg` on RANKS CPU ranks: the configuration is built (and its values checked) here, the ranks get it
     as the command line that parses back to it."""
     return launch_config(cfg, ranks_per_node=RANKS)
+
+
+def finished(run: RunFolder, steps_done: Callable[[RunFolder], int], steps: int) -> bool:
+    """Whether `run` ended at `steps` with its results written: reused without a launch, whose ranks would import
+    torch, build the engine and load the last checkpoint only to say so (~20 s of CPU)."""
+    return run.results.is_file() and steps_done(run) == steps
 
 
 def shared_data() -> Path:
@@ -120,18 +127,23 @@ def demo(output: Path, steps: int, finetune_steps: int) -> int:
     model = output / "model.json"
     ModelConfig.from_preset(MODEL_PRESET, vocab_size=read_manifest(data).vocab_size).to_json(model)
 
-    say(f"[demo] 2/3 pretraining {MODEL_PRESET} on {RANKS} CPU ranks, expert parallel {EP_SIZE}, {steps} steps "
-        f"-> {pretrain.path}")
-    status = launch_run(PretrainConfig(
-        model_config=str(model), deepspeed_config=schedule_for("cpu_small.json", steps, output / "ds_configs"),
-        data=data, output_dir=pretrain.path, max_steps=steps, ep_size=EP_SIZE, save_interval=100,
-        eval_interval=100, resume=LATEST))
-    if status:
-        return status
+    if finished(pretrain, lambda run: run.read_results(PretrainResults).step, steps):
+        say(f"[demo] 2/3 the pretraining in {pretrain.path} is complete (step {steps}): reused")
+    else:
+        say(f"[demo] 2/3 pretraining {MODEL_PRESET} on {RANKS} CPU ranks, expert parallel {EP_SIZE}, {steps} steps "
+            f"-> {pretrain.path}")
+        status = launch_run(PretrainConfig(
+            model_config=str(model), deepspeed_config=schedule_for("cpu_small.json", steps, output / "ds_configs"),
+            data=data, output_dir=pretrain.path, max_steps=steps, ep_size=EP_SIZE, save_interval=100,
+            eval_interval=100, resume=LATEST))
+        if status:
+            return status
 
     local_sst2 = shared_data() / "glue" / "SST-2"
     found = find_sst2(local_sst2)
-    if found is not None:
+    if found is not None and finished(sst2, lambda run: run.read_results(FinetuneResults).steps, finetune_steps):
+        say(f"[demo] 3/3 the SST-2 finetuning in {sst2.path} is complete (step {finetune_steps}): reused")
+    elif found is not None:
         say(f"[demo] 3/3 finetuning on SST-2 ({found[1]}), {finetune_steps} steps -> {sst2.path}")
         status = launch_run(GlueConfig(
             glue_task="sst2", data=found[0], init_from=pretrain.path, tokenizer=str(data), output_dir=sst2.path,
