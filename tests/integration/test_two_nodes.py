@@ -451,20 +451,29 @@ def test_sbatch_on_two_nodes_then_node2_lost_continues_on_node1_and_equals_one_n
                             "100", "--eval-interval", "0", "--no-tensorboard", "--seed", "7", env=env)
 
     job = submit(tmp_path / "two_nodes.log", "--nodes=2", "--ntasks-per-node=1", steps=KILLED_RUN_STEPS)
-    latest, ranks = out / "checkpoints" / "latest", {}
-    deadline = time.monotonic() + 300
-    while not latest.exists():
-        assert slurm.job_state(job) in ("PENDING", "CONFIGURING", "RUNNING"), (tmp_path / "two_nodes.log").read_text()
-        assert time.monotonic() < deadline, "no checkpoint within 300 s"
-        for node in cluster.nodes:  # which task runs where (srun's own command line holds RANK too: no PROCID)
-            for pid in node.processes(RANK):
-                with contextlib.suppress(OSError):
-                    if "SLURM_PROCID" in (found := environment_of(pid)):
-                        ranks.setdefault(node.name, found)
-        time.sleep(0.05)
+    latest, ranks, node2_rank_pids = out / "checkpoints" / "latest", {}, []
     node1, node2 = cluster.nodes
-    for pid in node2.processes(RANK):
-        os.kill(pid, signal.SIGKILL)
+    deadline, next_state_check = time.monotonic() + 300, 0.0
+    # Node 2 must be lost before the checkpoint after STEPS (two saves later, a few seconds on a busy machine; a CI
+    # run saw step 6 saved first): once both tasks are found the loop only watches for the checkpoint, and node 2's
+    # rank is killed by the pid found then.
+    while not latest.exists():
+        if (now := time.monotonic()) >= next_state_check:  # squeue, once a second
+            assert slurm.job_state(job) in ("PENDING", "CONFIGURING", "RUNNING"), \
+                (tmp_path / "two_nodes.log").read_text()
+            assert now < deadline, "no checkpoint within 300 s"
+            next_state_check = now + 1
+        if len(ranks) < 2:  # which task runs where (srun's own command line holds RANK too: no PROCID)
+            for node in cluster.nodes:
+                for pid in node.processes(RANK):
+                    with contextlib.suppress(OSError):
+                        if "SLURM_PROCID" in (found := environment_of(pid)):
+                            ranks.setdefault(node.name, found)
+                            node2_rank_pids += [pid] if node is node2 else []
+        time.sleep(0.01)
+    for pid in [*node2_rank_pids, *node2.processes(RANK)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     assert slurm.wait_done(job, 120) != "COMPLETED"
     saved = int(latest.read_text().strip().removeprefix("step"))
     assert saved < STEPS, "the job got past the compared steps before node 2 was lost"

@@ -1,6 +1,8 @@
 """Expert-sorted dispatches: dropless equals DeepSpeed's capacity path when nothing overflows and drops no route
 when skewed; compact equals the capacity path with its drops, on one rank and with expert parallelism."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -144,17 +146,26 @@ def test_compact_equals_the_capacity_path_with_its_drops(capacity_factor):
         torch.testing.assert_close(grads_b[name], grads_a[name], atol=1e-6, rtol=1e-5, msg=name)
 
 
+EXPERT_PARALLEL_CASES = [("dropless", "dropless"), ("compact", "deepspeed"), ("deepspeed", "deepspeed")]
+
+
+@pytest.fixture(scope="module")
+def ep2_outputs(tmp_path_factory) -> Path:
+    """Every dispatch of EXPERT_PARALLEL_CASES at ep_size 2 on 2 launcher ranks, in one launch."""
+    prefix = tmp_path_factory.mktemp("dropless_ep2") / "ep2"
+    run_deepspeed(REPO / "tests/scripts/dropless_expert_parallel.py",
+                  [str(prefix), "2", *(dispatch for dispatch, _ in EXPERT_PARALLEL_CASES)], num_ranks=2)
+    return prefix
+
+
 @pytest.mark.multirank
-@pytest.mark.parametrize("dispatch, reference", [("dropless", "dropless"), ("compact", "deepspeed"),
-                                                ("deepspeed", "deepspeed")])
-def test_expert_parallel_over_two_ranks_matches_ep1_forward_and_gradients(tmp_path, dispatch, reference):
+@pytest.mark.parametrize("dispatch, reference", EXPERT_PARALLEL_CASES)
+def test_expert_parallel_over_two_ranks_matches_ep1_forward_and_gradients(ep2_outputs, dispatch, reference):
     """Every dispatch's all-to-all (the kept rows' variable-size one; DeepSpeed's capacity buffers): ep_size 2
     on 2 launcher ranks equals ep_size 1 in one process, logits and gradients (experts see both ranks' tokens;
     everything else this rank's own). Compact and the capacity buffers at capacity factor 0.5 (routes dropped
     on both ranks) against DeepSpeed's capacity buffers at ep_size 1."""
-    run_deepspeed(REPO / "tests/scripts/dropless_expert_parallel.py", [str(tmp_path / "ep2"), "2", dispatch],
-                  num_ranks=2)
-    got = [load_file(tmp_path / f"ep2.rank{rank}.safetensors") for rank in (0, 1)]
+    got = [load_file(f"{ep2_outputs}.{dispatch}.rank{rank}.safetensors") for rank in (0, 1)]
     want = [dropless_expert_parallel.run(dropless_expert_parallel.build(1, reference), rank) for rank in (0, 1)]
     for rank in (0, 1):
         torch.testing.assert_close(got[rank]["mlm_logits"], want[rank]["mlm_logits"], atol=1e-5, rtol=1e-5)

@@ -1,4 +1,4 @@
-"""Run by the deepspeed launcher: a WideNet with a given ep_size and dispatch (dropless; compact or deepspeed
+"""Run by the deepspeed launcher: a WideNet with a given ep_size and dispatches (dropless; compact or deepspeed
 at capacity factor 0.5, so that every rank drops routes), one training forward + backward on this rank's slice
 of a fixed batch (no engine: gradients are this rank's own, not all-reduced); saves the logits, the loss, the
 routing counts and every gradient this rank holds (experts under their global index)."""
@@ -55,14 +55,16 @@ def run(model: WideNetForPreTraining, rank: int) -> dict[str, torch.Tensor]:
             **{f"grad.{n}": g.contiguous() for n, g in gradients(model).items()}}
 
 
-def main(out_prefix: str, ep_size: int, dispatch: str) -> None:
+def main(out_prefix: str, ep_size: int, dispatches: list[str]) -> None:
+    """Each dispatch in turn (one launch): `{out_prefix}.{dispatch}.rank{rank}.safetensors`."""
     init_distributed()
     rank = torch.distributed.get_rank()
-    save_file(run(build(ep_size, dispatch), rank), f"{out_prefix}.rank{rank}.safetensors")
+    for dispatch in dispatches:
+        save_file(run(build(ep_size, dispatch), rank), f"{out_prefix}.{dispatch}.rank{rank}.safetensors")
 
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds --local_rank
-    main(args[0], int(args[1]), args[2] if len(args) > 2 else "dropless")
+    main(args[0], int(args[1]), args[2:] or ["dropless"])
     # Every rank exits together: a gloo group torn down while a peer still writes aborts that peer at exit.
     torch.distributed.barrier()

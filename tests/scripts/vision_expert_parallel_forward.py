@@ -1,5 +1,6 @@
-"""Run by the deepspeed launcher: a ViT-WideNet with a given ep_size inside a DeepSpeed engine saves this
-rank's eval logits, loss and expert counts on this rank's slice of a fixed batch of images."""
+"""Run by the deepspeed launcher: a ViT-WideNet with each given ep_size in turn inside a DeepSpeed engine saves this
+rank's eval logits, loss and expert counts on this rank's slice of a fixed batch of images
+(`{out_prefix}{ep_size}.rank{rank}.safetensors`)."""
 
 import sys
 
@@ -12,8 +13,13 @@ from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification
 
 
-def main(out_prefix: str, preset: str, ep_size: int) -> None:
+def main(out_prefix: str, preset: str, ep_sizes: list[int]) -> None:
     init_distributed()
+    for ep_size in ep_sizes:
+        forward(f"{out_prefix}{ep_size}", preset, ep_size)
+
+
+def forward(out_prefix: str, preset: str, ep_size: int) -> None:
     rank = torch.distributed.get_rank()
     torch.manual_seed(1234)
     model = ViTWideNetForImageClassification(VisionConfig.from_preset(preset), ep_size=ep_size)
@@ -32,6 +38,6 @@ def main(out_prefix: str, preset: str, ep_size: int) -> None:
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds --local_rank
-    main(args[0], args[1], int(args[2]))
+    main(args[0], args[1], [int(ep) for ep in args[2:]])
     # Every rank exits together: a gloo group torn down while a peer still writes aborts that peer at exit.
     torch.distributed.barrier()
