@@ -469,7 +469,8 @@ def test_sbatch_on_two_nodes_then_node2_lost_continues_on_node1_and_equals_one_n
                     with contextlib.suppress(OSError):
                         if "SLURM_PROCID" in (found := environment_of(pid)):
                             ranks.setdefault(node.name, found)
-                            node2_rank_pids += [pid] if node is node2 else []
+                            if node is node2:
+                                node2_rank_pids.append(pid)
         time.sleep(0.01)
     for pid in [*node2_rank_pids, *node2.processes(RANK)]:
         with contextlib.suppress(ProcessLookupError):

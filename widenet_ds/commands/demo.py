@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import widenet_ds
@@ -59,12 +58,6 @@ def launch_run(cfg: RunConfig) -> int:
     """Train `cfg` on RANKS CPU ranks: the configuration is built (and its values checked) here, the ranks get it
     as the command line that parses back to it."""
     return launch_config(cfg, ranks_per_node=RANKS)
-
-
-def finished(run: RunFolder, steps_done: Callable[[RunFolder], int], steps: int) -> bool:
-    """Whether `run` ended at `steps` with its results written: reused without a launch, whose ranks would import
-    torch, build the engine and load the last checkpoint only to say so (~20 s of CPU)."""
-    return run.results.is_file() and steps_done(run) == steps
 
 
 def shared_data() -> Path:
@@ -127,7 +120,9 @@ def demo(output: Path, steps: int, finetune_steps: int) -> int:
     model = output / "model.json"
     ModelConfig.from_preset(MODEL_PRESET, vocab_size=read_manifest(data).vocab_size).to_json(model)
 
-    if finished(pretrain, lambda run: run.read_results(PretrainResults).step, steps):
+    # A run of this demo that ended at its steps with its results is reused without a launch: its ranks would
+    # import torch, build the engine and load the last checkpoint only to say so (~20 s of CPU).
+    if pretrain.results.is_file() and pretrain.read_results(PretrainResults).step == steps:
         say(f"[demo] 2/3 the pretraining in {pretrain.path} is complete (step {steps}): reused")
     else:
         say(f"[demo] 2/3 pretraining {MODEL_PRESET} on {RANKS} CPU ranks, expert parallel {EP_SIZE}, {steps} steps "
@@ -141,7 +136,7 @@ def demo(output: Path, steps: int, finetune_steps: int) -> int:
 
     local_sst2 = shared_data() / "glue" / "SST-2"
     found = find_sst2(local_sst2)
-    if found is not None and finished(sst2, lambda run: run.read_results(FinetuneResults).steps, finetune_steps):
+    if found is not None and sst2.results.is_file() and sst2.read_results(FinetuneResults).steps == finetune_steps:
         say(f"[demo] 3/3 the SST-2 finetuning in {sst2.path} is complete (step {finetune_steps}): reused")
     elif found is not None:
         say(f"[demo] 3/3 finetuning on SST-2 ({found[1]}), {finetune_steps} steps -> {sst2.path}")
