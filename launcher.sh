@@ -41,7 +41,7 @@ apt_install() {  # PACKAGE HINT: a Debian package, installed as root; anyone els
   [[ "$(id -u)" == "0" ]] || { echo "[setup] not root: cannot install $1; 'sudo apt-get install $1' $2" >&2; return 1; }
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1"; } >&2
 }
-install_tcmalloc() {  # the allocator `widenet-ds launch` gives CPU ranks (runtime/host_allocator.py)
+install_tcmalloc() {  # the allocator `widenet-ds launch` gives CPU ranks (launch/host_allocator.py)
   "$PY" -c "import ctypes.util, sys; sys.exit(ctypes.util.find_library('tcmalloc_minimal') is None)" ||
     apt_install libtcmalloc-minimal4 "makes CPU runs use less memory (optional)"
 }

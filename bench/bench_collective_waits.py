@@ -1,5 +1,5 @@
 """The longest time a healthy run's ranks wait in one collective: what `--init-timeout` and `--train-timeout` must
-exceed (runtime/collective_timeouts.py; the numbers are in docs/cluster.md, "Faults: bounded waits").
+exceed (distributed/collective_timeouts.py; the numbers are in docs/cluster.md, "Faults: bounded waits").
 
     .venv/bin/python bench/bench_collective_waits.py -- pretrain --num-ranks 2 -- --model-config ... (launch args)
 
@@ -51,7 +51,7 @@ if b"widenet_ds.train" in open("/proc/self/cmdline", "rb").read():  # the ranks 
             finally:
                 _depth[0] -= 1
                 phase = "start-up"
-                bounds = sys.modules.get("widenet_ds.runtime.collective_timeouts")
+                bounds = sys.modules.get("widenet_ds.distributed.collective_timeouts")
                 if bounds is not None and bounds._BOUNDS.flag == "--train-timeout":
                     phase = "training"
                 _calls.append((name, phase, time.monotonic() - start, _caller()))

@@ -13,7 +13,7 @@ C 1.2, the paper's noise), `--dims`:
 
 
 * ops: operators of one forward + backward (loss.backward(), gradients None before), and of one optimizer
-  step (our LAMB, multi-tensor), counted by `widenet_ds.runtime.op_count.count_ops` (leaves of the aten
+  step (our LAMB, multi-tensor), counted by `widenet_ds.engine.op_count.count_ops` (leaves of the aten
   call tree plus torch.compile's generated kernels; views and metadata left out). Exact from run to run.
 * host ms: wall time of one forward + backward on 1 thread, the median of `--repeats` repeats that take
   turns (A B C D A B C D ...) so that the machine's load falls on every variant alike.
@@ -60,9 +60,9 @@ class Variant:
         import torch
 
         from bench.bench_train_step import _batch, _build
-        from widenet_ds.runtime.compile import compile_for_training
-        from widenet_ds.runtime.lamb import Lamb, build_param_groups
-        from widenet_ds.runtime.op_count import count_ops
+        from widenet_ds.engine.compile import compile_for_training
+        from widenet_ds.engine.lamb import Lamb, build_param_groups
+        from widenet_ds.engine.op_count import count_ops
         self.label = f"{name} {mode}"
         torch.manual_seed(0)
         cfg, self.model, kwargs = _build(name, compile_model=False, **dims)
@@ -100,7 +100,7 @@ def worker(args) -> None:
     import torch
 
     from bench.common import init_single_rank
-    from widenet_ds.runtime.op_count import record_compiled_kernels
+    from widenet_ds.engine.op_count import record_compiled_kernels
     torch.set_num_threads(1)
     torch._dynamo.config.cache_size_limit = 64  # several models of one class compiled in one process
     record_compiled_kernels()

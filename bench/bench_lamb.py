@@ -1,4 +1,4 @@
-"""`widenet_ds.runtime.lamb.Lamb` multi-tensor (`foreach=True`, the default) against its per-tensor loop
+"""`widenet_ds.engine.lamb.Lamb` multi-tensor (`foreach=True`, the default) against its per-tensor loop
 (`foreach=False`, the code before issue 12) and, on CUDA, DeepSpeed's fused `Lamb` kernel.
 
 Every optimizer gets the same parameters (a model's tensors, shapes and values) and the same gradients;
@@ -27,7 +27,7 @@ from bench.common import device, init_single_rank, machine, median_seconds  # no
 def _flat_partition(tensors: list[torch.Tensor]):
     """The tensors packed into one flat parameter (16-element padding between them, as ZeRO aligns) and
     its layout."""
-    from widenet_ds.runtime.lamb import PartitionLayout, TensorSegment
+    from widenet_ds.engine.lamb import PartitionLayout, TensorSegment
     pieces, segments, offset = [], [], 0
     for i, t in enumerate(tensors):
         segments.append(TensorSegment(i, offset, t.numel()))
@@ -45,9 +45,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
 
+    from widenet_ds.engine.lamb import Lamb
     from widenet_ds.model.config import ModelConfig
     from widenet_ds.model.widenet import WideNetForPreTraining
-    from widenet_ds.runtime.lamb import Lamb
     init_single_rank()
     dev = device()
     torch.manual_seed(0)

@@ -1,12 +1,12 @@
 """Training-step throughput, model FLOPs, MFU and peak memory per token: ours against HF ALBERT.
 
 Every model runs through the same DeepSpeed engine and the same LAMB (`--optimizer`: DeepSpeed's fused
-`Lamb`, the default on CUDA, or `widenet_ds.runtime.lamb.Lamb`, the only one on CPU), on the same random batch
+`Lamb`, the default on CUDA, or `widenet_ds.engine.lamb.Lamb`, the only one on CPU), on the same random batch
 shape, in a worker process of its own (so peak memory is that model's). A step is forward + backward +
 optimizer step; tokens/s is micro-batch x seq_len over the median step time. The models' steps take turns
 (A B C D A B C D ..., bench/workers.py) after each has warmed up, so that a change of the machine's load falls
 on all of them alike. On CPU each worker runs with the allocator a `widenet-ds launch` rank gets (`--malloc
-launcher`: tcmalloc where installed, else glibc keeping freed memory; runtime/host_allocator.py), or with
+launcher`: tcmalloc where installed, else glibc keeping freed memory; launch/host_allocator.py), or with
 glibc's default, glibc keeping freed memory, or tcmalloc: several side by side with `--malloc default launcher`
 etc. MFU is the model's training FLOPs (widenet_ds.model.counts: K routes per token, capacity
 padding NOT counted, MLM logits over all positions) per second over a large matmul's FLOP/s timed in the same
@@ -83,7 +83,7 @@ def zero_stage(dtype: str) -> int:
 def _engine(model, dtype: str, micro_batch: int, optimizer_name: str):
     import deepspeed
 
-    from widenet_ds.runtime.lamb import Lamb, build_param_groups
+    from widenet_ds.engine.lamb import Lamb, build_param_groups
     groups = build_param_groups(model, weight_decay=0.01)
     config = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
               "steps_per_print": 10 ** 9, "gradient_clipping": 1.0, "zero_allow_untested_optimizer": True,
@@ -161,7 +161,7 @@ def _start(args, name: str, batch: int, compiled: bool, malloc: str, env: dict[s
 
 
 def _malloc_env(malloc: str) -> dict[str, str]:
-    from widenet_ds.runtime.host_allocator import allocator_env, find_tcmalloc
+    from widenet_ds.launch.host_allocator import allocator_env, find_tcmalloc
     tcmalloc = find_tcmalloc()
     if malloc == "tcmalloc" and tcmalloc is None:
         sys.exit("--malloc tcmalloc: tcmalloc is not installed (Debian: apt-get install libtcmalloc-minimal4)")
@@ -180,7 +180,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--optimizer", choices=("fused-lamb", "torch-lamb"),
                         default="fused-lamb" if torch.cuda.is_available() else "torch-lamb",
-                        help="DeepSpeed's fused CUDA Lamb (CUDA only) or widenet_ds.runtime.lamb.Lamb")
+                        help="DeepSpeed's fused CUDA Lamb (CUDA only) or widenet_ds.engine.lamb.Lamb")
     parser.add_argument("--compile", action="store_true", help="torch.compile each model (ours and HF's)")
     parser.add_argument("--eager-and-compiled", action="store_true",
                         help="every model eager and compiled, side by side in the same run")

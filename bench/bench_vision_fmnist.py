@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from widenet_ds.commands.launch import launch_config  # noqa: E402
+from widenet_ds.launch.launcher import launch_config  # noqa: E402
 from widenet_ds.results import ClassifyResults  # noqa: E402
 from widenet_ds.run_folder import RunFolder  # noqa: E402
 from widenet_ds.training.run_config import ClassifyConfig  # noqa: E402

@@ -62,7 +62,7 @@ def machine() -> str:
 
 def init_single_rank() -> None:
     """A 1-rank process group: DeepSpeed's MoE all-to-all and engine need one."""
-    from widenet_ds.runtime.distributed import init_distributed
+    from widenet_ds.distributed.groups import init_distributed
     if "MASTER_PORT" not in os.environ:  # a free port: several benchmark workers may start at once
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))

@@ -41,7 +41,7 @@ def main() -> int:
     parser.add_argument("--memory", action="store_true", help="also each part's peak allocator bytes (CPU)")
     args = parser.parse_args()
 
-    from widenet_ds.runtime.lamb import Lamb, build_param_groups
+    from widenet_ds.engine.lamb import Lamb, build_param_groups
     init_single_rank()
     torch.set_num_threads(args.threads)
     runs = {}

@@ -36,14 +36,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from matplotlib.figure import Figure
+from study import (
+    CONFIDENCE,
+    FIRST_SEED,
+    REPO,
+    archive,
+    error_spans,
+    git_state,
+    interval,
+    log,
+    verdict,
+    write_ds_config,
+)
 
-from study import (CONFIDENCE, FIRST_SEED, REPO, archive, error_spans, git_state, interval, log, verdict,
-                   write_ds_config)
-
+from widenet_ds.distributed.launch_env import TORCH_VARS  # noqa: E402
 from widenet_ds.report.paired import mean_interval, paired_difference  # noqa: E402
 from widenet_ds.results import ClassifyResults  # noqa: E402
 from widenet_ds.run_folder import RunFolder  # noqa: E402
-from widenet_ds.runtime.launch_env import TORCH_VARS  # noqa: E402
 from widenet_ds.training.run_config import LATEST, ClassifyConfig  # noqa: E402
 from widenet_ds.vision.config import VisionConfig  # noqa: E402
 from widenet_ds.vision.model import build_model, count_trainable_parameters  # noqa: E402

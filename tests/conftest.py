@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from widenet_ds.runtime.extensions import default_extensions_dir
+from widenet_ds.engine.extensions import default_extensions_dir
 
 REPO = Path(__file__).resolve().parents[1]
 # DeepSpeed JIT-builds its shm op into TORCH_EXTENSIONS_DIR: the folder of this environment that real runs use
-# (widenet_ds/runtime/extensions.py), set here too so that the stale-lock clean-up below looks there.
+# (widenet_ds/engine/extensions.py), set here too so that the stale-lock clean-up below looks there.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(default_extensions_dir()))
 
 
@@ -72,7 +72,7 @@ def small_disk(tmp_path):
 @pytest.fixture(scope="session")
 def dist():
     """A 1-rank gloo group: DeepSpeed's MoE all-to-all needs one even with ep_size 1."""
-    from widenet_ds.runtime.distributed import init_distributed
+    from widenet_ds.distributed.groups import init_distributed
     init_distributed()
     yield
 

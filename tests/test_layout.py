@@ -17,11 +17,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "widenet_ds"
 LAYERS = [
     {"widenet_ds", "widenet_ds.errors", "widenet_ds.formats", "widenet_ds.fs", "widenet_ds.run_folder",
      "widenet_ds.results"},
-    {"widenet_ds.data", "widenet_ds.benchmarks", "widenet_ds.model", "widenet_ds.runtime", "widenet_ds.vision"},
+    {"widenet_ds.data", "widenet_ds.benchmarks", "widenet_ds.model", "widenet_ds.engine", "widenet_ds.vision"},
+    {"widenet_ds.distributed"},
     {"widenet_ds.portable"},
     {"widenet_ds.checkpoint"},
     {"widenet_ds.interop"},
     {"widenet_ds.training", "widenet_ds.report"},
+    {"widenet_ds.launch"},
     {"widenet_ds.cli", "widenet_ds.train", "widenet_ds.commands"},
 ]
 
@@ -155,18 +157,18 @@ COVERED_BY = {
     # the state put into real engines of every layout and precision (and resumed from), under the launcher
     "widenet_ds/checkpoint/relayout.py": ["checkpoint/test_shape_free.py", "integration/test_resume_new_shape.py"],
     "widenet_ds/checkpoint/tokenizer_check.py": ["integration/test_bad_inputs.py", "commands/test_convert.py"],
-    "widenet_ds/runtime/ds_sections.py": ["runtime/test_ds_config.py"],
-    "widenet_ds/runtime/launch_env.py": ["runtime/test_launch.py"],
-    "widenet_ds/runtime/quiet.py": ["runtime/test_signals.py"],  # the console of a real run, checked line by line
+    "widenet_ds/engine/ds_sections.py": ["engine/test_ds_config.py"],
+    "widenet_ds/launch/options.py": ["launch/test_launcher.py"],  # the launch command line, parsed and refused there
+    "widenet_ds/engine/quiet.py": ["launch/test_signals.py"],  # the console of a real run, checked line by line
     # two real gloo ranks: a stopped peer's collective ends at the training bound; every rank's problems at once
-    "widenet_ds/runtime/collective_timeouts.py": ["runtime/test_peer_watch.py"],
-    "widenet_ds/runtime/every_rank.py": ["runtime/test_peer_watch.py"],
+    "widenet_ds/distributed/collective_timeouts.py": ["distributed/test_peer_watch.py"],
+    "widenet_ds/distributed/every_rank.py": ["distributed/test_peer_watch.py"],
     "widenet_ds/benchmarks/recipes.py": ["benchmarks/test_features.py", "training/test_finetuning.py"],
     "widenet_ds/benchmarks/squad_features.py": ["benchmarks/test_squad.py"],
     "widenet_ds/benchmarks/squad_postprocess.py": ["benchmarks/test_squad.py"],
     "widenet_ds/training/branch_schedule.py": ["model/test_branches.py", "integration/test_paraformer_training.py"],
     "widenet_ds/training/classification.py": ["integration/test_classify.py", "integration/test_golden_losses.py"],
-    "widenet_ds/runtime/console.py": ["runtime/test_signals.py", "integration/test_bad_inputs.py"],
+    "widenet_ds/distributed/console.py": ["launch/test_signals.py", "integration/test_bad_inputs.py"],
     "widenet_ds/training/benchmark.py": ["training/test_finetuning.py", "integration/test_finetune.py"],
     "widenet_ds/training/finetune_weights.py": ["training/test_finetuning.py"],
     "widenet_ds/training/flags.py": ["training/test_command_line.py"],

@@ -9,11 +9,11 @@ import importlib
 import sys
 from collections.abc import Callable
 
+from widenet_ds.distributed.console import report_error
+from widenet_ds.engine.quiet import quiet_third_party
 from widenet_ds.errors import exit_status
 from widenet_ds.fs.disk_space import DiskFullError, full_disk_message
 from widenet_ds.results import TASK_RESULTS
-from widenet_ds.runtime.console import report_error
-from widenet_ds.runtime.quiet import quiet_third_party
 
 # name -> (module:function, one-line help). Imported lazily so `widenet-ds params` does not pay for
 # the data pipeline's imports and vice versa.
@@ -34,7 +34,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "branches": ("widenet_ds.commands.branches:cli", "ParaFormer branches of a checkpoint folder: compress to "
                                                      "the first K, expand to M"),
     "report": ("widenet_ds.report.cli:cli", "HTML page with plots of pretraining/image/finetuning run folders"),
-    "launch": ("widenet_ds.commands.launch:cli", "train on N ranks: deepspeed --module widenet_ds.train TASK (CPU rank "
+    "launch": ("widenet_ds.launch.launcher:cli", "train on N ranks: deepspeed --module widenet_ds.train TASK (CPU rank "
                                                  "count, hostfile check, signal relay)"),
     "demo": ("widenet_ds.commands.demo:demo_cli", "pretrain widenet-tiny-e4 on 2 CPU ranks, finetune it on SST-2, report"),
     "vision-demo": ("widenet_ds.commands.demo:vision_demo_cli", "train widenet-vit-tiny on Fashion-MNIST on 2 CPU ranks"),
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_command(name: str, argv: list[str], prog: str, func: Callable[[list[str]], int | None] | None = None) -> int:
     """Run one command (`func`: in place of the registered function, e.g. the entry under another name): its exit
     status, or 2 after one `prog: error: ...` line for an error of the input (a full disk among them), printed
-    once for all ranks of a training run (runtime/console.py)."""
+    once for all ranks of a training run (distributed/console.py)."""
     if name not in LIGHT_COMMANDS:
         quiet_third_party()
         # DeepSpeed logs to stdout from import on; machine-readable output (--json) must stay clean.

@@ -32,7 +32,7 @@ class RunFolderError(WideNetError, ValueError):
 
 def mark_same_on_every_rank(err: BaseException) -> BaseException:
     """Tag an error raised alike on every rank (they read the same inputs, or agreed on it): printed once, by
-    rank 0 (widenet_ds/runtime/console.py)."""
+    rank 0 (widenet_ds/distributed/console.py)."""
     err.same_on_every_rank = True  # type: ignore[attr-defined]
     return err
 

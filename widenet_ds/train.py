@@ -18,15 +18,15 @@ import difflib
 import sys
 from typing import NoReturn
 
-from widenet_ds.runtime.quiet import quiet_third_party
+from widenet_ds.engine.quiet import quiet_third_party
 
 quiet_third_party()  # before DeepSpeed is imported
 
 from widenet_ds.cli import run_command  # noqa: E402
+from widenet_ds.distributed.console import process_rank  # noqa: E402
+from widenet_ds.distributed.groups import exit_rank  # noqa: E402
+from widenet_ds.distributed.lost_peer import lost_peer_message  # noqa: E402
 from widenet_ds.errors import WideNetError, mark_same_on_every_rank  # noqa: E402
-from widenet_ds.runtime.console import process_rank  # noqa: E402
-from widenet_ds.runtime.distributed import exit_rank  # noqa: E402
-from widenet_ds.runtime.lost_peer import lost_peer_message  # noqa: E402
 from widenet_ds.training.command_line import parse  # noqa: E402
 from widenet_ds.training.registry import TASKS  # noqa: E402
 from widenet_ds.training.run import run_task  # noqa: E402

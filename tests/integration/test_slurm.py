@@ -245,7 +245,7 @@ def test_an_image_job_trains_on_two_ranks_and_resumes_after_preemption(cluster, 
 def test_job_without_srun_fails_fast_naming_srun(cluster, tmp_path):
     script = tmp_path / "no_srun.sbatch"
     script.write_text("#!/bin/bash\n" + shlex.join(
-        [sys.executable, "-c", "from widenet_ds.runtime.distributed import init_distributed; init_distributed()"]) + "\n")
+        [sys.executable, "-c", "from widenet_ds.distributed.groups import init_distributed; init_distributed()"]) + "\n")
     log = tmp_path / "job.log"
     job = cluster.sbatch(*TWO_RANKS, f"--output={log}", str(script))
     assert cluster.wait_state(job, {"COMPLETED", "FAILED"}, timeout=120) == "FAILED"

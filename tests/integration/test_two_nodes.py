@@ -36,12 +36,17 @@ from pathlib import Path
 import pytest
 
 from tests.support.golden_curves import beyond_tolerance
-from tests.support.launch_inputs import DS_CONFIG, prepare_tiny_corpus, pretrain_args, tiny_model_config
+from tests.support.launch_inputs import (
+    DS_CONFIG,
+    prepare_tiny_corpus,
+    pretrain_args,
+    tiny_model_config,
+)
 from tests.support.launching import REPO, child_env, clear_stale_build_locks
 from tests.support.netns_cluster import leftovers, netns_cluster, unavailable_reason
 from tests.support.netns_slurm import slurm_on
-from tests.support.slurm_cluster import missing_tools
 from tests.support.pretrain_support import events, train_losses
+from tests.support.slurm_cluster import missing_tools
 
 pytestmark = [pytest.mark.multirank, pytest.mark.cluster, pytest.mark.slow]
 
@@ -199,7 +204,7 @@ def test_mpiexec_with_two_hosts_equals_one_node(cluster, inputs, one_node, tmp_p
     output, ranks = watch_ranks(cluster, proc, timeout=300, rank_var="PMI_RANK")
     assert proc.returncode == 0, output[-6000:]
     # MPI rank 0 ran on node 1 and rank 1 on node 2, so rank 0's rendezvous address (its `hostname -I`, shared over
-    # MPI: widenet_ds/runtime/launch_env.py) was node 1's, the only one node 2 can reach.
+    # MPI: widenet_ds/distributed/launch_env.py) was node 1's, the only one node 2 can reach.
     node1, node2 = cluster.nodes
     assert {node: env["PMI_RANK"] for node, env in ranks.items()} == {node1.name: "0", node2.name: "1"}, ranks
     assert ranks[node2.name]["OMP_NUM_THREADS"] == "1"  # hydra hands the whole environment to every host

@@ -25,12 +25,23 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.launch_inputs import prepare_tiny_corpus, pretrain_args, tiny_model_config
-from tests.support.launching import REPO, child_env, deepspeed_launcher, python_train_command, run_deepspeed, run_train
+from tests.support.launch_inputs import (
+    prepare_tiny_corpus,
+    pretrain_args,
+    tiny_model_config,
+)
+from tests.support.launching import (
+    REPO,
+    child_env,
+    deepspeed_launcher,
+    python_train_command,
+    run_deepspeed,
+    run_train,
+)
 from tests.support.pretrain_support import train_losses
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
+from widenet_ds.distributed.ports import free_port, port_is_free
 from widenet_ds.fs.run_lock import LOCK_FILE
-from widenet_ds.runtime.ports import free_port, port_is_free
 
 pytestmark = pytest.mark.multirank
 FULL_DISK = REPO / "tests" / "scripts" / "train_disk_fills.py"

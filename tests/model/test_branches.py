@@ -11,17 +11,23 @@ import deepspeed
 import pytest
 import torch
 
+from tests.support.launching import REPO
+from widenet_ds.distributed.groups import init_distributed
+from widenet_ds.engine.build import build_engine
+from widenet_ds.engine.ds_config import load_ds_config, validate_ds_config
 from widenet_ds.errors import ConfigError
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForSequenceClassification
-from widenet_ds.runtime.distributed import init_distributed
-from widenet_ds.runtime.ds_config import load_ds_config, validate_ds_config
-from widenet_ds.runtime.engine import build_engine
-from widenet_ds.training.branch_schedule import BranchSchedule, check_branch_updates_isolated
+from widenet_ds.training.branch_schedule import (
+    BranchSchedule,
+    check_branch_updates_isolated,
+)
 from widenet_ds.vision.config import VisionConfig
-from widenet_ds.vision.model import ViTWideNetForImageClassification, build_model, count_trainable_parameters
-
-from tests.support.launching import REPO
+from widenet_ds.vision.model import (
+    ViTWideNetForImageClassification,
+    build_model,
+    count_trainable_parameters,
+)
 
 
 # --- parameter counts: a hand count of the authors' modules ---------------------------------------------

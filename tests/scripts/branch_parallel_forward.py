@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from widenet_ds.distributed.groups import init_distributed
 from widenet_ds.model.branches import BranchParallel
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForSequenceClassification
-from widenet_ds.runtime.distributed import init_distributed
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification
 

@@ -1,7 +1,7 @@
 """Run by the deepspeed launcher for the conversion tests.
 
     save OUT_DIR EP_SIZE ZERO_STAGE[,STAGE...] [PRECISION [STEPS]]
-                                      build a tiny WideNet in a real engine (widenet_ds.runtime.engine.build_engine,
+                                      build a tiny WideNet in a real engine (widenet_ds.engine.build.build_engine,
                                       LAMB, the MoE param groups; PRECISION fp32 or bf16), train STEPS (2) steps,
                                       save a checkpoint with CheckpointManager (tag step<STEPS> under
                                       OUT_DIR/checkpoints), then write this rank's eval logits on its fixed batch to
@@ -26,11 +26,11 @@ from safetensors.torch import save_file
 from widenet_ds.checkpoint.manager import CheckpointManager, TrainingState
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.source import load_pretrained
+from widenet_ds.distributed.groups import init_distributed
+from widenet_ds.engine.build import build_engine
+from widenet_ds.engine.ds_config import validate_ds_config
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
-from widenet_ds.runtime.distributed import init_distributed
-from widenet_ds.runtime.ds_config import validate_ds_config
-from widenet_ds.runtime.engine import build_engine
 
 VOCAB = 300
 MICRO_BATCH = 4

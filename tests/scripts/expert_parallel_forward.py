@@ -7,9 +7,9 @@ import deepspeed
 import torch
 from safetensors.torch import save_file
 
+from widenet_ds.distributed.groups import init_distributed
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
-from widenet_ds.runtime.distributed import init_distributed
 
 
 def fixed_batch(rank: int):

@@ -16,9 +16,9 @@ from safetensors.torch import save_file
 
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.source import load_pretrained
-from widenet_ds.runtime.distributed import init_distributed
-from widenet_ds.runtime.ds_config import validate_ds_config
-from widenet_ds.runtime.engine import build_engine
+from widenet_ds.distributed.groups import init_distributed
+from widenet_ds.engine.build import build_engine
+from widenet_ds.engine.ds_config import validate_ds_config
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification
 

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from widenet_ds.runtime.quiet import quiet_third_party
+from widenet_ds.engine.quiet import quiet_third_party
 
 quiet_third_party()  # before DeepSpeed is imported
 
@@ -15,8 +15,8 @@ import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from widenet_ds.checkpoint.source import load_pretrained  # noqa: E402
+from widenet_ds.distributed.groups import init_distributed  # noqa: E402
 from widenet_ds.model.widenet import WideNetForPreTraining  # noqa: E402
-from widenet_ds.runtime.distributed import init_distributed  # noqa: E402
 
 FOLDER = Path(__file__).resolve().parents[1] / "assets" / "legacy_folder"
 

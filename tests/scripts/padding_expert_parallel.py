@@ -8,9 +8,9 @@ import sys
 import torch
 from safetensors.torch import save_file
 
+from widenet_ds.distributed.groups import init_distributed
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForSequenceClassification
-from widenet_ds.runtime.distributed import init_distributed
 
 DISPATCHES = ("deepspeed", "dropless")
 

@@ -23,11 +23,11 @@ from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.relayout import apply_to_engine
 from widenet_ds.checkpoint.shape_free import load_shape_free, target_meta
 from widenet_ds.checkpoint.source import RESUME, CheckpointSource
+from widenet_ds.distributed.groups import init_distributed
+from widenet_ds.distributed.parallel import ParallelPlan
+from widenet_ds.engine.build import build_engine
+from widenet_ds.engine.ds_config import validate_ds_config
 from widenet_ds.portable.format import TEXT_DEFAULT, architecture
-from widenet_ds.runtime.distributed import init_distributed
-from widenet_ds.runtime.ds_config import validate_ds_config
-from widenet_ds.runtime.engine import build_engine
-from widenet_ds.runtime.parallel import ParallelPlan
 
 
 def relayout(spec: str) -> None:

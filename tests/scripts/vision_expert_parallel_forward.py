@@ -8,7 +8,7 @@ import deepspeed
 import torch
 from safetensors.torch import save_file
 
-from widenet_ds.runtime.distributed import init_distributed
+from widenet_ds.distributed.groups import init_distributed
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification
 

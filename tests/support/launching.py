@@ -89,7 +89,7 @@ def python_train_command(task: str, args: list[str]) -> list[str]:
 def train_command(task: str, args: list[str], num_ranks: int = 2) -> list[str]:
     """What `deepspeed --num_gpus N --module widenet_ds.train TASK ARGS` runs, on `num_ranks` local ranks. One rank
     starts without a launcher (`python_train_command`), as a user starts one: the launcher adds nothing one process
-    needs (runtime/launch_env.py gives it a group and a free port) and costs 1.4 s of CPU, 2.8 s of wall time."""
+    needs (distributed/launch_env.py gives it a group and a free port) and costs 1.4 s of CPU, 2.8 s of wall time."""
     clear_stale_build_locks()
     if num_ranks == 1:
         return python_train_command(task, args)

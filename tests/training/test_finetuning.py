@@ -8,24 +8,38 @@ import json
 
 import pytest
 import torch
+
 from tests.support.launching import REPO
 from tests.support.open_counts import counted_opens
-
 from widenet_ds.benchmarks.recipes import recipe_for
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.data.tokenizer import TokenizerFiles, load_tokenizer
+from widenet_ds.engine.ds_config import load_ds_config, validate_ds_config
 from widenet_ds.errors import ConfigError
 from widenet_ds.results import SeedResults
-from widenet_ds.runtime.ds_config import load_ds_config, validate_ds_config
 from widenet_ds.training import plan as plan_module
 from widenet_ds.training.benchmark import GlueBenchmark, SquadBenchmark
 from widenet_ds.training.environment import check_run
 from widenet_ds.training.finetune_weights import finetune_model_config, model_overrides
-from widenet_ds.training.finetuning import FinetuneInputs, recipe_mismatch, requested_steps
-from widenet_ds.training.plan import check_resume_changes, plan_layout, resolve_max_steps, resume_changes
+from widenet_ds.training.finetuning import (
+    FinetuneInputs,
+    recipe_mismatch,
+    requested_steps,
+)
+from widenet_ds.training.plan import (
+    check_resume_changes,
+    plan_layout,
+    resolve_max_steps,
+    resume_changes,
+)
 from widenet_ds.training.predict import Batching
 from widenet_ds.training.run import run_task
-from widenet_ds.training.run_config import GlueConfig, InvalidConfig, PretrainConfig, SquadConfig
+from widenet_ds.training.run_config import (
+    GlueConfig,
+    InvalidConfig,
+    PretrainConfig,
+    SquadConfig,
+)
 from widenet_ds.training.sweep import median_over_seeds
 
 CPU_CONFIG = REPO / "ds_configs/finetune_cpu_small.json"

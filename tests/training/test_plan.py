@@ -15,10 +15,10 @@ from tests.support.pretrain_support import CPU_CONFIG
 from widenet_ds.checkpoint.marker import LATEST_FILE, CheckpointMeta
 from widenet_ds.checkpoint.tags import MODEL_STATES
 from widenet_ds.data.batch_order import GLOBAL_CHUNKS, RANK_STRIDED
+from widenet_ds.engine.ds_config import load_ds_config, validate_ds_config
 from widenet_ds.errors import CheckpointError, ConfigError, DataError
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.results import PretrainResults
-from widenet_ds.runtime.ds_config import load_ds_config, validate_ds_config
 from widenet_ds.training.command_line import parse
 from widenet_ds.training.metrics import PretrainMetrics
 from widenet_ds.training.plan import find_resume, plan_resume, plan_run, plan_task

@@ -214,7 +214,7 @@ def test_a_run_opens_its_data_and_its_init_from_checkpoint_once(data, albert_run
 
 
 def test_a_branch_parallel_run_with_random_draws_says_it_differs_from_one_rank():
-    from widenet_ds.runtime.parallel import ParallelPlan
+    from widenet_ds.distributed.parallel import ParallelPlan
     from widenet_ds.training.plan import branch_parallel_notes
     from widenet_ds.vision.config import VisionConfig
 

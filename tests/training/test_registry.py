@@ -14,10 +14,15 @@ from typing import get_type_hints
 
 import pytest
 
+from widenet_ds.launch.options import parser as launch_parser
 from widenet_ds.report.metrics import load_runs
-from widenet_ds.results import TASK_RESULTS, ClassifyResults, FinetuneResults, PretrainResults
+from widenet_ds.results import (
+    TASK_RESULTS,
+    ClassifyResults,
+    FinetuneResults,
+    PretrainResults,
+)
 from widenet_ds.run_folder import RunFolder
-from widenet_ds.runtime.launch import parser as launch_parser
 from widenet_ds.train import usage
 from widenet_ds.training import run_config
 from widenet_ds.training.command_line import build_parser

@@ -27,12 +27,26 @@ from deepspeed.moe.utils import is_moe_param
 
 from widenet_ds.checkpoint.marker import LATEST_FILE, META_FILE, CheckpointMeta
 from widenet_ds.checkpoint.source import CheckpointSource
-from widenet_ds.checkpoint.tags import PARTIAL, TAG, complete_tags, latest_checkpoint, rank_file, tag_for
+from widenet_ds.checkpoint.tags import (
+    PARTIAL,
+    TAG,
+    complete_tags,
+    latest_checkpoint,
+    rank_file,
+    tag_for,
+)
+from widenet_ds.distributed.groups import all_values, barrier, rank0_value
 from widenet_ds.errors import CheckpointError, mark_same_on_every_rank
 from widenet_ds.fs.atomic import atomic_write_text
 from widenet_ds.fs.checksums import record_files, total_size
-from widenet_ds.fs.disk_space import DiskFullError, check_free_space, free_bytes, is_disk_full, mib, needed_bytes
-from widenet_ds.runtime.distributed import all_values, barrier, rank0_value
+from widenet_ds.fs.disk_space import (
+    DiskFullError,
+    check_free_space,
+    free_bytes,
+    is_disk_full,
+    mib,
+    needed_bytes,
+)
 
 OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master weight + two moments (Adam, LAMB), saved by every ZeRO stage
 

@@ -28,13 +28,18 @@ import torch
 
 from widenet_ds.checkpoint.deepspeed import expert_file, load_torch_file
 from widenet_ds.checkpoint.marker import LATEST_FILE, CheckpointMeta
-from widenet_ds.checkpoint.shape_free import ShapeFreeState, check_carried, read_shape_free, save_shape_free
+from widenet_ds.checkpoint.shape_free import (
+    ShapeFreeState,
+    check_carried,
+    read_shape_free,
+    save_shape_free,
+)
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.tags import MODEL_STATES
+from widenet_ds.distributed.parallel import check_ep_size
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.fs.atomic import atomic_folder
 from widenet_ds.fs.checksums import record_files
-from widenet_ds.runtime.distributed import check_ep_size
 
 SHAPE_FREE_DIR = "shape_free"
 # Entries of the model-states file that describe the optimizer partitioning of the old layout.

@@ -42,15 +42,20 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from widenet_ds.checkpoint.deepspeed import load_torch_file, precision, read_tag, zero_stage
+from widenet_ds.checkpoint.deepspeed import (
+    load_torch_file,
+    precision,
+    read_tag,
+    zero_stage,
+)
 from widenet_ds.checkpoint.marker import CheckpointMeta, check_marker
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.tags import MODEL_STATES
+from widenet_ds.engine.lamb import build_param_groups
 from widenet_ds.errors import CheckpointError
 from widenet_ds.formats import VERSION_KEY, current, upgrade, versioned
 from widenet_ds.fs.atomic import atomic_folder
 from widenet_ds.portable.format import TEXT_DEFAULT, architecture
-from widenet_ds.runtime.lamb import build_param_groups
 
 SHAPE_FREE = "shape_free"  # state.json's kind in widenet_ds/formats.py
 TENSORS_FILE = "tensors.safetensors"

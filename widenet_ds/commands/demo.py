@@ -23,16 +23,22 @@ import sys
 from pathlib import Path
 
 import widenet_ds
-from widenet_ds.commands.launch import launch_config
 from widenet_ds.data.manifest import MANIFEST_FILE, read_manifest
 from widenet_ds.data.prepare import cli as prepare_data
 from widenet_ds.errors import ConfigError, DataError
 from widenet_ds.fs.atomic import atomic_write_json
+from widenet_ds.launch.launcher import launch_config
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.report.cli import cli as write_report
 from widenet_ds.results import ClassifyResults, FinetuneResults, PretrainResults
 from widenet_ds.run_folder import RunFolder
-from widenet_ds.training.run_config import LATEST, ClassifyConfig, GlueConfig, PretrainConfig, RunConfig
+from widenet_ds.training.run_config import (
+    LATEST,
+    ClassifyConfig,
+    GlueConfig,
+    PretrainConfig,
+    RunConfig,
+)
 from widenet_ds.vision.datasets import DEBIAN_FASHION_MNIST, FASHION_MNIST_FIX
 
 CHECKOUT = Path(widenet_ds.__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ one call's decisions and the tests can compare it with DeepSpeed's `top2gating` 
 
 It never synchronises with the host: every size (the capacity included) follows from the logits' shape
 and the config, never from their values, so `torch.compile(route_tokens, fullgraph=True)` traces it whole
-and a GPU never waits for the CPU to read a routing decision (tests/runtime/test_compile.py checks both).
+and a GPU never waits for the CPU to read a routing decision (tests/engine/test_compile.py checks both).
 
 Padding (`token_mask`, on unless `MoEConfig.route_padding`): a padding position is no token of the batch,
 so it gets no route (expert_index -1, weight 0: its MoE output is 0 and the residual carries it through),

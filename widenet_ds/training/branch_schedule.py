@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from widenet_ds.engine.ds_config import DeepSpeedSettings
 from widenet_ds.errors import ConfigError
-from widenet_ds.runtime.ds_config import DeepSpeedSettings
 
 ScheduleKind = Literal["joint", "prefix", "staged"]
 SCHEDULES = ("joint", "prefix", "staged")

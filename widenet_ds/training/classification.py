@@ -10,10 +10,10 @@ import torch
 
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.source import CheckpointSource
+from widenet_ds.distributed.console import say
 from widenet_ds.errors import CheckpointError, DataError
 from widenet_ds.portable.weights import load_into, match_weights
 from widenet_ds.results import ClassifyResults
-from widenet_ds.runtime.console import say
 from widenet_ds.training.log import TrainingLog
 from widenet_ds.training.metrics import ClassifyMetrics
 from widenet_ds.training.model_source import resolve_model_config
@@ -24,7 +24,11 @@ from widenet_ds.vision.augment import BatchAugmenter, normalize
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.datasets import ImageSource, load_dataset
 from widenet_ds.vision.loader import ImageLoader, default_workers
-from widenet_ds.vision.model import ViTWideNetForImageClassification, build_model, count_trainable_parameters
+from widenet_ds.vision.model import (
+    ViTWideNetForImageClassification,
+    build_model,
+    count_trainable_parameters,
+)
 
 
 def check_data_fits_model(splits: dict[str, ImageSource], model: VisionConfig, dataset: str) -> None:

@@ -6,18 +6,18 @@ A `RunConfig` checks its values only and touches no file (a launcher or a study 
 be); `check_run` is the one place a run looks at them, once, where it starts (training/run.py), before any data is
 read or model built, and reports every problem of the values and of the environment in one error. On several ranks
 each rank's node may lack what another has (its own disks): `check_every_rank`, right after the rendezvous, says
-every rank's problems at once, naming the ranks and nodes (runtime/every_rank.py).
+every rank's problems at once, naming the ranks and nodes (distributed/every_rank.py).
 """
 
 from __future__ import annotations
 
 import torch.distributed as torch_dist
 
+from widenet_ds.distributed.every_rank import raise_problems_of_every_rank
+from widenet_ds.distributed.launch_env import expected_world_size
 from widenet_ds.errors import ConfigError, raise_config_problems
 from widenet_ds.fs.run_lock import folder_lock
 from widenet_ds.fs.writable import check_output_folder
-from widenet_ds.runtime.every_rank import raise_problems_of_every_rank
-from widenet_ds.runtime.launch_env import expected_world_size
 from widenet_ds.training.run_config import RunConfig
 
 

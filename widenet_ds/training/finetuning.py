@@ -20,18 +20,23 @@ from widenet_ds.benchmarks.recipes import FinetuneRecipe
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
 from widenet_ds.data.tokenizer import TokenizerFiles, load_tokenizer
+from widenet_ds.distributed.console import say
+from widenet_ds.engine.ds_config import DeepSpeedSettings
 from widenet_ds.errors import CheckpointError, ConfigError, raise_config_problems
 from widenet_ds.portable.weights import load_into
 from widenet_ds.results import Scores, SeedResults, is_number, with_scale
 from widenet_ds.run_folder import RunFolder, read_metrics
-from widenet_ds.runtime.console import say
-from widenet_ds.runtime.ds_config import DeepSpeedSettings
 from widenet_ds.training.benchmark import Benchmark
 from widenet_ds.training.epoch_batches import EpochBatches
 from widenet_ds.training.finetune_weights import finetune_model_config, save_finetuned
 from widenet_ds.training.log import TrainingLog
 from widenet_ds.training.metrics import FinetuneMetrics
-from widenet_ds.training.plan import RunPlan, check_resume_changes, resolve_max_steps, resume_changes
+from widenet_ds.training.plan import (
+    RunPlan,
+    check_resume_changes,
+    resolve_max_steps,
+    resume_changes,
+)
 from widenet_ds.training.predict import Batching, Prepared
 from widenet_ds.training.run_config import FinetuneConfig
 from widenet_ds.training.task import Task

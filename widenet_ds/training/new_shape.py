@@ -16,10 +16,14 @@ from dataclasses import dataclass
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.shape_free import RELAID_OUT, fp16_refusal
 from widenet_ds.checkpoint.source import CheckpointSource
-from widenet_ds.data.batch_order import GLOBAL_CHUNKS, LOSS_PER_MICRO_BATCH, LOSS_PER_STEP
+from widenet_ds.data.batch_order import (
+    GLOBAL_CHUNKS,
+    LOSS_PER_MICRO_BATCH,
+    LOSS_PER_STEP,
+)
+from widenet_ds.distributed.parallel import ParallelPlan
+from widenet_ds.engine.ds_config import DeepSpeedSettings, validate_ds_config
 from widenet_ds.errors import CheckpointError, ConfigError
-from widenet_ds.runtime.ds_config import DeepSpeedSettings, validate_ds_config
-from widenet_ds.runtime.parallel import ParallelPlan
 
 MICRO_BATCH_KEY = "train_micro_batch_size_per_gpu"  # its line in the changes since the checkpoint
 

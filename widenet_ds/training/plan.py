@@ -15,15 +15,35 @@ from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.source import RESUME, CheckpointSource
 from widenet_ds.checkpoint.tags import latest_checkpoint
 from widenet_ds.data.batch_order import GLOBAL_CHUNKS, LOSS_PER_MICRO_BATCH
-from widenet_ds.errors import CheckpointError, ConfigError, WideNetError, mark_same_on_every_rank
+from widenet_ds.distributed.parallel import ParallelPlan
+from widenet_ds.engine.build import OptimizerPlan, plan_optimizer
+from widenet_ds.engine.ds_config import (
+    DeepSpeedSettings,
+    load_ds_config,
+    trajectory_changes,
+    validate_ds_config,
+)
+from widenet_ds.errors import (
+    CheckpointError,
+    ConfigError,
+    WideNetError,
+    mark_same_on_every_rank,
+)
 from widenet_ds.portable.format import check_same_model
 from widenet_ds.run_folder import RunFolder
-from widenet_ds.runtime.ds_config import DeepSpeedSettings, load_ds_config, trajectory_changes, validate_ds_config
-from widenet_ds.runtime.engine import OptimizerPlan, plan_optimizer
-from widenet_ds.runtime.parallel import ParallelPlan
 from widenet_ds.training.branch_schedule import BranchSchedule, plan_branch_schedule
-from widenet_ds.training.new_shape import NewShape, check_micro_batches_divide, plan_new_shape, random_draws
-from widenet_ds.training.run_config import LATEST, RunConfig, saved_record, setting_changes
+from widenet_ds.training.new_shape import (
+    NewShape,
+    check_micro_batches_divide,
+    plan_new_shape,
+    random_draws,
+)
+from widenet_ds.training.run_config import (
+    LATEST,
+    RunConfig,
+    saved_record,
+    setting_changes,
+)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
-from widenet_ds.runtime.console import say
+from widenet_ds.distributed.console import say
 
 
 @dataclass

@@ -8,7 +8,7 @@ import signal
 import torch
 import torch.distributed as torch_dist
 
-from widenet_ds.runtime.collective_timeouts import use_training_timeout
+from widenet_ds.distributed.collective_timeouts import use_training_timeout
 
 
 class StopRequest:
@@ -64,7 +64,7 @@ class SavePoints:
 
     def due(self, step: int, since: int) -> bool:
         """Collective (`StopRequest.agreed`): whether `step`, reached from step `since`, is to be saved. A step has
-        run: from now on every collective has the training bound (runtime/collective_timeouts.py)."""
+        run: from now on every collective has the training bound (distributed/collective_timeouts.py)."""
         use_training_timeout()
         self.stopping = self.stop.agreed()
         return self.stopping or self.crosses(since, step)

@@ -1,7 +1,7 @@
 """Running a training task: every problem of its settings and of what they name on this machine, at once
 (training/environment.py); then the stop signals (a preemption during start-up stops the run at its first
 step, saved; a TERM during the rendezvous ends the rank at once), the process group with bounded waits, every
-rank's own problems said once, the watch on the peers (runtime/peer_watch.py), the output folder's lock
+rank's own problems said once, the watch on the peers (distributed/peer_watch.py), the output folder's lock
 (one writer per run folder), the checkpoint to start from checked file by file, every other check, then the
 one trainer (finetuning: one trainer per seed)."""
 
@@ -18,13 +18,13 @@ from typing import Any, Iterator
 import torch.distributed as torch_dist
 
 from widenet_ds.checkpoint.source import CheckpointSource
+from widenet_ds.distributed.console import say
+from widenet_ds.distributed.groups import all_values, init_distributed, rank0_value
+from widenet_ds.distributed.peer_watch import stop_watching, watch_peers
+from widenet_ds.engine.extensions import announce_op_builds
 from widenet_ds.errors import ConfigError, WideNetError, mark_same_on_every_rank
 from widenet_ds.fs.disk_space import DiskFullError
 from widenet_ds.fs.run_lock import FolderLockedError, folder_lock
-from widenet_ds.runtime.console import say
-from widenet_ds.runtime.distributed import all_values, init_distributed, rank0_value
-from widenet_ds.runtime.extensions import announce_op_builds
-from widenet_ds.runtime.peer_watch import stop_watching, watch_peers
 from widenet_ds.training.environment import check_every_rank, check_run
 from widenet_ds.training.plan import plan_task
 from widenet_ds.training.preemption import StopRequest

@@ -18,12 +18,17 @@ from dataclasses import asdict
 import torch.distributed as torch_dist
 
 from widenet_ds.checkpoint.source import CheckpointSource
+from widenet_ds.distributed.console import say
 from widenet_ds.errors import ConfigError, WideNetError, mark_same_on_every_rank
 from widenet_ds.results import DeepSpeedUsed, FinetuneResults, SeedResults, numbers
-from widenet_ds.runtime.console import say
 from widenet_ds.training.benchmark import Benchmark
 from widenet_ds.training.finetune_weights import model_overrides
-from widenet_ds.training.finetuning import FinetuneInputs, FinetuneTask, metrics_line, peak_lr
+from widenet_ds.training.finetuning import (
+    FinetuneInputs,
+    FinetuneTask,
+    metrics_line,
+    peak_lr,
+)
 from widenet_ds.training.log import TrainingLog
 from widenet_ds.training.plan import RunPlan, find_resume, plan_resume, plan_run
 from widenet_ds.training.preemption import StopRequest

@@ -21,9 +21,9 @@ from torch import nn
 from widenet_ds.checkpoint.manager import TrainingState
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.source import CheckpointSource
+from widenet_ds.engine.ds_config import DeepSpeedSettings
 from widenet_ds.results import Results
 from widenet_ds.run_folder import RunFolder
-from widenet_ds.runtime.ds_config import DeepSpeedSettings
 from widenet_ds.training.log import TrainingLog
 from widenet_ds.training.metrics import WindowSums
 from widenet_ds.training.plan import RunPlan

@@ -17,20 +17,26 @@ group share one stream, as they compute on the same examples.
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as torch_dist
 
-from widenet_ds.checkpoint.manager import CheckpointManager, TrainingState, load_weights_only
+from widenet_ds.checkpoint.manager import (
+    CheckpointManager,
+    TrainingState,
+    load_weights_only,
+)
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.relayout import resume_on_new_shape
+from widenet_ds.distributed.collective_timeouts import apply_current_timeout
+from widenet_ds.distributed.console import say
+from widenet_ds.engine.build import build_engine, expert_grad_norm_stage0
+from widenet_ds.engine.compile import compile_for_training
 from widenet_ds.run_folder import RunFolder
-from widenet_ds.runtime.compile import compile_for_training
-from widenet_ds.runtime.console import say
-from widenet_ds.runtime.distributed import seed_everything
-from widenet_ds.runtime.engine import build_engine, expert_grad_norm_stage0
 from widenet_ds.training.log import TrainingLog, memory_mib
 from widenet_ds.training.plan import RunPlan
 from widenet_ds.training.preemption import SavePoints, StopRequest
@@ -38,6 +44,13 @@ from widenet_ds.training.run_config import RunConfig
 from widenet_ds.training.task import Task
 
 NEW_SHAPE_STREAMS = 1_000_003  # apart from every rank's stream of the run's start (seed + 1 + rank)
+
+
+def seed_everything(seed: int) -> None:
+    """Python, NumPy and torch generators (NumPy takes 32-bit seeds)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 def run_record(cfg: RunConfig, plan: RunPlan) -> dict[str, Any]:
@@ -71,6 +84,7 @@ class Trainer:
         say(f"initialising DeepSpeed (ZeRO stage {plan.ds.zero_stage}, {plan.ds.precision}, "
             f"{plan.ds.batch.train_batch_size} samples per step)")
         engine, _ = build_engine(model, plan.ds, cfg.optimizer, parallel.deepspeed_config(plan.ds.config))
+        apply_current_timeout()  # DeepSpeed's expert and data-parallel groups: the run's bound, not torch's 30 minutes
         seed_everything(task.stream_seed + 1 + parallel.data_parallel_rank)
 
         checkpoints = CheckpointManager(self.folder.checkpoints, cfg.keep_last, rank, parallel.world_size)

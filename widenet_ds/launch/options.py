@@ -1,0 +1,126 @@
+"""The command line of `widenet-ds launch TASK [launch options] -- [options of the task]`: the launch options (the
+job's shape: ranks per node, nodes, hostfile, rendezvous), and what the local machine offers the ranks."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from widenet_ds.errors import LaunchError
+from widenet_ds.launch.host_allocator import find_tcmalloc
+from widenet_ds.results import TASK_RESULTS
+
+PROG = "widenet-ds launch"
+TRAIN_MODULE = "widenet_ds.train"  # its tasks: training/registry.py
+LOG_LEVEL_VAR = "WIDENET_DEEPSPEED_LOG_LEVEL"
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    task: str
+    train_args: tuple[str, ...] = ()
+    ranks_per_node: int | None = None  # deepspeed's --num_gpus; None: every GPU, or one rank per core
+    num_nodes: int | None = None
+    hostfile: Path | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    ssh_check: bool = True
+    run_config: Path | None = None  # a run's saved settings (run_config.json), read by launch/task_options.py
+
+    def __post_init__(self) -> None:
+        if self.task not in TASK_RESULTS:
+            raise LaunchError(f"unknown task {self.task!r}; choose one of {', '.join(TASK_RESULTS)}")
+        if self.num_nodes is not None and self.num_nodes > 1 and self.hostfile is None:
+            raise LaunchError(f"--num-nodes {self.num_nodes} needs --hostfile listing the nodes "
+                              f"(one `<host> slots=<N>` line each)")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the local machine offers the ranks."""
+
+    cores: int
+    has_gpu: bool
+    tcmalloc: str | None = None  # its library, where installed (host_allocator.find_tcmalloc)
+
+
+def this_machine(environ: Mapping[str, str] = os.environ) -> Machine:
+    cores = len(os.sched_getaffinity(0))
+    accelerator = environ.get("DS_ACCELERATOR")
+    if accelerator:  # the user's choice stands
+        return Machine(cores, has_gpu=accelerator != "cpu", tcmalloc=find_tcmalloc())
+    nvidia_smi = shutil.which("nvidia-smi")
+    has_gpu = nvidia_smi is not None and subprocess.run([nvidia_smi, "-L"], capture_output=True).returncode == 0
+    return Machine(cores, has_gpu, find_tcmalloc())
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        # deepspeed would take 0 ranks silently and run 1
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number >= 1")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port; give one of 1024..65535")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG, allow_abbrev=False, usage=f"{PROG} {{{','.join(TASK_RESULTS)}}} [launch options] -- [options of the task]",
+        description="Run `python -m widenet_ds.train TASK` on several ranks under the deepspeed launcher. "
+                    "Everything after `--` goes to the task unchanged (`python -m widenet_ds.train TASK --help` "
+                    "lists its options).",
+        epilog=f"Environment: {LOG_LEVEL_VAR} (default critical) sets the deepspeed runner's log level; "
+               "OMP_NUM_THREADS and DS_ACCELERATOR, when set, are kept. SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 to "
+               "this process: the ranks save a checkpoint and exit 0; continue with the same command plus --resume.")
+    p.add_argument("task", choices=TASK_RESULTS, metavar="TASK",
+                   help="pretrain (MLM + SOP), glue or squad (finetuning), classify (images)")
+    p.add_argument("--num-ranks", "--num-gpus", dest="ranks_per_node", type=_positive_int, metavar="N",
+                   help="ranks per node (default: every GPU; without GPUs one CPU rank per core, at most 8)")
+    p.add_argument("--hostfile", type=Path, metavar="FILE",
+                   help="nodes to run on, deepspeed's format (`<host> slots=<N>` per line; passwordless ssh + "
+                        "pdsh); checked first: hosts must resolve and have the slots asked for")
+    p.add_argument("--num-nodes", type=_positive_int, metavar="N", help="the first N hosts of the hostfile")
+    p.add_argument("--master-addr", metavar="ADDR",
+                   help="rendezvous address (default: 127.0.0.1 locally; deepspeed asks the first host)")
+    p.add_argument("--master-port", type=_port, metavar="PORT",
+                   help="rendezvous port (default: a free one locally; 29500 with a hostfile)")
+    p.add_argument("--no-ssh-check", dest="ssh_check", action="store_false",
+                   help="skip deepspeed's ssh probe of the first host")
+    p.add_argument("--config", dest="run_config", type=Path, metavar="RUN_CONFIG",
+                   help="the task's options from a run's run_config.json (or its run folder), to run it again or "
+                        "continue it elsewhere; options after `--` follow them (a later option wins, e.g. "
+                        "--output-dir, --resume)")
+    return p
+
+
+def parse_launch_args(argv: list[str]) -> LaunchOptions:
+    """Launch options before `--`, the task's options after it. argparse errors exit 2 with one line."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    launch_args, train_args = argv[:cut], argv[cut + 1:]
+    p = parser()
+    args, unknown = p.parse_known_args(launch_args)
+    if unknown:
+        known = ", ".join(a.option_strings[0] for a in p._actions if a.option_strings and a.dest != "help")
+        p.error(f"unknown launch option {unknown[0]!r}; the launch options are {known}, and the task's own "
+                f"options go after `--`")
+    return LaunchOptions(task=args.task, train_args=tuple(train_args), ranks_per_node=args.ranks_per_node,
+                         num_nodes=args.num_nodes, hostfile=args.hostfile, master_addr=args.master_addr,
+                         master_port=args.master_port, ssh_check=args.ssh_check, run_config=args.run_config)
+

@@ -1,2 +1,0 @@
-"""The runtime: launch environment, distributed set-up, DeepSpeed config validation, the engine (the one
-`deepspeed.initialize`) and LAMB."""
