@@ -128,7 +128,8 @@ def check_launch(args: list[str], what: str) -> None:
         return
     # --config takes the task's options from a saved run: the ones given after `--` must be the task's
     known = build_parser(options.task)._option_string_actions
-    unknown = [arg.split("=")[0] for arg in options.train_args if arg.startswith("-") and arg.split("=")[0] not in known]
+    given = [arg.split("=")[0] for arg in options.train_args if arg.startswith("-")]
+    unknown = [option for option in given if option not in known]
     assert not unknown, f"{what}: not options of {options.task}: {unknown}"
 
 
