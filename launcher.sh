@@ -51,8 +51,8 @@ install_fashion_mnist() {  # Debian's dataset-fashion-mnist (MIT): the vision pa
 }
 
 run_tests() {  # --fast: lane 1 (docs/testing.md), which needs neither Slurm, the 2-node cluster nor a browser
-  setup; local lane=() tools="slurm cluster_tools chromium" workers=3  # the fast lane: 2 (docs/testing.md)
-  [[ "${1:-}" == --fast ]] && shift && lane=(-m "not (multirank or slow or slurm or cluster)") && tools="" && workers=2
+  setup; local lane=(-rfEs) tools="slurm cluster_tools chromium" workers=3  # -rfEs: skips say why; fast lane: 2 workers
+  [[ "${1:-}" == --fast ]] && shift && lane=(-m "not (multirank or slow or slurm or cluster)" -rfEs) && tools="" && workers=2
   if [[ "$(id -u)" == "0" ]]; then
     for tool in $tools; do  # Slurm; sshd + pdsh (the 2-node cluster); the report's browser
       bash "$ROOT/scripts/install_$tool.sh" >&2 || echo "[test] $tool install failed; its tests will skip" >&2; done
