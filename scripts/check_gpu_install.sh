@@ -47,13 +47,18 @@ EOF
 )"
 echo "$so"
 if command -v cuobjdump >/dev/null; then cuobjdump --list-elf "$so" | sed 's/^/  /'
-else  # a toolkit without cuobjdump: the GPU code's section, and the architectures named in it
+else  # a toolkit without cuobjdump: the GPU code's section, and the architecture nvcc compiled it for
   readelf -SW "$so" | grep nv_fatbin | sed 's/^/  /'
-  echo "  architectures in it: $(strings -a "$so" | grep -o 'sm_[0-9]*' | sort -u | tr '\n' ' ')"
+  fatbin="$(mktemp)"
+  objcopy -O binary --only-section=.nv_fatbin "$so" "$fatbin"
+  echo "  compiled for: $(strings -a "$fatbin" | grep -o -- '-arch sm_[0-9]*a\?' | sort -u | tr '\n' ' ')"
+  rm -f "$fatbin"
 fi
 
 step "3. FusedLamb JIT-built at first use (an install without the pre-build) into a fresh TORCH_EXTENSIONS_DIR"
-TORCH_EXTENSIONS_DIR="$(mktemp -d)" "$PY" - <<'EOF'
+extensions="$(mktemp -d)"
+trap 'rm -rf "$extensions"' EXIT
+TORCH_EXTENSIONS_DIR="$extensions" "$PY" - <<'EOF'
 import contextlib, os, sys, time
 from pathlib import Path
 with contextlib.redirect_stdout(sys.stderr):
