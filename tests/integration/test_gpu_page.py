@@ -137,3 +137,17 @@ def test_the_cluster_page_sends_gpu_users_here():
     cluster = (REPO / "docs" / "cluster.md").read_text()
     assert "docs/gpu.md" in cluster
     assert "--ep-size 8" in cluster.split("## N nodes with Slurm")[1].split("##")[0]
+
+
+def test_the_toolkit_check_refuses_a_cpu_build_of_torch_with_the_fix():
+    """scripts/gpu_toolkit.py, which the set-up runs, where torch is the CPU set-up's (the rest of its checks need a
+    CUDA build of torch: scripts/check_gpu_install.sh shows them)."""
+    import torch
+
+    if torch.version.cuda is not None:
+        pytest.skip(f"torch {torch.__version__} is a CUDA build: the refusal is of CPU builds")
+    proc = subprocess.run([sys.executable, "-W", "ignore", str(REPO / "scripts" / "gpu_toolkit.py")],
+                          capture_output=True, text=True, env=child_env(), timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert (f"[gpu toolkit] torch {torch.__version__} is a CPU build: install a CUDA build (./launcher.sh setup --gpu)"
+            in proc.stderr)
