@@ -91,10 +91,8 @@ def sbatch_options() -> set[str]:
 
 
 def the_recipe() -> tuple[dict[str, str], dict[str, str], str, list[str]]:
-    """(exported variables, sbatch options, task, the task's options) of the page's one sbatch command."""
-    words = commands()
-    exported = dict(w[1].split("=", 1) for w in words if w[0] == "export")
-    (job,) = [w for w in words if w[0] == "sbatch"]
+    """(the variables the job gets, sbatch options, task, the task's options) of the page's one sbatch command."""
+    (exported, job), = [(env, argv) for env, argv in map(program, commands()) if argv[0] == "sbatch"]
     at = job.index("slurm/train.sbatch")
     options = dict(option.split("=", 1) for option in job[1:at])
     return exported, options, job[at + 1], job[at + 2:]
