@@ -10,7 +10,7 @@ export WIDENET_SHARED_DATA="${WIDENET_SHARED_DATA:-$(dirname "$ROOT")/shared/dat
 
 usage() { cat <<'EOF_USAGE'
 usage: ./launcher.sh <command> [options]
-  setup                  create .venv and install widenet-ds with its pinned packages (idempotent)
+  setup [--gpu [--prebuild-ops]]  create .venv, install widenet-ds and its pins (idempotent); --gpu: docs/gpu.md
   demo [OPTIONS]         set up, then `widenet-ds demo`: pretrain widenet-tiny-e4 on the embedded corpus on 2 CPU
                          ranks (expert parallelism 2), finetune it on SST-2, print the scores, write a report
   vision-demo [OPTIONS]  set up, install Fashion-MNIST (Debian package, as root), then `widenet-ds vision-demo`
@@ -66,7 +66,7 @@ run_tests() {  # --fast: lane 1 (docs/testing.md), which needs neither Slurm, th
 cmd="${1:-}"; shift || true
 # exec: widenet-ds becomes this PID, the one a user or scheduler signals (`widenet-ds launch` relays it).
 case "$cmd" in
-  setup) setup ;;
+  setup) [[ "${1:-}" == --gpu ]] && shift && exec bash "$ROOT/scripts/setup_gpu.sh" "$@"; setup ;;
   test) run_tests "$@" ;;
   demo|vision-demo) setup; [[ "$cmd" == demo ]] || install_fashion_mnist || exit 1
     exec "$WDS" "$cmd" --output "$ROOT/runs/$cmd" "$@" ;;

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from widenet_ds.engine.build import build_engine, plan_optimizer
-from widenet_ds.engine.ds_config import validate_ds_config
+from tests.support.launching import REPO
+from widenet_ds.engine.build import build_engine, optimizer_op, plan_optimizer
+from widenet_ds.engine.ds_config import load_ds_config, validate_ds_config
 from widenet_ds.engine.lamb import Lamb
 from widenet_ds.errors import ConfigError
 from widenet_ds.model.config import ModelConfig
@@ -45,6 +46,27 @@ def test_lamb_runs_as_torch_lamb_on_cpu_and_fused_only_where_it_is_per_tensor():
     assert plan_optimizer(settings(stage0, cuda=True), "auto", cuda_available=True).implementation == "deepspeed"
     assert plan_optimizer(settings(LAMB_JSON), "torch-lamb", cuda_available=False).implementation == "torch-lamb"
 
+
+
+def gpu_op(config, choice="auto"):
+    ds = settings(config, cuda=True)
+    return optimizer_op(ds, plan_optimizer(ds, choice, cuda_available=True))
+
+
+def test_the_op_each_optimizer_loads_on_a_gpu_node():
+    assert gpu_op(LAMB_JSON) is None  # ZeRO 1: our LAMB
+    assert gpu_op(LAMB_JSON, "deepspeed-fused") == "fused_lamb"
+    assert gpu_op({**LAMB_JSON, "zero_optimization": {"stage": 0}}) == "fused_lamb"
+    adamw = {**LAMB_JSON, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}}
+    assert gpu_op(adamw) == "fused_adam"
+    assert gpu_op({**adamw, "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "torch_adam": True}}}) is None
+    offloaded = {**adamw, "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}}
+    assert gpu_op(offloaded) == "cpu_adam"
+    sgd = {**LAMB_JSON, "optimizer": {"type": "SGD", "params": {"lr": 0.01}}}
+    assert gpu_op(sgd) is None
+    # the README's GPU recipe builds no optimizer op; the GLUE recipes DeepSpeed's FusedAdam
+    assert gpu_op(load_ds_config(REPO / "ds_configs/pretrain_phase1_seq128_lamb_zero1_bf16.json")) is None
+    assert gpu_op(load_ds_config(REPO / "ds_configs/finetune_sst2.json")) == "fused_adam"
 
 def test_impossible_optimizer_choices_are_refused():
     with pytest.raises(ConfigError, match="deepspeed-fused needs a CUDA device"):

@@ -641,6 +641,11 @@ CASES = [
       "--dataset", "digits", "--learning-rate", "0.1"],  # the learning rate is the DeepSpeed JSON's
       r"the classify options after `--`: unrecognized arguments: --learning-rate 0\.1"),
     C("launcher-unknown-command", "launcher", lambda e, t: ["pretrian"], r"unknown command 'pretrian'"),
+    # the GPU set-up (scripts/setup_gpu.sh): refused before anything is installed
+    C("launcher-setup-gpu-unknown-option", "launcher", lambda e, t: ["setup", "--gpu", "--prebuild"],
+      r"unknown option '--prebuild'; usage: \./launcher\.sh setup --gpu \[--prebuild-ops"),
+    C("launcher-setup-gpu-op-names-not-deepspeeds", "launcher", lambda e, t: ["setup", "--gpu",
+      "--prebuild-ops=Fused-Lamb"], r"--prebuild-ops=Fused-Lamb: give DeepSpeed's op names, comma-separated"),
     C("launcher-alias-zero-ranks", "launcher", lambda e, t: ["finetune", "--squad", "--num-gpus", "0", "--", "--x"],
       r"--num-ranks/--num-gpus: '0' must be a whole number >= 1"),
     # ---- when the world, not the flags, goes wrong (issue 25) ----

@@ -199,7 +199,9 @@ def check_deepspeed(args: list[str], what: str) -> None:
 
 def check_launcher(args: list[str], what: str) -> None:
     name, rest = (args[0], args[1:]) if args else ("", [])
-    if name in ("", "setup", "-h", "--help", "help"):
+    if name == "setup" and rest[:1] == ["--gpu"]:  # its options and op names: tests/integration/test_gpu_page.py
+        assert all(re.fullmatch(r"--prebuild-ops(=[a-z_]+(,[a-z_]+)*)?", arg) for arg in rest[1:]), what
+    elif name in ("", "setup", "-h", "--help", "help"):
         assert not rest, what
     elif name == "test":
         check_test_paths([arg for arg in rest if arg != "--fast"], what)

@@ -21,6 +21,7 @@ from deepspeed.moe.utils import is_moe_param
 from torch import nn
 
 from widenet_ds.engine.ds_config import DeepSpeedSettings
+from widenet_ds.engine.ds_sections import offload_device
 from widenet_ds.engine.lamb import (
     Lamb,
     build_param_groups,
@@ -66,6 +67,28 @@ def plan_optimizer(settings: DeepSpeedSettings, choice: str, cuda_available: boo
                                            "keeps the trust ratio per tensor (the fused kernel's is per partition)")
     return OptimizerPlan("deepspeed", "Lamb: DeepSpeed's fused CUDA kernel (ZeRO stage 0: per-tensor trust ratio)")
 
+
+
+def optimizer_op(settings: DeepSpeedSettings, plan: OptimizerPlan) -> str | None:
+    """The DeepSpeed op that `plan`'s optimizer loads when DeepSpeed builds it (its builder's name, as `ds_report`
+    lists it; `DS_BUILD_<NAME>` pre-builds it at install, docs/gpu.md), JIT-built at its first use otherwise;
+    None for torch's optimizers and ours. DeepSpeed's choice (`_configure_basic_optimizer`): its fused kernels on
+    the device, its CPU optimizers under ZeRO-Offload, torch's Adam with `"torch_adam": true`."""
+    if plan.implementation != "deepspeed" or settings.optimizer_type is None:
+        return None
+    kind = settings.optimizer_type.lower()
+    offloaded = offload_device(settings.config) in ("cpu", "nvme")
+    if kind == "lamb":
+        return "fused_lamb"
+    if kind in ("adam", "adamw", "muon"):  # Muon's own Adam half is DeepSpeed's Adam
+        if (settings.config["optimizer"].get("params") or {}).get("torch_adam"):
+            return None
+        return "cpu_adam" if offloaded else "fused_adam"
+    if kind == "lion":
+        return "cpu_lion" if offloaded else "fused_lion"
+    if kind == "adagrad":
+        return "cpu_adagrad" if offloaded else None  # torch's Adagrad on the device
+    return None  # mup's optimizers, torch.optim's
 
 def build_engine(model: nn.Module, settings: DeepSpeedSettings, optimizer_choice: str = "auto",
                  config: dict | None = None):

@@ -154,13 +154,18 @@ def check_scheduler_params(name: str, params: dict[str, Any]) -> None:
                               f"Known: {', '.join(sorted(known))}.")
 
 
+def offload_device(config: dict[str, Any]) -> str:
+    """Where ZeRO-Offload puts the optimizer step: "cpu", "nvme" or "none" (also the older `cpu_offload`)."""
+    zero = config.get("zero_optimization") or {}
+    if zero.get("cpu_offload"):
+        return "cpu"
+    offload = zero.get("offload_optimizer") or {}
+    return offload.get("device", "none") if isinstance(offload, dict) else "none"
+
+
 def check_offload(config: dict[str, Any], optimizer_type: str | None) -> None:
     """ZeRO-Offload runs the optimizer step on DeepSpeed's CPU optimizers (Adam, Adagrad, Lion) only."""
-    zero = config.get("zero_optimization") or {}
-    offload = zero.get("offload_optimizer") or {}
-    device = offload.get("device", "none") if isinstance(offload, dict) else "none"
-    if zero.get("cpu_offload"):
-        device = "cpu"
+    device = offload_device(config)
     if device in ("cpu", "nvme") and optimizer_type is not None and optimizer_type.lower() == "lamb":
         raise ConfigError(f"DeepSpeed config offloads the optimizer (zero_optimization.offload_optimizer.device = "
                           f"{device!r}) but uses Lamb: ZeRO-Offload steps with DeepSpeed's CPU Adam/Adagrad/Lion "
