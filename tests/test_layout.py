@@ -163,6 +163,7 @@ COVERED_BY = {
     # two real gloo ranks: a stopped peer's collective ends at the training bound; every rank's problems at once
     "widenet_ds/distributed/collective_timeouts.py": ["distributed/test_peer_watch.py"],
     "widenet_ds/distributed/every_rank.py": ["distributed/test_peer_watch.py"],
+    "widenet_ds/distributed/timeouts.py": ["distributed/test_peer_watch.py"],  # the bounds those collectives get
     "widenet_ds/benchmarks/recipes.py": ["benchmarks/test_features.py", "training/test_finetuning.py"],
     "widenet_ds/benchmarks/squad_features.py": ["benchmarks/test_squad.py"],
     "widenet_ds/benchmarks/squad_postprocess.py": ["benchmarks/test_squad.py"],

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from widenet_ds.errors import ConfigError, DataError
-from widenet_ds.vision.augment import AugmentConfig, BatchAugmenter
+from widenet_ds.vision.augment import BatchAugmenter
+from widenet_ds.vision.augment_config import AugmentConfig
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.datasets import (DEBIAN_FASHION_MNIST, cifar, dataset_class_names, digits, fashion_mnist,
                                         hf_dataset, image_folder, load_dataset, read_idx)

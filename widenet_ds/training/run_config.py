@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from widenet_ds.benchmarks.glue import get_glue_dataset, glue_split_path
-from widenet_ds.distributed.collective_timeouts import INIT_TIMEOUT_S, TRAIN_TIMEOUT_S
+from widenet_ds.distributed.timeouts import INIT_TIMEOUT_S, TRAIN_TIMEOUT_S
 from widenet_ds.engine.compile import CompileMode
 from widenet_ds.errors import ConfigError, DataError, problems_text
 from widenet_ds.model.config import PRESETS
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.training.branch_schedule import ScheduleKind
 from widenet_ds.training.flags import flag, int_list, to_argv
-from widenet_ds.vision.augment import AugmentConfig
+from widenet_ds.vision.augment_config import AugmentConfig
 from widenet_ds.vision.config import VISION_PRESETS
 from widenet_ds.vision.datasets import DATASETS
 
