@@ -116,7 +116,7 @@ def test_a_results_json_that_is_no_object_or_no_json_names_the_file(tmp_path):
     folder = RunFolder(tmp_path)
     folder.results.write_text("[1, 2]")
     with pytest.raises(RunFolderError, match=rf"{folder.results}: finetuning results must be a JSON object, not list"):
-        folder.read_results("glue")
+        folder.read_results(FinetuneResults)
     folder.results.write_text('{"step": ')
     with pytest.raises(RunFolderError, match=r"results.json \(the run's results\) cannot be read"):
-        folder.read_results("pretrain")
+        folder.read_results(PretrainResults)

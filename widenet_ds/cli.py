@@ -13,12 +13,12 @@ from widenet_ds.distributed.console import report_error
 from widenet_ds.engine.quiet import quiet_third_party
 from widenet_ds.errors import exit_status
 from widenet_ds.fs.disk_space import DiskFullError, full_disk_message
-from widenet_ds.results import TASK_RESULTS
+from widenet_ds.tasks import TASKS
 
 # name -> (module:function, one-line help). Imported lazily so `widenet-ds params` does not pay for
 # the data pipeline's imports and vice versa.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("widenet_ds.train:cli", f"one rank of a training task ({', '.join(TASK_RESULTS)}): what `launch`, deepspeed "
+    "train": ("widenet_ds.train:cli", f"one rank of a training task ({', '.join(TASKS)}): what `launch`, deepspeed "
                                       f"(--module widenet_ds.train), srun and mpiexec start"),
     "model-config": ("widenet_ds.model.config:cli", "write a model-config JSON from a preset plus overrides"),
     "params": ("widenet_ds.commands.params:cli", "parameter counts of the presets, text and image"),

@@ -265,7 +265,3 @@ class FinetuneResults:
 
 Results = PretrainResults | ClassifyResults | SeedResults | FinetuneResults
 
-# Each training task's results.json, by the task's name: what the run folder, the report and the launcher know of
-# the tasks without importing the training code (training/registry.py's TASKS, tested equal).
-TASK_RESULTS: dict[str, type[PretrainResults | ClassifyResults | FinetuneResults]] = {
-    "pretrain": PretrainResults, "glue": FinetuneResults, "squad": FinetuneResults, "classify": ClassifyResults}

@@ -960,8 +960,9 @@ def test_a_resume_on_ranks_that_cannot_split_its_micro_batches_says_so_first(ear
     from widenet_ds.training.command_line import parse
     from widenet_ds.training.plan import find_resume, plan_run
     from widenet_ds.training.pretraining import PretrainTask
+    from widenet_ds.training.run_config import PretrainConfig
 
-    cfg = parse("pretrain", pretrain(earlier, tmp_path, "--resume", out=run_copy(earlier, tmp_path, lambda r: None)))
+    cfg = parse(PretrainConfig, pretrain(earlier, tmp_path, "--resume", out=run_copy(earlier, tmp_path, lambda r: None)))
     resume = find_resume(cfg, cfg.folder)
     for world, micro in ((3, ""), (4, "set train_micro_batch_size_per_gpu to 1 or 2 or 4 in the DeepSpeed JSON .*")):
         with pytest.raises(ConfigError, match=rf"trained 2 micro-batch\(es\) of 8 per step \(train_batch_size 16\); "

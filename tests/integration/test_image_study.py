@@ -15,6 +15,7 @@ from widenet_ds.report.paired import format_interval, paired_difference
 from widenet_ds.results import ClassifyResults
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.training.command_line import parse
+from widenet_ds.training.run_config import ClassifyConfig
 from widenet_ds.vision.datasets import DEBIAN_FASHION_MNIST
 
 from tests.support.launching import REPO
@@ -60,7 +61,7 @@ def test_every_model_is_trained_with_every_seed_and_reports_its_runs_numbers(stu
     for run in data["runs"]:
         # the recorded command (defaults left out) parses back to the run's settings
         assert run["command"][:3] == ["-m", "widenet_ds.train", "classify"]
-        assert parse("classify", run["command"][3:]).seed == run["seed"]
+        assert parse(ClassifyConfig, run["command"][3:]).seed == run["seed"]
         assert run["test_accuracy"] == pytest.approx(100 * results(out, run["part"], run["model"], run["seed"])
                                                      .accuracy)
         assert run["commit"] != "unknown"

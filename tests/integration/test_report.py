@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from widenet_ds.results import FinetuneResults
 from widenet_ds.run_folder import RunFolder
 
 from tests.support.headless_browser import find_chromium, open_page
@@ -80,7 +81,7 @@ def test_tables_show_the_runs_numbers(runs, rendered):
         key = f"moe/block_{block:02d}/dropped_fraction"
         assert_shows(cells, "pretrain", f"step {PRETRAIN_STEPS}", key, final[key])
     # finetuning: the median, each seed and the majority-class baseline, from results.json
-    results = RunFolder(runs["finetune"]).read_results("glue")
+    results = RunFolder(runs["finetune"]).read_results(FinetuneResults)
     assert results.median["dev"]["acc"] is not None
     assert_shows(cells, "sst2", "median", "dev/acc", results.median["dev"]["acc"])
     for seed_run in results.per_seed:
@@ -265,7 +266,7 @@ def test_text_paraformer_shows_the_mlm_loss_of_the_first_k_branches(text_branche
 
 def test_squad_scores_show_their_percent_scale_beside_fractions(tmp_path):
     """Item 6: SQuAD's official scores are percentages, GLUE's fractions: the page's columns say which."""
-    from widenet_ds.results import FinetuneResults, SeedResults
+    from widenet_ds.results import SeedResults
 
     for name, task, metrics in (("squad", "SQuAD1.1", {"dev": {"exact_match": 0.3333, "f1": 4.2706}}),
                                 ("sst2", "SST-2", {"dev": {"acc": 0.7}})):

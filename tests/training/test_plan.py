@@ -20,6 +20,7 @@ from widenet_ds.errors import CheckpointError, ConfigError, DataError
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.results import PretrainResults
 from widenet_ds.training.command_line import parse
+from widenet_ds.training.run_config import PretrainConfig
 from widenet_ds.training.metrics import PretrainMetrics
 from widenet_ds.training.plan import find_resume, plan_resume, plan_run, plan_task
 from widenet_ds.training.task import Task
@@ -71,7 +72,7 @@ class PlanTask(Task):
 
 
 def config(out: Path, *flags: str):
-    return parse("pretrain", ["--model-config", "widenet-tiny-e4", "--deepspeed_config", str(CPU_CONFIG), "--data",
+    return parse(PretrainConfig, ["--model-config", "widenet-tiny-e4", "--deepspeed_config", str(CPU_CONFIG), "--data",
                               str(out.parent / "no-data"), "--output-dir", str(out), "--max-steps", "10", *flags])
 
 

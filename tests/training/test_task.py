@@ -12,7 +12,7 @@ import pytest
 
 from widenet_ds.training import task as task_module
 from widenet_ds.training.plan import plan_run
-from widenet_ds.training.registry import TASKS
+from widenet_ds.training.registry import TRAINERS
 from widenet_ds.training.task import Task
 
 TRAINING = Path(__file__).resolve().parents[2] / "widenet_ds" / "training"
@@ -69,8 +69,8 @@ def test_the_planner_calls_the_hooks_in_the_order_the_protocol_lists():
     assert "model_config -> check_settings(ds) -> load_data -> batches_per_epoch" in inspect.getdoc(task_module)
 
 
-@pytest.mark.parametrize("name", TASKS)
-def test_every_registered_task_implements_every_abstract_hook(name):
-    task = TASKS[name].task
+@pytest.mark.parametrize("config", TRAINERS, ids=lambda config: config.TASK)
+def test_every_registered_task_implements_every_abstract_hook(config):
+    task = TRAINERS[config].task
     assert not getattr(task, "__abstractmethods__", ()), f"{task.__name__} leaves {task.__abstractmethods__} abstract"
     assert isinstance(task.METRICS, type) and isinstance(task.RESULTS, type)

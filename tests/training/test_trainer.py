@@ -15,6 +15,7 @@ from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
 from widenet_ds.results import PretrainResults
 from widenet_ds.training.command_line import parse
+from widenet_ds.training.run_config import PretrainConfig
 from widenet_ds.training.metrics import PretrainMetrics
 from widenet_ds.training.plan import plan_task
 from widenet_ds.training.preemption import StopRequest
@@ -96,7 +97,7 @@ class FakeTask(Task):
 
 
 def train(out: Path, *flags: str, signal_in_step: int | None = None) -> tuple[bool, FakeTask]:
-    cfg = parse("pretrain", ["--model-config", "widenet-tiny-e4", "--deepspeed_config", str(CPU_CONFIG), "--data",
+    cfg = parse(PretrainConfig, ["--model-config", "widenet-tiny-e4", "--deepspeed_config", str(CPU_CONFIG), "--data",
                              str(out.parent / "no-data"), "--output-dir", str(out), "--no-progress-bar",
                              "--no-tensorboard", "--keep-last", "10", *flags])
     stop = StopRequest()

@@ -18,7 +18,8 @@ from widenet_ds.errors import ConfigError, LaunchError, RunFolderError
 from widenet_ds.launch.options import PROG, TRAIN_MODULE, LaunchOptions, this_machine
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.run_folder import read_run_config as read_settings
-from widenet_ds.training.command_line import CONFIGS, build_parser, parse
+from widenet_ds.tasks import TASKS
+from widenet_ds.training.command_line import build_parser, parse
 from widenet_ds.training.run_config import (
     LATEST,
     FinetuneConfig,
@@ -42,13 +43,13 @@ def _refuse_task_options(task: str, message: str) -> NoReturn:
 def check_task_options(options: LaunchOptions) -> None:
     """The syntax and the values (a RunConfig reads no file): the files the options name may exist on the nodes
     alone."""
-    task_parser = build_parser(options.task)
+    task_parser = build_parser(TASKS[options.task].config)
     task_parser.error = lambda message: _refuse_task_options(options.task, message)  # type: ignore[method-assign]
     if {"-h", "--help"} & set(options.train_args):  # asked for: every rank prints it (tests count ranks so)
         return
     task_parser.parse_args(list(options.train_args))
     try:
-        cfg = parse(options.task, list(options.train_args))
+        cfg = parse(TASKS[options.task].config, list(options.train_args))
     except ConfigError as err:
         _refuse_task_options(options.task, str(err))
     if (advice := cpu_advice(cfg, this_machine().has_gpu)) is not None:
@@ -101,7 +102,7 @@ def read_saved_settings(path: Path) -> tuple[Path, dict[str, Any]]:
 
 def given_options(task: str, train_args: list[str]) -> dict[str, Any]:
     """The settings the options after `--` give (only those given), as JSON values."""
-    task_parser = build_parser(task)
+    task_parser = build_parser(TASKS[task].config)
     for action in task_parser._actions:
         action.required, action.default = False, argparse.SUPPRESS
     task_parser.error = lambda message: _refuse_task_options(task, message)  # type: ignore[method-assign]
@@ -128,7 +129,7 @@ def read_run_config(task: str, path: Path, train_args: tuple[str, ...] = ()) -> 
               f"output_dir does not tell; read from the current directory (pass them after `--` to choose)",
               file=sys.stderr, flush=True)
     try:
-        cfg = CONFIGS[task].from_record(record)
+        cfg = TASKS[task].config.from_record(record)
     except ConfigError as err:
         raise LaunchError(f"--config {file}: {err}") from None
     check_resumes_the_run(cfg, file.parent)

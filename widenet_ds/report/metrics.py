@@ -1,6 +1,6 @@
 """Reading run folders as they are on disk: finished, still being written, partial or broken.
 
-Three kinds of run, told apart by the results type of `RunFolder.task()` (`results.TASK_RESULTS[task].KIND`; GLUE and
+Three kinds of run, told apart by the results type of their task (`tasks.TASKS[tasks.task_of(folder)].results.KIND`; GLUE and
 SQuAD runs are shown alike; widenet_ds/run_folder.py names every file):
 - pretraining: `metrics.jsonl` (one record per logged step) and the model config;
 - image classification: the same, plus `results.json` when it has finished (test accuracy and, for
@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from widenet_ds.errors import RunFolderError
-from widenet_ds.results import TASK_RESULTS, ClassifyResults, FinetuneResults, PretrainResults, is_number, numbers
+from widenet_ds.results import ClassifyResults, FinetuneResults, PretrainResults, is_number, numbers
 from widenet_ds.run_folder import METRICS_FILE, MODEL_CONFIG_FILE, RESULTS_FILE, Metrics, RunFolder, read_json, \
     read_metrics
+from widenet_ds.tasks import TASKS, task_of
 
 EXPERT_LOAD_KEY = re.compile(r"^moe/block_(\d+)/expert_(\d+)_load$")
 DROPPED_KEY = re.compile(r"^moe/block_(\d+)/dropped_fraction$")
@@ -381,12 +382,12 @@ def _load_finetune(folder: RunFolder, name: str) -> FinetuneRun | Problem:
 
 def _is_run(folder: RunFolder) -> bool:
     """The folder holds a run's files (perhaps only some, perhaps unreadable ones)."""
-    return folder.task() is not None or bool(folder.holds()) or folder.model_config_file() is not None
+    return task_of(folder) is not None or bool(folder.holds()) or folder.model_config_file() is not None
 
 
 def _load(folder: RunFolder, name: str) -> Run | Problem:
-    task = folder.task()
-    kind = TASK_RESULTS[task].KIND if task is not None else None
+    task = task_of(folder)
+    kind = TASKS[task].results.KIND if task is not None else None
     if kind == "finetune":
         return _load_finetune(folder, name)
     if kind is not None:

@@ -28,7 +28,7 @@ from widenet_ds.fs.run_lock import FolderLockedError, folder_lock
 from widenet_ds.training.environment import check_every_rank, check_run
 from widenet_ds.training.plan import plan_task
 from widenet_ds.training.preemption import StopRequest
-from widenet_ds.training.registry import TASKS
+from widenet_ds.training.registry import TRAINERS
 from widenet_ds.training.run_config import LATEST, RunConfig
 from widenet_ds.training.sweep import SeedSweep
 from widenet_ds.training.task import Task
@@ -65,11 +65,11 @@ def run_task(cfg: RunConfig) -> Any:
                     init_source = CheckpointSource.open(cfg.init_from, "--init-from")
                 except WideNetError as err:
                     raise mark_same_on_every_rank(err)
-            spec = TASKS[cfg.TASK]
-            if spec.benchmark is None:
-                result = train_one(cfg, spec.task(cfg, cfg.folder, init_source), stop)
+            training = TRAINERS[type(cfg)]
+            if training.benchmark is None:
+                result = train_one(cfg, training.task(cfg, cfg.folder, init_source), stop)
             else:  # finetuning: one trainer per seed
-                result = SeedSweep(cfg, spec.benchmark(cfg), init_source).run(stop)
+                result = SeedSweep(cfg, training.benchmark(cfg), init_source).run(stop)
             # Every rank leaves together: a rank tearing its gloo group down while another still writes the
             # results (rank 0) aborts at exit ("terminate called without an active exception"). No watch after it:
             # the rendezvous store it beats into ends with rank 0.

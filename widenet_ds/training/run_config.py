@@ -561,7 +561,3 @@ class ClassifyConfig(RunConfig):
                              mixup_alpha=self.mixup_alpha, cutmix_alpha=self.cutmix_alpha,
                              label_smoothing=self.label_smoothing)
 
-
-# Every task's settings by its name (the command line, `widenet-ds launch --config`): without the training code,
-# which training/registry.py's TASKS adds to each (tested equal).
-CONFIGS: dict[str, type[RunConfig]] = {cls.TASK: cls for cls in (PretrainConfig, GlueConfig, SquadConfig, ClassifyConfig)}
