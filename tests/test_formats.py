@@ -156,6 +156,20 @@ def test_a_version_entry_that_is_no_version_is_refused(version):
         upgrade("run_config", [], "x.json")
 
 
+@pytest.mark.parametrize("task, num_labels, names", [
+    ("SST-2", 2, ["negative", "positive"]), ("mnli-mm", 3, ["contradiction", "entailment", "neutral"]),
+    ("SST-2", 3, None),  # another head than the dataset's: LABEL_i, as version 2's exporter gave
+    ("my-reviews", 2, None), (None, 2, None)])
+def test_a_text_classifier_folder_of_version_two_gains_the_label_names_its_exporter_gave(task, num_labels, names):
+    folder = {VERSION_KEY: 2, "architecture": "WideNetForSequenceClassification", "model": MODEL,
+              "num_labels": num_labels, "dtype": "fp32", "files": {},
+              "provenance": {"seed": 1, **({"task": task} if task else {})}}
+    provenance = upgrade("folder", folder, "config.json")["provenance"]
+    assert provenance == {**folder["provenance"], **({"label_names": names} if names else {})}
+    squad = {**folder, "architecture": "WideNetForQuestionAnswering", "num_labels": None}
+    assert "label_names" not in upgrade("folder", squad, "config.json")["provenance"]
+
+
 def test_an_upgrade_that_needs_the_readers_values_says_so():
     with pytest.raises(TypeError, match=r"needs \['micro_batch_size', 'world_size'\] from its reader"):
         upgrade("loader_state.finetune", {"epoch": 0, "position": 1}, "x")

@@ -12,8 +12,10 @@ import pytest
 
 from widenet_ds.errors import RunFolderError
 from widenet_ds.formats import current
-from widenet_ds.results import ClassifyResults, DeepSpeedUsed, FinetuneResults, PretrainResults, SeedResults
 from widenet_ds.run_folder import RunFolder
+from widenet_ds.tasks.classify.results import ClassifyResults
+from widenet_ds.tasks.finetune.results import DeepSpeedUsed, FinetuneResults, SeedResults
+from widenet_ds.tasks.pretrain.results import PretrainResults
 
 BEFORE = Path(__file__).resolve().parent / "assets" / "results_before"
 # each results class and the file of its shape written by the writers before the types

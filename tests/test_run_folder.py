@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from widenet_ds.errors import RunFolderError
-from widenet_ds.results import ClassifyResults
 from widenet_ds.run_folder import RunFolder, keep_records_up_to, read_metrics
+from widenet_ds.tasks.classify.results import ClassifyResults
 
 # an image run's results.json as the writers wrote it before the typed results
 IMAGE_RESULTS = Path(__file__).resolve().parent / "assets" / "results_before" / "classify.json"

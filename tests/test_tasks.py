@@ -6,7 +6,9 @@ hands its arguments to the trainer) but shows every one."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 import re
 import shutil
 import subprocess
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from widenet_ds.report.metrics import load_runs
+from widenet_ds import tasks
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.tasks import TASKS, task_of
 from widenet_ds.train import usage
@@ -65,7 +68,9 @@ def test_every_row_names_its_settings_and_results_by_reference():
         assert spec.name == name and spec.config.TASK == name
         assert issubclass(spec.config, run_config.RunConfig) and spec.results.KIND, name
         assert spec.description in build_parser(spec.config).description
-    configs = {vars(cls)["TASK"] for cls in vars(run_config).values()
+    modules = [importlib.import_module(m.name) for m in pkgutil.walk_packages(tasks.__path__, "widenet_ds.tasks.")
+               if m.name.endswith(".config")]  # each task's settings (torch-free)
+    configs = {vars(cls)["TASK"] for module in modules for cls in vars(module).values()
                if isinstance(cls, type) and issubclass(cls, run_config.RunConfig) and "TASK" in vars(cls)}
     assert configs == set(TASKS), "a RunConfig with a TASK of its own is a row of widenet_ds/tasks/'s TASKS"
 

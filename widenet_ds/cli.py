@@ -27,8 +27,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "verify-data": ("widenet_ds.data.verify:cli", "check every shard of a prepared data folder against its checksums"),
     "verify": ("widenet_ds.commands.verify:cli", "check every file of a checkpoint or exported folder against its "
                                                  "recorded size and SHA-256"),
-    "squad-eval": ("widenet_ds.benchmarks.squad_metrics:cli", "official SQuAD v1.1/v2.0 scores of a predictions file"),
-    "glue-eval": ("widenet_ds.benchmarks.glue_metrics:cli", "GLUE metrics of a predictions file"),
+    "squad-eval": ("widenet_ds.tasks.squad.metrics:cli", "official SQuAD v1.1/v2.0 scores of a predictions file"),
+    "glue-eval": ("widenet_ds.tasks.glue.metrics:cli", "GLUE metrics of a predictions file"),
     "convert": ("widenet_ds.commands.convert:cli", "convert checkpoints: to-folder, reshard, to-hf, from-hf, "
                                                    "to-albert, from-albert, to-hf-vit, to-shape-free"),
     "branches": ("widenet_ds.commands.branches:cli", "ParaFormer branches of a checkpoint folder: compress to "

@@ -114,6 +114,29 @@ def _folder_1_to_2(config: dict[str, Any], assume: Mapping[str, Any]) -> dict[st
     return config
 
 
+# The names of the GLUE labels as version 2 of a folder's readers took them from its provenance's "task" (a GLUE
+# dataset's name in any spelling), frozen here as they were: later folders record their label names themselves.
+_MNLI_LABELS = ["contradiction", "entailment", "neutral"]
+_GLUE_LABEL_NAMES_OF_VERSION_2 = {
+    "cola": ["unacceptable", "acceptable"], "sst2": ["negative", "positive"],
+    "mrpc": ["not_equivalent", "equivalent"], "qqp": ["not_duplicate", "duplicate"], "mnli": _MNLI_LABELS,
+    "mnlim": _MNLI_LABELS, "mnlimm": _MNLI_LABELS, "qnli": ["entailment", "not_entailment"],
+    "rte": ["entailment", "not_entailment"], "wnli": ["not_entailment", "entailment"], "ax": _MNLI_LABELS}
+
+
+def _folder_2_to_3(config: dict[str, Any], assume: Mapping[str, Any]) -> dict[str, Any]:
+    """Version 2 did not record what a text classifier's labels mean: its exporter named them after the GLUE
+    dataset its provenance's "task" names (when the number of labels fits), else LABEL_i."""
+    provenance = config.get("provenance")
+    task = provenance.get("task") if isinstance(provenance, dict) else None
+    names = (_GLUE_LABEL_NAMES_OF_VERSION_2.get(task.lower().replace("-", "").replace("_", "")) if isinstance(task, str)
+             else None)
+    if (config.get("architecture") == "WideNetForSequenceClassification" and names is not None
+            and config.get("num_labels") == len(names)):
+        provenance.setdefault("label_names", list(names))
+    return config
+
+
 def _run_config_1_to_2(record: dict[str, Any], assume: Mapping[str, Any]) -> dict[str, Any]:
     """Before one trainer ran every task, only finetuning wrote run_config.json, its task an object of the task's
     options: GLUE's {"task": name, "predict_test"}, SQuAD's {"version", "train_file", "dev_file", "doc_stride"}.
@@ -197,7 +220,7 @@ _NEW_RUN = "restore it, or run again into another folder"
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     Kind("marker", "checkpoint marker", 3, CheckpointError, {1: _marker_1_to_2, 2: _marker_2_to_3},
          damaged="resume from another checkpoint of the run"),
-    Kind("folder", "checkpoint folder's config", 2, CheckpointError, {1: _folder_1_to_2},
+    Kind("folder", "checkpoint folder's config", 3, CheckpointError, {1: _folder_1_to_2, 2: _folder_2_to_3},
          damaged="convert the checkpoint again"),
     Kind("folder_weights", "checkpoint folder's model.safetensors metadata", 1, CheckpointError),
     Kind("hf_config", "widenet-ds entry of an HF config", 1, CheckpointError),

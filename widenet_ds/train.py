@@ -27,9 +27,9 @@ from widenet_ds.distributed.console import process_rank  # noqa: E402
 from widenet_ds.distributed.groups import exit_rank  # noqa: E402
 from widenet_ds.distributed.lost_peer import lost_peer_message  # noqa: E402
 from widenet_ds.errors import WideNetError, mark_same_on_every_rank  # noqa: E402
+from widenet_ds.run.run_task import run_task  # noqa: E402
 from widenet_ds.tasks import TASKS  # noqa: E402
 from widenet_ds.training.command_line import parse  # noqa: E402
-from widenet_ds.training.run import run_task  # noqa: E402
 from widenet_ds.training.run_config import InvalidConfig  # noqa: E402
 
 PROG = "python -m widenet_ds.train"

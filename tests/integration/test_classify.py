@@ -20,8 +20,8 @@ from tests.support.pretrain_support import events, train_losses
 from tests.support.report_page import parse_page, report
 from widenet_ds.commands.params import preset_counts
 from widenet_ds.fs.run_lock import LOCK_FILE
-from widenet_ds.results import ClassifyResults
 from widenet_ds.run_folder import RunFolder
+from widenet_ds.tasks.classify.results import ClassifyResults
 
 EP_FORWARD = REPO / "tests" / "scripts" / "vision_expert_parallel_forward.py"
 

@@ -11,14 +11,13 @@ import sys
 
 import pytest
 
-from widenet_ds.report.paired import format_interval, paired_difference
-from widenet_ds.results import ClassifyResults
-from widenet_ds.run_folder import RunFolder
-from widenet_ds.training.command_line import parse
-from widenet_ds.training.run_config import ClassifyConfig
-from widenet_ds.vision.datasets import DEBIAN_FASHION_MNIST
-
 from tests.support.launching import REPO
+from widenet_ds.report.paired import format_interval, paired_difference
+from widenet_ds.run_folder import RunFolder
+from widenet_ds.tasks.classify.config import ClassifyConfig
+from widenet_ds.tasks.classify.results import ClassifyResults
+from widenet_ds.training.command_line import parse
+from widenet_ds.vision.datasets import DEBIAN_FASHION_MNIST
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="Debian's dataset-fashion-mnist is not installed "

@@ -15,14 +15,13 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from widenet_ds.results import FinetuneResults
-from widenet_ds.run_folder import RunFolder
-
-from tests.support.headless_browser import find_chromium, open_page
 from tests.support.golden_curves import VOCAB
+from tests.support.headless_browser import find_chromium, open_page
 from tests.support.launching import REPO
 from tests.support.pretrain_support import BOOKS, CPU_CONFIG, prepare_data, train_in_process, write_model_config
 from tests.support.report_page import assert_shows, parse_page, report
+from widenet_ds.run_folder import RunFolder
+from widenet_ds.tasks.finetune.results import FinetuneResults
 
 pytestmark = pytest.mark.slow  # its fixtures train a pretraining, a finetuning and a ParaFormer run (~100 s of CPU)
 
@@ -266,7 +265,7 @@ def test_text_paraformer_shows_the_mlm_loss_of_the_first_k_branches(text_branche
 
 def test_squad_scores_show_their_percent_scale_beside_fractions(tmp_path):
     """Item 6: SQuAD's official scores are percentages, GLUE's fractions: the page's columns say which."""
-    from widenet_ds.results import SeedResults
+    from widenet_ds.tasks.finetune.results import SeedResults
 
     for name, task, metrics in (("squad", "SQuAD1.1", {"dev": {"exact_match": 0.3333, "f1": 4.2706}}),
                                 ("sst2", "SST-2", {"dev": {"acc": 0.7}})):

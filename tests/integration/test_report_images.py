@@ -15,13 +15,12 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from widenet_ds.results import ClassifyResults
-from widenet_ds.run_folder import OLD_VISION_CONFIG_FILE, RunFolder
-
 from tests.support.headless_browser import find_chromium, open_page
 from tests.support.launching import REPO
 from tests.support.pretrain_support import train_in_process
 from tests.support.report_page import assert_shows, parse_page, report
+from widenet_ds.run_folder import OLD_VISION_CONFIG_FILE, RunFolder
+from widenet_ds.tasks.classify.results import ClassifyResults
 
 pytestmark = pytest.mark.slow  # its fixture trains two image runs (~35 s of CPU)
 

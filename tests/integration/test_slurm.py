@@ -25,8 +25,8 @@ from tests.support.launching import run_train
 from tests.support.shape_free_states import BF16_TOLERANCE, weights_apart
 from tests.support.slurm_cluster import missing_tools, slurm_cluster
 from widenet_ds.model.config import ModelConfig
-from widenet_ds.results import ClassifyResults
 from widenet_ds.tasks import TASKS
+from widenet_ds.tasks.classify.results import ClassifyResults
 
 if missing_tools():
     pytest.skip(f"Slurm/munge not installed (missing {', '.join(missing_tools())}); run scripts/install_slurm.sh "

@@ -15,8 +15,10 @@ from widenet_ds.errors import LaunchError
 from widenet_ds.launch import launcher
 from widenet_ds.launch.launcher import LaunchOptions
 from widenet_ds.launch.task_options import cpu_advice
+from widenet_ds.tasks.glue.config import GlueConfig
+from widenet_ds.tasks.pretrain.config import PretrainConfig
+from widenet_ds.tasks.squad.config import SquadConfig
 from widenet_ds.training.command_line import parse
-from widenet_ds.training.run_config import GlueConfig, PretrainConfig, SquadConfig
 
 DS = REPO / "ds_configs/cpu_small.json"
 

@@ -9,7 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from widenet_ds.model.config import ModelConfig
-from widenet_ds.model.widenet import WideNetForPreTraining, WideNetForQuestionAnswering, WideNetForSequenceClassification
+from widenet_ds.model.widenet import (
+    WideNetForPreTraining,
+    WideNetForQuestionAnswering,
+    WideNetForSequenceClassification,
+)
 
 
 def batch(vocab: int = 100, size: int = 3, length: int = 10):

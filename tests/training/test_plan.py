@@ -18,9 +18,9 @@ from widenet_ds.data.batch_order import GLOBAL_CHUNKS, RANK_STRIDED
 from widenet_ds.engine.ds_config import load_ds_config, validate_ds_config
 from widenet_ds.errors import CheckpointError, ConfigError, DataError
 from widenet_ds.model.config import ModelConfig
-from widenet_ds.results import PretrainResults
+from widenet_ds.tasks.pretrain.config import PretrainConfig
+from widenet_ds.tasks.pretrain.results import PretrainResults
 from widenet_ds.training.command_line import parse
-from widenet_ds.training.run_config import PretrainConfig
 from widenet_ds.training.metrics import PretrainMetrics
 from widenet_ds.training.plan import find_resume, plan_resume, plan_run, plan_task
 from widenet_ds.training.task import Task

@@ -13,9 +13,9 @@ from tests.support.pretrain_support import CPU_CONFIG, events, train_losses
 from widenet_ds.checkpoint.tags import complete_tags
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
-from widenet_ds.results import PretrainResults
+from widenet_ds.tasks.pretrain.config import PretrainConfig
+from widenet_ds.tasks.pretrain.results import PretrainResults
 from widenet_ds.training.command_line import parse
-from widenet_ds.training.run_config import PretrainConfig
 from widenet_ds.training.metrics import PretrainMetrics
 from widenet_ds.training.plan import plan_task
 from widenet_ds.training.preemption import StopRequest

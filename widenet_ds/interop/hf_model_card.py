@@ -21,16 +21,12 @@ from torch import Tensor
 from widenet_ds.errors import RunFolderError
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.portable.format import PortableCheckpoint, is_folder
-from widenet_ds.results import (
-    ClassifyResults,
-    FinetuneResults,
-    PretrainResults,
-    Results,
-    SeedResults,
-    numbers,
-)
+from widenet_ds.results import Results, numbers
 from widenet_ds.run_folder import SEED_DIR, RunFolder
 from widenet_ds.tasks import TASKS, task_of
+from widenet_ds.tasks.classify.results import ClassifyResults
+from widenet_ds.tasks.finetune.results import FinetuneResults, SeedResults
+from widenet_ds.tasks.pretrain.results import PretrainResults
 from widenet_ds.vision.config import VisionConfig
 
 # run_config.json settings that say what the run trained on, in the order shown.

@@ -1,8 +1,10 @@
-"""The training tasks, one row each: the one table of their names. A row is the task's settings (a `RunConfig`
+"""The training tasks, one package each (pretrain/, classify/, glue/, squad/; finetune/ holds what the finetuning
+tasks share) and one row each in the one table of their names. A row is the task's settings (a `RunConfig`
 subclass: its TASK is the name `python -m widenet_ds.train NAME` takes and run_config.json records, its DESCRIPTION
 the task's line of `--help`) and the type of its results.json. `python -m widenet_ds.train`, `widenet-ds launch`,
 the run folder's readers and the report list and tell apart the tasks from here; what trains each one is the run
-layer's (widenet_ds/training/registry.py, keyed by the settings' class).
+layer's (widenet_ds/run/trainers.py, keyed by the settings' class). A new task is its package, its row here and its
+trainer's row there.
 
 Imports neither torch nor DeepSpeed (the settings and results are plain values): the launcher and the report read
 it on machines that only have run folders.
@@ -13,9 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from widenet_ds.errors import RunFolderError
-from widenet_ds.results import ClassifyResults, FinetuneResults, PretrainResults
 from widenet_ds.run_folder import OLD_VISION_CONFIG_FILE, RunFolder, read_json
-from widenet_ds.training.run_config import ClassifyConfig, GlueConfig, PretrainConfig, RunConfig, SquadConfig
+from widenet_ds.tasks.classify.config import ClassifyConfig
+from widenet_ds.tasks.classify.results import ClassifyResults
+from widenet_ds.tasks.finetune.results import FinetuneResults
+from widenet_ds.tasks.glue.config import GlueConfig
+from widenet_ds.tasks.pretrain.config import PretrainConfig
+from widenet_ds.tasks.pretrain.results import PretrainResults
+from widenet_ds.tasks.squad.config import SquadConfig
+from widenet_ds.training.run_config import RunConfig
 
 
 @dataclass(frozen=True)
