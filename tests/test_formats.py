@@ -14,8 +14,18 @@ from pathlib import Path
 import pytest
 
 from widenet_ds.data.batch_order import RANK_STRIDED
-from widenet_ds.errors import CheckpointError, RunFolderError
-from widenet_ds.formats import KINDS, MICRO_BATCH_MEANS, VERSION_KEY, Kind, current, read_json, upgrade, versioned
+from widenet_ds.errors import CheckpointError, DataError, RunFolderError
+from widenet_ds.formats import (
+    KINDS,
+    MICRO_BATCH_MEANS,
+    VERSION_KEY,
+    Kind,
+    current,
+    load_json,
+    read_json,
+    upgrade,
+    versioned,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "widenet_ds"
@@ -184,10 +194,20 @@ def test_read_json_names_a_missing_or_damaged_file(tmp_path):
     with pytest.raises(RunFolderError, match=r"run_config.json does not exist \(the run's settings\)"):
         read_json("run_config", tmp_path / "run_config.json")
     (tmp_path / "run_config.json").write_text("{")
-    with pytest.raises(RunFolderError, match=r"cannot be read: .*restore it or start a new run in another folder"):
+    with pytest.raises(RunFolderError, match=r"run_config.json \(the run's settings\) is not valid JSON: Expecting "
+                                             r"property name .* at line 1, column 2; the file is damaged: restore it or "
+                                             r"start a new run in another folder\.$"):
+        read_json("run_config", tmp_path / "run_config.json")
+    (tmp_path / "run_config.json").write_bytes(b'{"task": "\xff"}')  # not UTF-8
+    with pytest.raises(RunFolderError, match=r"\(the run's settings\) cannot be read: 'utf-8' codec .*restore it"):
         read_json("run_config", tmp_path / "run_config.json")
     (tmp_path / "run_config.json").write_text(json.dumps(OLDEST["run_config"][0]))
     assert read_json("run_config", tmp_path / "run_config.json")["task"] == "glue"
+    # the one reader of any JSON file that names it: without a kind, the caller's error and fix
+    (tmp_path / "any.json").write_text('{"a": 1,\n')
+    with pytest.raises(DataError, match=r"any.json is not valid JSON: .* at line 2, column 1; pass another\.$"):
+        load_json(tmp_path / "any.json", DataError, "pass another")
+    assert load_json(tmp_path / "run_config.json", DataError) == OLDEST["run_config"][0]
 
 
 def test_every_kind_is_documented_with_its_current_version():
@@ -214,7 +234,7 @@ OWNERS = {
     "run_config.json": ("RUN_CONFIG_FILE", {"run_folder.py", "data/manifest.py"}),
     "manifest.json": ("MANIFEST_FILE", {"data/manifest.py", "data/prepare.py"}),  # its reader, its writer
 }
-IO_CALLS = {"open", "read_text", "write_text", "read_bytes", "write_bytes", "load", "loads", "read_json",
+IO_CALLS = {"open", "read_text", "write_text", "read_bytes", "write_bytes", "load", "loads", "read_json", "load_json",
             "atomic_write_json", "atomic_write_text", "_write_json"}
 
 

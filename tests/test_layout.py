@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "widenet_ds"
 # rank (above the tasks: the one list of what trains each).
 LAYERS = [
     {"widenet_ds", "widenet_ds.errors", "widenet_ds.formats", "widenet_ds.fs", "widenet_ds.run_folder",
-     "widenet_ds.results"},
+     "widenet_ds.results", "widenet_ds.seeds"},
     {"widenet_ds.data", "widenet_ds.model", "widenet_ds.engine", "widenet_ds.vision"},
     {"widenet_ds.distributed"},
     {"widenet_ds.portable"},
@@ -167,6 +167,8 @@ COVERED_BY = {
     "widenet_ds/distributed/collective_timeouts.py": ["distributed/test_peer_watch.py"],
     "widenet_ds/distributed/every_rank.py": ["distributed/test_peer_watch.py"],
     "widenet_ds/distributed/timeouts.py": ["distributed/test_peer_watch.py"],  # the bounds those collectives get
+    # the seeds derived with its spacing: the experts' (by value), every run's curve (the golden ones)
+    "widenet_ds/seeds.py": ["model/test_base.py", "integration/test_golden_losses.py"],
     "widenet_ds/training/branch_schedule.py": ["model/test_branches.py", "integration/test_paraformer_training.py"],
     "widenet_ds/distributed/console.py": ["launch/test_signals.py", "integration/test_bad_inputs.py"],
     "widenet_ds/training/flags.py": ["training/test_command_line.py"],

@@ -120,5 +120,5 @@ def test_a_results_json_that_is_no_object_or_no_json_names_the_file(tmp_path):
     with pytest.raises(RunFolderError, match=rf"{folder.results}: finetuning results must be a JSON object, not list"):
         folder.read_results(FinetuneResults)
     folder.results.write_text('{"step": ')
-    with pytest.raises(RunFolderError, match=r"results.json \(the run's results\) cannot be read"):
+    with pytest.raises(RunFolderError, match=r"results.json \(the run's results\) is not valid JSON"):
         folder.read_results(PretrainResults)

@@ -53,7 +53,7 @@ def test_what_a_folder_holds_and_the_task_it_records(tmp_path):
     assert text.holds() == ["checkpoints/"]
     text.run_config.write_text("{broken")
     assert text.recorded_task() is None  # (the task is then told by the files: widenet_ds/tasks/)
-    with pytest.raises(RunFolderError, match=r"run_config.json \(the run's settings\) cannot be read"):
+    with pytest.raises(RunFolderError, match=r"run_config.json \(the run's settings\) is not valid JSON"):
         text.read_run_config()
 
 

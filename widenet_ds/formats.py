@@ -303,13 +303,24 @@ def upgrade(kind: str, data: Any, where: str | Path, *, assume: Mapping[str, Any
     return data
 
 
+def load_json(path: str | Path, error: type[WideNetError], fix: str = "", what: str = "") -> Any:
+    """The JSON value in the file at `path`, or one `error` naming the file (and `what` it is) and what is wrong: it
+    does not exist, cannot be read, or its JSON breaks at a line and column; `fix`: what to do about it. The one
+    reader of a JSON file that names it (a versioned kind's: `read_json`, which upgrades it too)."""
+    path = Path(path)
+    named, then = (f"{path} ({what})" if what else str(path)), (f"; {fix}" if fix else "")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"{path} does not exist{f' ({what})' if what else ''}.") from None
+    except json.JSONDecodeError as err:
+        raise error(f"{named} is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}{then}.") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise error(f"{named} cannot be read: {err}{then}.") from None
+
+
 def read_json(kind: str, path: str | Path, *, assume: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A JSON file of `kind`, read and upgraded; a missing or unreadable file is one error naming it."""
-    spec, path = KINDS[kind], Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise spec.error(f"{path} does not exist ({spec.what}).") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise spec.error(f"{path} ({spec.what}) cannot be read: {err}; the file is damaged: {spec.damaged}.") from None
+    spec = KINDS[kind]
+    data = load_json(path, spec.error, f"the file is damaged: {spec.damaged}", spec.what)
     return upgrade(kind, data, path, assume=assume)

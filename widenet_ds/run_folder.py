@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from widenet_ds.errors import RunFolderError
+from widenet_ds.formats import load_json, unversioned, versioned
 from widenet_ds.formats import read_json as read_versioned
-from widenet_ds.formats import unversioned, versioned
 from widenet_ds.fs.atomic import atomic_write_json, atomic_write_text
 from widenet_ds.results import Results
 
@@ -107,15 +107,8 @@ def read_run_config(path: str | Path) -> dict[str, Any]:
 
 
 def read_json(path: str | Path, what: str) -> Any:
-    """A JSON file of a run folder; an unreadable one is one error naming the file."""
-    path = Path(path)
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RunFolderError(f"{path} does not exist ({what}).") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise RunFolderError(f"{path} ({what}) cannot be read: {err}; the file is damaged: restore it or start "
-                             f"a new run in another folder.") from None
+    """A JSON file of a run folder (`what` it is); a missing or unreadable one is one error naming the file."""
+    return load_json(path, RunFolderError, "the file is damaged: restore it or start a new run in another folder", what)
 
 
 @dataclass(frozen=True)

@@ -156,7 +156,7 @@ def test_bad_and_partial_folders_are_listed_not_fatal(runs, tmp_path):
     proc = report(runs["pretrain"], *bad, "--output", out)
     assert proc.returncode == 0, proc.stderr
     page = html.unescape((out / "index.html").read_text())
-    for path, why in ((empty, "not a run folder"), (broken, "results.json (the run's results) cannot be read"),
+    for path, why in ((empty, "not a run folder"), (broken, "results.json (the run's results) is not valid JSON"),
                       (no_metrics, "without metrics.jsonl"), (garbled, "no readable record"),
                       (a_file, "is not a folder"), (tmp_path / "missing", "does not exist")):
         assert f"{path}: " in proc.stderr and why in proc.stderr, (path, why, proc.stderr)

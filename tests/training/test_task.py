@@ -5,13 +5,10 @@ task implements every hook `Task` leaves abstract: tests/run/test_trainers.py)."
 from __future__ import annotations
 
 import ast
-import inspect
 from pathlib import Path
 
 import pytest
 
-from widenet_ds.training import task as task_module
-from widenet_ds.training.plan import plan_run
 from widenet_ds.training.task import Task
 
 PACKAGE = Path(__file__).resolve().parents[2] / "widenet_ds"
@@ -60,10 +57,3 @@ def test_the_check_catches_an_undeclared_hook_and_an_assignment():
     assert read - declared() == {"prepare_twice"} and assigned == ["plan"]
 
 
-def test_the_planner_calls_the_hooks_in_the_order_the_protocol_lists():
-    tree = ast.parse(inspect.getsource(plan_run))
-    calls = [node.func.attr for node in sorted(
-        (n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-         and isinstance(n.func.value, ast.Name) and n.func.value.id == "task"), key=lambda n: (n.lineno, n.col_offset))]
-    assert calls == ["model_config", "check_settings", "load_data", "batches_per_epoch", "requested_steps"]
-    assert "model_config -> check_settings(ds) -> load_data -> batches_per_epoch" in inspect.getdoc(task_module)

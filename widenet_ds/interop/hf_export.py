@@ -35,7 +35,7 @@ from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.tags import is_deepspeed_checkpoint
 from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError, ConfigError
-from widenet_ds.formats import VERSION_KEY, upgrade, versioned
+from widenet_ds.formats import VERSION_KEY, load_json, upgrade, versioned
 from widenet_ds.fs.atomic import atomic_folder
 from widenet_ds.interop.albert import write_hf_tokenizer_config
 from widenet_ds.interop.hf_model_card import model_card
@@ -207,10 +207,7 @@ def read_hf_config(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"{folder} has no {HF_CONFIG}; pass a folder written by `widenet-ds convert to-hf` "
                               f"(or by save_pretrained of a model loaded from one).")
-    try:
-        hf = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path} is not valid JSON: {err}.") from None
+    hf = load_json(path, CheckpointError, "copy the folder again, or write it again (`widenet-ds convert to-hf`)")
     if isinstance(hf, dict) and VERSION_KEY in hf and "architecture" in hf:
         raise CheckpointError(f"{folder} is a widenet-ds checkpoint folder already, not an HF folder: use it as it is "
                               f"(--init-from {folder}, `widenet-ds convert to-hf` for transformers); nothing to "

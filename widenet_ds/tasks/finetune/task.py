@@ -24,6 +24,7 @@ from widenet_ds.errors import CheckpointError, ConfigError, raise_config_problem
 from widenet_ds.portable.weights import load_into
 from widenet_ds.results import Scores, is_number, with_scale
 from widenet_ds.run_folder import RunFolder, read_metrics
+from widenet_ds.seeds import SEED_SPACING
 from widenet_ds.tasks.finetune.config import FinetuneConfig
 from widenet_ds.tasks.finetune.epoch_batches import EpochBatches
 from widenet_ds.tasks.finetune.features import check_max_length, check_tokenizer_matches
@@ -41,10 +42,6 @@ from widenet_ds.training.plan import (
     resume_changes,
 )
 from widenet_ds.training.task import Task
-
-# Finetuning trains several seeds in one process: each seed's rank streams are spaced this far apart, so that
-# seed s's training streams never coincide with seed s + 1's initialisation.
-SEED_STREAM_SPACING = 1_000_003
 
 
 def peak_lr(settings: DeepSpeedSettings) -> float | None:
@@ -161,7 +158,8 @@ class FinetuneTask(Task):
 
     @property
     def stream_seed(self) -> int:
-        return SEED_STREAM_SPACING * self.seed
+        # Several seeds train in one process: seed s's rank streams never meet seed s + 1's initialisation.
+        return SEED_SPACING * self.seed
 
     # -- before anything is built --------------------------------------------------------------------
     def model_config(self):

@@ -7,13 +7,13 @@ re-encoded, and training on it would teach wrong spans, so it is an error naming
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 from widenet_ds.errors import ConfigError, DataError
+from widenet_ds.formats import load_json
 
 
 @dataclass(frozen=True)
@@ -64,10 +64,7 @@ def read_squad_json(path: str | os.PathLike) -> SquadData:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise DataError(f"{path} is not valid JSON: {err}") from None
+    raw = load_json(path, DataError)
     examples: list[SquadExample] = []
     seen: set[str] = set()
     for a, article in enumerate(_require(raw, "data", str(path))):

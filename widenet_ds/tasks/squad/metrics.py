@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from widenet_ds.errors import DataError
+from widenet_ds.formats import load_json
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCTUATION = set(string.punctuation)
@@ -220,10 +221,7 @@ def _load_json(path: str | Path, what: str):
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{what} {path}: no such file")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise DataError(f"{what} {path} is not valid JSON: {err}") from None
+    return load_json(path, DataError, f"pass the {what} as one JSON object")
 
 
 def _check_mapping(obj, path, value_types: tuple[type, ...], what: str) -> dict:
