@@ -264,13 +264,15 @@ def test_text_paraformer_shows_the_mlm_loss_of_the_first_k_branches(text_branche
 
 
 def test_squad_scores_show_their_percent_scale_beside_fractions(tmp_path):
-    """Item 6: SQuAD's official scores are percentages, GLUE's fractions: the page's columns say which."""
+    """Item 6: SQuAD's official scores are percentages, GLUE's fractions: the page's columns say which (as each
+    run's task, named in its run_config.json, gives the scale)."""
     from widenet_ds.tasks.finetune.results import SeedResults
 
     for name, task, metrics in (("squad", "SQuAD1.1", {"dev": {"exact_match": 0.3333, "f1": 4.2706}}),
                                 ("sst2", "SST-2", {"dev": {"acc": 0.7}})):
         folder = RunFolder(tmp_path / name)
         folder.path.mkdir()
+        folder.write_run_config({"task": "squad" if name == "squad" else "glue"})
         seed = SeedResults(1, metrics)
         folder.write_results(FinetuneResults(task, "preset:widenet-tiny-e4", 4, 1, metrics, [seed], seed=1,
                                              primary_metric=next(iter(metrics["dev"]))))

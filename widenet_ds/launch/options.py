@@ -90,7 +90,7 @@ def parser() -> argparse.ArgumentParser:
                "OMP_NUM_THREADS and DS_ACCELERATOR, when set, are kept. SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 to "
                "this process: the ranks save a checkpoint and exit 0; continue with the same command plus --resume.")
     p.add_argument("task", choices=TASKS, metavar="TASK",
-                   help="; ".join(f"{name}: {spec.description}" for name, spec in TASKS.items()))
+                   help=" ".join(f"{name}: {spec.description}" for name, spec in TASKS.items()))
     p.add_argument("--num-ranks", "--num-gpus", dest="ranks_per_node", type=_positive_int, metavar="N",
                    help="ranks per node (default: every GPU; without GPUs one CPU rank per core, at most 8)")
     p.add_argument("--hostfile", type=Path, metavar="FILE",
