@@ -74,7 +74,7 @@ case "$cmd" in
   *) [[ -x "$WDS" ]] || setup
     [[ "$cmd" == vision ]] && cmd=classify
     [[ "$cmd" == finetune ]] && { [[ "${1:-}" == --squad ]] && shift && cmd=squad || cmd=glue; }
-    # the tasks of widenet_ds/task_registry.py (tests/test_task_registry.py compares them)
+    # the tasks of widenet_ds/tasks/__init__.py (tests/test_tasks.py compares them)
     case "$cmd" in pretrain|glue|squad|classify) exec "$WDS" launch "$cmd" "$@" ;; esac
     exec "$WDS" "$cmd" "$@" ;;
 esac

@@ -33,9 +33,9 @@ sys.path.insert(0, str(REPO))
 
 from widenet_ds.report.branches import ACCURACY  # noqa: E402
 from widenet_ds.report.cli import write_report  # noqa: E402
-from widenet_ds.results import ClassifyResults  # noqa: E402
 from widenet_ds.run_folder import RunFolder  # noqa: E402
-from widenet_ds.training.run_config import ClassifyConfig  # noqa: E402
+from widenet_ds.tasks.classify.config import ClassifyConfig  # noqa: E402
+from widenet_ds.tasks.classify.results import ClassifyResults  # noqa: E402
 from widenet_ds.vision.config import VisionConfig  # noqa: E402
 from widenet_ds.vision.model import build_model, count_trainable_parameters  # noqa: E402
 

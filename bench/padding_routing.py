@@ -64,8 +64,8 @@ def main() -> None:
     glue_args = [a for a in args.glue_args if a != "--"]
 
     from widenet_ds import train
-    from widenet_ds.results import FinetuneResults
     from widenet_ds.run_folder import RunFolder
+    from widenet_ds.tasks.finetune.results import FinetuneResults
     report = {"command": " ".join(sys.argv), "modes": {}}
     for mode, extra in MODES.items():
         counter = RouteCounter(args.pad_id)

@@ -51,9 +51,10 @@ from study import (
 
 from widenet_ds.distributed.launch_env import TORCH_VARS  # noqa: E402
 from widenet_ds.report.paired import mean_interval, paired_difference  # noqa: E402
-from widenet_ds.results import ClassifyResults  # noqa: E402
 from widenet_ds.run_folder import RunFolder  # noqa: E402
-from widenet_ds.training.run_config import LATEST, ClassifyConfig  # noqa: E402
+from widenet_ds.tasks.classify.config import ClassifyConfig  # noqa: E402
+from widenet_ds.tasks.classify.results import ClassifyResults  # noqa: E402
+from widenet_ds.training.run_config import LATEST  # noqa: E402
 from widenet_ds.vision.config import VisionConfig  # noqa: E402
 from widenet_ds.vision.model import build_model, count_trainable_parameters  # noqa: E402
 

@@ -54,22 +54,17 @@ from widenet_ds.data.prepare import cli as prepare_cli  # noqa: E402
 from widenet_ds.distributed.groups import init_distributed  # noqa: E402
 from widenet_ds.model import WideNetForPreTraining  # noqa: E402
 from widenet_ds.model.config import ModelConfig  # noqa: E402
-from widenet_ds.model.counts import (
-    count_parameters,  # noqa: E402
-    flops_per_token,  # noqa: E402
-)
+from widenet_ds.model.counts import count_parameters, flops_per_token  # noqa: E402
 from widenet_ds.model.layernorm_divergence import layernorm_divergence  # noqa: E402
 from widenet_ds.report.cli import write_report  # noqa: E402
 from widenet_ds.report.paired import format_interval, mean_interval, paired_difference  # noqa: E402
-from widenet_ds.results import FinetuneResults  # noqa: E402
+from widenet_ds.run.run_task import run_task  # noqa: E402
 from widenet_ds.run_folder import RunFolder  # noqa: E402
-from widenet_ds.training.run import run_task  # noqa: E402
-from widenet_ds.training.run_config import (  # noqa: E402
-    LATEST,
-    GlueConfig,
-    PretrainConfig,
-    SquadConfig,
-)
+from widenet_ds.tasks.finetune.results import FinetuneResults  # noqa: E402
+from widenet_ds.tasks.glue.config import GlueConfig  # noqa: E402
+from widenet_ds.tasks.pretrain.config import PretrainConfig  # noqa: E402
+from widenet_ds.tasks.squad.config import SquadConfig  # noqa: E402
+from widenet_ds.training.run_config import LATEST  # noqa: E402
 
 PRETRAIN_DS = REPO / "ds_configs" / "cpu_small.json"
 FINETUNE_DS = REPO / "ds_configs" / "finetune_cpu_small.json"

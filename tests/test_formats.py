@@ -14,8 +14,18 @@ from pathlib import Path
 import pytest
 
 from widenet_ds.data.batch_order import RANK_STRIDED
-from widenet_ds.errors import CheckpointError, RunFolderError
-from widenet_ds.formats import KINDS, MICRO_BATCH_MEANS, VERSION_KEY, Kind, current, read_json, upgrade, versioned
+from widenet_ds.errors import CheckpointError, DataError, RunFolderError
+from widenet_ds.formats import (
+    KINDS,
+    MICRO_BATCH_MEANS,
+    VERSION_KEY,
+    Kind,
+    current,
+    load_json,
+    read_json,
+    upgrade,
+    versioned,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "widenet_ds"
@@ -156,6 +166,20 @@ def test_a_version_entry_that_is_no_version_is_refused(version):
         upgrade("run_config", [], "x.json")
 
 
+@pytest.mark.parametrize("task, num_labels, names", [
+    ("SST-2", 2, ["negative", "positive"]), ("mnli-mm", 3, ["contradiction", "entailment", "neutral"]),
+    ("SST-2", 3, None),  # another head than the dataset's: LABEL_i, as version 2's exporter gave
+    ("my-reviews", 2, None), (None, 2, None)])
+def test_a_text_classifier_folder_of_version_two_gains_the_label_names_its_exporter_gave(task, num_labels, names):
+    folder = {VERSION_KEY: 2, "architecture": "WideNetForSequenceClassification", "model": MODEL,
+              "num_labels": num_labels, "dtype": "fp32", "files": {},
+              "provenance": {"seed": 1, **({"task": task} if task else {})}}
+    provenance = upgrade("folder", folder, "config.json")["provenance"]
+    assert provenance == {**folder["provenance"], **({"label_names": names} if names else {})}
+    squad = {**folder, "architecture": "WideNetForQuestionAnswering", "num_labels": None}
+    assert "label_names" not in upgrade("folder", squad, "config.json")["provenance"]
+
+
 def test_an_upgrade_that_needs_the_readers_values_says_so():
     with pytest.raises(TypeError, match=r"needs \['micro_batch_size', 'world_size'\] from its reader"):
         upgrade("loader_state.finetune", {"epoch": 0, "position": 1}, "x")
@@ -170,10 +194,20 @@ def test_read_json_names_a_missing_or_damaged_file(tmp_path):
     with pytest.raises(RunFolderError, match=r"run_config.json does not exist \(the run's settings\)"):
         read_json("run_config", tmp_path / "run_config.json")
     (tmp_path / "run_config.json").write_text("{")
-    with pytest.raises(RunFolderError, match=r"cannot be read: .*restore it or start a new run in another folder"):
+    with pytest.raises(RunFolderError, match=r"run_config.json \(the run's settings\) is not valid JSON: Expecting "
+                                             r"property name .* at line 1, column 2; the file is damaged: restore it or "
+                                             r"start a new run in another folder\.$"):
+        read_json("run_config", tmp_path / "run_config.json")
+    (tmp_path / "run_config.json").write_bytes(b'{"task": "\xff"}')  # not UTF-8
+    with pytest.raises(RunFolderError, match=r"\(the run's settings\) cannot be read: 'utf-8' codec .*restore it"):
         read_json("run_config", tmp_path / "run_config.json")
     (tmp_path / "run_config.json").write_text(json.dumps(OLDEST["run_config"][0]))
     assert read_json("run_config", tmp_path / "run_config.json")["task"] == "glue"
+    # the one reader of any JSON file that names it: without a kind, the caller's error and fix
+    (tmp_path / "any.json").write_text('{"a": 1,\n')
+    with pytest.raises(DataError, match=r"any.json is not valid JSON: .* at line 2, column 1; pass another\.$"):
+        load_json(tmp_path / "any.json", DataError, "pass another")
+    assert load_json(tmp_path / "run_config.json", DataError) == OLDEST["run_config"][0]
 
 
 def test_every_kind_is_documented_with_its_current_version():
@@ -200,7 +234,7 @@ OWNERS = {
     "run_config.json": ("RUN_CONFIG_FILE", {"run_folder.py", "data/manifest.py"}),
     "manifest.json": ("MANIFEST_FILE", {"data/manifest.py", "data/prepare.py"}),  # its reader, its writer
 }
-IO_CALLS = {"open", "read_text", "write_text", "read_bytes", "write_bytes", "load", "loads", "read_json",
+IO_CALLS = {"open", "read_text", "write_text", "read_bytes", "write_bytes", "load", "loads", "read_json", "load_json",
             "atomic_write_json", "atomic_write_text", "_write_json"}
 
 

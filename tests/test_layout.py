@@ -13,16 +13,19 @@ PACKAGE = Path(__file__).resolve().parents[1] / "widenet_ds"
 
 # Each package may import only from packages of a lower layer (and from itself).
 # `vision` is a domain package beside `model` (its config, model, datasets, loader, augmentation), which the
-# checkpoint stack registers; its trainer is a task of `training` (`training/classification.py`).
+# checkpoint stack registers; its trainer is a task (`tasks/classify/`). `training` is the loop and the planner,
+# `tasks` the tasks they drive (one package each: settings, results, task, data), `run` what starts a task in a
+# rank (above the tasks: the one list of what trains each).
 LAYERS = [
     {"widenet_ds", "widenet_ds.errors", "widenet_ds.formats", "widenet_ds.fs", "widenet_ds.run_folder",
-     "widenet_ds.results"},
-    {"widenet_ds.data", "widenet_ds.benchmarks", "widenet_ds.model", "widenet_ds.engine", "widenet_ds.vision"},
+     "widenet_ds.results", "widenet_ds.seeds"},
+    {"widenet_ds.data", "widenet_ds.model", "widenet_ds.engine", "widenet_ds.vision"},
     {"widenet_ds.distributed"},
     {"widenet_ds.portable"},
     {"widenet_ds.checkpoint"},
-    {"widenet_ds.interop"},
-    {"widenet_ds.training", "widenet_ds.report"},
+    {"widenet_ds.training"},
+    {"widenet_ds.tasks"},
+    {"widenet_ds.run", "widenet_ds.interop", "widenet_ds.report"},
     {"widenet_ds.launch"},
     {"widenet_ds.cli", "widenet_ds.train", "widenet_ds.commands"},
 ]
@@ -142,7 +145,7 @@ COVERED_BY = {
     "widenet_ds/commands/demo.py": ["integration/test_demo.py"],
     "widenet_ds/commands/branches.py": ["portable/test_branches.py"],
     "widenet_ds/commands/verify.py": ["checkpoint/test_verify.py"],
-    "widenet_ds/data/prepared.py": ["data/test_loader.py", "training/test_pretraining.py"],  # opened once, counted
+    "widenet_ds/data/prepared.py": ["data/test_loader.py", "tasks/pretrain/test_task.py"],  # opened once, counted
     "widenet_ds/training/new_shape.py": ["integration/test_resume_new_shape.py"],  # real resumes on other shapes
     "widenet_ds/checkpoint/deepspeed.py": ["commands/test_convert.py", "portable/test_weights_image_models.py"],
     # the model card of `convert to-hf`, read from real runs' folders
@@ -163,26 +166,59 @@ COVERED_BY = {
     # two real gloo ranks: a stopped peer's collective ends at the training bound; every rank's problems at once
     "widenet_ds/distributed/collective_timeouts.py": ["distributed/test_peer_watch.py"],
     "widenet_ds/distributed/every_rank.py": ["distributed/test_peer_watch.py"],
-    "widenet_ds/benchmarks/recipes.py": ["benchmarks/test_features.py", "training/test_finetuning.py"],
-    "widenet_ds/benchmarks/squad_features.py": ["benchmarks/test_squad.py"],
-    "widenet_ds/benchmarks/squad_postprocess.py": ["benchmarks/test_squad.py"],
+    "widenet_ds/distributed/timeouts.py": ["distributed/test_peer_watch.py"],  # the bounds those collectives get
+    # the seeds derived with its spacing: the experts' (by value), every run's curve (the golden ones)
+    "widenet_ds/seeds.py": ["model/test_base.py", "integration/test_golden_losses.py"],
     "widenet_ds/training/branch_schedule.py": ["model/test_branches.py", "integration/test_paraformer_training.py"],
-    "widenet_ds/training/classification.py": ["integration/test_classify.py", "integration/test_golden_losses.py"],
     "widenet_ds/distributed/console.py": ["launch/test_signals.py", "integration/test_bad_inputs.py"],
-    "widenet_ds/training/benchmark.py": ["training/test_finetuning.py", "integration/test_finetune.py"],
-    "widenet_ds/training/finetune_weights.py": ["training/test_finetuning.py"],
     "widenet_ds/training/flags.py": ["training/test_command_line.py"],
-    "widenet_ds/training/model_source.py": ["training/test_pretraining.py", "integration/test_bad_inputs.py"],
-    "widenet_ds/training/predict.py": ["training/test_finetuning.py", "integration/test_finetune.py"],
-    "widenet_ds/training/run.py": ["training/test_pretraining.py", "training/test_finetuning.py"],
-    "widenet_ds/training/sweep.py": ["training/test_finetuning.py", "integration/test_finetune_resume.py"],
+    "widenet_ds/training/model_source.py": ["tasks/pretrain/test_task.py", "integration/test_bad_inputs.py"],
+    # starting a rank: every task's in-process runs, and their real launches
+    "widenet_ds/run/run_task.py": ["tasks/pretrain/test_task.py", "tasks/finetune/test_task.py"],
+    "widenet_ds/run/sweep.py": ["tasks/finetune/test_task.py", "integration/test_finetune_resume.py"],
+    # each task's settings: their values, what they name on the machine, their command lines
+    "widenet_ds/tasks/pretrain/config.py": ["training/test_run_config.py", "training/test_environment.py"],
+    "widenet_ds/tasks/finetune/config.py": ["tasks/finetune/test_task.py", "launch/test_task_options.py"],
+    "widenet_ds/tasks/classify/config.py": ["training/test_run_config.py", "integration/test_bad_inputs.py"],
+    # every task's results.json, written and read back, of this version and of older ones: one parametrised file
+    "widenet_ds/tasks/pretrain/results.py": ["test_results.py"],
+    "widenet_ds/tasks/classify/results.py": ["test_results.py"],
+    "widenet_ds/tasks/finetune/results.py": ["test_results.py"],
+    "widenet_ds/tasks/classify/task.py": ["integration/test_classify.py", "integration/test_golden_losses.py"],
+    # finetuning on GLUE and SQuAD: the shared tests of a seed, and real runs under the launcher
+    "widenet_ds/tasks/finetune/finetuning.py": ["tasks/finetune/test_task.py"],
+    "widenet_ds/tasks/glue/finetuning.py": ["tasks/finetune/test_task.py", "integration/test_finetune.py"],
+    "widenet_ds/tasks/squad/finetuning.py": ["tasks/finetune/test_task.py", "integration/test_finetune.py"],
+    "widenet_ds/tasks/finetune/weights.py": ["tasks/finetune/test_task.py", "interop/test_hf_export.py"],
+    "widenet_ds/tasks/finetune/predict.py": ["tasks/finetune/test_task.py", "integration/test_finetune.py"],
+    "widenet_ds/tasks/glue/recipes.py": ["tasks/finetune/test_recipe.py"],
+    "widenet_ds/tasks/squad/recipes.py": ["tasks/finetune/test_recipe.py"],
+    "widenet_ds/tasks/squad/features.py": ["tasks/squad/test_data.py"],
+    "widenet_ds/tasks/squad/postprocess.py": ["tasks/squad/test_data.py"],
+    # `from widenet_ds.model import WideNetForPreTraining`, resolved when asked
+    "widenet_ds/model/__init__.py": ["model/test_widenet.py"],
     "widenet_ds/vision/config.py": ["vision/test_model.py", "model/test_config_presets.py"],
     "widenet_ds/vision/loader.py": ["vision/test_datasets.py"],
 }
 
 
+def defines_names(path: Path) -> bool:
+    """A module that defines something (a package's __init__.py may hold only its docstring and imports)."""
+    return any(isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign))
+               for node in ast.parse(path.read_text()).body)
+
+
 def module_paths() -> list[str]:
-    return sorted(str(p.relative_to(PACKAGE.parent)) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py")
+    """Every module, and the __init__.py of a package that defines something (widenet_ds/tasks/: the table of tasks)."""
+    return sorted(str(p.relative_to(PACKAGE.parent)) for p in PACKAGE.rglob("*.py")
+                  if p.name != "__init__.py" or (p.parent != PACKAGE and defines_names(p)))
+
+
+def module_id(module: str) -> Path:
+    """A module's path in the package without its suffix; a package's __init__.py is the package's (widenet_ds/tasks/
+    __init__.py is `tasks`: its tests are tests/test_tasks.py)."""
+    path = Path(module).relative_to("widenet_ds").with_suffix("")
+    return path.parent if path.name == "__init__" else path
 
 
 def module_of_test(test_file: Path, modules: list[Path]) -> Path | None:
@@ -196,8 +232,8 @@ def module_of_test(test_file: Path, modules: list[Path]) -> Path | None:
 
 def own_test_files(module: str) -> list[Path]:
     """tests/<package>/test_<module>[_<aspect>].py (a top-level module's: tests/test_<module>*.py)."""
-    modules = [Path(m).relative_to("widenet_ds").with_suffix("") for m in module_paths()]
-    target = Path(module).relative_to("widenet_ds").with_suffix("")
+    modules = [module_id(m) for m in module_paths()]
+    target = module_id(module)
     return [p for p in TESTS.joinpath(*target.parts[:-1]).glob("test_*.py") if module_of_test(p, modules) == target]
 
 
@@ -211,7 +247,7 @@ def test_every_module_has_its_test_file_or_a_reason():
 
 
 def test_every_test_file_is_named_after_a_module_of_its_folder():
-    modules = [Path(m).relative_to("widenet_ds").with_suffix("") for m in module_paths()]
+    modules = [module_id(m) for m in module_paths()]
     stray = [str(p.relative_to(TESTS)) for p in TESTS.rglob("test_*.py")
              if p.relative_to(TESTS).parts[0] not in ("integration", "scripts") and p.name != "test_layout.py"
              and module_of_test(p, modules) is None]

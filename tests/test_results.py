@@ -12,8 +12,10 @@ import pytest
 
 from widenet_ds.errors import RunFolderError
 from widenet_ds.formats import current
-from widenet_ds.results import ClassifyResults, DeepSpeedUsed, FinetuneResults, PretrainResults, SeedResults
 from widenet_ds.run_folder import RunFolder
+from widenet_ds.tasks.classify.results import ClassifyResults
+from widenet_ds.tasks.finetune.results import DeepSpeedUsed, FinetuneResults, SeedResults
+from widenet_ds.tasks.pretrain.results import PretrainResults
 
 BEFORE = Path(__file__).resolve().parent / "assets" / "results_before"
 # each results class and the file of its shape written by the writers before the types
@@ -116,7 +118,7 @@ def test_a_results_json_that_is_no_object_or_no_json_names_the_file(tmp_path):
     folder = RunFolder(tmp_path)
     folder.results.write_text("[1, 2]")
     with pytest.raises(RunFolderError, match=rf"{folder.results}: finetuning results must be a JSON object, not list"):
-        folder.read_results("glue")
+        folder.read_results(FinetuneResults)
     folder.results.write_text('{"step": ')
-    with pytest.raises(RunFolderError, match=r"results.json \(the run's results\) cannot be read"):
-        folder.read_results("pretrain")
+    with pytest.raises(RunFolderError, match=r"results.json \(the run's results\) is not valid JSON"):
+        folder.read_results(PretrainResults)

@@ -1,5 +1,5 @@
 """The run folder: one reader of metrics.jsonl (live folders included), the files of a run named once, and
-what kind of run a folder holds, for folders of this version and of older ones."""
+the task its settings record, for folders of this version and of older ones."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from widenet_ds.errors import RunFolderError
-from widenet_ds.results import ClassifyResults
 from widenet_ds.run_folder import RunFolder, keep_records_up_to, read_metrics
+from widenet_ds.tasks.classify.results import ClassifyResults
 
 # an image run's results.json as the writers wrote it before the typed results
 IMAGE_RESULTS = Path(__file__).resolve().parent / "assets" / "results_before" / "classify.json"
@@ -38,28 +38,22 @@ def test_a_resumed_run_keeps_the_records_up_to_its_checkpoint(tmp_path):
         {"time": 0, "event": "run"}, {"step": 1}, {"step": 2}]
 
 
-def test_what_a_folder_holds_and_which_task_wrote_it(tmp_path):
+def test_what_a_folder_holds_and_the_task_it_records(tmp_path):
     folder = RunFolder(tmp_path / "run")
-    assert folder.holds() == [] and folder.task() is None
+    assert folder.holds() == [] and folder.recorded_task() is None
     folder.write_run_config({"task": "classify", "seed": 1})
     folder.write_results(ClassifyResults.from_json(json.loads(IMAGE_RESULTS.read_text()), str(IMAGE_RESULTS)))
-    assert folder.holds() == ["run_config.json", "results.json"] and folder.task() == "classify"
-    assert folder.read_results("classify") == folder.read_results(ClassifyResults)  # by task or by type
-    # older folders, without a task in run_config.json
+    assert folder.holds() == ["run_config.json", "results.json"] and folder.recorded_task() == "classify"
+    assert folder.read_results(ClassifyResults).dataset == "digits"
     old = RunFolder(tmp_path / "old")
     (old.path / "seed3").mkdir(parents=True)
-    assert old.task() == "glue" and old.holds() == ["seed3/"] and [s for s, _ in old.seeds()] == [3]
-    images = RunFolder(tmp_path / "images")  # image results name a dataset
-    images.path.mkdir()
-    shutil.copy(IMAGE_RESULTS, images.results)
-    assert images.task() == "classify"
+    assert old.recorded_task() is None and old.holds() == ["seed3/"] and [s for s, _ in old.seeds()] == [3]
     text = RunFolder(tmp_path / "text")
-    text.path.mkdir()
-    text.metrics.write_text('{"step": 1}\n')
     (text.checkpoints / "step1").mkdir(parents=True)
-    assert text.task() == "pretrain" and text.holds() == ["checkpoints/"]
+    assert text.holds() == ["checkpoints/"]
     text.run_config.write_text("{broken")
-    with pytest.raises(RunFolderError, match=r"run_config.json \(the run's settings\) cannot be read"):
+    assert text.recorded_task() is None  # (the task is then told by the files: widenet_ds/tasks/)
+    with pytest.raises(RunFolderError, match=r"run_config.json \(the run's settings\) is not valid JSON"):
         text.read_run_config()
 
 
@@ -70,7 +64,7 @@ def test_run_config_is_written_with_its_version_and_read_as_the_settings(tmp_pat
     assert folder.read_run_config() == {"task": "pretrain", "seed": 1}  # the settings, as RunConfig.record() gave
     # written before the version was recorded (version 1): the same settings
     folder.run_config.write_text(json.dumps({"task": "pretrain", "seed": 1}))
-    assert folder.read_run_config() == {"task": "pretrain", "seed": 1} and folder.task() == "pretrain"
+    assert folder.read_run_config() == {"task": "pretrain", "seed": 1} and folder.recorded_task() == "pretrain"
     folder.run_config.write_text(json.dumps({"format_version": 3, "task": "pretrain"}))
     with pytest.raises(RunFolderError, match=r"run_config.json \(the run's settings\) is of format version 3, newer"):
         folder.read_run_config()
@@ -85,5 +79,5 @@ def test_finetunings_run_config_of_before_one_task_name_per_run(tmp_path, option
     """Only finetuning wrote run_config.json then, its task an object of the task's options."""
     folder = RunFolder(tmp_path)
     folder.run_config.write_text(json.dumps({"task": options, "data": "glue/SST-2", "preset": "widenet-tiny-e4"}))
-    assert folder.task() == task
+    assert folder.recorded_task() == task
     assert folder.read_run_config() == {"task": task, **settings, "data": "glue/SST-2", "preset": "widenet-tiny-e4"}

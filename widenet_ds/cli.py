@@ -13,12 +13,12 @@ from widenet_ds.distributed.console import report_error
 from widenet_ds.engine.quiet import quiet_third_party
 from widenet_ds.errors import exit_status
 from widenet_ds.fs.disk_space import DiskFullError, full_disk_message
-from widenet_ds.results import TASK_RESULTS
+from widenet_ds.tasks import TASKS
 
 # name -> (module:function, one-line help). Imported lazily so `widenet-ds params` does not pay for
 # the data pipeline's imports and vice versa.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("widenet_ds.train:cli", f"one rank of a training task ({', '.join(TASK_RESULTS)}): what `launch`, deepspeed "
+    "train": ("widenet_ds.train:cli", f"one rank of a training task ({', '.join(TASKS)}): what `launch`, deepspeed "
                                       f"(--module widenet_ds.train), srun and mpiexec start"),
     "model-config": ("widenet_ds.model.config:cli", "write a model-config JSON from a preset plus overrides"),
     "params": ("widenet_ds.commands.params:cli", "parameter counts of the presets, text and image"),
@@ -27,8 +27,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "verify-data": ("widenet_ds.data.verify:cli", "check every shard of a prepared data folder against its checksums"),
     "verify": ("widenet_ds.commands.verify:cli", "check every file of a checkpoint or exported folder against its "
                                                  "recorded size and SHA-256"),
-    "squad-eval": ("widenet_ds.benchmarks.squad_metrics:cli", "official SQuAD v1.1/v2.0 scores of a predictions file"),
-    "glue-eval": ("widenet_ds.benchmarks.glue_metrics:cli", "GLUE metrics of a predictions file"),
+    "squad-eval": ("widenet_ds.tasks.squad.metrics:cli", "official SQuAD v1.1/v2.0 scores of a predictions file"),
+    "glue-eval": ("widenet_ds.tasks.glue.metrics:cli", "GLUE metrics of a predictions file"),
     "convert": ("widenet_ds.commands.convert:cli", "convert checkpoints: to-folder, reshard, to-hf, from-hf, "
                                                    "to-albert, from-albert, to-hf-vit, to-shape-free"),
     "branches": ("widenet_ds.commands.branches:cli", "ParaFormer branches of a checkpoint folder: compress to "

@@ -114,6 +114,29 @@ def _folder_1_to_2(config: dict[str, Any], assume: Mapping[str, Any]) -> dict[st
     return config
 
 
+# The names of the GLUE labels as version 2 of a folder's readers took them from its provenance's "task" (a GLUE
+# dataset's name in any spelling), frozen here as they were: later folders record their label names themselves.
+_MNLI_LABELS = ["contradiction", "entailment", "neutral"]
+_GLUE_LABEL_NAMES_OF_VERSION_2 = {
+    "cola": ["unacceptable", "acceptable"], "sst2": ["negative", "positive"],
+    "mrpc": ["not_equivalent", "equivalent"], "qqp": ["not_duplicate", "duplicate"], "mnli": _MNLI_LABELS,
+    "mnlim": _MNLI_LABELS, "mnlimm": _MNLI_LABELS, "qnli": ["entailment", "not_entailment"],
+    "rte": ["entailment", "not_entailment"], "wnli": ["not_entailment", "entailment"], "ax": _MNLI_LABELS}
+
+
+def _folder_2_to_3(config: dict[str, Any], assume: Mapping[str, Any]) -> dict[str, Any]:
+    """Version 2 did not record what a text classifier's labels mean: its exporter named them after the GLUE
+    dataset its provenance's "task" names (when the number of labels fits), else LABEL_i."""
+    provenance = config.get("provenance")
+    task = provenance.get("task") if isinstance(provenance, dict) else None
+    names = (_GLUE_LABEL_NAMES_OF_VERSION_2.get(task.lower().replace("-", "").replace("_", "")) if isinstance(task, str)
+             else None)
+    if (config.get("architecture") == "WideNetForSequenceClassification" and names is not None
+            and config.get("num_labels") == len(names)):
+        provenance.setdefault("label_names", list(names))
+    return config
+
+
 def _run_config_1_to_2(record: dict[str, Any], assume: Mapping[str, Any]) -> dict[str, Any]:
     """Before one trainer ran every task, only finetuning wrote run_config.json, its task an object of the task's
     options: GLUE's {"task": name, "predict_test"}, SQuAD's {"version", "train_file", "dev_file", "doc_stride"}.
@@ -197,7 +220,7 @@ _NEW_RUN = "restore it, or run again into another folder"
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     Kind("marker", "checkpoint marker", 3, CheckpointError, {1: _marker_1_to_2, 2: _marker_2_to_3},
          damaged="resume from another checkpoint of the run"),
-    Kind("folder", "checkpoint folder's config", 2, CheckpointError, {1: _folder_1_to_2},
+    Kind("folder", "checkpoint folder's config", 3, CheckpointError, {1: _folder_1_to_2, 2: _folder_2_to_3},
          damaged="convert the checkpoint again"),
     Kind("folder_weights", "checkpoint folder's model.safetensors metadata", 1, CheckpointError),
     Kind("hf_config", "widenet-ds entry of an HF config", 1, CheckpointError),
@@ -280,13 +303,24 @@ def upgrade(kind: str, data: Any, where: str | Path, *, assume: Mapping[str, Any
     return data
 
 
+def load_json(path: str | Path, error: type[WideNetError], fix: str = "", what: str = "") -> Any:
+    """The JSON value in the file at `path`, or one `error` naming the file (and `what` it is) and what is wrong: it
+    does not exist, cannot be read, or its JSON breaks at a line and column; `fix`: what to do about it. The one
+    reader of a JSON file that names it (a versioned kind's: `read_json`, which upgrades it too)."""
+    path = Path(path)
+    named, then = (f"{path} ({what})" if what else str(path)), (f"; {fix}" if fix else "")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"{path} does not exist{f' ({what})' if what else ''}.") from None
+    except json.JSONDecodeError as err:
+        raise error(f"{named} is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}{then}.") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise error(f"{named} cannot be read: {err}{then}.") from None
+
+
 def read_json(kind: str, path: str | Path, *, assume: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A JSON file of `kind`, read and upgraded; a missing or unreadable file is one error naming it."""
-    spec, path = KINDS[kind], Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise spec.error(f"{path} does not exist ({spec.what}).") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise spec.error(f"{path} ({spec.what}) cannot be read: {err}; the file is damaged: {spec.damaged}.") from None
+    spec = KINDS[kind]
+    data = load_json(path, spec.error, f"the file is damaged: {spec.damaged}", spec.what)
     return upgrade(kind, data, path, assume=assume)

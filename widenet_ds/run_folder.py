@@ -14,7 +14,7 @@
                             results.json of that seed)
 
 Folders written before run_config.json named the task (before one trainer ran every task only finetuning
-wrote one) are told apart by their files (`RunFolder.task`).
+wrote one) are told apart by their files (`widenet_ds.tasks.task_of`).
 
 Imports neither torch nor DeepSpeed: `widenet-ds report` reads run folders on machines that only have
 the folders. Writers are atomic (a crash never leaves half a file); readers of a folder another process
@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from widenet_ds.errors import RunFolderError
+from widenet_ds.formats import load_json, unversioned, versioned
 from widenet_ds.formats import read_json as read_versioned
-from widenet_ds.formats import unversioned, versioned
 from widenet_ds.fs.atomic import atomic_write_json, atomic_write_text
-from widenet_ds.results import TASK_RESULTS, Results
+from widenet_ds.results import Results
 
 RUN_CONFIG_FILE = "run_config.json"  # (data/manifest.py spells it too: data/ sits below this module)
 RUN_CONFIG = "run_config"  # its kind in widenet_ds/formats.py
@@ -107,15 +107,8 @@ def read_run_config(path: str | Path) -> dict[str, Any]:
 
 
 def read_json(path: str | Path, what: str) -> Any:
-    """A JSON file of a run folder; an unreadable one is one error naming the file."""
-    path = Path(path)
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RunFolderError(f"{path} does not exist ({what}).") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise RunFolderError(f"{path} ({what}) cannot be read: {err}; the file is damaged: restore it or start "
-                             f"a new run in another folder.") from None
+    """A JSON file of a run folder (`what` it is); a missing or unreadable one is one error naming the file."""
+    return load_json(path, RunFolderError, "the file is damaged: restore it or start a new run in another folder", what)
 
 
 @dataclass(frozen=True)
@@ -196,37 +189,20 @@ class RunFolder:
     def write_run_config(self, record: dict[str, Any]) -> None:
         atomic_write_json(self.run_config, versioned(RUN_CONFIG, record), sort_keys=True)
 
-    def read_results(self, kind: str | type[R]) -> R:
-        """results.json as `kind`: a task's name (its registered results class) or a results class
-        (`SeedResults` in a finetuning seed's folder)."""
-        cls = TASK_RESULTS[kind] if isinstance(kind, str) else kind
+    def read_results(self, cls: type[R]) -> R:
+        """results.json as `cls`: the task's results class (`SeedResults` in a finetuning seed's folder)."""
         return cls.from_json(read_json(self.results, "the run's results"), str(self.results))
 
     def write_results(self, results: Results) -> None:
         atomic_write_json(self.results, versioned(results.FORMAT, results.to_json()))
 
-    def task(self) -> str | None:
-        """What trained here: the task recorded in run_config.json; for folders without one (written before
-        one trainer ran every task), what their files say (seed folders: finetuning; vision_config.json or a
-        results.json naming a dataset: images; metrics only: pretraining); None when the folder holds no run."""
-        if self.run_config.is_file():
-            try:
-                task = self.read_run_config().get("task")
-            except RunFolderError:
-                task = None
-            if isinstance(task, str) and task in TASK_RESULTS:
-                return task
-        if self.seeds():
-            return "glue"
-        if (self.path / OLD_VISION_CONFIG_FILE).is_file():
-            return "classify"
-        if self.results.is_file():
-            try:  # which shape: only image results name a dataset
-                results = read_json(self.results, "the run's results")
-            except RunFolderError:
-                results = {}
-            if isinstance(results, dict) and "dataset" in results:
-                return "classify"
-        if self.metrics.is_file():
-            return "pretrain"
-        return None
+    def recorded_task(self) -> str | None:
+        """The task run_config.json names (None: no such file, an unreadable one, or one without a task's name);
+        widenet_ds/tasks/ tells the tasks apart."""
+        if not self.run_config.is_file():
+            return None
+        try:
+            task = self.read_run_config().get("task")
+        except RunFolderError:
+            return None
+        return task if isinstance(task, str) else None

@@ -6,7 +6,7 @@
     widenet-ds launch classify --num-ranks 2 -- --model-config widenet-vit-tiny ...
     deepspeed pretrain/run_pretrain.py --model-config ...   (the script forms: pretrain/, finetune/)
 
-TASK: pretrain (MLM + SOP), glue, squad (finetuning), classify (images). `TASK --help` lists its options.
+TASK: a row of widenet_ds/tasks/ (`--help` lists them). `TASK --help` lists its options.
 A user error is printed once (not once per rank) and exits 2; a run stopped by SIGTERM/SIGUSR1 has saved
 its checkpoint and exits 0 (Slurm requeues it; --resume continues). A SIGTERM before the process group is up
 ends the rank at once (nothing to save; a rank waiting for a rendezvous that never comes runs no handler).
@@ -27,9 +27,9 @@ from widenet_ds.distributed.console import process_rank  # noqa: E402
 from widenet_ds.distributed.groups import exit_rank  # noqa: E402
 from widenet_ds.distributed.lost_peer import lost_peer_message  # noqa: E402
 from widenet_ds.errors import WideNetError, mark_same_on_every_rank  # noqa: E402
+from widenet_ds.run.run_task import run_task  # noqa: E402
+from widenet_ds.tasks import TASKS  # noqa: E402
 from widenet_ds.training.command_line import parse  # noqa: E402
-from widenet_ds.training.registry import TASKS  # noqa: E402
-from widenet_ds.training.run import run_task  # noqa: E402
 from widenet_ds.training.run_config import InvalidConfig  # noqa: E402
 
 PROG = "python -m widenet_ds.train"
@@ -71,7 +71,7 @@ def cli(argv: list[str], prog: str = DISPATCHED, task_prog: str | None = None) -
         print(f"{prog}: unknown task {task!r}.{hint}\n\n{usage(prog)}", file=sys.stderr)
         return 2
     try:
-        cfg = parse(task, rest, prog=task_prog or f"{prog} {task}")
+        cfg = parse(TASKS[task].config, rest, prog=task_prog or f"{prog} {task}")
     except InvalidConfig as err:  # refused by run_task with what the settings name on this machine: all at once
         cfg = err.config
     except WideNetError as err:  # every rank parses the same command line

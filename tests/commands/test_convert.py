@@ -20,6 +20,7 @@ from widenet_ds.checkpoint.source import CONVERT, CheckpointSource, load_pretrai
 from widenet_ds.commands.convert import cli as convert
 from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError
+from widenet_ds.formats import current
 from widenet_ds.model.widenet import WideNetForPreTraining, WideNetForSequenceClassification
 from widenet_ds.portable.format import read_folder, save_folder
 
@@ -59,7 +60,7 @@ def test_to_folder_then_one_process_model_gives_the_engines_logits(checkpoints, 
     tokenizer.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n" + "".join(f"word{i}\n" for i in range(300 - 5)))
     assert convert(["to-folder", str(run), str(tmp_path / "folder"), "--tokenizer", str(tokenizer)]) == 0
     config = json.loads((tmp_path / "folder" / "config.json").read_text())
-    assert config["format_version"] == 2 and config["architecture"] == "WideNetForPreTraining"
+    assert config["format_version"] == current("folder") and config["architecture"] == "WideNetForPreTraining"
     assert "ep_size" not in config["model"]["moe"] and config["provenance"]["step"] == 2
     assert config["provenance"]["trained_with_ep_size"] == 2
     assert config["provenance"]["zero_stage"] == stage

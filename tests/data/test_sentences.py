@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from widenet_ds.data.sentences import sentence_spans, split_sentences
+from widenet_ds.data.sentences import sentence_spans
+
+
+def split_sentences(text: str) -> list[str]:
+    """The sentences of `text` as strings, as the spans cut it."""
+    return [text[start:end] for start, end in sentence_spans(text)]
 
 
 def test_abbreviations_initials_decimals_and_quotes_do_not_split():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from widenet_ds.data.sentences import split_sentences
+from widenet_ds.data.sentences import sentence_spans
 from widenet_ds.data.tokenizer import SPECIAL_TOKENS, cli, load_tokenizer, save_tokenizer, train_tokenizer
 from widenet_ds.errors import DataError
 from widenet_ds.fs.checksums import file_sha256
@@ -16,7 +16,7 @@ def sentences(shared_data) -> list[str]:
     text = (books / "pg84.txt").read_text(encoding="utf-8")[20000:60000]
     text += (shared_data / "corpus" / "wikitext-2" / "wiki.valid.tokens").read_text(encoding="utf-8")[:40000]
     # Accents, curly quotes, CJK and control characters exercise every normalisation step.
-    return split_sentences(text) + ["Café naïve RÉSUMÉ — “quoted” 東京 in 2024\u0007 ok."]
+    return [text[start:end] for start, end in sentence_spans(text)] + ["Café naïve RÉSUMÉ — “quoted” 東京 in 2024\u0007 ok."]
 
 
 def test_loaded_vocab_matches_the_reference_python_bert_tokenizer(shared_data, sentences):

@@ -832,11 +832,11 @@ def test_bad_input_fails_with_one_clear_error_and_touches_no_earlier_file(case, 
 def test_finetuning_tokenizer_check_compares_contents_and_names_both_sources(earlier):
     """Item 4, finetuning side: `check_checkpoint_tokenizer` refuses another vocabulary of the same size
     (the vocabulary-size check finetuning does today passes it) and accepts the run's own tokenizer."""
-    from widenet_ds.benchmarks.features import check_tokenizer_matches
     from widenet_ds.checkpoint.source import CheckpointSource
     from widenet_ds.checkpoint.tokenizer_check import check_checkpoint_tokenizer
     from widenet_ds.data.tokenizer import load_tokenizer
     from widenet_ds.errors import CheckpointError
+    from widenet_ds.tasks.finetune.features import check_tokenizer_matches
 
     other = load_tokenizer(earlier["other_tokenizer"] / "tokenizer.json")
     check_tokenizer_matches(other, earlier["vocab"])  # same size: the size check is blind to it
@@ -962,11 +962,12 @@ def test_a_resume_on_ranks_that_cannot_split_its_micro_batches_says_so_first(ear
     own message comes first, not the DeepSpeed JSON's batch arithmetic (whose other global batch the resume would
     refuse): the micro batches that form 16 there (none on 3 ranks) and the rank counts it names are accepted."""
     from widenet_ds.errors import ConfigError
+    from widenet_ds.tasks.pretrain.config import PretrainConfig
+    from widenet_ds.tasks.pretrain.task import PretrainTask
     from widenet_ds.training.command_line import parse
     from widenet_ds.training.plan import find_resume, plan_run
-    from widenet_ds.training.pretraining import PretrainTask
 
-    cfg = parse("pretrain", pretrain(earlier, tmp_path, "--resume", out=run_copy(earlier, tmp_path, lambda r: None)))
+    cfg = parse(PretrainConfig, pretrain(earlier, tmp_path, "--resume", out=run_copy(earlier, tmp_path, lambda r: None)))
     resume = find_resume(cfg, cfg.folder)
     for world, micro in ((3, ""), (4, "set train_micro_batch_size_per_gpu to 1 or 2 or 4 in the DeepSpeed JSON .*")):
         with pytest.raises(ConfigError, match=rf"trained 2 micro-batch\(es\) of 8 per step \(train_batch_size 16\); "

@@ -21,6 +21,7 @@ from tests.support.report_page import parse_page, report
 from widenet_ds.commands.params import preset_counts
 from widenet_ds.fs.run_lock import LOCK_FILE
 from widenet_ds.run_folder import RunFolder
+from widenet_ds.tasks.classify.results import ClassifyResults
 
 EP_FORWARD = REPO / "tests" / "scripts" / "vision_expert_parallel_forward.py"
 
@@ -89,7 +90,7 @@ def test_sigkill_then_resume_gives_identical_losses(tmp_path):
     assert sorted(train_losses(reference)) == list(range(1, STEPS + 1))
     # the report's trainable parameters: the whole model's, though each of the 2 ranks holds 2 of the 4 experts
     parameters = preset_counts("widenet-vit-digits")["total"]
-    assert RunFolder(reference).read_results("classify").parameters == parameters
+    assert RunFolder(reference).read_results(ClassifyResults).parameters == parameters
     assert report(reference, "--output", tmp_path / "report").returncode == 0
     assert parse_page(tmp_path / "report" / "index.html").cells[("reference", "results", "parameters")] == \
         str(parameters)

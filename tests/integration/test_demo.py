@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from tests.support.launching import REPO, child_env
-
-from widenet_ds.results import ClassifyResults, FinetuneResults
 from widenet_ds.run_folder import RunFolder
+from widenet_ds.tasks.classify.results import ClassifyResults
+from widenet_ds.tasks.finetune.results import FinetuneResults
 from widenet_ds.vision.datasets import DEBIAN_FASHION_MNIST
 
 pytestmark = [pytest.mark.multirank, pytest.mark.slow]

@@ -115,6 +115,7 @@ def check_task(task: str, args: list[str], what: str) -> None:
 
 def check_launch(args: list[str], what: str) -> None:
     from widenet_ds.launch.options import parse_launch_args
+    from widenet_ds.tasks import TASKS
     from widenet_ds.training.command_line import build_parser
 
     err = io.StringIO()
@@ -127,7 +128,7 @@ def check_launch(args: list[str], what: str) -> None:
         check_task(options.task, list(options.train_args), what)
         return
     # --config takes the task's options from a saved run: the ones given after `--` must be the task's
-    known = build_parser(options.task)._option_string_actions
+    known = build_parser(TASKS[options.task].config)._option_string_actions
     given = [arg.split("=")[0] for arg in options.train_args if arg.startswith("-")]
     unknown = [option for option in given if option not in known]
     assert not unknown, f"{what}: not options of {options.task}: {unknown}"

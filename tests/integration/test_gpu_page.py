@@ -17,6 +17,7 @@ from widenet_ds.distributed.parallel import ParallelPlan
 from widenet_ds.engine.ds_config import load_ds_config, validate_ds_config
 from widenet_ds.errors import ConfigError
 from widenet_ds.model.config import ModelConfig
+from widenet_ds.tasks import TASKS
 from widenet_ds.training.command_line import parse
 
 PAGE = REPO / "docs" / "gpu.md"
@@ -107,7 +108,7 @@ def test_the_slurm_recipe_gives_every_variable_and_parses_as_its_ranks_parse_it(
     assert options["--ntasks-per-node"] == options["--gpus-per-node"] == "8"
     assert not [a for a in task_args if a.startswith("--output-dir")]  # the script refuses it
     # what every rank parses: the options plus what the script adds
-    cfg = parse(task, task_args + ["--output-dir", exported["OUTPUT_DIR"], "--resume", "--no-progress-bar"])
+    cfg = parse(TASKS[task].config, task_args + ["--output-dir", exported["OUTPUT_DIR"], "--resume", "--no-progress-bar"])
     assert cfg.deepspeed_config.name == "pretrain_phase1_seq128_lamb_zero1_bf16.json"  # the README's recipe
     model = ModelConfig.from_preset(cfg.model_config)
     per_node = int(options["--ntasks-per-node"])

@@ -11,13 +11,13 @@ import sys
 
 import pytest
 
+from tests.support.launching import REPO
 from widenet_ds.report.paired import format_interval, paired_difference
-from widenet_ds.results import ClassifyResults
 from widenet_ds.run_folder import RunFolder
+from widenet_ds.tasks.classify.config import ClassifyConfig
+from widenet_ds.tasks.classify.results import ClassifyResults
 from widenet_ds.training.command_line import parse
 from widenet_ds.vision.datasets import DEBIAN_FASHION_MNIST
-
-from tests.support.launching import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="Debian's dataset-fashion-mnist is not installed "
@@ -60,7 +60,7 @@ def test_every_model_is_trained_with_every_seed_and_reports_its_runs_numbers(stu
     for run in data["runs"]:
         # the recorded command (defaults left out) parses back to the run's settings
         assert run["command"][:3] == ["-m", "widenet_ds.train", "classify"]
-        assert parse("classify", run["command"][3:]).seed == run["seed"]
+        assert parse(ClassifyConfig, run["command"][3:]).seed == run["seed"]
         assert run["test_accuracy"] == pytest.approx(100 * results(out, run["part"], run["model"], run["seed"])
                                                      .accuracy)
         assert run["commit"] != "unknown"

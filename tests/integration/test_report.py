@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from widenet_ds.run_folder import RunFolder
-
-from tests.support.headless_browser import find_chromium, open_page
 from tests.support.golden_curves import VOCAB
+from tests.support.headless_browser import find_chromium, open_page
 from tests.support.launching import REPO
 from tests.support.pretrain_support import BOOKS, CPU_CONFIG, prepare_data, train_in_process, write_model_config
 from tests.support.report_page import assert_shows, parse_page, report
+from widenet_ds.run_folder import RunFolder
+from widenet_ds.tasks.finetune.results import FinetuneResults
 
 pytestmark = pytest.mark.slow  # its fixtures train a pretraining, a finetuning and a ParaFormer run (~100 s of CPU)
 
@@ -80,7 +80,7 @@ def test_tables_show_the_runs_numbers(runs, rendered):
         key = f"moe/block_{block:02d}/dropped_fraction"
         assert_shows(cells, "pretrain", f"step {PRETRAIN_STEPS}", key, final[key])
     # finetuning: the median, each seed and the majority-class baseline, from results.json
-    results = RunFolder(runs["finetune"]).read_results("glue")
+    results = RunFolder(runs["finetune"]).read_results(FinetuneResults)
     assert results.median["dev"]["acc"] is not None
     assert_shows(cells, "sst2", "median", "dev/acc", results.median["dev"]["acc"])
     for seed_run in results.per_seed:
@@ -156,7 +156,7 @@ def test_bad_and_partial_folders_are_listed_not_fatal(runs, tmp_path):
     proc = report(runs["pretrain"], *bad, "--output", out)
     assert proc.returncode == 0, proc.stderr
     page = html.unescape((out / "index.html").read_text())
-    for path, why in ((empty, "not a run folder"), (broken, "results.json (the run's results) cannot be read"),
+    for path, why in ((empty, "not a run folder"), (broken, "results.json (the run's results) is not valid JSON"),
                       (no_metrics, "without metrics.jsonl"), (garbled, "no readable record"),
                       (a_file, "is not a folder"), (tmp_path / "missing", "does not exist")):
         assert f"{path}: " in proc.stderr and why in proc.stderr, (path, why, proc.stderr)
@@ -264,13 +264,15 @@ def test_text_paraformer_shows_the_mlm_loss_of_the_first_k_branches(text_branche
 
 
 def test_squad_scores_show_their_percent_scale_beside_fractions(tmp_path):
-    """Item 6: SQuAD's official scores are percentages, GLUE's fractions: the page's columns say which."""
-    from widenet_ds.results import FinetuneResults, SeedResults
+    """Item 6: SQuAD's official scores are percentages, GLUE's fractions: the page's columns say which (as each
+    run's task, named in its run_config.json, gives the scale)."""
+    from widenet_ds.tasks.finetune.results import SeedResults
 
     for name, task, metrics in (("squad", "SQuAD1.1", {"dev": {"exact_match": 0.3333, "f1": 4.2706}}),
                                 ("sst2", "SST-2", {"dev": {"acc": 0.7}})):
         folder = RunFolder(tmp_path / name)
         folder.path.mkdir()
+        folder.write_run_config({"task": "squad" if name == "squad" else "glue"})
         seed = SeedResults(1, metrics)
         folder.write_results(FinetuneResults(task, "preset:widenet-tiny-e4", 4, 1, metrics, [seed], seed=1,
                                              primary_metric=next(iter(metrics["dev"]))))

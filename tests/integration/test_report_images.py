@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from widenet_ds.run_folder import OLD_VISION_CONFIG_FILE, RunFolder
-
 from tests.support.headless_browser import find_chromium, open_page
 from tests.support.launching import REPO
 from tests.support.pretrain_support import train_in_process
 from tests.support.report_page import assert_shows, parse_page, report
+from widenet_ds.run_folder import OLD_VISION_CONFIG_FILE, RunFolder
+from widenet_ds.tasks.classify.results import ClassifyResults
 
 pytestmark = pytest.mark.slow  # its fixture trains two image runs (~35 s of CPU)
 
@@ -72,7 +72,7 @@ def test_image_runs_are_shown_as_image_runs_with_their_results(runs, rendered):
     assert "Image classification" in cells.headings and "Pretraining" not in cells.headings
     assert "Finetuning" not in cells.headings
     for name in ("vit", "pf"):
-        results = RunFolder(runs[name]).read_results("classify")
+        results = RunFolder(runs[name]).read_results(ClassifyResults)
         assert results.dataset == "digits" and results.step == STEPS
         for key in ("test/accuracy", "test/task_loss", "test/balance_loss"):
             assert_shows(cells, name, "results", key, results.test[key])
@@ -106,7 +106,7 @@ def test_expert_load_per_block_of_the_moe_image_run(runs, rendered):
 
 def test_the_paraformer_runs_accuracy_by_branches(runs, rendered):
     cells = parse_page(rendered / "index.html")
-    results = RunFolder(runs["pf"]).read_results("classify")
+    results = RunFolder(runs["pf"]).read_results(ClassifyResults)
     by_branches = results.accuracy_by_branches
     assert sorted(by_branches) == [1, 2] and results.branch_schedule == "prefix"
     assert by_branches[2] == results.accuracy  # all branches: the model
@@ -147,7 +147,7 @@ def test_headless_chromium_shows_the_image_runs(runs, rendered, tmp_path):
         assert heading in visit.text
     assert "Pretraining" not in visit.text and "image classification" in visit.text  # the runs table's kind
     for name in ("vit", "pf"):
-        accuracy = RunFolder(runs[name]).read_results("classify").accuracy
+        accuracy = RunFolder(runs[name]).read_results(ClassifyResults).accuracy
         assert f"{accuracy:.4f}" in visit.text
     with Image.open(screenshot) as image:
         assert image.width == 1280 and image.height == visit.height > 2000

@@ -25,7 +25,8 @@ from tests.support.launching import run_train
 from tests.support.shape_free_states import BF16_TOLERANCE, weights_apart
 from tests.support.slurm_cluster import missing_tools, slurm_cluster
 from widenet_ds.model.config import ModelConfig
-from widenet_ds.training.registry import TASKS
+from widenet_ds.tasks import TASKS
+from widenet_ds.tasks.classify.results import ClassifyResults
 
 if missing_tools():
     pytest.skip(f"Slurm/munge not installed (missing {', '.join(missing_tools())}); run scripts/install_slurm.sh "
@@ -238,7 +239,7 @@ def test_an_image_job_trains_on_two_ranks_and_resumes_after_preemption(cluster, 
     # Steps are not repeated: across both runs' console lines every step was trained exactly once.
     trained = [int(step) for step in re.findall(r"^\[step (\d+)\] loss", text, flags=re.MULTILINE)]
     assert trained == list(range(1, max_steps + 1)), trained
-    results = run.read_results("classify")
+    results = run.read_results(ClassifyResults)
     assert results.step == max_steps and 0.0 <= results.accuracy <= 1.0, results
 
 

@@ -15,8 +15,10 @@ from widenet_ds.errors import LaunchError
 from widenet_ds.launch import launcher
 from widenet_ds.launch.launcher import LaunchOptions
 from widenet_ds.launch.task_options import cpu_advice
+from widenet_ds.tasks.glue.config import GlueConfig
+from widenet_ds.tasks.pretrain.config import PretrainConfig
+from widenet_ds.tasks.squad.config import SquadConfig
 from widenet_ds.training.command_line import parse
-from widenet_ds.training.run_config import GlueConfig, PretrainConfig
 
 DS = REPO / "ds_configs/cpu_small.json"
 
@@ -95,7 +97,7 @@ def test_a_saved_run_continues_itself_from_any_directory(tmp_path, launched, mon
         assert launcher.cli(["pretrain", "--num-ranks", "1", "--config", str(given), "--", *after]) == 0
         argv = launched.pop().train_args
         assert argv.count("--output-dir") == 1  # each setting once
-        return parse("pretrain", list(argv))
+        return parse(PretrainConfig, list(argv))
 
     for given, folder in ((run, run), (shutil.copytree(run, root / "runs/x2"), root / "runs/x2")):
         cfg = launched_config(given, "--resume", "--max-steps", "5")
@@ -142,15 +144,15 @@ def test_a_finetuning_launch_without_cuda_says_once_what_fits_a_cpu_and_the_advi
     advised. A small dev set (SST-2's) or a GPU machine: nothing."""
     squad = ["--version", "1.1", "--data", "hf", "--model-config", "widenet-tiny-e4", "--output-dir", str(tmp_path),
              "--deepspeed_config", str(REPO / "ds_configs/finetune_squad11.json")]
-    advice = cpu_advice(parse("squad", squad), has_gpu=False)
+    advice = cpu_advice(parse(SquadConfig, squad), has_gpu=False)
     assert "finetune_squad11.json is a GPU recipe (bf16 is on, a batch of 48" in advice
     assert "the whole dev set is evaluated (SQuAD's: ~11,600 windows" in advice
     fixes = advice.split("pass after `--`: ")[1].split(" (README.md")[0].split()
     assert fixes == ["--deepspeed_config", str(REPO / "ds_configs/finetune_cpu_small.json"), "--allow-recipe-mismatch",
                      "--max-eval-examples", "500"]
-    followed = parse("squad", squad + fixes)
+    followed = parse(SquadConfig, squad + fixes)
     assert cpu_advice(followed, has_gpu=False) is None
-    assert cpu_advice(parse("squad", squad), has_gpu=True) is None
+    assert cpu_advice(parse(SquadConfig, squad), has_gpu=True) is None
     sst2 = ["--task", "sst2", "--data", "hf", "--model-config", "widenet-tiny-e4", "--output-dir", str(tmp_path),
             "--deepspeed_config", str(REPO / "ds_configs/finetune_cpu_small.json")]
-    assert cpu_advice(parse("glue", sst2), has_gpu=False) is None
+    assert cpu_advice(parse(GlueConfig, sst2), has_gpu=False) is None

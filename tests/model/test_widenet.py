@@ -9,7 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from widenet_ds.model.config import ModelConfig
-from widenet_ds.model.widenet import WideNetForPreTraining, WideNetForQuestionAnswering, WideNetForSequenceClassification
+from widenet_ds.model.widenet import (
+    WideNetForPreTraining,
+    WideNetForQuestionAnswering,
+    WideNetForSequenceClassification,
+)
 
 
 def batch(vocab: int = 100, size: int = 3, length: int = 10):
@@ -79,3 +83,12 @@ def test_real_tokens_never_see_the_padding(dist):
     torch.testing.assert_close(a.mlm_logits[0, :6], b.mlm_logits[0, :6], atol=1e-6, rtol=0)
     torch.testing.assert_close(a.sop_logits, b.sop_logits, atol=1e-6, rtol=0)
     torch.testing.assert_close(a.mlm_logits[1:], b.mlm_logits[1:], atol=0, rtol=0)
+
+
+def test_the_package_gives_the_models_by_name():
+    """`from widenet_ds.model import WideNetForPreTraining` (widenet_ds/model/__init__.py, resolved when asked)."""
+    from widenet_ds import model
+
+    assert model.WideNetForPreTraining is WideNetForPreTraining and model.ModelConfig is ModelConfig
+    with pytest.raises(AttributeError, match="no attribute 'WideNetForTranslation'"):
+        model.WideNetForTranslation  # noqa: B018

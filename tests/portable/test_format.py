@@ -109,10 +109,10 @@ def test_a_folder_of_another_format_version_or_without_weights_is_refused(folder
     with pytest.raises(CheckpointError, match="no model.safetensors .*pytorch_model.bin: pickles are refused"):
         read_folder(folder)
     config = json.loads((folder / "config.json").read_text())
-    assert config["format_version"] == 2  # what this version writes
-    (folder / "config.json").write_text(json.dumps({**config, "format_version": 3}))
-    with pytest.raises(CheckpointError, match=r"config.json \(checkpoint folder's config\) is of format version 3, "
-                                              r"newer than this widenet-ds reads \(up to version 2\)"):
+    assert config["format_version"] == 3  # what this version writes
+    (folder / "config.json").write_text(json.dumps({**config, "format_version": 4}))
+    with pytest.raises(CheckpointError, match=r"config.json \(checkpoint folder's config\) is of format version 4, "
+                                              r"newer than this widenet-ds reads \(up to version 3\)"):
         read_folder(folder)
     (folder / "config.json").write_text(json.dumps({**config, "format_version": "2"}))
     with pytest.raises(CheckpointError, match=r"format_version '2', which is no version"):

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from tests.support.launching import REPO, child_env
 from widenet_ds.checkpoint.source import load_pretrained
+from widenet_ds.formats import current
 from widenet_ds.portable.format import read_folder, read_folder_config
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.model import ViTWideNetForImageClassification
@@ -67,7 +68,7 @@ def test_the_old_folders_configs_are_upgraded_as_their_readers_read_them():
               for name in ("legacy_folder", "legacy_image_folder")}
     assert {config["format_version"] for config in stored.values()} == {1}
     text = read_folder_config(TEXT_ASSET)
-    assert text["format_version"] == 2 and text["files"] == {}  # no checksums recorded then
+    assert text["format_version"] == current("folder") and text["files"] == {}  # no checksums recorded then
     # 0.1's run settings leave the model config: the ep_size trained with is provenance, activation
     # checkpointing is dropped
     old = json.loads(json.dumps(stored["legacy_folder"]["model"]))

@@ -136,7 +136,7 @@ def test_wrong_typed_and_unreadable_files_are_notes_on_a_run_that_still_shows(tm
     (finetune / "seed1235" / "metrics.jsonl").unlink()
     run = only_run([finetune])
     assert not run.finished and [s.seed for s in run.seeds] == [1234]
-    assert "results.json (the run's results) cannot be read" in run.notes[0]
+    assert "results.json (the run's results) is not valid JSON" in run.notes[0]
     assert run.notes[1] == "seed1235/ has no metrics.jsonl"
 
 
@@ -160,7 +160,7 @@ def test_what_cannot_be_used_is_a_problem_with_the_reason(tmp_path):
     why = {p.path.name: p.message for p in problems}
     assert why["garbled"] == "metrics.jsonl holds no readable record (2 bad line(s))"
     assert why["config_only"].startswith("a run folder without metrics.jsonl")
-    assert "results.json (the run's results) cannot be read" in why["broken"]
+    assert "results.json (the run's results) is not valid JSON" in why["broken"]
     assert why["notes.txt"] == "is not a folder (pass a run's output folder)"
     assert why["empty"].startswith("not a run folder: no metrics.jsonl")
     assert why["dead_seeds"] == ("no results.json yet (running, stopped or failed): showing the evaluations logged "

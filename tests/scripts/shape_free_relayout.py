@@ -14,6 +14,7 @@
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from convert_make_checkpoint import FixedBatchLoader, build, fixed_batch, save_logits
@@ -21,13 +22,24 @@ from convert_make_checkpoint import FixedBatchLoader, build, fixed_batch, save_l
 from widenet_ds.checkpoint.manager import CheckpointManager, TrainingState
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.relayout import apply_to_engine
-from widenet_ds.checkpoint.shape_free import load_shape_free, target_meta
+from widenet_ds.checkpoint.shape_free import ShapeFreeState, load_shape_free
 from widenet_ds.checkpoint.source import RESUME, CheckpointSource
 from widenet_ds.distributed.groups import init_distributed
 from widenet_ds.distributed.parallel import ParallelPlan
 from widenet_ds.engine.build import build_engine
 from widenet_ds.engine.ds_config import validate_ds_config
 from widenet_ds.portable.format import TEXT_DEFAULT, architecture
+
+
+def target_meta(state: ShapeFreeState, *, world_size: int, ep_size: int, deepspeed_config: dict[str, Any],
+                branch_parallel: int = 1) -> CheckpointMeta:
+    """The marker of the re-laid-out tag: the source's, with the new layout and where it came from (what `--resume`
+    on a new shape records, built by hand here)."""
+    where = Path(state.scalars["source"]["tag_dir"])
+    marker = {**CheckpointMeta.from_json(state.scalars["marker"], where).to_json(), "world_size": world_size,
+              "ep_size": ep_size, "deepspeed_config": deepspeed_config, "branch_parallel": branch_parallel,
+              "files": {}, "relaid_out_from": state.scalars["source"]}
+    return CheckpointMeta.from_json(marker, where)
 
 
 def relayout(spec: str) -> None:

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.support.launching import REPO
 from widenet_ds.data.prepare import cli as prepare_data
 from widenet_ds.model.config import ModelConfig
-from widenet_ds.training.run_config import PretrainConfig
-
-from tests.support.launching import REPO
+from widenet_ds.tasks.pretrain.config import PretrainConfig
 
 DS_CONFIG = REPO / "ds_configs" / "cpu_small.json"
 

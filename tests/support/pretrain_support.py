@@ -79,7 +79,8 @@ def events(output_dir: Path) -> list[str]:
 
 def train_in_process(task: str, argv: list[str]):
     """A trainer in this process (1 rank, the `dist` fixture's group): its results, None when stopped."""
-    from widenet_ds.training.run import run_task
+    from widenet_ds.run.run_task import run_task
+    from widenet_ds.tasks import TASKS
     from widenet_ds.training.command_line import parse
 
-    return run_task(parse(task, argv))
+    return run_task(parse(TASKS[task].config, argv))

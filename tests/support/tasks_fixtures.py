@@ -1,4 +1,5 @@
-"""Fixtures for the tests of widenet_ds.benchmarks: a real WordPiece fast tokenizer over the shared BERT vocab.
+"""Fixtures for the tests of the finetuning tasks (widenet_ds/tasks/): a real WordPiece fast tokenizer over the
+shared BERT vocab.
 
 Import the fixtures into a test module (`from tests.support.tasks_fixtures import bert_tokenizer`)."""
 

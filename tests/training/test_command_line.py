@@ -7,7 +7,8 @@ import ast
 import os
 from pathlib import Path
 
-from widenet_ds.training.command_line import CONFIGS, flags_table, parse
+from widenet_ds.tasks import TASKS
+from widenet_ds.training.command_line import flags_table, parse
 
 REPO = Path(__file__).resolve().parents[2]
 FLAGS_DOC = REPO / "docs" / "flags.md"
@@ -28,7 +29,7 @@ def test_one_argument_parser_construction_site_for_the_trainers():
 
 
 def test_every_flag_has_one_meaning_and_the_doc_table_is_current():
-    table = flags_table()  # asserts one help text per flag name across the tasks
+    table = flags_table([spec.config for spec in TASKS.values()])  # asserts one help text per flag name across the tasks
     if os.environ.get("WIDENET_UPDATE_DOCS") == "1":
         text = FLAGS_DOC.read_text()
         FLAGS_DOC.write_text(text[: text.index("| flag |")] + table)
@@ -42,8 +43,8 @@ def test_every_flag_has_one_meaning_and_the_doc_table_is_current():
 def test_the_shared_flags_parse_alike_in_every_task(tmp_path):
     extra = {"pretrain": ["--data", str(tmp_path)], "glue": ["--data", "hf", "--glue-task", "sst2"],
              "squad": ["--data", "hf", "--version", "1.1"], "classify": ["--dataset", "digits"]}
-    for task in CONFIGS:
-        cfg = parse(task, [*_common(tmp_path), "--model-config", "widenet-tiny-e4", "--set", "moe.top_k=1",
+    for task, spec in TASKS.items():
+        cfg = parse(spec.config, [*_common(tmp_path), "--model-config", "widenet-tiny-e4", "--set", "moe.top_k=1",
                            "--set", "hidden_dropout=0.1", "--resume", "--compile", "--stage-steps", "3,5",
                            "--no-tensorboard", *extra[task]])
         assert (cfg.resume, cfg.compile, cfg.stage_steps, cfg.tensorboard) == ("latest", "model", [3, 5], False), task
@@ -58,14 +59,14 @@ def test_a_configuration_written_as_a_command_line_parses_back_to_itself(tmp_pat
              "glue": ["--data", "hf", "--glue-task", "sst2", "--seeds", "2", "--predict-test"],
              "squad": ["--data", "hf", "--version", "2.0", "--doc-stride", "64"],
              "classify": ["--dataset", "digits", "--flip", "--randaugment", "2,15"]}
-    for task in CONFIGS:
+    for task, spec in TASKS.items():
         for argv in ([*_common(tmp_path), *extra[task], "--model-config", "widenet-tiny-e4"],
                      [*_common(tmp_path), *extra[task], "--model-config", "widenet-tiny-e4", "--set", "moe.top_k=1",
                       "--set", "hidden_dropout=0.1", "--resume", "--compile", "blocks", "--stage-steps", "3,5",
                       "--no-tensorboard", "--ep-size", "2", "--seed", "7", "--branch-schedule", "staged"]):
-            cfg = parse(task, argv)
-            assert parse(task, cfg.to_argv()) == cfg, (task, cfg.to_argv())
-    cfg = parse("pretrain", [*_common(tmp_path), "--data", str(tmp_path), "--resume", "--compile", "--ep-size", "2",
+            cfg = parse(spec.config, argv)
+            assert parse(spec.config, cfg.to_argv()) == cfg, (task, cfg.to_argv())
+    cfg = parse(TASKS["pretrain"].config, [*_common(tmp_path), "--data", str(tmp_path), "--resume", "--compile", "--ep-size", "2",
                              "--model-config", "widenet-tiny-e4"])
     # defaults are left out; a flag whose value is its bare form (--resume: latest) is written bare
     assert cfg.to_argv() == ["--deepspeed-config", str(REPO / "ds_configs/cpu_small.json"), "--output-dir",

@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from widenet_ds.tasks.classify.config import ClassifyConfig
+from widenet_ds.tasks.glue.config import GlueConfig
+from widenet_ds.tasks.pretrain.config import PretrainConfig
+from widenet_ds.tasks.squad.config import SquadConfig
 from widenet_ds.training.environment import environment_problems
-from widenet_ds.training.run_config import ClassifyConfig, GlueConfig, PretrainConfig, SquadConfig
 
 
 def test_building_a_configuration_touches_no_file(tmp_path, monkeypatch):

@@ -6,7 +6,9 @@ marker and checks the recorded files, it never loads a weight."""
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -18,9 +20,11 @@ from widenet_ds.data.batch_order import GLOBAL_CHUNKS, RANK_STRIDED
 from widenet_ds.engine.ds_config import load_ds_config, validate_ds_config
 from widenet_ds.errors import CheckpointError, ConfigError, DataError
 from widenet_ds.model.config import ModelConfig
-from widenet_ds.results import PretrainResults
+from widenet_ds.tasks.pretrain.config import PretrainConfig
+from widenet_ds.tasks.pretrain.results import PretrainResults
 from widenet_ds.training.command_line import parse
 from widenet_ds.training.metrics import PretrainMetrics
+from widenet_ds.training import task as task_module
 from widenet_ds.training.plan import find_resume, plan_resume, plan_run, plan_task
 from widenet_ds.training.task import Task
 
@@ -31,10 +35,11 @@ class PlanTask(Task):
     METRICS = PretrainMetrics
     RESULTS = PretrainResults
 
-    def __init__(self, cfg, refuse_resume: str | None = None, model: ModelConfig | None = None) -> None:
+    def __init__(self, cfg, refuse_resume: str | None = None, model: ModelConfig | None = None,
+                 refuse_settings: str | None = None) -> None:
         super().__init__(cfg, cfg.folder)
         self.calls: list[str] = []
-        self.refuse_resume = refuse_resume
+        self.refuse_resume, self.refuse_settings = refuse_resume, refuse_settings
         self.model = model or ModelConfig.from_preset("widenet-tiny-e4", vocab_size=64, max_position_embeddings=16)
 
     def model_config(self) -> ModelConfig:
@@ -43,6 +48,8 @@ class PlanTask(Task):
 
     def check_settings(self, ds) -> None:
         self.calls.append("check_settings")
+        if self.refuse_settings:
+            raise ConfigError(self.refuse_settings)
 
     def load_data(self) -> None:
         self.calls.append("load_data")
@@ -71,7 +78,7 @@ class PlanTask(Task):
 
 
 def config(out: Path, *flags: str):
-    return parse("pretrain", ["--model-config", "widenet-tiny-e4", "--deepspeed_config", str(CPU_CONFIG), "--data",
+    return parse(PretrainConfig, ["--model-config", "widenet-tiny-e4", "--deepspeed_config", str(CPU_CONFIG), "--data",
                               str(out.parent / "no-data"), "--output-dir", str(out), "--max-steps", "10", *flags])
 
 
@@ -99,9 +106,20 @@ def test_a_fresh_run_calls_the_hooks_in_order_and_hands_the_plan_in(tmp_path):
     plan = plan_task(cfg, task, 1, 0)
     assert task.calls == ["model_config", "check_settings", "load_data", "batches_per_epoch", "requested_steps",
                           "prepare"]
+    # the order training/task.py gives the tasks' authors
+    documented = re.search(r"planner \(training/plan.py\)\s+(.*?)\n\s+loop", inspect.getdoc(task_module), re.S).group(1)
+    assert re.findall(r"(\w+)(?:\(\w*(?:, \w+)*\))?", documented) == task.calls[:5] + ["check_resume", "prepare"]
     assert task.plan is plan and plan.resume is None and plan.max_steps == 10 and plan.changes == ()
     assert plan.ds.batch.train_batch_size == 16 and plan.parallel.world_size == 1
     assert any("before the DeepSpeed schedule's total_num_steps 300" in note for note in plan.notes)
+
+
+def test_a_refusal_of_the_settings_comes_before_the_data_is_read(tmp_path):
+    cfg = config(tmp_path / "run")
+    task = PlanTask(cfg, refuse_settings="the DeepSpeed JSON disagrees with the recipe")
+    with pytest.raises(ConfigError, match="disagrees with the recipe"):
+        plan_run(cfg, task, 1, 0)
+    assert task.calls == ["model_config", "check_settings"]  # no data read, no plan taken
 
 
 def test_a_length_past_the_schedule_is_refused_before_the_data_is_planned(tmp_path):

@@ -25,7 +25,7 @@ def test_stop_request_catches_preemption_signals(sig):
 
 
 def test_stop_request_takes_term_only_once_asked_and_restores_both():
-    """run_task catches USR1 from the start and TERM only after the rendezvous (training/run.py)."""
+    """run_task catches USR1 from the start and TERM only after the rendezvous (widenet_ds/run/run_task.py)."""
     before = {sig: signal.getsignal(sig) for sig in StopRequest.SIGNALS}
     stop = StopRequest()
     stop.install(signal.SIGUSR1)

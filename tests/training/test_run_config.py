@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from widenet_ds.errors import ConfigError
+from widenet_ds.tasks.classify.config import ClassifyConfig
+from widenet_ds.tasks.pretrain.config import PretrainConfig
 from widenet_ds.training.environment import check_run
-from widenet_ds.training.run_config import (RESUMABLE_SETTINGS, ClassifyConfig, InvalidConfig, PretrainConfig,
-                                           setting_changes)
+from widenet_ds.training.run_config import RESUMABLE_SETTINGS, InvalidConfig, setting_changes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -19,7 +20,7 @@ def test_every_problem_of_a_configuration_is_reported_at_once(tmp_path):
         ClassifyConfig(deepspeed_config=tmp_path / "none.json", output_dir=tmp_path / "o", log_interval=0,
                        epochs=-1, workers=-2, randaugment=(2, 99), branch_parallel=0)
     assert str(refused.value).startswith("6 problems with the classify settings:"), str(refused.value)
-    with pytest.raises(ConfigError) as caught:  # with what they name, where the run starts (training/run.py)
+    with pytest.raises(ConfigError) as caught:  # with what they name, where the run starts (widenet_ds/run/run_task.py)
         check_run(refused.value.config)
     text = str(caught.value)
     assert text.startswith("7 problems with the classify settings:"), text

@@ -13,7 +13,8 @@ from tests.support.pretrain_support import CPU_CONFIG, events, train_losses
 from widenet_ds.checkpoint.tags import complete_tags
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
-from widenet_ds.results import PretrainResults
+from widenet_ds.tasks.pretrain.config import PretrainConfig
+from widenet_ds.tasks.pretrain.results import PretrainResults
 from widenet_ds.training.command_line import parse
 from widenet_ds.training.metrics import PretrainMetrics
 from widenet_ds.training.plan import plan_task
@@ -96,7 +97,7 @@ class FakeTask(Task):
 
 
 def train(out: Path, *flags: str, signal_in_step: int | None = None) -> tuple[bool, FakeTask]:
-    cfg = parse("pretrain", ["--model-config", "widenet-tiny-e4", "--deepspeed_config", str(CPU_CONFIG), "--data",
+    cfg = parse(PretrainConfig, ["--model-config", "widenet-tiny-e4", "--deepspeed_config", str(CPU_CONFIG), "--data",
                              str(out.parent / "no-data"), "--output-dir", str(out), "--no-progress-bar",
                              "--no-tensorboard", "--keep-last", "10", *flags])
     stop = StopRequest()

@@ -15,12 +15,22 @@ import pytest
 import torch
 
 from widenet_ds.errors import ConfigError, DataError
-from widenet_ds.vision.augment import AugmentConfig, BatchAugmenter
+from widenet_ds.tasks.classify.task import check_data_fits_model
+from widenet_ds.vision.augment import BatchAugmenter
+from widenet_ds.vision.augment_config import AugmentConfig
 from widenet_ds.vision.config import VisionConfig
-from widenet_ds.vision.datasets import (DEBIAN_FASHION_MNIST, cifar, dataset_class_names, digits, fashion_mnist,
-                                        hf_dataset, image_folder, load_dataset, read_idx)
+from widenet_ds.vision.datasets import (
+    DEBIAN_FASHION_MNIST,
+    cifar,
+    dataset_class_names,
+    digits,
+    fashion_mnist,
+    hf_dataset,
+    image_folder,
+    load_dataset,
+    read_idx,
+)
 from widenet_ds.vision.loader import ImageLoader
-from widenet_ds.training.classification import check_data_fits_model
 
 RNG = np.random.default_rng(0)
 

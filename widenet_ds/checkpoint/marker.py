@@ -13,7 +13,7 @@ from typing import Any
 
 from widenet_ds.data.batch_order import LOSS_PER_MICRO_BATCH, RANK_STRIDED
 from widenet_ds.errors import CheckpointError
-from widenet_ds.formats import VERSION_KEY, upgrade, versioned
+from widenet_ds.formats import VERSION_KEY, load_json, upgrade, versioned
 from widenet_ds.fs.atomic import atomic_write_json
 from widenet_ds.fs.checksums import FileRecords
 
@@ -36,11 +36,8 @@ def _parse(tag_dir: Path, required: bool) -> dict[str, Any] | None:
         raise CheckpointError(f"{tag_dir} is not a complete widenet-ds checkpoint (no {META_FILE}); it is "
                               f"partial or from another program. Resume from a complete one (see "
                               f"{Path(tag_dir).parent / LATEST_FILE}).")
-    try:
-        data = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{path} is not valid JSON ({err}); the checkpoint marker is damaged: resume from "
-                              f"another checkpoint of {Path(tag_dir).parent} (pass its tag folder to --resume).") from None
+    data = load_json(path, CheckpointError, f"the checkpoint marker is damaged: resume from another checkpoint of "
+                                            f"{Path(tag_dir).parent} (pass its tag folder to --resume)")
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} is not a widenet-ds checkpoint marker (a JSON object); resume from another "
                               f"checkpoint of {Path(tag_dir).parent}.")

@@ -53,7 +53,7 @@ from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.tags import MODEL_STATES
 from widenet_ds.engine.lamb import build_param_groups
 from widenet_ds.errors import CheckpointError
-from widenet_ds.formats import VERSION_KEY, current, upgrade, versioned
+from widenet_ds.formats import VERSION_KEY, current, read_json, versioned
 from widenet_ds.fs.atomic import atomic_folder
 from widenet_ds.portable.format import TEXT_DEFAULT, architecture
 
@@ -288,7 +288,7 @@ def save_shape_free(state: ShapeFreeState, folder: Path, *, overwrite: bool = Fa
 
 def load_shape_free(folder: Path) -> ShapeFreeState:
     folder = Path(folder)
-    document = upgrade(SHAPE_FREE, json.loads((folder / STATE_FILE).read_text()), folder / STATE_FILE)
+    document = read_json(SHAPE_FREE, folder / STATE_FILE)
     master: dict[str, Tensor] = {}
     optimizer: dict[str, dict[str, Tensor]] = {}
     for key, tensor in load_file(folder / TENSORS_FILE).items():
@@ -302,13 +302,3 @@ def load_shape_free(folder: Path) -> ShapeFreeState:
 def stored_shape_free(tag_dir: Path, meta: CheckpointMeta) -> ShapeFreeState:
     """The training state a resharded tag keeps in its folder `meta.shape_free_state`."""
     return load_shape_free(Path(tag_dir) / meta.shape_free_state)
-
-
-def target_meta(state: ShapeFreeState, *, world_size: int, ep_size: int, deepspeed_config: dict[str, Any],
-                branch_parallel: int = 1) -> CheckpointMeta:
-    """The marker of the re-laid-out tag: the source's, with the new layout and where it came from."""
-    where = Path(state.scalars["source"]["tag_dir"])
-    marker = {**CheckpointMeta.from_json(state.scalars["marker"], where).to_json(), "world_size": world_size,
-              "ep_size": ep_size, "deepspeed_config": deepspeed_config, "branch_parallel": branch_parallel,
-              "files": {}, "relaid_out_from": state.scalars["source"]}
-    return CheckpointMeta.from_json(marker, where)

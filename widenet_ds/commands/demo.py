@@ -30,15 +30,14 @@ from widenet_ds.fs.atomic import atomic_write_json
 from widenet_ds.launch.launcher import launch_config
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.report.cli import cli as write_report
-from widenet_ds.results import ClassifyResults, FinetuneResults, PretrainResults
 from widenet_ds.run_folder import RunFolder
-from widenet_ds.training.run_config import (
-    LATEST,
-    ClassifyConfig,
-    GlueConfig,
-    PretrainConfig,
-    RunConfig,
-)
+from widenet_ds.tasks.classify.config import ClassifyConfig
+from widenet_ds.tasks.classify.results import ClassifyResults
+from widenet_ds.tasks.finetune.results import FinetuneResults
+from widenet_ds.tasks.glue.config import GlueConfig
+from widenet_ds.tasks.pretrain.config import PretrainConfig
+from widenet_ds.tasks.pretrain.results import PretrainResults
+from widenet_ds.training.run_config import LATEST, RunConfig
 from widenet_ds.vision.datasets import DEBIAN_FASHION_MNIST, FASHION_MNIST_FIX
 
 CHECKOUT = Path(widenet_ds.__file__).resolve().parents[1]

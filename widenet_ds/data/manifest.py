@@ -13,13 +13,12 @@ A shard entry is the shard's own `.json` meta (data/shards.py reads it); entries
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from widenet_ds.errors import DataError, WideNetError
-from widenet_ds.formats import read_json, upgrade
+from widenet_ds.formats import load_json, read_json, upgrade
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST = "manifest"  # its kind in widenet_ds/formats.py
@@ -93,8 +92,4 @@ def read_manifest(data_dir: Path) -> Manifest:
         raise DataError(f"{data_dir} has no {MANIFEST_FILE}: the preparation did not finish (or this is not a "
                         "prepared data folder); re-run `widenet-ds prepare-data` with the same arguments to "
                         "complete it")
-    try:
-        manifest = json.loads(path.read_text())
-    except ValueError as err:
-        raise DataError(f"{path} is not valid JSON ({err}); re-run `widenet-ds prepare-data`") from err
-    return Manifest.from_json(manifest, path)
+    return Manifest.from_json(load_json(path, DataError, "re-run `widenet-ds prepare-data`"), path)

@@ -72,8 +72,3 @@ def _append_stripped(text: str, start: int, end: int, spans: list[tuple[int, int
         end -= 1
     if end > start:
         spans.append((start, end))
-
-
-def split_sentences(text: str) -> list[str]:
-    """The sentences of `text` as strings (see `sentence_spans`)."""
-    return [text[start:end] for start, end in sentence_spans(text)]

@@ -222,10 +222,3 @@ class Shard:
         return (tokens, a_length, sop_label,
                 self.mask_positions[mask_offset:mask_offset + mask_count],
                 self.mask_inputs[mask_offset:mask_offset + mask_count])
-
-
-def verify_shard_checksum(stem: Path, meta: dict) -> None:
-    """Full read + SHA-256 of a shard's files (`widenet-ds verify-data` runs this over every shard)."""
-    problems = shard_problems(stem, meta)
-    if problems:
-        raise DataError(f"shard {stem} is corrupt: {'; '.join(problems)}; {_REBUILD}")

@@ -4,7 +4,7 @@ torch's default is 30 minutes for every gloo group (10 for NCCL), and the groups
 without a timeout) get that default whatever `init_process_group` was given. A rank whose peer vanished (its node
 powered off, its link cut: no connection reset ever arrives) would wait that long in its next collective. As
 torchtitan does (`comm.init_timeout_seconds` 300, `comm.train_timeout_seconds` 100), the wait is bounded in two
-phases, set from the command line (`--init-timeout`, default 900 s; `--train-timeout`, default 300 s):
+phases, set from the command line (`--init-timeout`, default 900 s; `--train-timeout`, default 300 s: distributed/timeouts.py):
 
   - start-up (`init_distributed`): the rendezvous, the checks, building the model and the engine, loading a
     checkpoint, and the first step (a compile, the first all-to-all): everything where one rank may legitimately
@@ -27,11 +27,7 @@ from datetime import timedelta
 import torch.distributed as torch_dist
 from torch.distributed import distributed_c10d
 
-# The longest healthy waits measured (bench/bench_collective_waits.py, 2 CPU ranks on a loaded 2-core machine):
-# 6.0 s at start-up and 6.6 s in training (widenet-base-e8, 643 MB checkpoints), and 362 s for the first JIT build
-# of DeepSpeed's CPU op, which ranks of a node that builds it later wait for in the rendezvous.
-INIT_TIMEOUT_S = 900.0
-TRAIN_TIMEOUT_S = 300.0
+from widenet_ds.distributed.timeouts import TRAIN_TIMEOUT_S
 
 
 @dataclass

@@ -14,9 +14,10 @@ graph at its all-to-all split sizes (host integers, see widenet_ds/model/droples
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from torch import nn
+if TYPE_CHECKING:  # a run configuration names the modes: importing them imports no torch
+    from torch import nn
 
 CompileMode = Literal["none", "model", "blocks"]
 

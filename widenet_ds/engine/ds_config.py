@@ -9,7 +9,6 @@ world size, the model (MoE or not) and the device, and fail with the fix spelled
 from __future__ import annotations
 
 import difflib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from widenet_ds.engine.ds_sections import (
     check_values,
 )
 from widenet_ds.errors import ConfigError
+from widenet_ds.formats import load_json
 
 # Every top-level key DeepSpeed 0.19.8 reads (traced from `DeepSpeedConfig.__init__` with a dict that
 # records lookups), plus "_comment", which DeepSpeed ignores and our shipped configs use as docs.
@@ -109,11 +109,7 @@ def load_ds_config(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"DeepSpeed config {path} does not exist; pass --deepspeed_config with a JSON "
                           f"file, e.g. {CPU_CONFIG_HINT} (see ds_configs/README.md).")
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"DeepSpeed config {path} is not valid JSON: {err.msg} at line {err.lineno}, "
-                          f"column {err.colno}.") from None
+    config = load_json(path, ConfigError, "correct the DeepSpeed config (ds_configs/README.md shows its sections)")
     if not isinstance(config, dict):
         raise ConfigError(f"DeepSpeed config {path} must hold a JSON object, not {type(config).__name__}.")
     return config

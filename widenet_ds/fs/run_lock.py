@@ -12,7 +12,7 @@ A second writer is refused with the holder's name. A lock whose holder is gone -
 with that PID and start time (a killed run), or an earlier run of the same requeued Slurm job -- is taken
 over, and said so. A lock of another host cannot
 be checked from here: the error says which file to delete once that run has ended. A multi-rank training
-takes the lock on rank 0 only (widenet_ds/training/run.py).
+takes the lock on rank 0 only (widenet_ds/run/run_task.py).
 """
 
 from __future__ import annotations

@@ -31,12 +31,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from widenet_ds.benchmarks.glue import get_glue_dataset
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.tags import is_deepspeed_checkpoint
 from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError, ConfigError
-from widenet_ds.formats import VERSION_KEY, upgrade, versioned
+from widenet_ds.formats import VERSION_KEY, load_json, upgrade, versioned
 from widenet_ds.fs.atomic import atomic_folder
 from widenet_ds.interop.albert import write_hf_tokenizer_config
 from widenet_ds.interop.hf_model_card import model_card
@@ -98,29 +97,23 @@ def hf_key_pairs(architecture_name: str, cfg: ModelConfig | VisionConfig,
 
 # --- the config -------------------------------------------------------------------------------------------
 def _labels(checkpoint: PortableCheckpoint) -> dict[str, Any]:
-    """id2label / label2id / problem_type for the classifiers' heads."""
+    """id2label / label2id / problem_type for the classifiers' heads: the names the folder records (a finetuned
+    text classifier's, from its task: provenance "label_names"; an image classifier's, from its dataset), else
+    LABEL_i."""
     cfg, provenance = checkpoint.config, checkpoint.provenance
     if isinstance(cfg, VisionConfig):
         names = dataset_class_names(provenance.get("dataset"))
-        names = names if names and len(names) == cfg.num_classes else [f"LABEL_{i}" for i in range(cfg.num_classes)]
+        count = cfg.num_classes
     elif checkpoint.architecture == "WideNetForSequenceClassification":
         if checkpoint.num_labels == 1:
             return {"id2label": {"0": "score"}, "label2id": {"score": 0}, "problem_type": "regression"}
-        names = [f"LABEL_{i}" for i in range(checkpoint.num_labels)]
-        task = _glue_dataset(provenance.get("task"))
-        if task is not None and task.num_labels == checkpoint.num_labels:
-            names = list(task.label_names)
+        names, count = provenance.get("label_names"), checkpoint.num_labels
     else:
         return {}
+    if not (isinstance(names, list) and len(names) == count and all(isinstance(n, str) for n in names)):
+        names = [f"LABEL_{i}" for i in range(count)]
     return {"id2label": {str(i): name for i, name in enumerate(names)},
             "label2id": {name: i for i, name in enumerate(names)}}
-
-
-def _glue_dataset(name: Any):
-    try:
-        return get_glue_dataset(name) if isinstance(name, str) else None
-    except ConfigError:  # a SQuAD run, or a task of another program
-        return None
 
 
 def hf_config(checkpoint: PortableCheckpoint) -> dict[str, Any]:
@@ -214,10 +207,7 @@ def read_hf_config(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"{folder} has no {HF_CONFIG}; pass a folder written by `widenet-ds convert to-hf` "
                               f"(or by save_pretrained of a model loaded from one).")
-    try:
-        hf = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path} is not valid JSON: {err}.") from None
+    hf = load_json(path, CheckpointError, "copy the folder again, or write it again (`widenet-ds convert to-hf`)")
     if isinstance(hf, dict) and VERSION_KEY in hf and "architecture" in hf:
         raise CheckpointError(f"{folder} is a widenet-ds checkpoint folder already, not an HF folder: use it as it is "
                               f"(--init-from {folder}, `widenet-ds convert to-hf` for transformers); nothing to "
@@ -249,9 +239,11 @@ def from_hf(source: Path, target: Path, *, overwrite: bool = False) -> Path:
     cfg = _our_config(hf, str(source / HF_CONFIG))
     if not isinstance(cfg, architecture(ours).config):
         raise CheckpointError(f"{source}: {hf_class} does not belong to model_type {hf['model_type']!r}.")
-    num_labels = None
+    num_labels, label_names = None, {}
     if ours == "WideNetForSequenceClassification":  # transformers' default: 2 labels when id2label is not saved
         num_labels = len(hf["id2label"]) if hf.get("id2label") else 2
+        if num_labels > 1 and isinstance(hf.get("id2label"), dict):  # its head's names, kept for a later to-hf
+            label_names = {"label_names": [str(hf["id2label"].get(str(i), f"LABEL_{i}")) for i in range(num_labels)]}
     hf_state = read_hf_weights(source)
     pairs = hf_key_pairs(ours, cfg, num_labels)
     unknown = sorted(set(hf_state) - {theirs for _, theirs in pairs})
@@ -265,7 +257,7 @@ def from_hf(source: Path, target: Path, *, overwrite: bool = False) -> Path:
     state = {ours_key: hf_state[theirs] for ours_key, theirs in pairs}
     saved = upgrade(HF_ENTRY, hf["widenet_ds"], f"{source / HF_CONFIG} ('widenet_ds')") if hf.get("widenet_ds") \
         else {}  # (a config.json that transformers saved without ours has none)
-    provenance = {**saved.get("provenance", {}), "converted_from_hf": str(source.resolve())}
+    provenance = {**saved.get("provenance", {}), **label_names, "converted_from_hf": str(source.resolve())}
     checkpoint = PortableCheckpoint(cfg, ours, state, num_labels, provenance)
     dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(str(hf.get("dtype", hf.get("torch_dtype"))), "fp32")
     return save_folder(checkpoint, Path(target), dtype=dtype, tokenizer=TokenizerFiles.in_folder(source),

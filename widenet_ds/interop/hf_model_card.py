@@ -21,16 +21,12 @@ from torch import Tensor
 from widenet_ds.errors import RunFolderError
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.portable.format import PortableCheckpoint, is_folder
-from widenet_ds.results import (
-    TASK_RESULTS,
-    ClassifyResults,
-    FinetuneResults,
-    PretrainResults,
-    Results,
-    SeedResults,
-    numbers,
-)
+from widenet_ds.results import Results, numbers
 from widenet_ds.run_folder import SEED_DIR, RunFolder
+from widenet_ds.tasks import TASKS, task_of
+from widenet_ds.tasks.classify.results import ClassifyResults
+from widenet_ds.tasks.finetune.results import FinetuneResults, SeedResults
+from widenet_ds.tasks.pretrain.results import PretrainResults
 from widenet_ds.vision.config import VisionConfig
 
 # run_config.json settings that say what the run trained on, in the order shown.
@@ -62,12 +58,12 @@ def find_run_folder(source: Path, provenance: dict[str, Any]) -> Path | None:
 
 def _scores(run: RunFolder) -> list[str]:
     """Numeric results of a run (a finetuning seed's: its metrics per split; the seeds' median beside them)."""
-    task = run.task()
+    task = task_of(run)
     if SEED_DIR.match(run.path.name):
         sources = [("this run", run, SeedResults), ("all seeds of the run (median)", RunFolder(run.path.parent),
                                                     FinetuneResults)]
     else:
-        sources = [("this run", run, TASK_RESULTS[task])] if task is not None else []
+        sources = [("this run", run, TASKS[task].results)] if task is not None else []
     lines = []
     for label, folder, kind in sources:
         if not folder.results.is_file():

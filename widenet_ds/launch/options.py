@@ -13,10 +13,10 @@ from pathlib import Path
 
 from widenet_ds.errors import LaunchError
 from widenet_ds.launch.host_allocator import find_tcmalloc
-from widenet_ds.results import TASK_RESULTS
+from widenet_ds.tasks import TASKS
 
 PROG = "widenet-ds launch"
-TRAIN_MODULE = "widenet_ds.train"  # its tasks: training/registry.py
+TRAIN_MODULE = "widenet_ds.train"  # its tasks: widenet_ds/tasks/
 LOG_LEVEL_VAR = "WIDENET_DEEPSPEED_LOG_LEVEL"
 
 
@@ -33,8 +33,8 @@ class LaunchOptions:
     run_config: Path | None = None  # a run's saved settings (run_config.json), read by launch/task_options.py
 
     def __post_init__(self) -> None:
-        if self.task not in TASK_RESULTS:
-            raise LaunchError(f"unknown task {self.task!r}; choose one of {', '.join(TASK_RESULTS)}")
+        if self.task not in TASKS:
+            raise LaunchError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
         if self.num_nodes is not None and self.num_nodes > 1 and self.hostfile is None:
             raise LaunchError(f"--num-nodes {self.num_nodes} needs --hostfile listing the nodes "
                               f"(one `<host> slots=<N>` line each)")
@@ -82,15 +82,15 @@ def _port(text: str) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=PROG, allow_abbrev=False, usage=f"{PROG} {{{','.join(TASK_RESULTS)}}} [launch options] -- [options of the task]",
+        prog=PROG, allow_abbrev=False, usage=f"{PROG} {{{','.join(TASKS)}}} [launch options] -- [options of the task]",
         description="Run `python -m widenet_ds.train TASK` on several ranks under the deepspeed launcher. "
                     "Everything after `--` goes to the task unchanged (`python -m widenet_ds.train TASK --help` "
                     "lists its options).",
         epilog=f"Environment: {LOG_LEVEL_VAR} (default critical) sets the deepspeed runner's log level; "
                "OMP_NUM_THREADS and DS_ACCELERATOR, when set, are kept. SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 to "
                "this process: the ranks save a checkpoint and exit 0; continue with the same command plus --resume.")
-    p.add_argument("task", choices=TASK_RESULTS, metavar="TASK",
-                   help="pretrain (MLM + SOP), glue or squad (finetuning), classify (images)")
+    p.add_argument("task", choices=TASKS, metavar="TASK",
+                   help=" ".join(f"{name}: {spec.description}" for name, spec in TASKS.items()))
     p.add_argument("--num-ranks", "--num-gpus", dest="ranks_per_node", type=_positive_int, metavar="N",
                    help="ranks per node (default: every GPU; without GPUs one CPU rank per core, at most 8)")
     p.add_argument("--hostfile", type=Path, metavar="FILE",

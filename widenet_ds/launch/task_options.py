@@ -13,25 +13,15 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import widenet_ds
-from widenet_ds.benchmarks.glue import get_glue_dataset
 from widenet_ds.errors import ConfigError, LaunchError, RunFolderError
 from widenet_ds.launch.options import PROG, TRAIN_MODULE, LaunchOptions, this_machine
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.run_folder import read_run_config as read_settings
-from widenet_ds.training.command_line import CONFIGS, build_parser, parse
-from widenet_ds.training.run_config import (
-    LATEST,
-    FinetuneConfig,
-    GlueConfig,
-    RunConfig,
-    SquadConfig,
-    saved_record,
-)
+from widenet_ds.tasks import TASKS
+from widenet_ds.training.command_line import build_parser, parse
+from widenet_ds.training.run_config import LATEST, RunConfig
 
 CPU_EVAL_EXAMPLES = 500  # SQuAD questions (or GLUE examples) a CPU machine evaluates in about a minute
-# dev sets that take many minutes to evaluate on a few CPU cores (the small ones, SST-2's 872, take seconds)
-BIG_DEV_SETS = {"SQuAD": "SQuAD's: ~11,600 windows, ~10 min on 2 cores", "MNLI": "MNLI's: 19,647 pairs",
-                "QQP": "QQP's: 40,430 pairs", "QNLI": "QNLI's: 5,463 pairs"}
 
 
 def _refuse_task_options(task: str, message: str) -> NoReturn:
@@ -42,13 +32,13 @@ def _refuse_task_options(task: str, message: str) -> NoReturn:
 def check_task_options(options: LaunchOptions) -> None:
     """The syntax and the values (a RunConfig reads no file): the files the options name may exist on the nodes
     alone."""
-    task_parser = build_parser(options.task)
+    task_parser = build_parser(TASKS[options.task].config)
     task_parser.error = lambda message: _refuse_task_options(options.task, message)  # type: ignore[method-assign]
     if {"-h", "--help"} & set(options.train_args):  # asked for: every rank prints it (tests count ranks so)
         return
     task_parser.parse_args(list(options.train_args))
     try:
-        cfg = parse(options.task, list(options.train_args))
+        cfg = parse(TASKS[options.task].config, list(options.train_args))
     except ConfigError as err:
         _refuse_task_options(options.task, str(err))
     if (advice := cpu_advice(cfg, this_machine().has_gpu)) is not None:
@@ -56,25 +46,25 @@ def check_task_options(options: LaunchOptions) -> None:
 
 
 def cpu_advice(cfg: RunConfig, has_gpu: bool) -> str | None:
-    """One line for a finetuning run on a machine without a GPU whose DeepSpeed JSON is a GPU recipe (bf16/fp16,
-    a batch of more than 32) or that evaluates the whole dev set (SQuAD's: ~11,600 windows, many minutes on a few
-    cores): the small CPU JSON and --max-eval-examples that fit."""
-    if has_gpu or not isinstance(cfg, FinetuneConfig) or cfg.eval_only:
+    """One line for a run on a machine without a GPU, of a task that advises one (`RunConfig.cpu_recipe_flags`),
+    whose DeepSpeed JSON is a GPU recipe (bf16/fp16, a batch of more than 32) or that evaluates a whole dev set
+    taking minutes there (`RunConfig.dev_set_cost`): the small CPU JSON and --max-eval-examples that fit."""
+    recipe_flags = cfg.cpu_recipe_flags()
+    if has_gpu or recipe_flags is None:
         return None
     try:
         config = json.loads(Path(cfg.deepspeed_config).read_text())
     except (OSError, ValueError):  # on the nodes only, or broken: the ranks say so
         config = {}
     config = config if isinstance(config, dict) else {}
-    big_dev = (BIG_DEV_SETS.get("SQuAD") if isinstance(cfg, SquadConfig) else
-               BIG_DEV_SETS.get(get_glue_dataset(cfg.glue_task).name) if isinstance(cfg, GlueConfig) else None)
+    big_dev = cfg.dev_set_cost()
     reasons = [f"{key} is on" for key in ("bf16", "fp16") if (config.get(key) or {}).get("enabled")]
     batch = config.get("train_batch_size")
     if isinstance(batch, int) and batch > 32:
         reasons.append(f"a batch of {batch}")
     small = Path(widenet_ds.__file__).resolve().parents[1] / "ds_configs" / cfg.EXAMPLE_DS_CONFIG
-    whole_dev = cfg.max_eval_examples is None and big_dev is not None
-    fixes = ([f"--deepspeed_config {small} --allow-recipe-mismatch"] if reasons and small.is_file() else []) + \
+    whole_dev = big_dev is not None and cfg.max_eval_examples is None
+    fixes = ([f"--deepspeed_config {small} {recipe_flags}"] if reasons and small.is_file() else []) + \
         ([f"--max-eval-examples {CPU_EVAL_EXAMPLES}"] if whole_dev else [])
     if not fixes:
         return None
@@ -101,7 +91,7 @@ def read_saved_settings(path: Path) -> tuple[Path, dict[str, Any]]:
 
 def given_options(task: str, train_args: list[str]) -> dict[str, Any]:
     """The settings the options after `--` give (only those given), as JSON values."""
-    task_parser = build_parser(task)
+    task_parser = build_parser(TASKS[task].config)
     for action in task_parser._actions:
         action.required, action.default = False, argparse.SUPPRESS
     task_parser.error = lambda message: _refuse_task_options(task, message)  # type: ignore[method-assign]
@@ -113,12 +103,12 @@ def read_run_config(task: str, path: Path, train_args: tuple[str, ...] = ()) -> 
     """The settings a run saved (its run_config.json, or the run folder holding it), as `task`'s configuration,
     with the options after `--` applied before anything is checked (a later option wins; `--set` adds to the
     saved ones). The run's folder is where the file was found: a run copied or moved elsewhere continues itself;
-    paths saved relative are read where the run was started (training/run_config.py, `saved_record`)."""
+    paths saved relative are read where the run was started (training/run_config.py, `RunConfig.saved_record`)."""
     file, record = read_saved_settings(path)
     if record.get("task", task) != task:
         raise LaunchError(f"--config {file} holds the settings of a {record['task']} run; launch "
                           f"`{record['task']}`, or pass the run_config.json of a {task} run")
-    record, unplaced = saved_record(record, file.parent)
+    record, unplaced = TASKS[task].config.saved_record(record, file.parent)
     given = given_options(task, list(train_args))
     record.update({name: record.get(name, []) + value if name == "overrides" and isinstance(record.get(name), list)
                    else value for name, value in given.items()})
@@ -128,7 +118,7 @@ def read_run_config(task: str, path: Path, train_args: tuple[str, ...] = ()) -> 
               f"output_dir does not tell; read from the current directory (pass them after `--` to choose)",
               file=sys.stderr, flush=True)
     try:
-        cfg = CONFIGS[task].from_record(record)
+        cfg = TASKS[task].config.from_record(record)
     except ConfigError as err:
         raise LaunchError(f"--config {file}: {err}") from None
     check_resumes_the_run(cfg, file.parent)

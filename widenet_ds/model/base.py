@@ -16,11 +16,12 @@ from torch import Tensor, nn
 
 from widenet_ds.model.config import EncoderConfig
 from widenet_ds.model.moe import MoEFeedForward
+from widenet_ds.seeds import SEED_SPACING
 
 
 def expert_seed(base_seed: int, layer: int, index: int) -> int:
     """The seed of expert `index` (global) of MoE layer `layer`: the same whatever the ep_size."""
-    return (base_seed * 1_000_003 + layer * 65_537 + index) % (2 ** 63)
+    return (base_seed * SEED_SPACING + layer * 65_537 + index) % (2 ** 63)
 
 
 class EncoderModel(nn.Module):

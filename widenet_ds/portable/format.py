@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from widenet_ds.data.tokenizer import TokenizerFiles
 from widenet_ds.errors import CheckpointError, ConfigError
-from widenet_ds.formats import current, upgrade, versioned
+from widenet_ds.formats import current, read_json, upgrade, versioned
 from widenet_ds.fs.atomic import atomic_folder, set_default_permissions
 from widenet_ds.fs.checksums import record_files
 from widenet_ds.model.config import EncoderConfig, ModelConfig
@@ -286,11 +286,7 @@ def read_folder_config(folder: Path) -> dict[str, Any]:
     if not config_path.is_file():
         raise CheckpointError(f"{folder} is not a widenet-ds checkpoint folder (no {CONFIG_FILE}); write one with "
                               f"`widenet-ds convert to-folder`.")
-    try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{config_path} is not valid JSON: {err}.") from None
-    return upgrade(FOLDER, config, config_path)
+    return read_json(FOLDER, config_path)
 
 
 def stored_model_config(config: dict[str, Any], where: Path) -> dict[str, Any]:

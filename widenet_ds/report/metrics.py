@@ -1,6 +1,6 @@
 """Reading run folders as they are on disk: finished, still being written, partial or broken.
 
-Three kinds of run, told apart by the results type of `RunFolder.task()` (`results.TASK_RESULTS[task].KIND`; GLUE and
+Three kinds of run, told apart by the results type of their task (`tasks.TASKS[tasks.task_of(folder)].results.KIND`; GLUE and
 SQuAD runs are shown alike; widenet_ds/run_folder.py names every file):
 - pretraining: `metrics.jsonl` (one record per logged step) and the model config;
 - image classification: the same, plus `results.json` when it has finished (test accuracy and, for
@@ -20,9 +20,21 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from widenet_ds.errors import RunFolderError
-from widenet_ds.results import TASK_RESULTS, ClassifyResults, FinetuneResults, PretrainResults, is_number, numbers
-from widenet_ds.run_folder import METRICS_FILE, MODEL_CONFIG_FILE, RESULTS_FILE, Metrics, RunFolder, read_json, \
-    read_metrics
+from widenet_ds.results import is_number, numbers
+from widenet_ds.run_folder import (
+    METRICS_FILE,
+    MODEL_CONFIG_FILE,
+    RESULTS_FILE,
+    Metrics,
+    RunFolder,
+    read_json,
+    read_metrics,
+)
+from widenet_ds.tasks import TASKS, task_of
+from widenet_ds.tasks.classify.results import ClassifyResults
+from widenet_ds.tasks.finetune.results import FinetuneResults
+from widenet_ds.tasks.pretrain.results import PretrainResults
+from widenet_ds.training.run_config import RunConfig
 
 EXPERT_LOAD_KEY = re.compile(r"^moe/block_(\d+)/expert_(\d+)_load$")
 DROPPED_KEY = re.compile(r"^moe/block_(\d+)/dropped_fraction$")
@@ -257,8 +269,16 @@ class FinetuneRun:
     results: FinetuneResults | None
     seeds: list[SeedRun]
     notes: list[str] = field(default_factory=list)
+    settings: type[RunConfig] | None = None  # the settings class of its task (None: the folder does not say)
     kind: str = "finetune"
     title: ClassVar[str] = "finetuning"
+
+    def score_scale(self, column: str) -> str:
+        """The scale of a "split/metric" column of its scores, as its task gives it ("" before results.json, or
+        for a task the folder does not name)."""
+        if self.results is None or self.settings is None:
+            return ""
+        return self.settings.score_scale(column.rsplit("/", 1)[-1])
 
     @property
     def finished(self) -> bool:
@@ -351,7 +371,7 @@ def _score_notes(results: FinetuneResults) -> list[str]:
             if not is_number(value) and not (label == "baseline" and metric == "note")]
 
 
-def _load_finetune(folder: RunFolder, name: str) -> FinetuneRun | Problem:
+def _load_finetune(folder: RunFolder, name: str, settings: type[RunConfig] | None) -> FinetuneRun | Problem:
     notes: list[str] = []
     results = None
     if folder.results.is_file():
@@ -376,25 +396,25 @@ def _load_finetune(folder: RunFolder, name: str) -> FinetuneRun | Problem:
         seeds.append(SeedRun(seed, seed_folder.path, metrics))
     if results is None and not seeds:
         return Problem(folder.path, "; ".join(notes) or "no readable results")
-    return FinetuneRun(name, folder.path, results, seeds, notes)
+    return FinetuneRun(name, folder.path, results, seeds, notes, settings)
 
 
 def _is_run(folder: RunFolder) -> bool:
     """The folder holds a run's files (perhaps only some, perhaps unreadable ones)."""
-    return folder.task() is not None or bool(folder.holds()) or folder.model_config_file() is not None
+    return task_of(folder) is not None or bool(folder.holds()) or folder.model_config_file() is not None
 
 
 def _load(folder: RunFolder, name: str) -> Run | Problem:
-    task = folder.task()
-    kind = TASK_RESULTS[task].KIND if task is not None else None
+    task = task_of(folder)
+    kind = TASKS[task].results.KIND if task is not None else None
     if kind == "finetune":
-        return _load_finetune(folder, name)
+        return _load_finetune(folder, name, TASKS[task].config)
     if kind is not None:
         return _load_logged(folder, name, kind)
     # Files of a run that do not say which kind: an unreadable results.json, a model config alone, ...
     if folder.results.is_file():
         results, error = _read_object(folder.results, "the run's results")
-        return Problem(folder.path, error) if error else _load_finetune(folder, name)
+        return Problem(folder.path, error) if error else _load_finetune(folder, name, None)
     return Problem(folder.path, f"a run folder without {METRICS_FILE} (nothing logged yet, or logging went "
                                 f"elsewhere)")
 

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from widenet_ds.report.branches import BranchCurve, branch_curves, by_measure, widest
 from widenet_ds.report.metrics import FinetuneRun, ImageRun, LoggedRun, PretrainRun, Problem, Run
 from widenet_ds.report.plots import Plot
-from widenet_ds.results import is_number, metric_scale, numbers
+from widenet_ds.results import is_number, numbers
 from widenet_ds.run_folder import RESULTS_FILE
 
 PRETRAIN_COLUMNS = (
@@ -197,7 +197,7 @@ def _finetune_section(run: FinetuneRun) -> str:
     if not columns:
         parts.append("<p>No evaluation logged yet.</p>")
         return "".join(parts)
-    head = "".join(f"<th>{_e(c)}{_scale(run.results and run.results.task, c)}</th>" for c in columns)
+    head = "".join(f"<th>{_e(c)}{_scale(run, c)}</th>" for c in columns)
 
     def row(label: str, row_id: str, values: dict[str, dict[str, float]], cls: str = "") -> str:
         cells = "".join(_num(values.get(c.split("/")[0], {}).get(c.split("/", 1)[1]), run.name, row_id, c)
@@ -240,15 +240,15 @@ def _finetune_summary(runs: list[FinetuneRun]) -> str:
             key, value = run.results.primary_median()
             cells.append(_num(value, run.name, "median", key))
         rows.append(f"<tr><td><code>{_e(init)}</code></td>{''.join(cells)}</tr>")
-    primary = {r.task: r.results.primary_median()[0] for r in finished}
-    head = "".join(f"<th>{_e(t)}{_scale(t, primary[t])}</th>" for t in tasks)
+    primary = {r.task: (r, r.results.primary_median()[0]) for r in finished}
+    head = "".join(f"<th>{_e(t)}{_scale(*primary[t])}</th>" for t in tasks)
     return (f"<p>Median over seeds of each task's primary metric, by initialisation.</p>"
             f"<table><tr><th>init</th>{head}</tr>{''.join(rows)}</table>")
 
 
-def _scale(task: str | None, column: str) -> str:
-    """A score column's scale: SQuAD's percentages beside GLUE's fractions."""
-    scale = metric_scale(task, column.rsplit("/", 1)[-1])
+def _scale(run: FinetuneRun, column: str) -> str:
+    """A score column's scale, as the run's task gives it (SQuAD's percentages beside GLUE's fractions)."""
+    scale = run.score_scale(column)
     return f" <small>({scale})</small>" if scale else ""
 
 

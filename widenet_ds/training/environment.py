@@ -3,7 +3,7 @@ JSON, the compile backend, the task's data (each configuration's `data_problems`
 other runs, not locked by a running one).
 
 A `RunConfig` checks its values only and touches no file (a launcher or a study builds one where the files may not
-be); `check_run` is the one place a run looks at them, once, where it starts (training/run.py), before any data is
+be); `check_run` is the one place a run looks at them, once, where it starts (widenet_ds/run/run_task.py), before any data is
 read or model built, and reports every problem of the values and of the environment in one error. On several ranks
 each rank's node may lack what another has (its own disks): `check_every_rank`, right after the rendezvous, says
 every rank's problems at once, naming the ranks and nodes (distributed/every_rank.py).

@@ -38,12 +38,7 @@ from widenet_ds.training.new_shape import (
     plan_new_shape,
     random_draws,
 )
-from widenet_ds.training.run_config import (
-    LATEST,
-    RunConfig,
-    saved_record,
-    setting_changes,
-)
+from widenet_ds.training.run_config import LATEST, RunConfig, setting_changes
 
 
 @dataclass(frozen=True)
@@ -144,7 +139,7 @@ def keep_saved_dispatch(saved: dict[str, Any], model_config, overrides: list[str
 def resume_changes(cfg: RunConfig, folder: RunFolder, ds: DeepSpeedSettings, meta: CheckpointMeta | None) -> list[str]:
     """What differs from the run being continued: its settings (run_config.json) and what its DeepSpeed JSON
     does to the trajectory (batch, optimizer, schedule, clipping, precision)."""
-    saved = saved_record(folder.read_run_config(), folder.path)[0] if folder.run_config.is_file() else None
+    saved = type(cfg).saved_record(folder.read_run_config(), folder.path)[0] if folder.run_config.is_file() else None
     changes = setting_changes(saved, cfg.record()) if saved is not None else []
     saved_ds = saved.get("deepspeed_settings") if saved is not None else (meta.deepspeed_config if meta else None)
     if saved_ds:

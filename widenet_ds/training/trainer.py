@@ -37,13 +37,12 @@ from widenet_ds.distributed.console import say
 from widenet_ds.engine.build import build_engine, expert_grad_norm_stage0
 from widenet_ds.engine.compile import compile_for_training
 from widenet_ds.run_folder import RunFolder
+from widenet_ds.seeds import SEED_SPACING
 from widenet_ds.training.log import TrainingLog, memory_mib
 from widenet_ds.training.plan import RunPlan
 from widenet_ds.training.preemption import SavePoints, StopRequest
 from widenet_ds.training.run_config import RunConfig
 from widenet_ds.training.task import Task
-
-NEW_SHAPE_STREAMS = 1_000_003  # apart from every rank's stream of the run's start (seed + 1 + rank)
 
 
 def seed_everything(seed: int) -> None:
@@ -94,7 +93,7 @@ class Trainer:
             state = resume_on_new_shape(engine, plan.resume, loader, parallel.ep_size, rank)
             # The old ranks' streams (dropout, routing noise, augmentation) have no counterpart here: new ones,
             # keyed by the step (not the start's streams again); checkpoints from here on save them as usual.
-            seed_everything(task.stream_seed + 1 + parallel.data_parallel_rank + NEW_SHAPE_STREAMS * state.step)
+            seed_everything(task.stream_seed + 1 + parallel.data_parallel_rank + SEED_SPACING * state.step)
         elif plan.resume is not None:
             state = checkpoints.load(engine, plan.resume, loader)
         elif task.init_source is not None and not weight_lines:
