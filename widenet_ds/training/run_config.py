@@ -284,7 +284,8 @@ def saved_record(record: dict[str, Any], folder: Path) -> tuple[dict[str, Any], 
     itself, not the original); a path saved relative (versions before absolute records stored paths as
     typed) is read against the directory the run was started from, which the saved output_dir tells: `folder`
     less output_dir's own parts (runs/x found at /a/runs/x: /a). A copy beside the original (runs/x2) is read
-    the same way."""
+    the same way. That base is a guess (a copy at another depth: runs/x found at /b/copies/x2 gives /b/copies), so
+    a path placed there that does not exist is unplaced too, not a path the run used."""
     folder = Path(os.path.abspath(folder))
     out = record.get("output_dir")
     base = None
@@ -296,10 +297,11 @@ def saved_record(record: dict[str, Any], folder: Path) -> tuple[dict[str, Any], 
     for name, value in record.items():
         if name == "output_dir" or not names_a_path(name, value) or os.path.isabs(value):
             continue
-        if base is None:
+        placed = os.path.normpath(base / value) if base is not None else None
+        if placed is None or not os.path.exists(placed):
             unplaced.append(f"{name} {value!r}")
         else:
-            resolved[name] = os.path.normpath(base / value)
+            resolved[name] = placed
     if "output_dir" in record:
         resolved["output_dir"] = str(folder)
     return resolved, unplaced
