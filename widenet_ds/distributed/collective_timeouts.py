@@ -32,6 +32,7 @@ from torch.distributed import distributed_c10d
 # of DeepSpeed's CPU op, which ranks of a node that builds it later wait for in the rendezvous.
 INIT_TIMEOUT_S = 900.0
 TRAIN_TIMEOUT_S = 300.0
+MIN_TIMEOUT_S = 10.0  # a bound below the longest healthy wait would end healthy runs (and the store's own 10 s)
 
 
 @dataclass

@@ -66,6 +66,7 @@ class NewShape:
     old: Shape
     new: Shape
     statistical: tuple[str, ...] = ()  # why it does not continue step for step (empty: it does)
+    step_for_step_while: str = ""  # what must not happen for it to (empty: nothing)
     loss_normalisation: str = LOSS_PER_STEP  # how the run weighs its per-token losses from here on
     accepted_changes: tuple[str, ...] = ()  # settings a changed shape needs (no --accept-changed-settings asked)
 
@@ -82,7 +83,8 @@ class NewShape:
         """What the resumed run then is, for the resume line."""
         if self.statistical:
             return "continues statistically, not step for step: " + "; ".join(self.statistical)
-        return "continues step for step (the same micro-batches; sums in another order)"
+        while_ = f" while {self.step_for_step_while}" if self.step_for_step_while else ""
+        return f"continues step for step (the same micro-batches; sums in another order){while_}"
 
 
 def trained_world_size(meta: CheckpointMeta) -> int:
@@ -213,7 +215,7 @@ def _statistical(old: Shape, new: Shape, meta: CheckpointMeta, model_config) -> 
         why.append(f"the forward and backward compute in {new.precision} instead of {old.precision} (the fp32 master "
                    f"weights and optimizer state carry over)")
     routing = routing_per_rank(model_config)
-    if old.branch_parallel != new.branch_parallel and routing:
+    if old.branch_parallel != new.branch_parallel and "moe.balance_loss_weight" in routing:
         why.append(f"branch groups of {new.branch_parallel} instead of {old.branch_parallel} rank(s): each rank routes "
                    f"its own branches' tokens in one call, so {routing_words(routing)} are computed over other groups "
                    f"of tokens")
@@ -221,6 +223,15 @@ def _statistical(old: Shape, new: Shape, meta: CheckpointMeta, model_config) -> 
     if draws:
         why.append("new random streams for " + ", ".join(f"{name} {value}" for name, value in draws.items()))
     return tuple(why)
+
+
+def _capacity_condition(old: Shape, new: Shape, model_config) -> str:
+    """A branch group's change with a capacity that drops routes (and no balance loss, which is statistical): the
+    kept routes are the same only while none overflows, each rank counting its own branches' tokens."""
+    if old.branch_parallel == new.branch_parallel or "moe.dispatch" not in routing_per_rank(model_config):
+        return ""
+    return (f"no route overflows an expert's capacity (moe.dispatch {model_config.moe.dispatch}: each rank of a branch "
+            f"group counts it over its own branches' tokens; --set moe.dispatch=dropless drops none)")
 
 
 def plan_new_shape(checkpoint: CheckpointSource, parallel: ParallelPlan, ds: DeepSpeedSettings,
@@ -261,6 +272,7 @@ def plan_new_shape(checkpoint: CheckpointSource, parallel: ParallelPlan, ds: Dee
             f"gradient_accumulation_steps out, or start a new run from its weights with --init-from {source}.")
     forced = (saved.batch.train_batch_size // saved.batch.micro_batch_size) % parallel.data_parallel_size != 0
     micro_changed = old.micro_batch != new.micro_batch
-    return NewShape(old, new, _statistical(old, new, meta, model_config),
+    statistical = _statistical(old, new, meta, model_config)
+    return NewShape(old, new, statistical, "" if statistical else _capacity_condition(old, new, model_config),
                     LOSS_PER_STEP if micro_changed else meta.loss_normalisation,
                     (MICRO_BATCH_KEY,) if micro_changed and forced else ())

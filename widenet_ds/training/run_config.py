@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import typing
 from dataclasses import MISSING, dataclass, field
@@ -22,7 +23,11 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from widenet_ds.benchmarks.glue import get_glue_dataset, glue_split_path
-from widenet_ds.distributed.collective_timeouts import INIT_TIMEOUT_S, TRAIN_TIMEOUT_S
+from widenet_ds.distributed.collective_timeouts import (
+    INIT_TIMEOUT_S,
+    MIN_TIMEOUT_S,
+    TRAIN_TIMEOUT_S,
+)
 from widenet_ds.engine.compile import CompileMode
 from widenet_ds.errors import ConfigError, DataError, problems_text
 from widenet_ds.model.config import PRESETS
@@ -31,7 +36,7 @@ from widenet_ds.training.branch_schedule import ScheduleKind
 from widenet_ds.training.flags import flag, int_list, to_argv
 from widenet_ds.vision.augment import AugmentConfig
 from widenet_ds.vision.config import VISION_PRESETS
-from widenet_ds.vision.datasets import DATASETS
+from widenet_ds.vision.datasets import DATASETS, data_fix
 
 OptimizerChoice = Literal["auto", "deepspeed-fused", "torch-lamb"]
 LATEST = "latest"
@@ -154,8 +159,16 @@ class RunConfig:
         for name in ("max_steps", "log_interval", "save_interval", "keep_last", "ep_size", "branch_parallel",
                      "init_timeout", "train_timeout", *self.POSITIVE):
             value = getattr(self, name)
-            if value is not None and value <= 0:
+            if isinstance(value, float) and not math.isfinite(value):  # (a saved record's NaN: --config)
+                problems.append(f"--{name.replace('_', '-')} must be a finite number, got {value}.")
+            elif value is not None and value <= 0:
                 problems.append(f"--{name.replace('_', '-')} must be positive, got {value}.")
+        for name, default in (("init_timeout", INIT_TIMEOUT_S), ("train_timeout", TRAIN_TIMEOUT_S)):
+            value = getattr(self, name)
+            if 0 < value < MIN_TIMEOUT_S:
+                problems.append(f"--{name.replace('_', '-')} {value:g} s is shorter than a healthy run waits in one "
+                                f"collective (6.6 s measured, docs/cluster.md); give at least {MIN_TIMEOUT_S:g} s "
+                                f"(the default: {default:g} s).")
         if self.eval_interval < 0:
             problems.append(f"--eval-interval must be >= 0 (0: only at the end), got {self.eval_interval}.")
         if self.resume not in (None, LATEST) and self.init_from is not None:
@@ -554,7 +567,7 @@ class ClassifyConfig(RunConfig):
         return problems
 
     def data_problems(self) -> list[str]:
-        return missing("--data", self.data, "pass the folder holding the --dataset's files") if self.data else []
+        return missing("--data", self.data, data_fix(self.dataset)) if self.data else []
 
     @property
     def augment(self) -> AugmentConfig:
