@@ -178,7 +178,7 @@ def test_a_rank_waiting_for_a_silent_peer_ends_by_itself_after_the_watchs_bound(
     lines = [line for line in out0.splitlines() if "error:" in line]
     assert len(lines) == 1, out0
     assert lines[0].startswith(f"test-rank: error: rank 0 on {socket.gethostname()} waited ") and \
-        f"in all_reduce (called from " in lines[0] and \
+        "in all_reduce (called from " in lines[0] and \
         f"for rank 1 on {socket.gethostname()}, which has not answered for {LOST_S:.0f} s or more" in lines[0], lines
 
 

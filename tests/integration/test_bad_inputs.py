@@ -1022,3 +1022,20 @@ def test_a_resharded_checkpoint_resumed_on_its_own_shape_is_not_called_another_s
     said = [e["event"] for e in read_metrics(out / "metrics.jsonl").events if "resumed from" in e["event"]]
     assert "re-laid out from its resharded state (on its own shape, 1 rank, ep 1, ZeRO 1)" in said[-1], said
     assert "on another shape" not in said[-1] + console
+
+
+def test_a_reshard_says_what_a_resume_of_it_will_do(earlier, tmp_path, capsys):
+    """Before, `convert reshard --world-size N` promised "--resume continues the run (on that shape or another)" for
+    any N, also where the resume would then be refused (3 ranks: the refusal is a row of the table). The earlier
+    run's step holds 2 micro-batches of 8: 2 ranks split them; 4 ranks form its 16 samples with another micro batch
+    only, which the promise names."""
+    said = {}
+    for world in (2, 4):
+        capsys.readouterr()
+        assert widenet_ds(["convert", "reshard", str(earlier["run"]), str(tmp_path / f"r{world}"), "--ep-size", "1",
+                           "--world-size", str(world)]) == 0
+        said[world] = capsys.readouterr().out
+    assert f"--resume {tmp_path / 'r2' / 'step2'} continues the run on 2 rank(s), or on another shape" in said[2]
+    assert ("continues the run on 4 rank(s) with train_micro_batch_size_per_gpu 1 or 2 or 4 in the DeepSpeed JSON "
+            "(the same train_batch_size 16: the same samples per step in other micro-batches, so statistically), or "
+            "as it is on 1 or 2 rank(s)") in said[4], said[4]
