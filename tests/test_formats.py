@@ -157,10 +157,13 @@ def test_a_file_newer_than_this_code_is_one_error_naming_file_version_newest_and
     assert "pip install --upgrade widenet-ds" in message
 
 
-@pytest.mark.parametrize("version", ["2", True, 0, -1, 1.0, None])
-def test_a_version_entry_that_is_no_version_is_refused(version):
+@pytest.mark.parametrize("version, kind", [("2", "a JSON text, not a whole number"),
+                                           (True, "a JSON true/false, not a whole number"), (0, "below 1"),
+                                           (-1, "below 1"), (1.0, "a JSON number, not a whole number"),
+                                           (None, "a JSON null, not a whole number")])
+def test_a_version_entry_that_is_no_version_is_refused(version, kind):
     with pytest.raises(CheckpointError, match=rf"x.json \(checkpoint marker\) has format_version "
-                                              rf"{re.escape(repr(version))}, which is no version \(1 to 3\)"):
+                                              rf"{re.escape(repr(version))}, {kind}, which is no version \(1 to 3\)"):
         upgrade("marker", {VERSION_KEY: version}, "x.json")
     with pytest.raises(RunFolderError, match=r"x.json \(the run's settings\) holds a JSON list, not an object"):
         upgrade("run_config", [], "x.json")
@@ -178,6 +181,14 @@ def test_a_text_classifier_folder_of_version_two_gains_the_label_names_its_expor
     assert provenance == {**folder["provenance"], **({"label_names": names} if names else {})}
     squad = {**folder, "architecture": "WideNetForQuestionAnswering", "num_labels": None}
     assert "label_names" not in upgrade("folder", squad, "config.json")["provenance"]
+
+
+def test_a_version_written_as_text_is_said_to_be_text():
+    """A hand-edited file's "3": before, only "no version (1 to 3)", as if 3 were not one."""
+    with pytest.raises(CheckpointError, match=r"format_version '3', a JSON text, not a whole number, which is no "
+                                              r"version \(1 to 3\) \(a number written as text: a file edited by hand "
+                                              r"holds format_version 3, without quotes\)"):
+        upgrade("marker", {VERSION_KEY: "3"}, "x.json")
 
 
 def test_an_upgrade_that_needs_the_readers_values_says_so():

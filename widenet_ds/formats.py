@@ -277,8 +277,12 @@ def version_of(kind: str, data: Any, where: str | Path) -> int:
                          f"of another program: {spec.damaged}.")
     version = data.get(VERSION_KEY, spec.unversioned)
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise spec.error(f"{where} ({spec.what}) has {VERSION_KEY} {version!r}, which is no version (1 to "
-                         f"{spec.current}); the file is damaged or of another program: {spec.damaged}.")
+        kind_of = "below 1" if isinstance(version, int) and not isinstance(version, bool) else \
+            f"a JSON {_json_type(version)}, not a whole number"
+        edited = (f" (a number written as text: a file edited by hand holds {VERSION_KEY} {version.strip()}, without "
+                  f"quotes)" if isinstance(version, str) and version.strip().isdigit() else "")
+        raise spec.error(f"{where} ({spec.what}) has {VERSION_KEY} {version!r}, {kind_of}, which is no version (1 to "
+                         f"{spec.current}){edited}; the file is damaged or of another program: {spec.damaged}.")
     if version > spec.current:
         raise spec.error(f"{where} ({spec.what}) is of format version {version}, newer than this widenet-ds reads "
                          f"(up to version {spec.current}): a newer widenet-ds wrote it. Read it with that version "

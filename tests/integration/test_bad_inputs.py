@@ -146,6 +146,18 @@ def unrecord_settings(run: Path) -> None:
     shutil.copy(run / "checkpoints/step2/rank_00000_state.pt", run / "checkpoints/step2/rank_00001_state.pt")
 
 
+def older_run_copied_deeper(env, tmp: Path) -> Path:
+    """The earlier run as a version before absolute records saved it (its paths as typed in `env["root"]`:
+    output_dir "run", data "data"), copied to another depth: a start folder guessed from output_dir's depth
+    (tmp/deeper) holds no data."""
+    copy = tmp / "deeper" / "copy"
+    shutil.copytree(env["run"], copy)
+    record = json.loads((copy / "run_config.json").read_text())
+    record.update(output_dir="run", data="data")
+    (copy / "run_config.json").write_text(json.dumps(record))
+    return copy
+
+
 def marker_says(**entries) -> Callable[[Path], None]:
     """Damage for run_copy: the step2 marker's entries replaced (deepspeed_config's sections merged in)."""
     def damage(run: Path) -> None:
@@ -448,6 +460,14 @@ CASES = [
       e, t, marker_says(deepspeed_config={"fp16": {"enabled": True}}))), str(t / "o"), "--ep-size", "1",
       "--world-size", "1"], r"step2 was trained in fp16: fp16's optimizer state includes DeepSpeed's dynamic loss "
                             r"scaler.*pass --model-states-only to reshard its weights alone"),
+    C("convert-reshard-for-ranks-no-resume-can-use", "widenet-ds", lambda e, t: ["convert", "reshard", str(e["run"]),
+      str(t / "o"), "--ep-size", "1", "--world-size", "3"], r"--world-size 3: checkpoint .*step2 trained 2 "
+      r"micro-batch\(es\) of 8 per step \(train_batch_size 16\), which 3 ranks cannot form with any micro batch, so a "
+      r"--resume there would be refused\. Reshard for 1 or 2 rank\(s\), or pass --model-states-only"),
+    C("convert-marker-version-as-text", "widenet-ds", lambda e, t: ["convert", "to-folder", str(run_copy(
+      e, t, marker_says(format_version="3"))), str(t / "o")], r"widenet_checkpoint\.json \(checkpoint marker\) has "
+      r"format_version '3', a JSON text, not a whole number, which is no version \(1 to \d\) \(a number written as "
+      r"text: a file edited by hand holds format_version 3, without quotes\)"),
     C("convert-marker-not-json", "widenet-ds", lambda e, t: ["convert", "to-folder", str(run_copy(
       e, t, lambda r: write(r / "checkpoints/step2/widenet_checkpoint.json", "{"))), str(t / "o")],
       r"widenet_checkpoint\.json is not valid JSON"),
@@ -479,7 +499,8 @@ CASES = [
                             "checkpoints/step2"), "--accept-changed-settings",
       ds=ds_config(t, **{"zero_optimization.stage": 0})),
       r"step2 was trained in fp16: fp16's optimizer state includes DeepSpeed's dynamic loss scaler.*resume on its own "
-      r"shape \(1 rank, ep 1, ZeRO 1, fp16\), or start a new run from its weights with --init-from"),
+      r"shape \(1 rank, ep 1, ZeRO 1, fp16\), or start a new run from its weights with --init-from "
+      r"(?!.*or continue it in)"),  # (not "or continue it in fp32 or bf16 on another shape": what it refused)
     C("pretrain-resume-new-shape-settings-not-recorded", "pretrain", lambda e, t: pretrain(
       e, t, "--resume", str(run_copy(e, t, unrecord_settings) / "checkpoints/step2")),
       r"step2 does not record its DeepSpeed settings; resume on its own shape \(2 ranks, ep 1, ZeRO 1\)"),
@@ -520,6 +541,9 @@ CASES = [
       r"/proc/widenet-out is not writable \(/proc: no files can be created there: it is on a virtual file system"),
     C("pretrain-into-earlier-run", "pretrain", lambda e, t: pretrain(e, t, out=e["run"]),
       r"already holds a run \(run_config\.json, results\.json, checkpoints/\); pass --resume"),
+    C("pretrain-resume-an-older-run-copied-elsewhere-names-only-what-changed", "pretrain", lambda e, t: pretrain(
+      e, t, "--resume", "--seed", "9", out=older_run_copied_deeper(e, t)),
+      r"settings that change it:\n  seed: 1234 \(the run in the folder\) vs 9 \(now\)\nThe resumed run"),
     C("pretrain-resume-with-another-seed", "pretrain", lambda e, t: pretrain(e, t, "--resume", "--seed", "9",
       out=run_copy(e, t, lambda r: None)), r"seed: 1234 \(the run in the folder\) vs 9 \(now\).*--accept-changed"),
     C("pretrain-resume-other-model", "pretrain", lambda e, t: pretrain(e, t, "--resume", str(e["run"]),
@@ -583,6 +607,10 @@ CASES = [
       r"1-channel images, the model expects 3; set --set num_channels=1"),
     C("classify-epochs-and-max-steps", "classify", lambda e, t: classify(e, t, "--epochs", "1"),
       r"--epochs and --max-steps both set the run's length; pass one of them"),
+    C("classify-cifar-folder-missing", "classify", lambda e, t: classify(e, t, "--dataset", "cifar10", "--data",
+      str(t / "cifar"), "--set", "num_classes=10"), r"--data .*cifar does not exist; put torchvision's "
+      r"cifar-10-batches-py/ folder \(its data_batch_1, .*, data_batch_5, test_batch\) or cifar-10-python\.tar\.gz "
+      r"under --data"),
     C("classify-cifar-without-data", "classify", lambda e, t: classify(e, t, "--dataset", "cifar10",
       "--set", "num_classes=10"), r"--dataset cifar10 needs --data"),
     C("classify-init-from-a-text-folder", "classify", lambda e, t: classify(e, t, "--init-from", str(e["export"])),
@@ -633,6 +661,14 @@ CASES = [
       r"--data .*node-local/data does not exist; pass the folder `widenet-ds prepare-data --output` wrote"),
     C("pretrain-train-timeout-not-positive", "pretrain", lambda e, t: pretrain(e, t, "--train-timeout", "0"),
       r"--train-timeout must be positive, got 0\.0"),
+    C("pretrain-train-timeout-nan", "pretrain", lambda e, t: pretrain(e, t, "--train-timeout", "nan"),
+      r"argument --train-timeout: 'nan' is not a finite number"),
+    C("glue-train-timeout-infinite", "glue", lambda e, t: glue(e, t, "--train-timeout", "inf"),
+      r"argument --train-timeout: 'inf' is not a finite number"),
+    C("pretrain-init-timeout-below-any-wait", "pretrain", lambda e, t: pretrain(e, t, "--init-timeout", "1e-9"),
+      r"--init-timeout 1e-09 s is shorter than a healthy run waits in one collective .*give at least 10 s"),
+    C("launch-config-train-timeout-nan", "launch", lambda e, t: ["pretrain", "--config", str(saved_settings(
+      e, t, lambda r: r.update(train_timeout=float("nan"))))], r"--train-timeout must be a finite number, got nan"),
     C("glue-init-timeout-not-a-number", "glue", lambda e, t: glue(e, t, "--init-timeout", "10m"),
       r"--init-timeout: invalid float value: '10m'"),
     # ---- launcher.sh (subprocesses) ----
@@ -992,3 +1028,20 @@ def test_a_resharded_checkpoint_resumed_on_its_own_shape_is_not_called_another_s
     said = [e["event"] for e in read_metrics(out / "metrics.jsonl").events if "resumed from" in e["event"]]
     assert "re-laid out from its resharded state (on its own shape, 1 rank, ep 1, ZeRO 1)" in said[-1], said
     assert "on another shape" not in said[-1] + console
+
+
+def test_a_reshard_says_what_a_resume_of_it_will_do(earlier, tmp_path, capsys):
+    """Before, `convert reshard --world-size N` promised "--resume continues the run (on that shape or another)" for
+    any N, also where the resume would then be refused (3 ranks: the refusal is a row of the table). The earlier
+    run's step holds 2 micro-batches of 8: 2 ranks split them; 4 ranks form its 16 samples with another micro batch
+    only, which the promise names."""
+    said = {}
+    for world in (2, 4):
+        capsys.readouterr()
+        assert widenet_ds(["convert", "reshard", str(earlier["run"]), str(tmp_path / f"r{world}"), "--ep-size", "1",
+                           "--world-size", str(world)]) == 0
+        said[world] = capsys.readouterr().out
+    assert f"--resume {tmp_path / 'r2' / 'step2'} continues the run on 2 rank(s), or on another shape" in said[2]
+    assert ("continues the run on 4 rank(s) with train_micro_batch_size_per_gpu 1 or 2 or 4 in the DeepSpeed JSON "
+            "(the same train_batch_size 16: the same samples per step in other micro-batches, so statistically), or "
+            "as it is on 1 or 2 rank(s)") in said[4], said[4]

@@ -45,7 +45,7 @@ from tests.support.launch_inputs import (
 from tests.support.launching import REPO, child_env, clear_stale_build_locks
 from tests.support.netns_cluster import leftovers, netns_cluster, unavailable_reason
 from tests.support.netns_slurm import slurm_on
-from tests.support.pretrain_support import events, train_losses
+from tests.support.pretrain_support import events, train_losses, write_ds_config
 from tests.support.slurm_cluster import missing_tools
 
 pytestmark = [pytest.mark.multirank, pytest.mark.cluster, pytest.mark.slow]
@@ -64,6 +64,14 @@ KILLED_RUN_STEPS = 200  # far more than run before the kill (cpu_small.json sche
 # kill on every node (node 2's ssh: its 15 s connect timeout); node 1's rank ends on that kill's SIGTERM
 VANISH_BOUND_S = 120
 STOP_BOUND_S = 60  # a SIGTERM while waiting for a stopped peer: the watch's 5 s suspicion + 20 s silence, + margin
+# node 2 vanished under mpiexec: node 1's rank ends by itself, its peer silent for the watch's 5 s + 60 s
+# (distributed/peer_watch.py, LOST_S), and its MPI_Abort ends mpiexec at once
+MPI_VANISH_BOUND_S = 120
+# node 2 vanished under sbatch: Slurm declares it DOWN after SlurmdTimeout (30 s here, tests/support/slurm_cluster.py)
+# and requeues the job, which starts again once the credential of the last run expires (cred_expire, 5 s here); then
+# the start-up of 2 ranks, the resume and one step
+REQUEUE_BOUND_S = 240
+RANGE_STEPS = 6  # the node-range job: saves at 2, loses node 2 at once, finishes on node 1
 PROBLEMS_BOUND_S = 180  # start-up on both nodes, then one error from the rendezvous
 
 
@@ -323,6 +331,62 @@ def test_node2_vanishing_mid_run_ends_node1_and_the_launcher_naming_node2_and_no
     assert max(train_losses(out)) == step + 2
 
 
+def ranks_on(node, executable: str = sys.executable) -> list[int]:
+    """`node`'s ranks: the processes started as `<python> -m widenet_ds.train`, not the launcher whose command line
+    names them (mpiexec's)."""
+    found = []
+    for pid in node.processes(RANK):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode() == executable:
+                found.append(pid)
+    return found
+
+
+def test_node2_vanishing_mid_run_under_mpiexec_ends_node1s_rank_and_mpiexec_naming_node2(cluster, inputs, tmp_path):
+    """Before: node 1's rank said so only at --train-timeout (300 s), and mpiexec then waited for its proxy on
+    node 2 for minutes more (MPICH's hydra waits for every proxy; one on a vanished node never reports). Now the
+    rank ends by itself once node 2's rank has not answered for the watch's bound, with one line naming node 2 and
+    the checkpoint, and its MPI_Abort ends mpiexec at once, exit status 1."""
+    out = tmp_path / "mpi_vanished"
+    command = [*mpiexec_on_both(cluster), sys.executable, "-m", "widenet_ds.train", "pretrain",
+               *run_args(inputs, out, KILLED_RUN_STEPS, save_interval=3, keep_last=100)]
+    proc = on_node1(cluster, command, child_env(UCX_TLS="self,tcp"))
+    saved = wait_for_checkpoint(proc, out)
+    before = file_hashes(saved)
+    node1, node2 = cluster.nodes
+    assert ranks_on(node1) and ranks_on(node2), "a rank is missing"
+    with link_cut(cluster, node2):
+        for pid in node2.processes(""):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        cut = time.monotonic()
+        rank_s = launcher_s = None
+        while launcher_s is None:
+            elapsed = time.monotonic() - cut
+            if rank_s is None and not ranks_on(node1):
+                rank_s = elapsed
+            if proc.poll() is not None:
+                launcher_s = elapsed
+            elif elapsed > MPI_VANISH_BOUND_S + 60:
+                pytest.fail(f"mpiexec still ran {elapsed:.0f} s after node 2 vanished:\n"
+                            f"{give_up(cluster, proc)[-6000:]}")
+            time.sleep(0.2)
+        output, _ = proc.communicate(timeout=30)
+    rank_s = launcher_s if rank_s is None else rank_s  # (both seen gone at one look)
+    print(f"node 2 vanished under mpiexec: node 1's rank ended after {rank_s:.0f} s, mpiexec after {launcher_s:.0f} s")
+    assert rank_s < MPI_VANISH_BOUND_S and launcher_s < MPI_VANISH_BOUND_S, output[-6000:]
+    assert launcher_s - rank_s < 10, output[-6000:]  # mpiexec ends with the rank, not minutes later
+    assert proc.returncode == 1, output[-6000:]
+    said = [line for line in output.splitlines() if " error: " in line]
+    assert len(said) == 1, output[-6000:]
+    print(said[0])
+    assert (f"rank 0 on {node1.name} waited " in said[0] and f"for rank 1 on {node2.name}, which has not answered for "
+            f"60 s or more" in said[0] and f"{saved}, is kept" in said[0] and "--resume" in said[0]), said[0]
+    assert "Traceback" not in output and "frame #" not in output, output[-6000:]
+    assert max(train_losses(out)) < KILLED_RUN_STEPS, "the run finished before node 2 vanished"
+    assert file_hashes(saved) == before
+
+
 def test_node2s_own_problems_are_one_error_naming_node2_before_training_under_pdsh_mpiexec_and_srun(
         cluster, inputs, tmp_path, request):
     """--data on node 1's disk only, --output-dir read-only on node 2 only. Before: node 2's rank exited 2 without a
@@ -481,6 +545,11 @@ def test_sbatch_on_two_nodes_then_node2_lost_continues_on_node1_and_equals_one_n
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     assert slurm.wait_done(job, 120) != "COMPLETED"
+    # Slurm does not requeue a job whose step failed; the script's last line says so, naming the job
+    last = (tmp_path / "two_nodes.log").read_text().strip().splitlines()[-1]
+    assert last.startswith("run_preemptible: the step failed (exit ") and \
+        f"job {job} ends without a requeue" in last, last
+    assert slurm.field(job, "Restarts") == "0"
     saved = int(latest.read_text().strip().removeprefix("step"))
     assert saved < STEPS, "the job got past the compared steps before node 2 was lost"
     assert "2 ranks on node[1-2]" in (tmp_path / "two_nodes.log").read_text()
@@ -492,6 +561,80 @@ def test_sbatch_on_two_nodes_then_node2_lost_continues_on_node1_and_equals_one_n
     assert "2 ranks on node1" in log.read_text()
     assert f"resumed from {out / 'checkpoints' / f'step{saved}'}" in events(out)
     assert_losses_equal_one_node(one_node, out)
+
+
+def test_sbatch_with_a_node_range_loses_node2_and_continues_on_node1_alone_as_a_resume_there_would(
+        slurm, cluster, inputs, tmp_path):
+    """`sbatch --nodes=1-2 --ntasks-per-node=2 --requeue`: Slurm starts it on both nodes (4 ranks). Node 2
+    vanishes after the first checkpoint (its link cut, every process there killed, its slurmd too): Slurm declares
+    it DOWN, ends the job and requeues it; the script's last line of that run says so; the requeued job starts on
+    node 1 alone (2 ranks: the script let the requeued job take fewer nodes), resumes from the last checkpoint on
+    the new shape and finishes, no command typed. Its steps after the loss are those of a --resume on 1 node from
+    that checkpoint, to the bit. Before: the script said "not requeueing" while Slurm requeued, and the requeued
+    job waited for 2 nodes (Slurm keeps the task count of its first start)."""
+    corpus, model = inputs
+    out, log = tmp_path / "range", tmp_path / "range.log"
+    # 16 samples a step: 4 ranks x 4, or 2 ranks x 4 x 2 accumulated; no random draws (routing noise, SOP dropout)
+    ds = write_ds_config(tmp_path / "ds.json", train_micro_batch_size_per_gpu=4)
+    train = ["--data", str(corpus), "--deepspeed_config", str(ds), "--model-config", str(model), "--ep-size", "2",
+             "--set", "moe.noise=none", "--set", "classifier_dropout=0", "--max-steps", str(RANGE_STEPS),
+             "--log-interval", "1", "--save-interval", "2", "--keep-last", "100", "--eval-interval", "0",
+             "--no-tensorboard", "--seed", "7"]
+    job = slurm.sbatch("--nodes=1-2", "--ntasks-per-node=2", "--requeue", "--cpus-per-task=1", "--time=10",
+                       f"--output={log}", str(REPO / "slurm" / "train.sbatch"), "pretrain", *train,
+                       env=dict(slurm.env, OUTPUT_DIR=str(out)))
+    latest = out / "checkpoints" / "latest"
+    node1, node2 = cluster.nodes
+    deadline = time.monotonic() + 300
+    while not latest.exists():
+        assert slurm.job_state(job) in ("PENDING", "CONFIGURING", "RUNNING"), log.read_text()
+        assert time.monotonic() < deadline, f"no checkpoint within 300 s\n{log.read_text()}"
+        time.sleep(0.2)
+    assert "4 ranks on node[1-2]" in log.read_text()
+    try:
+        with link_cut(cluster, node2):
+            for pid in node2.processes(""):  # the ranks, slurmstepd, slurmd: every process but the sshd
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            cut = time.monotonic()
+            tag = out / "checkpoints" / latest.read_text().strip()  # no checkpoint completes without node 2's ranks
+            saved = int(tag.name.removeprefix("step"))
+            assert saved < RANGE_STEPS, "the job got past its steps before node 2 was lost"
+            shutil.copytree(tag, tmp_path / "at_loss" / tag.name)
+            logged = len((out / "metrics.jsonl").read_text().splitlines())
+            first_step_s = None
+            while (state := slurm.job_state(job)) != "COMPLETED":
+                assert state in ("RUNNING", "COMPLETING", "PENDING", "CONFIGURING"), \
+                    f"job {job} {state}\n{log.read_text()}\n{slurm.logs()}"
+                assert time.monotonic() - cut < REQUEUE_BOUND_S + 120, f"job {job} still {state}\n{log.read_text()}"
+                if first_step_s is None and any('"train/loss"' in line for line in (
+                        out / "metrics.jsonl").read_text().splitlines()[logged:]):
+                    first_step_s = time.monotonic() - cut
+                time.sleep(0.5)
+    finally:  # node 2 back for the file's other tests
+        slurm.start_slurmd(node2)
+        slurm.wait_idle()
+    print(f"node 2 vanished: the first step after it {first_step_s:.0f} s later, on node 1 alone")
+    assert first_step_s is not None and first_step_s < REQUEUE_BOUND_S
+    assert slurm.field(job, "Restarts") == "1"
+    runs = log.read_text().split("pretrain: job ")  # one part per run (the log is appended to)
+    assert len(runs) == 3 and "run 2, 2 ranks on node1 -> " in runs[2], log.read_text()
+    assert runs[1].strip().splitlines()[-1].startswith(
+        f"run_preemptible: Slurm requeued job {job} after {node2.name} (down") and "nothing to do" in runs[1], runs[1]
+    resumed = [e for e in events(out) if e.startswith(f"resumed from {tag}")]
+    assert len(resumed) == 1 and "on another shape (4 ranks, ep 2, ZeRO 1 -> 2 ranks, ep 2, ZeRO 1)" in resumed[0] \
+        and "continues step for step" in resumed[0], resumed
+
+    # The same continuation by hand: 2 ranks on one node, --resume of the checkpoint the job resumed from.
+    manual = tmp_path / "manual"
+    proc = subprocess.run([*WIDENET_DS, "launch", "pretrain", "--num-ranks", "2", "--", *train, "--output-dir",
+                           str(manual), "--resume", str(tmp_path / "at_loss" / tag.name), "--no-progress-bar"],
+                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    requeued, by_hand = train_losses(out), train_losses(manual)
+    after = list(range(saved + 1, RANGE_STEPS + 1))
+    assert sorted(by_hand) == after and all(step in requeued for step in after)
+    assert {step: requeued[step] for step in after} == by_hand  # to the bit: the same arithmetic
 
 
 def test_a_busy_rendezvous_port_on_node1_is_refused_naming_node_and_holder_and_node2_is_stopped(

@@ -89,6 +89,9 @@ def test_a_saved_run_continues_itself_from_any_directory(tmp_path, launched, mon
     run's folder is where --config found it: from another directory, and for a copy beside the original."""
     root = tmp_path / "A"
     run = saved_run(root, {"output_dir": "runs/x", "data": "data/wiki", "deepspeed_config": "ds_configs/cpu.json"})
+    (root / "data/wiki").mkdir(parents=True)  # what the run was started with, where it was started
+    (root / "ds_configs").mkdir()
+    (root / "ds_configs/cpu.json").write_text("{}")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)

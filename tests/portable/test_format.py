@@ -115,7 +115,8 @@ def test_a_folder_of_another_format_version_or_without_weights_is_refused(folder
                                               r"newer than this widenet-ds reads \(up to version 3\)"):
         read_folder(folder)
     (folder / "config.json").write_text(json.dumps({**config, "format_version": "2"}))
-    with pytest.raises(CheckpointError, match=r"format_version '2', which is no version"):
+    with pytest.raises(CheckpointError, match=r"format_version '2', a JSON text, not a whole number, which is no "
+                                              r"version"):
         read_folder(folder)
 
 

@@ -41,9 +41,13 @@ class ClusterSlurm:
     def sbatch(self, *args: str, env: dict[str, str]) -> int:
         return int(self.run("sbatch", "--parsable", *args, env=env).stdout.strip().split(";")[0])
 
-    def job_state(self, job_id: int) -> str:
+    def field(self, job_id: int, name: str) -> str:
+        """One field of `scontrol show job` (JobState, Restarts, NodeList, ...)."""
         out = self.run("scontrol", "-o", "show", "job", str(job_id)).stdout
-        return next(item.partition("=")[2] for item in out.split() if item.startswith("JobState="))
+        return next(item.partition("=")[2] for item in out.split() if item.startswith(f"{name}="))
+
+    def job_state(self, job_id: int) -> str:
+        return self.field(job_id, "JobState")
 
     def wait_done(self, job_id: int, timeout: float) -> str:
         deadline = time.monotonic() + timeout
@@ -52,6 +56,23 @@ class ClusterSlurm:
                 raise TimeoutError(f"job {job_id} still {state} after {timeout}s\n{self.logs()}")
             time.sleep(0.5)
         return state
+
+    def start_slurmd(self, node) -> None:
+        """`node`'s slurmd (again, after a test took the node down with it): it forks into the background inside the
+        node's namespaces and writes its pid file; ReturnToService=2 puts a DOWN node back once it registers."""
+        conf = self.root / "slurm.conf"
+        subprocess.run(node.command(["slurmd", "-c", "-f", str(conf), "-N", node.name]), env=self.env, check=True,
+                       capture_output=True, timeout=30)
+
+    def wait_idle(self, timeout: float = 60) -> None:
+        """Until `sinfo` reports every node idle."""
+        names = sorted(node.name for node in self.cluster.nodes)
+
+        def all_idle() -> bool:
+            out = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False).stdout.split("\n")
+            return sorted(line.strip() for line in out if line.strip()) == [f"{name} idle" for name in names]
+
+        _wait_for("every node idle in sinfo", all_idle, timeout, self.logs)
 
     def logs(self) -> str:
         parts = []
@@ -86,7 +107,6 @@ def slurm_on(cluster: NetnsCluster, root: Path, base_env: dict[str, str]) -> Ite
                                munge_socket, cluster_name="widenet-netns"))
     env = {**cluster.env(base_env), "SLURM_CONF": str(conf)}
     slurm = ClusterSlurm(cluster, root, env)
-    node_names = [node.name for node in cluster.nodes]
     try:
         subprocess.run(["runuser", "-u", "munge", "--", "munged", f"--socket={munge_socket}", f"--key-file={key}",
                         f"--pid-file={munge_pid}", f"--log-file={munge_dir}/munged.log",
@@ -96,14 +116,8 @@ def slurm_on(cluster: NetnsCluster, root: Path, base_env: dict[str, str]) -> Ite
         subprocess.run(cluster.nodes[0].command(["slurmctld", "-c", "-f", str(conf)]), env=env, check=True,
                        capture_output=True, timeout=30)
         for node in cluster.nodes:
-            subprocess.run(node.command(["slurmd", "-c", "-f", str(conf), "-N", node.name]), env=env, check=True,
-                           capture_output=True, timeout=30)
-
-        def all_idle() -> bool:
-            out = slurm.run("sinfo", "-h", "-N", "-o", "%N %T", check=False).stdout.split("\n")
-            return sorted(line.strip() for line in out if line.strip()) == [f"{name} idle" for name in node_names]
-
-        _wait_for("every node idle in sinfo", all_idle, 60, slurm.logs)
+            slurm.start_slurmd(node)
+        slurm.wait_idle()
         yield slurm
     finally:
         if (root / "slurmctld.pid").exists():

@@ -32,6 +32,7 @@ from widenet_ds.interop.hf_export import (
 )
 from widenet_ds.interop.hf_vit import to_hf_vit
 from widenet_ds.portable.format import WEIGHTS_FILE, architecture, save_folder
+from widenet_ds.training.new_shape import continuation_on
 
 _SOURCE_HELP = ("a checkpoint folder, or a DeepSpeed checkpoint: a tag folder (<output>/checkpoints/step1000), a "
                 "checkpoints folder or a run's output folder (then --tag, or the latest complete tag)")
@@ -186,12 +187,14 @@ def _convert(args, source: CheckpointSource | None) -> int:
         print(f"wrote {out}: {checkpoint.architecture}, step {checkpoint.provenance.get('step')}, {args.dtype}, "
               f"{described}")
     elif args.command == "reshard":
+        # what a --resume of the copy will do, or the refusal it would meet, before anything is written
+        continues = None if args.model_states_only or args.world_size <= 0 else continuation_on(source, args.world_size)
         out, why_not = reshard(source, Path(args.output), ep_size=args.ep_size, world_size=args.world_size,
                                model_config=args.model_config, overwrite=args.overwrite,
                                model_states_only=args.model_states_only)
         if why_not is None:
             print(f"wrote {out} for ep_size {args.ep_size} on {args.world_size} rank(s), with its training state: "
-                  f"--resume {out} continues the run (on that shape or another)")
+                  f"--resume {out} {continues}")
         else:
             print(f"wrote {out} for ep_size {args.ep_size} on {args.world_size} rank(s): model states only ({why_not}); "
                   f"a trainer's --init-from {out} starts a new run from them")

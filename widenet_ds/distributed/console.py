@@ -14,11 +14,16 @@ import time
 _START = time.monotonic()
 
 
+# Where a launcher says the rank before the process group is up: torch's launchers, MPI (MPICH, Open MPI), an srun step
+LAUNCHER_RANKS = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
+
+
 def process_rank() -> int:
     torch_dist = sys.modules.get("torch.distributed")  # not imported: no process group (a light command's error)
     if torch_dist is not None and torch_dist.is_available() and torch_dist.is_initialized():
         return torch_dist.get_rank()
-    return int(os.environ.get("RANK", "0") or 0)
+    rank = next((os.environ[name] for name in LAUNCHER_RANKS if os.environ.get(name)), "0")
+    return int(rank) if rank.isdigit() else 0
 
 
 def say(message: str) -> None:

@@ -17,6 +17,7 @@ import torch.distributed as torch_dist
 from widenet_ds.distributed.collective_timeouts import start_up_timeout
 from widenet_ds.distributed.launch_env import (
     LaunchEnv,
+    abort_mpi_job,
     busy_port_error,
     resolve_launch_env,
 )
@@ -81,9 +82,13 @@ def exit_rank(status: int) -> NoReturn:
     finalised, logging flushed), the console streams flushed, then `os._exit`, skipping interpreter
     finalisation. During finalisation a C++ thread that takes the GIL back (gloo's workers releasing tensors,
     pytorch/pytorch#179291) is ended by Python in the middle of C++ code and the process aborts ("terminate
-    called without an active exception", SIGABRT) after a finished run: rare, but CI saw it."""
+    called without an active exception", SIGABRT) after a finished run: rare, but CI saw it. A rank that failed
+    (status 1: a lost peer, a collective out of time) under an MPI launcher ends the whole job instead, before the
+    handlers (MPI_Finalize would wait for the peer that is gone)."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
+    if status == 1:
+        abort_mpi_job(status)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()

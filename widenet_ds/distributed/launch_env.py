@@ -14,11 +14,13 @@ describe its helper processes, not the ranks; `srun --mpi=pmi2` (same ranks in b
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import re
 import socket
 import subprocess
+import sys
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 
@@ -158,6 +160,7 @@ def _from_mpi(environ: MutableMapping[str, str]) -> LaunchEnv:
                           f"is not importable ({err}); `pip install mpi4py mpich` or use the `deepspeed` "
                           f"launcher") from None
     comm = MPI.COMM_WORLD
+    _MPI_JOB[:] = [comm]
     rank, world_size = comm.Get_rank(), comm.Get_size()
     hosts = comm.allgather(MPI.Get_processor_name())
     local_rank = hosts[:rank].count(hosts[rank])
@@ -172,6 +175,21 @@ def _from_mpi(environ: MutableMapping[str, str]) -> LaunchEnv:
     master_addr, master_port = comm.bcast(rendezvous, root=0)
     return LaunchEnv(rank=rank, local_rank=local_rank, world_size=world_size, master_addr=master_addr,
                      master_port=master_port, source="mpi", nodes=len(set(hosts)))
+
+
+_MPI_JOB: list = []  # COMM_WORLD, when an MPI launcher placed this process
+
+
+def abort_mpi_job(status: int) -> None:
+    """A rank that fails under an MPI launcher ends the whole job now (MPI_Abort), and mpiexec with it: MPICH's
+    hydra otherwise waits for every node's proxy to report, and the proxy of a node that vanished never does
+    (mpiexec waited minutes, until TCP gave up on the node, on the 2-node test cluster, with or without ssh
+    keep-alives; MPI_Abort ended it at once). Nothing without MPI."""
+    if _MPI_JOB:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        _MPI_JOB[0].Abort(status)
 
 
 def _first_address() -> str:

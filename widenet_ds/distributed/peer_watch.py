@@ -17,6 +17,12 @@ ignored SIGTERM until the process-group timeout; and when that timeout fires, gl
     waits: if it waits in a collective for a rank that stopped answering, no checkpoint can be agreed on, and
     the rank ends at once (status 1) with one line naming that rank, its node, the collective and the checkpoint
     to resume from. With live peers the signal takes its usual path (the step ends, every rank saves, exit 0);
+  - without a signal, a rank whose peer has not answered for LOST_S seconds of one wait ends the same way: a node
+    that vanished leaves every launcher waiting (`mpiexec` for its ssh to that node, `srun` for Slurm to declare
+    the node dead), and the rank's own end is what ends the run there (under MPI through MPI_Abort:
+    distributed/launch_env.py). A live peer beats from its own thread whatever its main thread computes (torch's
+    kernels and collectives release the GIL), so LOST_S is many beats; a shorter `--train-timeout` ends the wait
+    first;
   - `stalled_peers()` names the rank that stopped answering, for the line of a collective that timed out
     (distributed/lost_peer.py).
 
@@ -42,11 +48,13 @@ from types import FrameType
 import torch.distributed as torch_dist
 
 from widenet_ds.distributed.every_rank import describe_ranks, rank_hosts
+from widenet_ds.distributed.launch_env import abort_mpi_job
 from widenet_ds.distributed.lost_peer import name_silent_peers_with, resume_advice
 
 BEAT_S = 2.0  # each rank's heartbeat
 SUSPECT_S = 5.0  # a collective waiting this long: the peers' heartbeats are read
 STALE_S = 20.0  # a heartbeat that has not moved this long: that rank has ended, is stopped or cut off
+LOST_S = 60.0  # ... and this long, without a signal: the run cannot go on (30 beats of a live peer)
 STORE_TIMEOUT_S = 10.0  # a store operation; rank 0 (the store's server) not answering this long counts as silent
 POLL_S = 1.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -130,8 +138,12 @@ class PeerWatch:
                 self._watched, self._seen = wait, {}
             self._follow_peers(now)
             silent = self.silent_for(STALE_S, now)
-            if self.stop_signal is not None and silent and not self._closed.is_set():
-                self._end(wait, silent, now)
+            if self._closed.is_set():
+                break
+            if self.stop_signal is not None and silent:
+                self._end(wait, silent, now, f"got {self.stop_signal} while waiting", STALE_S)
+            if lost := self.silent_for(LOST_S, now):
+                self._end(wait, lost, now, "waited", LOST_S)
 
     def _read_signals(self) -> None:
         with contextlib.suppress(OSError):
@@ -189,16 +201,16 @@ class PeerWatch:
         now = time.monotonic() if now is None else now
         return sorted(rank for rank, (_, moved) in self._seen.items() if now - moved >= seconds)
 
-    def _end(self, wait: Wait, silent: list[int], now: float) -> None:
-        message = (f"rank {self.rank} on {socket.gethostname()} got {self.stop_signal} while waiting "
-                   f"{now - wait.since:.0f} s in {wait.collective} (called from {wait.caller}) for "
-                   f"{describe_ranks(silent, self.hosts)}, which has not answered for {STALE_S:.0f} s or more: its process or node "
-                   f"has ended, is stopped or is cut off, so no checkpoint can be agreed on now. The run stopped; "
-                   f"{resume_advice(self.checkpoints)}.")
+    def _end(self, wait: Wait, silent: list[int], now: float, what: str, silence: float) -> None:
+        message = (f"rank {self.rank} on {socket.gethostname()} {what} {now - wait.since:.0f} s in {wait.collective} "
+                   f"(called from {wait.caller}) for {describe_ranks(silent, self.hosts)}, which has not answered for "
+                   f"{silence:.0f} s or more: its process or node has ended, is stopped or is cut off, so no checkpoint "
+                   f"can be agreed on now. The run stopped; {resume_advice(self.checkpoints)}.")
         try:  # the console may have gone with the peer (a node's ssh session): the rank ends all the same
             print(f"{self.program}: error: {message}", file=sys.stderr, flush=True)
             sys.stdout.flush()
         finally:
+            abort_mpi_job(1)
             os._exit(1)
 
     # -- for the main thread --------------------------------------------------------------------------

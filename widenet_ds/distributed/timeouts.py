@@ -6,3 +6,4 @@ configuration holds them without importing torch (distributed/collective_timeout
 # of DeepSpeed's CPU op, which ranks of a node that builds it later wait for in the rendezvous.
 INIT_TIMEOUT_S = 900.0
 TRAIN_TIMEOUT_S = 300.0
+MIN_TIMEOUT_S = 10.0  # a bound below the longest healthy wait would end healthy runs (and the store's own 10 s)

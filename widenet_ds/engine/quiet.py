@@ -5,6 +5,10 @@ On a CPU machine DeepSpeed warns "Setting accelerator to CPU" in every process t
 on a 2-rank run that was a third of the console. Call `quiet_third_party()` first thing in an
 entrypoint, before DeepSpeed is imported. Anything DeepSpeed logs at WARNING or above that is not
 listed here still reaches the console.
+
+torch's C++ warnings (c10d's logging, not Python warnings) are off unless TORCH_CPP_LOG_LEVEL is set: a rank whose
+peer has ended gets its rendezvous store's "recvValue failed ... Connection was likely closed" with a 20-frame C++
+stack from each later store call (the heartbeat's, a group's teardown), after its own line has said what happened.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ class _DropNotActionable(logging.Filter):
 
 
 def quiet_third_party() -> None:
-    """Idempotent; must run before `import deepspeed` to catch its import-time messages."""
+    """Idempotent; must run before `import deepspeed` to catch its import-time messages (and before `import torch`
+    for its C++ log level, read once when torch loads)."""
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     if "DS_ACCELERATOR" not in os.environ and not _has_cuda():
         os.environ["DS_ACCELERATOR"] = "cpu"  # chosen explicitly: no "unable to detect" warning per process
     deepspeed_logger = logging.getLogger("DeepSpeed")  # DeepSpeed's logger; filters survive its set-up

@@ -114,8 +114,9 @@ def read_run_config(task: str, path: Path, train_args: tuple[str, ...] = ()) -> 
                    else value for name, value in given.items()})
     unplaced = [line for line in unplaced if line.split(" ")[0] not in given]
     if unplaced:
-        print(f"{PROG}: --config {file}: the saved {', '.join(unplaced)} are relative paths whose base the saved "
-              f"output_dir does not tell; read from the current directory (pass them after `--` to choose)",
+        print(f"{PROG}: --config {file}: the saved {', '.join(unplaced)} are relative paths that cannot be placed "
+              f"from where the run folder is (no start folder its saved output_dir tells holds them); read from the "
+              f"current directory (pass them after `--` to choose)",
               file=sys.stderr, flush=True)
     try:
         cfg = TASKS[task].config.from_record(record)

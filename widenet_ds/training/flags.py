@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import MISSING, dataclass
@@ -43,6 +44,17 @@ def int_list(text: str) -> list[int]:
         return [int(part) for part in text.split(",") if part]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 200,400") from None
+
+
+def finite_float(text: str) -> float:
+    """A float that is a number: argparse's float takes 'nan' and 'inf', which no setting means."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
 
 
 def _unwrap_optional(hint: Any) -> Any:
@@ -96,7 +108,9 @@ def add_flags(parser: argparse.ArgumentParser, config_class: type) -> None:
                 options["choices"] = typing.get_args(kind)
             elif spec.parse is not None:
                 options["type"] = spec.parse
-            elif kind in (int, float, Path):
+            elif kind is float:
+                options["type"] = finite_float
+            elif kind in (int, Path):
                 options["type"] = kind
             if spec.const is not _NO_CONST:
                 options.update(nargs="?", const=spec.const)

@@ -7,7 +7,8 @@ shape, because the micro-batches of a step do not depend on the shape (data/batc
 another order. Statistically (said on the resume line, never silent): a new micro batch of the same global batch
 (the same samples in other micro-batches: the balance loss and capacity routing see other groups of tokens), a new
 precision (fp32 <-> bf16: the fp32 master weights and moments carry over, the forward and backward compute in the
-other one) or a model that draws random numbers (each rank's stream is new)."""
+other one), another branch group with a shared MoE that has a balance loss or drops routes (each rank of a group
+routes its own branches' tokens) or a model that draws random numbers (each rank's stream is new)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ class NewShape:
     old: Shape
     new: Shape
     statistical: tuple[str, ...] = ()  # why it does not continue step for step (empty: it does)
+    step_for_step_while: str = ""  # what must not happen for it to (empty: nothing)
     loss_normalisation: str = LOSS_PER_STEP  # how the run weighs its per-token losses from here on
     accepted_changes: tuple[str, ...] = ()  # settings a changed shape needs (no --accept-changed-settings asked)
 
@@ -81,7 +83,8 @@ class NewShape:
         """What the resumed run then is, for the resume line."""
         if self.statistical:
             return "continues statistically, not step for step: " + "; ".join(self.statistical)
-        return "continues step for step (the same micro-batches; sums in another order)"
+        while_ = f" while {self.step_for_step_while}" if self.step_for_step_while else ""
+        return f"continues step for step (the same micro-batches; sums in another order){while_}"
 
 
 def trained_world_size(meta: CheckpointMeta) -> int:
@@ -114,6 +117,32 @@ def random_draws(model_config) -> dict[str, object]:
     return draws
 
 
+def routing_per_rank(model_config) -> dict[str, object]:
+    """The settings under which a branch group's ranks route differently from one rank (a shared MoE routes each
+    rank's branches in one call, one rank's all branches in one): the balance loss, a mean over the call's tokens,
+    and a capacity that drops what overflows an expert, a share of the call's tokens; with their values. Dropless
+    routing without a balance loss is the same on any branch group."""
+    if not (model_config.is_moe and model_config.num_branches > 1):
+        return {}
+    moe, found = model_config.moe, {}
+    if moe.balance_loss_weight:
+        found["moe.balance_loss_weight"] = moe.balance_loss_weight
+    if moe.dispatch != "dropless" and moe.drop_tokens:
+        found["moe.dispatch"] = moe.dispatch
+    return found
+
+
+def routing_words(routing: dict[str, object]) -> str:
+    """`the balance loss (moe.balance_loss_weight 0.01) and the expert capacity (moe.dispatch compact)`."""
+    words = {"moe.balance_loss_weight": "the balance loss", "moe.dispatch": "the expert capacity"}
+    return " and ".join(f"{words[name]} ({name} {value})" for name, value in routing.items())
+
+
+def routing_fixes(routing: dict[str, object]) -> list[str]:
+    return [{"moe.balance_loss_weight": "--set moe.balance_loss_weight=0",
+             "moe.dispatch": "--set moe.dispatch=dropless"}[name] for name in routing]
+
+
 def micro_batches_that_fit(train_batch: int, data_parallel_size: int) -> list[int]:
     """Every micro batch that forms `train_batch` on `data_parallel_size` ranks (any accumulation)."""
     per_rank, rest = divmod(train_batch, data_parallel_size)
@@ -130,7 +159,7 @@ def check_micro_batches_divide(checkpoint: CheckpointSource, data_parallel_size:
     train, micro = saved.batch.train_batch_size, saved.batch.micro_batch_size
     per_step = train // micro
     if per_step % data_parallel_size:
-        fits = [n for n in range(1, per_step + 1) if per_step % n == 0]
+        fits = _splitting(per_step)
         micros = [m for m in micro_batches_that_fit(train, data_parallel_size) if m != micro]
         other_micro = (f"set {MICRO_BATCH_KEY} to {' or '.join(map(str, micros))} in the DeepSpeed JSON (the same "
                        f"train_batch_size {train}; the run then continues statistically: the same samples per step in "
@@ -140,6 +169,37 @@ def check_micro_batches_divide(checkpoint: CheckpointSource, data_parallel_size:
             f"{data_parallel_size} data-parallel rank(s) cannot split them. Keep train_batch_size {train} and "
             f"{other_micro}resume on {' or '.join(map(str, fits))} data-parallel rank(s) (step for step), or start a "
             f"new run from its weights with --init-from {source} (a new optimizer and schedule).")
+
+
+def continuation_on(checkpoint: CheckpointSource, world_size: int) -> str:
+    """How `--resume` of `checkpoint` continues on `world_size` data-parallel ranks (`convert reshard`'s promise):
+    as it is where they split its micro-batches (the resume line then says whether step for step), with another
+    micro batch where one forms its global batch; refused, naming the rank counts that do, where none does (the
+    resume would be refused)."""
+    meta = checkpoint.meta
+    saved = saved_settings(meta, (meta.model_config or {}).get("ffn") == "moe") if meta else None
+    if saved is None:
+        return "continues the run (on that shape or another)"
+    train, micro = saved.batch.train_batch_size, saved.batch.micro_batch_size
+    per_step = train // micro
+    if per_step % world_size == 0:
+        return f"continues the run on {world_size} rank(s), or on another shape"
+    micros = micro_batches_that_fit(train, world_size)
+    if micros:
+        return (f"continues the run on {world_size} rank(s) with {MICRO_BATCH_KEY} {' or '.join(map(str, micros))} in "
+                f"the DeepSpeed JSON (the same train_batch_size {train}: the same samples per step in other "
+                f"micro-batches, so statistically), or as it is on {' or '.join(map(str, _splitting(per_step)))} "
+                f"rank(s)")
+    raise ConfigError(
+        f"--world-size {world_size}: checkpoint {checkpoint.tag_dir} trained {per_step} micro-batch(es) of {micro} per "
+        f"step (train_batch_size {train}), which {world_size} ranks cannot form with any micro batch, so a --resume "
+        f"there would be refused. Reshard for {' or '.join(map(str, _splitting(per_step)))} rank(s), or pass "
+        f"--model-states-only to start a new run from its weights (--init-from).")
+
+
+def _splitting(per_step: int) -> list[int]:
+    """The rank counts that split `per_step` micro-batches."""
+    return [n for n in range(1, per_step + 1) if per_step % n == 0]
 
 
 def _statistical(old: Shape, new: Shape, meta: CheckpointMeta, model_config) -> tuple[str, ...]:
@@ -154,10 +214,24 @@ def _statistical(old: Shape, new: Shape, meta: CheckpointMeta, model_config) -> 
     if old.precision != new.precision:
         why.append(f"the forward and backward compute in {new.precision} instead of {old.precision} (the fp32 master "
                    f"weights and optimizer state carry over)")
+    routing = routing_per_rank(model_config)
+    if old.branch_parallel != new.branch_parallel and "moe.balance_loss_weight" in routing:
+        why.append(f"branch groups of {new.branch_parallel} instead of {old.branch_parallel} rank(s): each rank routes "
+                   f"its own branches' tokens in one call, so {routing_words(routing)} are computed over other groups "
+                   f"of tokens")
     draws = random_draws(model_config)
     if draws:
         why.append("new random streams for " + ", ".join(f"{name} {value}" for name, value in draws.items()))
     return tuple(why)
+
+
+def _capacity_condition(old: Shape, new: Shape, model_config) -> str:
+    """A branch group's change with a capacity that drops routes (and no balance loss, which is statistical): the
+    kept routes are the same only while none overflows, each rank counting its own branches' tokens."""
+    if old.branch_parallel == new.branch_parallel or "moe.dispatch" not in routing_per_rank(model_config):
+        return ""
+    return (f"no route overflows an expert's capacity (moe.dispatch {model_config.moe.dispatch}: each rank of a branch "
+            f"group counts it over its own branches' tokens; --set moe.dispatch=dropless drops none)")
 
 
 def plan_new_shape(checkpoint: CheckpointSource, parallel: ParallelPlan, ds: DeepSpeedSettings,
@@ -183,10 +257,11 @@ def plan_new_shape(checkpoint: CheckpointSource, parallel: ParallelPlan, ds: Dee
                               f"on {new}: {own_shape}.")
     if saved is None:
         raise CheckpointError(f"checkpoint {source} does not record its DeepSpeed settings; {own_shape}.")
-    for precision, whose in ((old.precision, f"checkpoint {source} was trained in"), (new.precision, "this run is")):
-        if precision not in RELAID_OUT:
-            raise ConfigError(f"{fp16_refusal(f'{whose} {precision}')}: {own_shape}; or continue it in "
-                              f"{' or '.join(RELAID_OUT)} on another shape.")
+    if old.precision not in RELAID_OUT:  # its state cannot move, whatever this run computes in
+        raise ConfigError(f"{fp16_refusal(f'checkpoint {source} was trained in {old.precision}')}: {own_shape}.")
+    if new.precision not in RELAID_OUT:
+        raise ConfigError(f"{fp16_refusal(f'this run is {new.precision}')}: {own_shape}; or continue it in "
+                          f"{' or '.join(RELAID_OUT)} on another shape.")
     if saved.batch.train_batch_size != ds.batch.train_batch_size:
         fits = micro_batches_that_fit(saved.batch.train_batch_size, parallel.data_parallel_size)
         raise ConfigError(
@@ -197,6 +272,7 @@ def plan_new_shape(checkpoint: CheckpointSource, parallel: ParallelPlan, ds: Dee
             f"gradient_accumulation_steps out, or start a new run from its weights with --init-from {source}.")
     forced = (saved.batch.train_batch_size // saved.batch.micro_batch_size) % parallel.data_parallel_size != 0
     micro_changed = old.micro_batch != new.micro_batch
-    return NewShape(old, new, _statistical(old, new, meta, model_config),
+    statistical = _statistical(old, new, meta, model_config)
+    return NewShape(old, new, statistical, "" if statistical else _capacity_condition(old, new, model_config),
                     LOSS_PER_STEP if micro_changed else meta.loss_normalisation,
                     (MICRO_BATCH_KEY,) if micro_changed and forced else ())

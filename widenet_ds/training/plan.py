@@ -15,6 +15,7 @@ from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.source import RESUME, CheckpointSource
 from widenet_ds.checkpoint.tags import latest_checkpoint
 from widenet_ds.data.batch_order import GLOBAL_CHUNKS, LOSS_PER_MICRO_BATCH
+from widenet_ds.distributed.console import say
 from widenet_ds.distributed.parallel import ParallelPlan
 from widenet_ds.engine.build import OptimizerPlan, plan_optimizer
 from widenet_ds.engine.ds_config import (
@@ -37,6 +38,9 @@ from widenet_ds.training.new_shape import (
     check_micro_batches_divide,
     plan_new_shape,
     random_draws,
+    routing_fixes,
+    routing_per_rank,
+    routing_words,
 )
 from widenet_ds.training.run_config import LATEST, RunConfig, setting_changes
 
@@ -87,17 +91,23 @@ def schedule_notes(max_steps: int, ds: DeepSpeedSettings, also: str = "") -> tup
 
 
 def branch_parallel_notes(parallel: ParallelPlan, model_config) -> tuple[str, ...]:
-    """A branch group's ranks each draw dropout masks and routing noise for their own branches, one rank the
-    whole model's in another order: the same model and data, other random draws. Said, not refused."""
+    """A branch group's ranks each draw dropout masks and routing noise for their own branches, and route their own
+    branches' tokens (the balance loss, the expert capacity), one rank the whole model's: the same model and data,
+    other draws and routing sums. Said, not refused."""
     if parallel.branch_parallel == 1:
         return ()
-    draws = random_draws(model_config)
-    if not draws:
+    draws, routing = random_draws(model_config), routing_per_rank(model_config)
+    if not draws and not routing:
         return ()
+    said = []
+    if draws:
+        said.append(", ".join(f"{name} {value}" for name, value in draws.items()) + " draw on each rank for its own "
+                    "branches")
+    if routing:
+        said.append(f"{routing_words(routing)} are each rank's own branches'")
     fixes = [f"--set {name}=none" if name == "moe.noise" else f"--set {name}=0" for name in draws]
-    listed = ", ".join(f"{name} {value}" for name, value in draws.items())
-    return (f"branch-parallel: {listed} draw on each rank for its own branches, so this run trains with other random "
-            f"draws than the same run on one rank (step for step the same only without them: {' '.join(fixes)}).",)
+    return (f"branch-parallel: {'; '.join(said)}, so this run trains otherwise than the same run on one rank (step for "
+            f"step the same only without them: {' '.join(fixes + routing_fixes(routing))}).",)
 
 
 def plan_layout(cfg: RunConfig, model_config, world_size: int, rank: int) -> tuple[ParallelPlan, DeepSpeedSettings,
@@ -138,9 +148,18 @@ def keep_saved_dispatch(saved: dict[str, Any], model_config, overrides: list[str
 
 def resume_changes(cfg: RunConfig, folder: RunFolder, ds: DeepSpeedSettings, meta: CheckpointMeta | None) -> list[str]:
     """What differs from the run being continued: its settings (run_config.json) and what its DeepSpeed JSON
-    does to the trajectory (batch, optimizer, schedule, clipping, precision)."""
-    saved = type(cfg).saved_record(folder.read_run_config(), folder.path)[0] if folder.run_config.is_file() else None
-    changes = setting_changes(saved, cfg.record()) if saved is not None else []
+    does to the trajectory (batch, optimizer, schedule, clipping, precision). A saved relative path that cannot be
+    placed from this folder (an older run's, copied or moved) is said, and not compared: it is no change."""
+    saved, unplaced = (type(cfg).saved_record(folder.read_run_config(), folder.path) if folder.run_config.is_file()
+                       else (None, []))
+    if unplaced:
+        say(f"--resume: the saved {', '.join(unplaced)} of {folder.path} are relative paths that cannot be placed "
+            f"from where the folder is now (it was copied or moved); they are not compared with this run's")
+    current = cfg.record()
+    for name in (line.split(" ")[0] for line in unplaced):
+        saved.pop(name, None)
+        current.pop(name, None)
+    changes = setting_changes(saved, current) if saved is not None else []
     saved_ds = saved.get("deepspeed_settings") if saved is not None else (meta.deepspeed_config if meta else None)
     if saved_ds:
         changes += trajectory_changes(saved_ds, ds.config)
@@ -181,6 +200,9 @@ def plan_run(cfg: RunConfig, task, world_size: int, rank: int, resume: Checkpoin
     length. The hooks are called in the order training/task.py lists. `resume`: the checkpoint the run
     continues, when it is known (`find_resume`): its needs are named before the DeepSpeed JSON's."""
     model_config = task.model_config()
+    # The layout's own refusals (an ep size or branch group the ranks or experts cannot form) come before a resume's
+    # micro-batch one: theirs is the fix to make first.
+    ParallelPlan.plan(world_size, rank, cfg.ep_size, cfg.branch_parallel, model_config)
     try:
         parallel, ds, optimizer = plan_layout(cfg, model_config, world_size, rank)
     except ConfigError:  # a resume on other ranks: what the checkpoint needs comes first (its fix, not the JSON's)

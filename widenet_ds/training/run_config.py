@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import typing
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from widenet_ds.distributed.timeouts import INIT_TIMEOUT_S, TRAIN_TIMEOUT_S
+from widenet_ds.distributed.timeouts import INIT_TIMEOUT_S, MIN_TIMEOUT_S, TRAIN_TIMEOUT_S
 from widenet_ds.engine.compile import CompileMode
 from widenet_ds.errors import ConfigError, problems_text
 from widenet_ds.model.config import PRESETS
@@ -155,8 +156,16 @@ class RunConfig:
         for name in ("max_steps", "log_interval", "save_interval", "keep_last", "ep_size", "branch_parallel",
                      "init_timeout", "train_timeout", *self.POSITIVE):
             value = getattr(self, name)
-            if value is not None and value <= 0:
+            if isinstance(value, float) and not math.isfinite(value):  # (a saved record's NaN: --config)
+                problems.append(f"--{name.replace('_', '-')} must be a finite number, got {value}.")
+            elif value is not None and value <= 0:
                 problems.append(f"--{name.replace('_', '-')} must be positive, got {value}.")
+        for name, default in (("init_timeout", INIT_TIMEOUT_S), ("train_timeout", TRAIN_TIMEOUT_S)):
+            value = getattr(self, name)
+            if 0 < value < MIN_TIMEOUT_S:
+                problems.append(f"--{name.replace('_', '-')} {value:g} s is shorter than a healthy run waits in one "
+                                f"collective (6.6 s measured, docs/cluster.md); give at least {MIN_TIMEOUT_S:g} s "
+                                f"(the default: {default:g} s).")
         if self.eval_interval < 0:
             problems.append(f"--eval-interval must be >= 0 (0: only at the end), got {self.eval_interval}.")
         if self.resume not in (None, LATEST) and self.init_from is not None:
@@ -256,7 +265,8 @@ class RunConfig:
         itself, not the original); a path saved relative (versions before absolute records stored paths as
         typed) is read against the directory the run was started from, which the saved output_dir tells: `folder`
         less output_dir's own parts (runs/x found at /a/runs/x: /a). A copy beside the original (runs/x2) is read
-        the same way."""
+        the same way. That base is a guess (a copy at another depth: runs/x found at /b/copies/x2 gives /b/copies),
+        so a path placed there that does not exist is unplaced too, not a path the run used."""
         folder = Path(os.path.abspath(folder))
         out = record.get("output_dir")
         base = None
@@ -268,10 +278,11 @@ class RunConfig:
         for name, value in record.items():
             if name == "output_dir" or not cls.names_a_path(name, value) or os.path.isabs(value):
                 continue
-            if base is None:
+            placed = os.path.normpath(base / value) if base is not None else None
+            if placed is None or not os.path.exists(placed):
                 unplaced.append(f"{name} {value!r}")
             else:
-                resolved[name] = os.path.normpath(base / value)
+                resolved[name] = placed
         if "output_dir" in record:
             resolved["output_dir"] = str(folder)
         return resolved, unplaced

@@ -188,14 +188,33 @@ CIFAR_LAYOUT = {
 }
 
 
+def cifar_archive(num_classes: int) -> str:
+    return "cifar-10-python.tar.gz" if num_classes == 10 else "cifar-100-python.tar.gz"
+
+
+def cifar_fix(num_classes: int) -> str:
+    """What --data must hold for CIFAR-N, and that it is not bundled."""
+    folder_name, train_files, test_files = CIFAR_LAYOUT[num_classes][:3]
+    return (f"put torchvision's {folder_name}/ folder (its {', '.join(train_files + test_files)}) or "
+            f"{cifar_archive(num_classes)} under --data; CIFAR-{num_classes} is not bundled (no Debian or PyPI "
+            f"package ships it)")
+
+
+def data_fix(name: str) -> str:
+    """What the --data folder of dataset `name` must hold (a missing one's fix)."""
+    if name in ("cifar10", "cifar100"):
+        return cifar_fix(10 if name == "cifar10" else 100)
+    if name == "imagenet-folder":
+        return "pass a folder of train/<class>/<image files> (and val/ for evaluation), ImageNet's extracted layout"
+    return "pass the folder holding the --dataset's files"
+
+
 def cifar(root: Path, num_classes: int) -> dict[str, ImageSource]:
     """torchvision's layout: `<root>/cifar-10-batches-py/` (or the folder itself, or the .tar.gz archive)."""
     folder_name, train_files, test_files, label_key, meta_file, names_key = CIFAR_LAYOUT[num_classes]
     root = Path(root)
-    archive_name = folder_name.replace("-batches-py", "-python") + ".tar.gz" if num_classes == 10 \
-        else "cifar-100-python.tar.gz"
-    fix = (f"put torchvision's {folder_name}/ folder (or {archive_name}) under --data; CIFAR-{num_classes} is "
-           f"not bundled (no Debian or PyPI package ships it)")
+    archive_name = cifar_archive(num_classes)
+    fix = cifar_fix(num_classes)
     files: dict[str, bytes] = {}
     archive = root if root.is_file() else root / archive_name
     folder = root if (root / train_files[0]).is_file() else root / folder_name

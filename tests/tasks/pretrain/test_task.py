@@ -213,7 +213,7 @@ def test_a_run_opens_its_data_and_its_init_from_checkpoint_once(data, albert_run
     assert all(opens[str(p)] <= 2 for p in folder.iterdir()), counts
 
 
-def test_a_branch_parallel_run_with_random_draws_says_it_differs_from_one_rank():
+def test_a_branch_parallel_run_with_random_draws_or_per_rank_routing_says_it_differs_from_one_rank():
     from widenet_ds.distributed.parallel import ParallelPlan
     from widenet_ds.training.plan import branch_parallel_notes
     from widenet_ds.vision.config import VisionConfig
@@ -222,6 +222,11 @@ def test_a_branch_parallel_run_with_random_draws_says_it_differs_from_one_rank()
     two = ParallelPlan.plan(2, 0, 1, 2, model)
     (note,) = branch_parallel_notes(two, model)
     assert f"hidden_dropout {model.hidden_dropout}" in note and "--set hidden_dropout=0" in note
-    assert "moe.noise gaussian" in note and note.endswith("--set moe.noise=none).")
-    quiet = model.replace(hidden_dropout=0.0, attention_dropout=0.0, moe={"noise": "none"})
+    assert "moe.noise gaussian" in note and "--set moe.noise=none" in note
+    # the shared MoE routes each rank's branches: the preset's balance loss and capacity are each rank's own
+    assert ("the balance loss (moe.balance_loss_weight 0.01) and the expert capacity (moe.dispatch compact) are each "
+            "rank's own branches'" in note and note.endswith("--set moe.balance_loss_weight=0 --set "
+                                                             "moe.dispatch=dropless)."))
+    quiet = model.replace(hidden_dropout=0.0, attention_dropout=0.0, moe={"noise": "none", "balance_loss_weight": 0.0,
+                                                                        "dispatch": "dropless"})
     assert branch_parallel_notes(two, quiet) == () == branch_parallel_notes(ParallelPlan.plan(1, 0, 1, 1, model), model)

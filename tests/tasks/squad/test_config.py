@@ -32,6 +32,9 @@ def test_its_files_are_recorded_absolute_and_a_relative_record_is_read_where_the
     # a record of before absolute records: its paths as typed, read against where the run was started
     old = {**record, "output_dir": "runs/sq", "train_file": "squad/train.json", "dev_file": "squad/dev.json"}
     moved = tmp_path / "elsewhere" / "runs" / "sq"
+    (tmp_path / "elsewhere" / "squad").mkdir(parents=True)
+    for name in ("train.json", "dev.json"):  # a path placed where nothing is would be unplaced
+        (tmp_path / "elsewhere" / "squad" / name).write_text("{}")
     placed, unplaced = SquadConfig.saved_record(old, moved)
     assert placed["train_file"] == str(tmp_path / "elsewhere" / "squad" / "train.json") and not unplaced
     assert placed["output_dir"] == str(moved)

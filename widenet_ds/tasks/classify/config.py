@@ -12,7 +12,7 @@ from widenet_ds.errors import ConfigError
 from widenet_ds.training.flags import flag
 from widenet_ds.training.run_config import DATA_HELP, EVAL_SUBSET_HELP, MONITORING, RunConfig, missing
 from widenet_ds.vision.augment_config import AugmentConfig
-from widenet_ds.vision.datasets import DATASETS
+from widenet_ds.vision.datasets import DATASETS, data_fix
 
 _AUGMENT = ("augmentation (the authors' ImageNet recipe: --randaugment 2,15 --inception-crop --flip --mixup-alpha 0.5 "
             "--label-smoothing 0.1)")
@@ -80,7 +80,7 @@ class ClassifyConfig(RunConfig):
         return problems
 
     def data_problems(self) -> list[str]:
-        return missing("--data", self.data, "pass the folder holding the --dataset's files") if self.data else []
+        return missing("--data", self.data, data_fix(self.dataset)) if self.data else []
 
     @property
     def augment(self) -> AugmentConfig:
