@@ -65,7 +65,8 @@ def test_the_planner_calls_the_hooks_in_the_order_the_protocol_lists():
     calls = [node.func.attr for node in sorted(
         (n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
          and isinstance(n.func.value, ast.Name) and n.func.value.id == "task"), key=lambda n: (n.lineno, n.col_offset))]
-    assert calls == ["model_config", "check_settings", "load_data", "batches_per_epoch", "requested_steps"]
+    assert calls == ["model_config", "model_config_from_settings", "check_settings", "load_data", "batches_per_epoch",
+                     "requested_steps"]
     assert "model_config -> check_settings(ds) -> load_data -> batches_per_epoch" in inspect.getdoc(task_module)
 
 

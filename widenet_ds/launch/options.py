@@ -31,11 +31,12 @@ class LaunchOptions:
     master_port: int | None = None
     ssh_check: bool = True
     run_config: Path | None = None  # a run's saved settings (run_config.json), read by launch/task_options.py
+    dry_run: bool = False  # plan the job on this machine, start no rank (launch/dry_run.py)
 
     def __post_init__(self) -> None:
         if self.task not in TASK_RESULTS:
             raise LaunchError(f"unknown task {self.task!r}; choose one of {', '.join(TASK_RESULTS)}")
-        if self.num_nodes is not None and self.num_nodes > 1 and self.hostfile is None:
+        if self.num_nodes is not None and self.num_nodes > 1 and self.hostfile is None and not self.dry_run:
             raise LaunchError(f"--num-nodes {self.num_nodes} needs --hostfile listing the nodes "
                               f"(one `<host> slots=<N>` line each)")
 
@@ -91,7 +92,7 @@ def parser() -> argparse.ArgumentParser:
                "this process: the ranks save a checkpoint and exit 0; continue with the same command plus --resume.")
     p.add_argument("task", choices=TASK_RESULTS, metavar="TASK",
                    help="pretrain (MLM + SOP), glue or squad (finetuning), classify (images)")
-    p.add_argument("--num-ranks", "--num-gpus", dest="ranks_per_node", type=_positive_int, metavar="N",
+    p.add_argument("--num-ranks", "--num-gpus", "--gpus-per-node", dest="ranks_per_node", type=_positive_int, metavar="N",
                    help="ranks per node (default: every GPU; without GPUs one CPU rank per core, at most 8)")
     p.add_argument("--hostfile", type=Path, metavar="FILE",
                    help="nodes to run on, deepspeed's format (`<host> slots=<N>` per line; passwordless ssh + "
@@ -103,6 +104,10 @@ def parser() -> argparse.ArgumentParser:
                    help="rendezvous port (default: a free one locally; 29500 with a hostfile)")
     p.add_argument("--no-ssh-check", dest="ssh_check", action="store_false",
                    help="skip deepspeed's ssh probe of the first host")
+    p.add_argument("--dry-run", action="store_true",
+                   help="plan the job without starting a rank, on any machine (no GPU needed): the same checks its "
+                        "start-up makes for this shape, its groups and each device's memory (`widenet-ds launch "
+                        "--dry-run --help` lists its own options; docs/cluster.md)")
     p.add_argument("--config", dest="run_config", type=Path, metavar="RUN_CONFIG",
                    help="the task's options from a run's run_config.json (or its run folder), to run it again or "
                         "continue it elsewhere; options after `--` follow them (a later option wins, e.g. "
@@ -122,5 +127,6 @@ def parse_launch_args(argv: list[str]) -> LaunchOptions:
                 f"options go after `--`")
     return LaunchOptions(task=args.task, train_args=tuple(train_args), ranks_per_node=args.ranks_per_node,
                          num_nodes=args.num_nodes, hostfile=args.hostfile, master_addr=args.master_addr,
-                         master_port=args.master_port, ssh_check=args.ssh_check, run_config=args.run_config)
+                         master_port=args.master_port, ssh_check=args.ssh_check, run_config=args.run_config,
+                         dry_run=args.dry_run)
 
