@@ -23,13 +23,10 @@ the GPU's, --gpu) is refused with the changes that fit.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import shutil
 import subprocess
 from dataclasses import dataclass, replace
 
-import deepspeed
 import torch
 import torch.distributed as torch_dist
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -239,13 +236,13 @@ def plan_job(options: LaunchOptions, target: Target, seq_length: int | None = No
         data = f"--data {cfg.data}: checked ({task.manifest.seq_length}-token sequences, vocabulary " \
                f"{task.manifest.vocab_size})"
     init_fake_world(world)
-    activations = {ac: pretraining_activations(model_config, run.ds, shape, run.ds.batch.micro_batch_size, seq, ac,
-                                               target.gpus) for ac in (False, True)}
-    plan = JobPlan(cfg, shape, run, target, seq, data, None, activations)
     try:
-        states = model_states(plan, run.ds)
+        activations = {ac: pretraining_activations(model_config, run.ds, shape, run.ds.batch.micro_batch_size, seq,
+                                                   ac, target.gpus) for ac in (False, True)}
+        states = model_states(model_config, shape, run.ds, run.optimizer.implementation, target.gpus)
     except Unmodelled as why:
-        return replace(plan, unmodelled=str(why))
+        return JobPlan(cfg, shape, run, target, seq, data, None, {}, str(why))
+    plan = JobPlan(cfg, shape, run, target, seq, data, None, activations)
     return replace(plan, devices=tuple(device_memory(plan, rank, rank_states, activations[cfg.activation_checkpointing])
                                        for rank, rank_states in enumerate(states)))
 
@@ -281,12 +278,10 @@ def with_batch_fix(err: ConfigError, cfg: RunConfig, world: int) -> ConfigError:
 
 
 def init_fake_world(world: int) -> None:
-    """torch's fake process group of the job's world, this process its rank 0 (DeepSpeed's expert groups are created
-    on it; their collectives on fake tensors move nothing)."""
+    """torch's fake process group of the job's world, this process its rank 0: the experts' all-to-all on fake
+    tensors runs on it and moves nothing."""
     if not torch_dist.is_initialized():
         torch_dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed's wrapper of it ("Initializing TorchBackend ...")
-        deepspeed.init_distributed(dist_backend="fake", auto_mpi_discovery=False, verbose=False)
 
 
 def meta_model(model_config, ep_size: int) -> WideNetForPreTraining:
@@ -299,11 +294,17 @@ def pretraining_activations(model_config, ds: DeepSpeedSettings, shape: JobShape
                             checkpointing: bool, gpus: bool) -> int:
     """The activations' bytes of one micro-batch of `micro` sequences of `seq` tokens, laid out as the engine lays
     the model out (a GPU's engine moves it to the device: the experts' packed weights each get a storage)."""
+    if model_config.is_moe and model_config.moe.dispatch == "deepspeed" and shape.ep_size > 1:
+        raise Unmodelled("the activations of moe.dispatch deepspeed across expert-parallel ranks (its all-to-all "
+                         "runs through DeepSpeed's communication backend, which a dry run does not start)")
     model = meta_model(model_config, shape.ep_size)
     model.set_activation_checkpointing(checkpointing)
+    # Rank 0's expert-parallel group, on the fake process group (DeepSpeed makes it through its communication
+    # backend, whose start builds and loads a CPU op: the dry run starts nothing and writes nothing).
+    group = torch_dist.new_group(shape.expert_parallel_groups[0])
     for module in model.modules():
         if isinstance(module, MoEFeedForward):
-            module.ensure_process_groups()
+            module.moe.deepspeed_moe._set_ep_group(group)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fake_engine_module(model, lambda m: [g["params"] for g in build_param_groups(m, 0.0)], ds.precision,
                        ds.zero_stage, gpus, mode)
@@ -330,13 +331,15 @@ def rank_param_groups(model, shape: JobShape, rank: int, weight_decay: float) ->
     return groups
 
 
-def model_states(plan: JobPlan, ds: DeepSpeedSettings) -> list[ModelStateBytes]:
-    """Each rank's engine bytes under the DeepSpeed settings `ds` (the plan's, or a changed JSON's)."""
-    model = meta_model(plan.run.model_config, plan.shape.ep_size)
+def model_states(model_config, shape: JobShape, ds: DeepSpeedSettings, optimizer_implementation: str,
+                 gpus: bool) -> list[ModelStateBytes]:
+    """Each rank's engine bytes for the model under the DeepSpeed settings `ds` (the plan's, or a changed JSON's),
+    with the optimizer that runs (engine/build.py's OptimizerPlan.implementation)."""
+    model = meta_model(model_config, shape.ep_size)
     weight_decay = ((ds.config.get("optimizer") or {}).get("params") or {}).get("weight_decay", 0.0)
-    kind = optimizer_state_kind(ds, plan.run.optimizer.implementation, plan.target.gpus)
-    return [model_state_bytes(rank_param_groups(model, plan.shape, rank, weight_decay), ds, kind)
-            for rank in range(plan.shape.world_size)]
+    kind = optimizer_state_kind(ds, optimizer_implementation, gpus)
+    return [model_state_bytes(rank_param_groups(model, shape, rank, weight_decay), ds, kind)
+            for rank in range(shape.world_size)]
 
 
 # --- what a user reads ------------------------------------------------------------------------------------------
@@ -464,7 +467,8 @@ def check_fits(plan: JobPlan) -> None:
         stage2 = validate_ds_config({**ds.config, "zero_optimization": zero}, world_size=dp,
                                     has_moe=plan.run.model_config.is_moe, cuda_available=plan.target.gpus)
         peak = max(device_memory(plan, d.rank, states, d.activations).peak
-                   for d, states in zip(plan.devices, model_states(plan, stage2)))
+                   for d, states in zip(plan.devices, model_states(plan.run.model_config, plan.shape, stage2,
+                                                                plan.run.optimizer.implementation, plan.target.gpus)))
         if peak <= limit:
             fixes.append(f"zero_optimization.stage 2 in the DeepSpeed JSON (peak {gib(peak)})")
     fix = ("It fits with " + "; or ".join(fixes) + "." if fixes else
