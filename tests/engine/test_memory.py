@@ -13,7 +13,13 @@ from tests.support.engine_bytes import bytes_at_the_gradient_peak
 from widenet_ds.engine.build import build_engine
 from widenet_ds.engine.ds_config import validate_ds_config
 from widenet_ds.engine.lamb import build_param_groups
-from widenet_ds.engine.memory import OPTIMIZER_STATE, ParamGroup, Unmodelled, model_state_bytes, zero_partition
+from widenet_ds.engine.memory import (
+    OPTIMIZER_STATE,
+    ParamGroup,
+    Unmodelled,
+    model_state_bytes,
+    zero_partition,
+)
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining
 

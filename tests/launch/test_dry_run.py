@@ -15,7 +15,13 @@ import psutil
 import pytest
 
 from tests.support.launching import REPO, child_env
-from tests.support.pretrain_support import BOOKS, CPU_CONFIG, prepare_data, train_in_process, write_ds_config
+from tests.support.pretrain_support import (
+    BOOKS,
+    CPU_CONFIG,
+    prepare_data,
+    train_in_process,
+    write_ds_config,
+)
 from widenet_ds.cli import main as widenet_ds
 
 RECIPE = REPO / "ds_configs" / "pretrain_phase1_seq128_lamb_zero1_bf16.json"
