@@ -23,6 +23,8 @@ from tests.support.pretrain_support import (
     write_ds_config,
 )
 from widenet_ds.cli import main as widenet_ds
+from widenet_ds.launch.dry_run import Target, job_shape
+from widenet_ds.launch.options import LaunchOptions
 
 RECIPE = REPO / "ds_configs" / "pretrain_phase1_seq128_lamb_zero1_bf16.json"
 PHASE_1 = ["--model-config", "widenet-base-e8", "--ep-size", "8", "--deepspeed_config",
@@ -55,7 +57,7 @@ def test_the_phase_1_recipe_on_two_nodes_of_eight_gpus_is_planned_here_without_s
     assert not [command for command in started if "python" in command or "deepspeed" in command], started
     assert tree(tmp_path) == before
     for line in ("pretrain on 2 nodes x 8 ranks = 16 ranks, H100s of 80 GiB",
-                 "data: --data data/phase1 does not exist",
+                 "data: --data data/phase1 is not on this machine",
                  "ranks: node 1: ranks 0-7; node 2: ranks 8-15",
                  "--ep-size 8: groups of 8 ranks share one copy, each rank holds 1",
                  "expert-parallel ranks 8-15 (node 2): rank 8: 0, rank 9: 1, rank 10: 2",
@@ -68,6 +70,9 @@ def test_the_phase_1_recipe_on_two_nodes_of_eight_gpus_is_planned_here_without_s
     for row in ("weights", "gradients", "fp32", "optimizer", "activations", "reduce", "step", "peak"):
         assert row in rows and ("MiB" in rows[row] or "GiB" in rows[row]), out
     assert "with --activation-checkpointing:" in rows["activations"] and "fits" in rows["peak"], out
+    page = (REPO / "docs" / "cluster.md").read_text()
+    shown = [line for line in out.splitlines() if f"    {line}\n" not in page]
+    assert not shown, f"docs/cluster.md shows another plan than this run prints; lines not there: {shown}"
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +114,18 @@ def test_a_resume_is_planned_as_the_real_resume_would_continue(trained, capsys, 
     assert "continues statistically, not step for step: micro-batches of 4 samples instead of 8" in statistically
     assert "changed since the checkpoint (--accept-changed-settings): train_micro_batch_size_per_gpu: 8 -> 4" \
         in statistically, statistically
+
+
+def test_a_hostfile_of_the_clusters_hosts_is_read_without_resolving_them(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("gpu-node-a.cluster.invalid slots=8\ngpu-node-b.cluster.invalid slots=4\n")
+    assert job_shape(LaunchOptions("pretrain", hostfile=hosts), Target(gpus=True)) == (
+        ("gpu-node-a.cluster.invalid", 8), ("gpu-node-b.cluster.invalid", 4))
+    assert job_shape(LaunchOptions("pretrain", hostfile=hosts, num_nodes=2, ranks_per_node=2), Target(gpus=True)) == (
+        ("gpu-node-a.cluster.invalid", 2), ("gpu-node-b.cluster.invalid", 2))
+
+
+def test_the_help_lists_the_dry_runs_own_options(capsys):
+    assert widenet_ds(["launch", "--dry-run", "--help"]) == 0
+    shown = capsys.readouterr().out
+    assert all(option in shown for option in ("--gpus-per-node", "--gpu NAME", "--device-memory", "--seq-length"))

@@ -228,9 +228,9 @@ def plan_job(options: LaunchOptions, target: Target, seq_length: int | None = No
                      else None, bool(run.ds.config.get("use_data_before_expert_parallelism", False)))
     if missing_data:
         seq = seq_length or model_config.max_position_embeddings
-        data = (f"{missing_data[0]} Not on this machine: the job's start-up checks it. Sized for the model's own "
-                f"vocabulary ({model_config.vocab_size}) and sequences of {seq} tokens "
-                f"({'--seq-length' if seq_length else 'the model longest; --seq-length N for the data'}).")
+        data = (f"--data {cfg.data} is not on this machine (the job's start-up checks it where it runs); sized for "
+                f"the model's own vocabulary ({model_config.vocab_size}) and sequences of {seq} tokens "
+                + ("(--seq-length)" if seq_length else "(the model's longest: --seq-length N for the data's)"))
     else:
         seq = task.manifest.seq_length
         data = f"--data {cfg.data}: checked ({task.manifest.seq_length}-token sequences, vocabulary " \
@@ -420,7 +420,8 @@ def memory_lines(plan: JobPlan) -> list[str]:
                                                                     if ds.zero_stage else "")),
             ("fp32 master weights", states.master_weights, "this rank's partition" if ds.zero_stage else
              ("none: the optimizer updates the weights" if not states.master_weights else "a copy of each weight")),
-            ("optimizer states", states.optimizer_states, plan.run.ds.optimizer_type or ""),
+            ("optimizer states", states.optimizer_states, f"{ds.optimizer_type}'s, in fp32"
+             + (", of this rank's partition" if ds.zero_stage else "")),
             ("activations", worst.activations, f"a micro-batch of {micro} x {seq} tokens, "
              + (f"--activation-checkpointing (without: {gib(plan.activations[False])})" if ac
                 else f"with --activation-checkpointing: {gib(plan.activations[True])}")),
