@@ -15,7 +15,7 @@ from tests.support.engine_bytes import pretraining_batch
 from widenet_ds.engine.activation_memory import LiveBytes, step_activation_bytes
 from widenet_ds.engine.build import build_engine
 from widenet_ds.engine.ds_config import validate_ds_config
-from widenet_ds.launch.dry_run import pretraining_activations
+from widenet_ds.launch.job_memory import pretraining_activations
 from widenet_ds.launch.job_shape import JobShape
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.widenet import WideNetForPreTraining

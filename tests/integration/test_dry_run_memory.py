@@ -12,7 +12,7 @@ from tests.scripts.engine_memory import MICRO, VOCAB, layout_config
 from tests.support.launching import REPO, run_deepspeed
 from widenet_ds.engine.build import plan_optimizer
 from widenet_ds.engine.ds_config import validate_ds_config
-from widenet_ds.launch.dry_run import model_states
+from widenet_ds.launch.job_memory import model_states
 from widenet_ds.launch.job_shape import JobShape
 from widenet_ds.model.config import ModelConfig
 

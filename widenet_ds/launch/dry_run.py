@@ -27,36 +27,22 @@ import shutil
 import subprocess
 from dataclasses import dataclass, replace
 
-import torch
-import torch.distributed as torch_dist
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.testing._internal.distributed.fake_pg import FakeStore
-
 from widenet_ds.checkpoint.source import CheckpointSource
-from widenet_ds.engine.activation_memory import (
-    fake_engine_module,
-    step_activation_bytes,
-)
 from widenet_ds.engine.ds_config import (
-    DeepSpeedSettings,
     load_ds_config,
     resolve_batch,
     validate_ds_config,
 )
-from widenet_ds.engine.lamb import build_param_groups
-from widenet_ds.engine.memory import (
-    ModelStateBytes,
-    ParamGroup,
-    Unmodelled,
-    model_state_bytes,
-    optimizer_state_kind,
-)
-from widenet_ds.errors import (
-    ConfigError,
-    LaunchError,
-    raise_config_problems,
-)
+from widenet_ds.engine.memory import Unmodelled
+from widenet_ds.errors import ConfigError, LaunchError, raise_config_problems
 from widenet_ds.launch.hostfile import check_hostfile
+from widenet_ds.launch.job_memory import (
+    DeviceMemory,
+    device_memory,
+    init_fake_world,
+    model_states,
+    pretraining_activations,
+)
 from widenet_ds.launch.job_shape import JobShape
 from widenet_ds.launch.launcher import MAX_CPU_RANKS
 from widenet_ds.launch.options import (
@@ -66,8 +52,6 @@ from widenet_ds.launch.options import (
     this_machine,
 )
 from widenet_ds.launch.task_options import check_task_options, with_saved_settings
-from widenet_ds.model.moe import MoEFeedForward
-from widenet_ds.model.widenet import WideNetForPreTraining
 from widenet_ds.training.command_line import parse
 from widenet_ds.training.environment import environment_problems
 from widenet_ds.training.new_shape import micro_batches_that_fit
@@ -93,20 +77,6 @@ class Target:
             return "CPU ranks"
         memory = f" of {self.memory_gib:g} GiB" if self.memory_gib is not None else ""
         return f"{self.name or 'GPU'}s{memory}"
-
-
-@dataclass(frozen=True)
-class DeviceMemory:
-    """One rank's bytes."""
-
-    rank: int
-    states: ModelStateBytes
-    activations: int
-    reduce_buckets: int  # of states.reduce_buckets, what the device holds (a CPU touches only what gradients fill)
-
-    @property
-    def peak(self) -> int:
-        return self.states.held + max(self.activations + self.reduce_buckets, self.states.step_gradients)
 
 
 @dataclass(frozen=True)
@@ -243,15 +213,8 @@ def plan_job(options: LaunchOptions, target: Target, seq_length: int | None = No
     except Unmodelled as why:
         return JobPlan(cfg, shape, run, target, seq, data, None, {}, str(why))
     plan = JobPlan(cfg, shape, run, target, seq, data, None, activations)
-    return replace(plan, devices=tuple(device_memory(plan, rank, rank_states, activations[cfg.activation_checkpointing])
+    return replace(plan, devices=tuple(device_memory(rank, rank_states, activations[cfg.activation_checkpointing], target.gpus)
                                        for rank, rank_states in enumerate(states)))
-
-
-def device_memory(plan: JobPlan, rank: int, states: ModelStateBytes, activations: int) -> DeviceMemory:
-    """A GPU holds DeepSpeed's reduce buckets whole; a CPU rank's pages of them are touched only as far as one
-    gradient of each parameter fills them."""
-    buckets = states.reduce_buckets if plan.target.gpus else min(states.reduce_buckets, states.weights)
-    return DeviceMemory(rank, states, activations, buckets)
 
 
 def with_batch_fix(err: ConfigError, cfg: RunConfig, world: int) -> ConfigError:
@@ -275,71 +238,6 @@ def with_batch_fix(err: ConfigError, cfg: RunConfig, world: int) -> ConfigError:
         fix = (f" train_batch_size {train} does not split over {ranks} ranks: set a multiple of {ranks} (e.g. "
                f"{max(ranks, train - train % ranks)}), or plan a job on a number of ranks that divides {train}.")
     return ConfigError(f"{err}{fix}")
-
-
-def init_fake_world(world: int) -> None:
-    """torch's fake process group of the job's world, this process its rank 0: the experts' all-to-all on fake
-    tensors runs on it and moves nothing."""
-    if not torch_dist.is_initialized():
-        torch_dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-
-
-def meta_model(model_config, ep_size: int) -> WideNetForPreTraining:
-    """The model of the job's rank 0, built on the meta device (no weights allocated)."""
-    with torch.device("meta"):
-        return WideNetForPreTraining(model_config, ep_size=ep_size)
-
-
-def pretraining_activations(model_config, ds: DeepSpeedSettings, shape: JobShape, micro: int, seq: int,
-                            checkpointing: bool, gpus: bool) -> int:
-    """The activations' bytes of one micro-batch of `micro` sequences of `seq` tokens, laid out as the engine lays
-    the model out (a GPU's engine moves it to the device: the experts' packed weights each get a storage)."""
-    if model_config.is_moe and model_config.moe.dispatch == "deepspeed" and shape.ep_size > 1:
-        raise Unmodelled("the activations of moe.dispatch deepspeed across expert-parallel ranks (its all-to-all "
-                         "runs through DeepSpeed's communication backend, which a dry run does not start)")
-    model = meta_model(model_config, shape.ep_size)
-    model.set_activation_checkpointing(checkpointing)
-    # Rank 0's expert-parallel group, on the fake process group (DeepSpeed makes it through its communication
-    # backend, whose start builds and loads a CPU op: the dry run starts nothing and writes nothing).
-    group = torch_dist.new_group(shape.expert_parallel_groups[0])
-    for module in model.modules():
-        if isinstance(module, MoEFeedForward):
-            module.moe.deepspeed_moe._set_ep_group(group)
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fake_engine_module(model, lambda m: [g["params"] for g in build_param_groups(m, 0.0)], ds.precision,
-                       ds.zero_stage, gpus, mode)
-
-    def forward(module):
-        ids = torch.randint(0, model_config.vocab_size, (micro, seq))
-        labels = torch.where(torch.rand(micro, seq) < 0.15, ids, torch.full_like(ids, -100))
-        return module(input_ids=ids, token_type_ids=torch.zeros_like(ids), attention_mask=torch.ones_like(ids),
-                      mlm_labels=labels, sop_labels=torch.zeros(micro, dtype=torch.long))
-
-    return step_activation_bytes(model, forward, lambda output: output.loss, mode)
-
-
-def rank_param_groups(model, shape: JobShape, rank: int, weight_decay: float) -> list[ParamGroup]:
-    """`rank`'s optimizer parameter groups (engine/lamb.py's, as build_engine makes them) as ZeRO partitions them:
-    the dense groups over every rank, the experts' over their expert-data-parallel ranks."""
-    groups = []
-    for group in build_param_groups(model, weight_decay):
-        if group.get("moe"):
-            size, place = shape.expert_data_parallel_place(rank)
-        else:
-            size, place = shape.world_size, rank
-        groups.append(ParamGroup(tuple(p.numel() for p in group["params"]), size, place, bool(group.get("moe"))))
-    return groups
-
-
-def model_states(model_config, shape: JobShape, ds: DeepSpeedSettings, optimizer_implementation: str,
-                 gpus: bool) -> list[ModelStateBytes]:
-    """Each rank's engine bytes for the model under the DeepSpeed settings `ds` (the plan's, or a changed JSON's),
-    with the optimizer that runs (engine/build.py's OptimizerPlan.implementation)."""
-    model = meta_model(model_config, shape.ep_size)
-    weight_decay = ((ds.config.get("optimizer") or {}).get("params") or {}).get("weight_decay", 0.0)
-    kind = optimizer_state_kind(ds, optimizer_implementation, gpus)
-    return [model_state_bytes(rank_param_groups(model, shape, rank, weight_decay), ds, kind)
-            for rank in range(shape.world_size)]
 
 
 # --- what a user reads ------------------------------------------------------------------------------------------
@@ -467,7 +365,7 @@ def check_fits(plan: JobPlan) -> None:
         zero = {**(ds.config.get("zero_optimization") or {}), "stage": 2}
         stage2 = validate_ds_config({**ds.config, "zero_optimization": zero}, world_size=dp,
                                     has_moe=plan.run.model_config.is_moe, cuda_available=plan.target.gpus)
-        peak = max(device_memory(plan, d.rank, states, d.activations).peak
+        peak = max(device_memory(d.rank, states, d.activations, plan.target.gpus).peak
                    for d, states in zip(plan.devices, model_states(plan.run.model_config, plan.shape, stage2,
                                                                 plan.run.optimizer.implementation, plan.target.gpus)))
         if peak <= limit:

@@ -37,11 +37,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 
-from widenet_ds.model.grouped_experts import (
-    ExpertWeights,
-    group_alignment,
-    grouped_expert_ffn,
-)
+from widenet_ds.model.grouped_experts import ExpertWeights, group_alignment, grouped_expert_ffn
 from widenet_ds.model.routing import Routing
 
 
