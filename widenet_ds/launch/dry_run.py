@@ -12,17 +12,15 @@ The task's data may be on the cluster only: a --data folder that is not here is 
 from its settings (the preset's vocabulary) for sequences of --seq-length tokens (default: the model's longest); a
 folder that is here is read and checked as the start-up reads it.
 
-Memory, per device: the weights, gradients, fp32 master weights and optimizer states the rank's DeepSpeed engine
-holds (engine/memory.py: DeepSpeed's partitioning, the experts' groups over their expert-data-parallel ranks), and the
-activations of a micro-batch's forward and backward, counted on fake tensors (engine/activation_memory.py), with and
-without --activation-checkpointing. The peak is what the engine holds plus the larger of the backward (activations
+Memory, per device (launch/job_memory.py): the weights, gradients, fp32 master weights and optimizer states the
+rank's DeepSpeed engine holds, and the activations of a micro-batch's forward and backward, with and without
+--activation-checkpointing. The peak is what the engine holds plus the larger of the backward (activations
 and DeepSpeed's reduce buckets) and the optimizer step (its fp32 gradient partition); a plan over --device-memory (or
 the GPU's, --gpu) is refused with the changes that fit.
 """
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import subprocess
 from dataclasses import dataclass, replace
@@ -46,6 +44,7 @@ from widenet_ds.launch.job_memory import (
 from widenet_ds.launch.job_shape import JobShape
 from widenet_ds.launch.launcher import MAX_CPU_RANKS
 from widenet_ds.launch.options import (
+    GPU_MEMORY_GIB,
     PROG,
     LaunchOptions,
     parse_launch_args,
@@ -59,8 +58,6 @@ from widenet_ds.training.plan import RunPlan, check_plan
 from widenet_ds.training.registry import TASKS
 from widenet_ds.training.run_config import RunConfig
 
-# Device memory of the GPUs a job is often sized for, GiB.
-GPU_MEMORY_GIB = {"H100": 80.0, "H200": 141.0, "A100-40GB": 40.0, "A100-80GB": 80.0}
 GIB = 2**30
 
 
@@ -97,40 +94,13 @@ class JobPlan:
 
 
 # --- the command line -------------------------------------------------------------------------------------------
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=f"{PROG} --dry-run", add_help=False,
-        usage=f"{PROG} --dry-run [--gpus-per-node G] [--gpu NAME | --device-memory GIB] [--seq-length N] "
-              f"[launch options] pretrain -- [options of the task]",
-        description="Plan a job without starting it: the checks its start-up makes for this shape, its groups and "
-                    "each device's memory. The launch options (`widenet-ds launch --help`) give the shape: "
-                    "--num-nodes N with --gpus-per-node G (a Slurm job's --nodes and --gpus-per-node), a --hostfile, "
-                    "or --num-ranks N on one node.")
-    p.add_argument("--gpus-per-node", type=int, metavar="G", help="GPU ranks per node (the job's devices are GPUs)")
-    p.add_argument("--gpu", type=str.upper, choices=sorted(GPU_MEMORY_GIB), metavar="NAME",
-                   help=f"the GPU model, for its memory: {', '.join(f'{k} {v:g} GiB' for k, v in GPU_MEMORY_GIB.items())}"
-                        f" (default: this machine's GPU, as nvidia-smi names it)")
-    p.add_argument("--device-memory", type=float, metavar="GIB", help="memory of each device, GiB (over --gpu's)")
-    p.add_argument("--seq-length", type=int, metavar="N",
-                   help="sequence length to size for when the --data folder is not on this machine (default: the "
-                        "model's max_position_embeddings)")
-    p.add_argument("-h", "--help", action="store_true")
-    return p
-
-
 def cli(argv: list[str]) -> int:
-    cut = argv.index("--") if "--" in argv else len(argv)
-    dry, launch_args = parser().parse_known_args(argv[:cut])
-    if dry.help:
-        print(parser().format_help())
-        return 0
-    if dry.gpus_per_node is not None:
-        launch_args += ["--num-gpus", str(dry.gpus_per_node)]
-    options = parse_launch_args(launch_args + argv[cut:])
+    """`widenet-ds launch --dry-run ...` (its options: launch/options.py's "dry run" group)."""
+    options = parse_launch_args(argv)
     if options.run_config is not None:
         options = with_saved_settings(options)
-    target = job_target(dry.gpus_per_node is not None or dry.gpu is not None or dry.device_memory is not None,
-                        dry.gpu, dry.device_memory)
+    dry = options.dry_run
+    target = job_target(dry.gpus, dry.gpu, dry.device_memory_gib)
     plan = plan_job(options, target, dry.seq_length)
     print("\n".join(plan_lines(plan)), flush=True)
     check_fits(plan)
@@ -141,8 +111,6 @@ def job_target(gpus: bool, name: str | None, memory_gib: float | None) -> Target
     """The job's devices: GPUs when asked for or when this machine has them (named and sized by nvidia-smi)."""
     found_name, found_memory = this_gpu()
     gpus = gpus or found_name is not None
-    if memory_gib is not None and memory_gib <= 0:
-        raise LaunchError(f"--device-memory {memory_gib:g} must be a positive number of GiB")
     if name is not None:
         return Target(True, name, memory_gib if memory_gib is not None else GPU_MEMORY_GIB[name])
     return Target(gpus, found_name if gpus else None, memory_gib if memory_gib is not None else found_memory)
