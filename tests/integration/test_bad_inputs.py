@@ -649,7 +649,7 @@ CASES = [
     C("dry-run-device-memory-not-positive", "launch", lambda e, t: ["--dry-run", "--device-memory", "0", "pretrain",
       "--", *pretrain(e, t)], r"argument --device-memory: '0' must be a positive number"),
     C("dry-run-unknown-gpu", "launch", lambda e, t: ["--dry-run", "--gpu", "V100", "pretrain", "--", *pretrain(e, t)],
-      r"--gpu: invalid choice: 'V100' \(choose from 'A100-40GB', 'A100-80GB', 'H100', 'H200'\)"),
+      r"--gpu: invalid choice: 'V100' \(choose from 'H100', 'H200', 'A100-40GB', 'A100-80GB'\)"),
     C("dry-run-sizing-without-dry-run", "launch", lambda e, t: ["--gpu", "H100", "--seq-length", "128", "pretrain",
       "--", *pretrain(e, t)], r"--gpu, --seq-length size a job's plan: add --dry-run, or leave them out"),
     C("dry-run-gpus-without-a-count", "launch", lambda e, t: ["--dry-run", "--gpu", "H100", "--num-nodes", "2",
