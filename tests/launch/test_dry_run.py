@@ -5,6 +5,7 @@ tests/engine/test_memory.py, tests/engine/test_activation_memory.py and tests/in
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -73,6 +74,30 @@ def test_the_phase_1_recipe_on_two_nodes_of_eight_gpus_is_planned_here_without_s
     page = (REPO / "docs" / "cluster.md").read_text()
     shown = [line for line in out.splitlines() if f"\n{line}\n" not in page]
     assert not shown, f"docs/cluster.md shows another plan than this run prints; lines not there: {shown}"
+
+
+@pytest.mark.slow  # three dry runs of the recipe, one sizing smaller micro batches (about 25 s of CPU)
+def test_the_recipe_on_a_shape_it_cannot_take_is_refused_with_the_fix(tmp_path):
+    (tmp_path / "ds_configs").mkdir()
+    shutil.copy(RECIPE, tmp_path / "ds_configs")
+    shapes = {"ep 3": ["--num-nodes", "2", "--gpus-per-node", "8", "pretrain", "--", *PHASE_1, "--ep-size", "3"],
+              "24 GPUs": ["--num-nodes", "3", "--gpus-per-node", "8", "pretrain", "--", *PHASE_1],
+              "6 GiB": ["--num-nodes", "2", "--gpus-per-node", "8", "--device-memory", "6", "--seq-length", "128",
+                        "pretrain", "--", *PHASE_1]}
+    runs = {name: subprocess.Popen([sys.executable, "-m", "widenet_ds.cli", "launch", "--dry-run", *argv], cwd=tmp_path,
+                                   env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for name, argv in shapes.items()}
+    errors = {}
+    for name, proc in runs.items():
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 2, (name, err[-2000:])
+        errors[name] = err
+    assert "--ep-size 3 does not divide the 16 rank(s); use one of [1, 2, 4, 8]" in errors["ep 3"]
+    assert ("train_batch_size 4096 is not a multiple of train_micro_batch_size_per_gpu 64 x 24 data-parallel rank(s)"
+            in errors["24 GPUs"] and "does not split over 24 ranks" in errors["24 GPUs"])
+    assert re.search(r"the job needs [\d.]+ GiB on the device of rank \d+ \(node \d\), more than its 6 GiB\. It fits with "
+                     r"--activation-checkpointing \(peak [\d.]+ GiB\); or train_micro_batch_size_per_gpu 32 ",
+                     errors["6 GiB"]), errors["6 GiB"]
 
 
 @pytest.fixture(scope="module")
