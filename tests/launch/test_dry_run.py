@@ -42,7 +42,8 @@ def test_the_phase_1_recipe_on_two_nodes_of_eight_gpus_is_planned_here_without_s
     before = tree(tmp_path)
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "widenet_ds.cli", "launch", "--dry-run", "--num-nodes", "2",
-                             "--gpus-per-node", "8", "--gpu", "H100", "--seq-length", "128", "pretrain", "--", *PHASE_1],
+                             "--gpus-per-node", "8", "--gpu", "H100", "--seq-length", "128", "pretrain", "--",
+                             *PHASE_1],
                             cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     started = set()
     while proc.poll() is None:  # no rank, no runner (a rank lives for seconds: polled, it would be seen)
@@ -95,8 +96,9 @@ def test_the_recipe_on_a_shape_it_cannot_take_is_refused_with_the_fix(tmp_path):
     assert "--ep-size 3 does not divide the 16 rank(s); use one of [1, 2, 4, 8]" in errors["ep 3"]
     assert ("train_batch_size 4096 is not a multiple of train_micro_batch_size_per_gpu 64 x 24 data-parallel rank(s)"
             in errors["24 GPUs"] and "does not split over 24 ranks" in errors["24 GPUs"])
-    assert re.search(r"the job needs [\d.]+ GiB on the device of rank \d+ \(node \d\), more than its 6 GiB\. It fits with "
-                     r"--activation-checkpointing \(peak [\d.]+ GiB\); or train_micro_batch_size_per_gpu 32 ",
+    assert re.search(r"the job needs [\d.]+ GiB on the device of rank \d+ \(node \d\), more than its 6 GiB\. "
+                     r"It fits with --activation-checkpointing \(peak [\d.]+ GiB\); or "
+                     r"train_micro_batch_size_per_gpu 32 ",
                      errors["6 GiB"]), errors["6 GiB"]
 
 

@@ -82,7 +82,8 @@ def fake_engine_module(module: nn.Module, groups: Callable[[nn.Module], list[lis
     """`module` (built on the meta device) as fake CPU tensors laid out as DeepSpeed's engine lays it out: views of one
     storage stay views (the experts' packed weights), unless the engine casts it to 16 bits or moves it to a device
     (`own_storages`), which gives each parameter a storage of its own (`module.to`); under ZeRO 1/2 each optimizer
-    parameter group is one flat buffer, its parameters views of it (DeepSpeedZeroOptimizer; `groups`: the optimizer's groups of the module)."""
+    parameter group (`groups`: the optimizer's groups of the module) is one flat buffer, its parameters views of it
+    (DeepSpeedZeroOptimizer)."""
     storages: dict[int, torch.Tensor] = {}
     converted: dict[int, torch.Tensor] = {}
 

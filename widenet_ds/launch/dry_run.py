@@ -78,6 +78,9 @@ class Target:
 
 @dataclass(frozen=True)
 class JobPlan:
+    """What a dry run found: the start-up's plan for rank 0 of the job's world, the job's shape, its devices'
+    memory."""
+
     cfg: RunConfig
     shape: JobShape
     run: RunPlan
@@ -181,7 +184,8 @@ def plan_job(options: LaunchOptions, target: Target, seq_length: int | None = No
     except Unmodelled as why:
         return JobPlan(cfg, shape, run, target, seq, data, None, {}, str(why))
     plan = JobPlan(cfg, shape, run, target, seq, data, None, activations)
-    return replace(plan, devices=tuple(device_memory(rank, rank_states, activations[cfg.activation_checkpointing], target.gpus)
+    held = activations[cfg.activation_checkpointing]
+    return replace(plan, devices=tuple(device_memory(rank, rank_states, held, target.gpus)
                                        for rank, rank_states in enumerate(states)))
 
 
@@ -233,10 +237,11 @@ def plan_lines(plan: JobPlan) -> list[str]:
                 else plural(len(shape.nodes), "node"))
     lines = [f"{PROG} --dry-run: {cfg.TASK} on {per_node} = {plural(world, 'rank')}, {plan.target.words()} (no rank "
              f"started, nothing written)",
-             f"checks of the job's start-up on {plural(world, 'rank')}: passed (settings, DeepSpeed JSON and batch, parallel "
-             f"layout, optimizer, step count{', resume' if run.resume else ''})",
+             f"checks of the job's start-up on {plural(world, 'rank')}: passed (settings, DeepSpeed JSON and batch, "
+             f"parallel layout, optimizer, step count{', resume' if run.resume else ''})",
              f"data: {plan.data}",
-             "ranks: " + "; ".join(f"{host}: ranks {span(shape.ranks_of(i))}" for i, (host, _) in enumerate(shape.nodes))]
+             "ranks: " + "; ".join(f"{host}: ranks {span(shape.ranks_of(i))}"
+                                   for i, (host, _) in enumerate(shape.nodes))]
     if model.is_moe:
         local = len(shape.experts_of(0))
         if shape.ep_size == 1:

@@ -45,10 +45,10 @@ def check_hostfile(path: str | Path, requested_ranks: int | None = None, *, num_
                    ranks_per_node: int | None = None, resolve: bool = True) -> dict[str, int]:
     """Read a hostfile and check it can hold the launch, before anything starts.
 
-    Every host must resolve (`resolve` False: a dry run on a machine outside the cluster). `num_nodes`/`ranks_per_node` are the `deepspeed` launcher's
-    --num_nodes/--num_gpus: it takes the first `num_nodes` hosts and starts `ranks_per_node` ranks on
-    each whatever its slots say, so each chosen host needs that many slots. `requested_ranks` is a
-    total to fit into the slots of the chosen hosts. Returns host -> slots of the chosen hosts.
+    Every host must resolve (`resolve` False: a dry run on a machine outside the cluster). `num_nodes`/
+    `ranks_per_node` are the `deepspeed` launcher's --num_nodes/--num_gpus: it takes the first `num_nodes` hosts
+    and starts `ranks_per_node` ranks on each whatever its slots say, so each chosen host needs that many slots.
+    `requested_ranks` is a total to fit into the slots of the chosen hosts. Returns host -> slots of the chosen hosts.
     """
     slots = read_hostfile(path)
     for host in slots if resolve else ():
