@@ -40,7 +40,6 @@ def test_the_phase_1_recipe_on_two_nodes_of_eight_gpus_is_planned_here_without_s
     (tmp_path / "ds_configs").mkdir()
     shutil.copy(RECIPE, tmp_path / "ds_configs")
     before = tree(tmp_path)
-    start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "widenet_ds.cli", "launch", "--dry-run", "--num-nodes", "2",
                              "--gpus-per-node", "8", "--gpu", "H100", "--seq-length", "128", "pretrain", "--",
                              *PHASE_1],
@@ -53,9 +52,7 @@ def test_the_phase_1_recipe_on_two_nodes_of_eight_gpus_is_planned_here_without_s
             pass
         time.sleep(0.1)
     out, err = proc.communicate()
-    seconds = time.monotonic() - start
     assert proc.returncode == 0, err[-3000:]
-    assert seconds < 60, seconds
     assert not [command for command in started if "python" in command or "deepspeed" in command], started
     assert tree(tmp_path) == before
     for line in ("pretrain on 2 nodes x 8 ranks = 16 ranks, H100s of 80 GiB",
