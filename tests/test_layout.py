@@ -161,7 +161,9 @@ COVERED_BY = {
     "widenet_ds/checkpoint/relayout.py": ["checkpoint/test_shape_free.py", "integration/test_resume_new_shape.py"],
     "widenet_ds/checkpoint/tokenizer_check.py": ["integration/test_bad_inputs.py", "commands/test_convert.py"],
     "widenet_ds/engine/ds_sections.py": ["engine/test_ds_config.py"],
-    "widenet_ds/launch/options.py": ["launch/test_launcher.py"],  # the launch command line, parsed and refused there
+    "widenet_ds/launch/options.py": ["launch/test_launcher.py"],
+    # a job's bytes per device, held to real engines: their tensors on 2 launched ranks, the profiler's peak
+    "widenet_ds/launch/job_memory.py": ["integration/test_dry_run_memory.py", "engine/test_activation_memory.py"],  # the launch command line, parsed and refused there
     "widenet_ds/engine/quiet.py": ["launch/test_signals.py"],  # the console of a real run, checked line by line
     # two real gloo ranks: a stopped peer's collective ends at the training bound; every rank's problems at once
     "widenet_ds/distributed/collective_timeouts.py": ["distributed/test_peer_watch.py"],

@@ -40,6 +40,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "vision-demo": ("widenet_ds.commands.demo:vision_demo_cli", "train widenet-vit-tiny on Fashion-MNIST on 2 CPU ranks"),
 }
 
+# A command's form run by another function: `launch --dry-run` plans the job in this process (it builds the model on
+# the meta device, with DeepSpeed), where `launch` itself never imports DeepSpeed.
+FORMS: dict[tuple[str, str], str] = {("launch", "--dry-run"): "widenet_ds.launch.dry_run:cli"}
+
 # Commands that never import DeepSpeed (start fast, print nothing of DeepSpeed's).
 # The launchers start DeepSpeed in the ranks only: a bad launch option fails at once.
 LIGHT_COMMANDS = {"squad-eval", "glue-eval", "model-config", "prepare-data", "train-tokenizer", "verify-data",
@@ -64,11 +68,17 @@ def main(argv: list[str] | None = None) -> int:
         hint = f" Did you mean {close[0]!r}?" if close else ""
         print(f"widenet-ds: unknown command {name!r}.{hint}\n\n{_usage()}", file=sys.stderr)
         return 2
+    own = rest[:rest.index("--")] if "--" in rest else rest
+    for (command, flag), target in FORMS.items():
+        if name == command and flag in own:
+            return run_command(f"{name} {flag}", rest, f"widenet-ds {name}", entry=target)
     return run_command(name, rest, f"widenet-ds {name}")
 
 
-def run_command(name: str, argv: list[str], prog: str, func: Callable[[list[str]], int | None] | None = None) -> int:
-    """Run one command (`func`: in place of the registered function, e.g. the entry under another name): its exit
+def run_command(name: str, argv: list[str], prog: str, func: Callable[[list[str]], int | None] | None = None,
+                entry: str | None = None) -> int:
+    """Run one command (`func`: in place of the registered function, e.g. the entry under another name; `entry`:
+    the "module:function" of a command's form, FORMS): its exit
     status, or 2 after one `prog: error: ...` line for an error of the input (a full disk among them), printed
     once for all ranks of a training run (distributed/console.py)."""
     if name not in LIGHT_COMMANDS:
@@ -77,7 +87,7 @@ def run_command(name: str, argv: list[str], prog: str, func: Callable[[list[str]
         with contextlib.redirect_stdout(sys.stderr):
             import deepspeed  # noqa: F401
     if func is None:
-        module_name, func_name = SUBCOMMANDS[name][0].split(":")
+        module_name, func_name = (entry or SUBCOMMANDS[name][0]).split(":")
         func = getattr(importlib.import_module(module_name), func_name)
     return exit_status(prog, lambda: _full_disk_as_error(func, argv), report=report_error)
 

@@ -651,6 +651,37 @@ CASES = [
       r"'70000' is not a TCP port"),
     C("launch-without-task-options", "launch", lambda e, t: ["classify", "--num-ranks", "2"],
       r"the classify options after `--`: the following arguments are required: .*--output-dir"),
+    # ---- widenet-ds launch --dry-run: the job's start-up refusals for its shape, planned here (launch/dry_run.py) ----
+    C("dry-run-ep-size-does-not-divide", "launch", lambda e, t: ["--dry-run", "--num-nodes", "2", "--gpus-per-node", "8",
+      "pretrain", "--", *pretrain(e, t, "--ep-size", "3")],
+      r"--ep-size 3 does not divide the 16 rank\(s\); use one of \[1, 2, 4\]"),
+    C("dry-run-batch-does-not-divide", "launch", lambda e, t: ["--dry-run", "--num-ranks", "4", "pretrain", "--",
+      *pretrain(e, t)], r"train_batch_size 16 is not a multiple of train_micro_batch_size_per_gpu 8 x 4 data-parallel "
+      r"rank\(s\).*On 4 data-parallel ranks train_batch_size 16 takes train_micro_batch_size_per_gpu 1 or 2 or 4"),
+    C("dry-run-exceeds-device-memory", "launch", lambda e, t: ["--dry-run", "--num-nodes", "2", "--gpus-per-node", "8",
+      "--device-memory", "0.009", "pretrain", "--", *pretrain(e, t, ds=ds_config(
+          t, train_micro_batch_size_per_gpu=1, zero_optimization={"stage": 1, "reduce_bucket_size": 1000}))],
+      r"the job needs [\d.]+ MiB on the device of rank \d+ \(node \d\), more than its 0\.009 GiB\. It fits with "
+      r"--activation-checkpointing"),
+    C("dry-run-resume-cannot-split-the-checkpoints-steps", "launch", lambda e, t: ["--dry-run", "--num-nodes", "2",
+      "--gpus-per-node", "8", "pretrain", "--", *pretrain(e, t, "--resume", out=run_copy(e, t, lambda r: None))],
+      r"trained 2 micro-batch\(es\) of 8 per step .*16 data-parallel rank\(s\) cannot split them.*resume on 1 or 2 "
+      r"data-parallel rank"),
+    C("dry-run-prefix-schedule-without-the-data", "launch", lambda e, t: ["--dry-run", "--num-ranks", "1", "pretrain",
+      "--", *pretrain(e, t, "--branch-schedule", "prefix", model=model_config(e, t, norm_position="pre", num_branches=2),
+                data=t / "absent")],
+      r"--branch-schedule prefix cycles once per epoch of the data, which is not on this machine: pass "
+      r"--prefix-cycle-batches"),
+    C("dry-run-of-a-finetuning-job", "launch", lambda e, t: ["--dry-run", "--num-ranks", "2", "glue", "--",
+      *glue(e, t)], r"--dry-run plans pretrain jobs; a glue run checks its data and model when it starts"),
+    C("dry-run-device-memory-not-positive", "launch", lambda e, t: ["--dry-run", "--device-memory", "0", "pretrain",
+      "--", *pretrain(e, t)], r"argument --device-memory: '0' must be a positive number"),
+    C("dry-run-unknown-gpu", "launch", lambda e, t: ["--dry-run", "--gpu", "V100", "pretrain", "--", *pretrain(e, t)],
+      r"--gpu: invalid choice: 'V100' \(choose from 'H100', 'H200', 'A100-40GB', 'A100-80GB'\)"),
+    C("dry-run-sizing-without-dry-run", "launch", lambda e, t: ["--gpu", "H100", "--seq-length", "128", "pretrain",
+      "--", *pretrain(e, t)], r"--gpu, --seq-length size a job's plan: add --dry-run, or leave them out"),
+    C("dry-run-gpus-without-a-count", "launch", lambda e, t: ["--dry-run", "--gpu", "H100", "--num-nodes", "2",
+      "pretrain", "--", *pretrain(e, t)], r"give the GPUs of each node: --gpus-per-node G"),
     # ---- several nodes (issue 49): what a one-process row can show; each case's run across nodes is a test of
     # tests/integration/test_two_nodes.py (the table in docs/cluster.md, "What has run across nodes for real") ----
     C("launch-loopback-master-addr-with-two-nodes", "launch", lambda e, t: ["pretrain", "--hostfile", str(write(

@@ -55,5 +55,3 @@ def test_the_drivers_use_only_what_task_declares_and_set_nothing_of_it(module):
 def test_the_check_catches_an_undeclared_hook_and_an_assignment():
     read, assigned = task_uses("def plan(task):\n    task.plan = 1\n    return task.prepare_twice()\n", {"task"})
     assert read - declared() == {"prepare_twice"} and assigned == ["plan"]
-
-

@@ -42,16 +42,16 @@ def read_hostfile(path: str | Path) -> dict[str, int]:
 
 
 def check_hostfile(path: str | Path, requested_ranks: int | None = None, *, num_nodes: int | None = None,
-                   ranks_per_node: int | None = None) -> dict[str, int]:
+                   ranks_per_node: int | None = None, resolve: bool = True) -> dict[str, int]:
     """Read a hostfile and check it can hold the launch, before anything starts.
 
-    Every host must resolve. `num_nodes`/`ranks_per_node` are the `deepspeed` launcher's
-    --num_nodes/--num_gpus: it takes the first `num_nodes` hosts and starts `ranks_per_node` ranks on
-    each whatever its slots say, so each chosen host needs that many slots. `requested_ranks` is a
-    total to fit into the slots of the chosen hosts. Returns host -> slots of the chosen hosts.
+    Every host must resolve (`resolve` False: a dry run on a machine outside the cluster). `num_nodes`/
+    `ranks_per_node` are the `deepspeed` launcher's --num_nodes/--num_gpus: it takes the first `num_nodes` hosts
+    and starts `ranks_per_node` ranks on each whatever its slots say, so each chosen host needs that many slots.
+    `requested_ranks` is a total to fit into the slots of the chosen hosts. Returns host -> slots of the chosen hosts.
     """
     slots = read_hostfile(path)
-    for host in slots:
+    for host in slots if resolve else ():
         try:
             socket.getaddrinfo(host, None)
         except socket.gaierror as err:

@@ -188,6 +188,8 @@ def _run_runner(command: list[str], env: dict[str, str], nodes: tuple[str, ...])
 
 def launch(options: LaunchOptions) -> int:
     """Plan (the launch options and hostfile checked), check the task's options, then start the ranks."""
+    if options.dry_run is not None:  # (`widenet-ds launch --dry-run` runs launch/dry_run.py, which starts nothing)
+        raise LaunchError("--dry-run plans a job without starting it: run it as `widenet-ds launch --dry-run ...`")
     plan = plan_launch(options, this_machine(), runner=deepspeed_runner())
     check_task_options(options)
     return run(plan)

@@ -18,6 +18,19 @@ from widenet_ds.tasks import TASKS
 PROG = "widenet-ds launch"
 TRAIN_MODULE = "widenet_ds.train"  # its tasks: widenet_ds/tasks/
 LOG_LEVEL_VAR = "WIDENET_DEEPSPEED_LOG_LEVEL"
+# Device memory of the GPUs a job is often sized for, GiB (`--dry-run --gpu NAME`).
+GPU_MEMORY_GIB = {"H100": 80.0, "H200": 141.0, "A100-40GB": 40.0, "A100-80GB": 80.0}
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """`--dry-run` and its own options (launch/dry_run.py): the devices the job will run on, and the sequence length
+    to size for where its data is not on this machine."""
+
+    gpus: bool = False                     # its ranks are GPUs (--gpus-per-node, --gpu or --device-memory given)
+    gpu: str | None = None                 # a name of GPU_MEMORY_GIB
+    device_memory_gib: float | None = None
+    seq_length: int | None = None
 
 
 @dataclass(frozen=True)
@@ -31,11 +44,12 @@ class LaunchOptions:
     master_port: int | None = None
     ssh_check: bool = True
     run_config: Path | None = None  # a run's saved settings (run_config.json), read by launch/task_options.py
+    dry_run: DryRun | None = None  # plan the job on this machine, start no rank (launch/dry_run.py)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise LaunchError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
-        if self.num_nodes is not None and self.num_nodes > 1 and self.hostfile is None:
+        if self.num_nodes is not None and self.num_nodes > 1 and self.hostfile is None and self.dry_run is None:
             raise LaunchError(f"--num-nodes {self.num_nodes} needs --hostfile listing the nodes "
                               f"(one `<host> slots=<N>` line each)")
 
@@ -67,6 +81,16 @@ def _positive_int(text: str) -> int:
     if value < 1:
         # deepspeed would take 0 ranks silently and run 1
         raise argparse.ArgumentTypeError(f"{text!r} must be a whole number >= 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
     return value
 
 
@@ -107,6 +131,21 @@ def parser() -> argparse.ArgumentParser:
                    help="the task's options from a run's run_config.json (or its run folder), to run it again or "
                         "continue it elsewhere; options after `--` follow them (a later option wins, e.g. "
                         "--output-dir, --resume)")
+    p.add_argument("--gpus-per-node", type=_positive_int, metavar="G",
+                   help="GPU ranks per node (as Slurm's --gpus-per-node; the same as --num-ranks G, on GPUs)")
+    dry = p.add_argument_group("dry run", "plan the job here without starting it (docs/cluster.md)")
+    dry.add_argument("--dry-run", action="store_true",
+                     help="the checks the job's start-up makes for this shape, its ranks' groups and each device's "
+                          "memory, in this process on any machine (no GPU needed); no rank starts, nothing is written")
+    dry.add_argument("--gpu", type=str.upper, choices=list(GPU_MEMORY_GIB), metavar="NAME",
+                     help=f"the job's GPU model, for its memory: "
+                          f"{', '.join(f'{k} {v:g} GiB' for k, v in GPU_MEMORY_GIB.items())} (default: this machine's "
+                          f"GPU, as nvidia-smi names and sizes it)")
+    dry.add_argument("--device-memory", type=_positive_float, metavar="GIB",
+                     help="memory of each of the job's devices, GiB (over --gpu's)")
+    dry.add_argument("--seq-length", type=_positive_int, metavar="N",
+                     help="sequence length to size for where the --data folder is not on this machine (default: the "
+                          "model's max_position_embeddings)")
     return p
 
 
@@ -120,7 +159,16 @@ def parse_launch_args(argv: list[str]) -> LaunchOptions:
         known = ", ".join(a.option_strings[0] for a in p._actions if a.option_strings and a.dest != "help")
         p.error(f"unknown launch option {unknown[0]!r}; the launch options are {known}, and the task's own "
                 f"options go after `--`")
-    return LaunchOptions(task=args.task, train_args=tuple(train_args), ranks_per_node=args.ranks_per_node,
-                         num_nodes=args.num_nodes, hostfile=args.hostfile, master_addr=args.master_addr,
-                         master_port=args.master_port, ssh_check=args.ssh_check, run_config=args.run_config)
+    if args.ranks_per_node is not None and args.gpus_per_node is not None:
+        p.error("--num-ranks and --gpus-per-node both give the ranks per node; give one")
+    sized = {"--gpu": args.gpu, "--device-memory": args.device_memory, "--seq-length": args.seq_length}
+    if not args.dry_run and any(value is not None for value in sized.values()):
+        p.error(f"{', '.join(k for k, v in sized.items() if v is not None)} size a job's plan: add --dry-run, or "
+                f"leave them out to start the job")
+    dry_run = DryRun(args.gpus_per_node is not None or args.gpu is not None or args.device_memory is not None,
+                     args.gpu, args.device_memory, args.seq_length) if args.dry_run else None
+    return LaunchOptions(task=args.task, train_args=tuple(train_args),
+                         ranks_per_node=args.ranks_per_node or args.gpus_per_node, num_nodes=args.num_nodes,
+                         hostfile=args.hostfile, master_addr=args.master_addr, master_port=args.master_port,
+                         ssh_check=args.ssh_check, run_config=args.run_config, dry_run=dry_run)
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
 
 from widenet_ds.model.grouped_experts import ExpertWeights, group_alignment, grouped_expert_ffn
 from widenet_ds.model.routing import Routing
@@ -195,9 +196,14 @@ def sorted_experts(tokens: Tensor, routing: Routing, weights: ExpertWeights, ep_
     return combined.to(tokens.dtype)
 
 
-def _host_split_sizes(send_counts: Tensor, recv_counts: Tensor) -> tuple[list[int], list[int]]:
+def _host_split_sizes(send_counts: Tensor, recv_counts: Tensor, num_rows: int) -> tuple[list[int], list[int]]:
     """Rows to send to / receive from each peer, as host ints for all_to_all_single: the path's one
-    device -> host copy (a [2, ep] tensor)."""
+    device -> host copy (a [2, ep] tensor). Fake tensors hold no counts (a dry run counting a step's memory,
+    widenet_ds/engine/activation_memory.py): every one of the `num_rows` rows kept, spread evenly over the peers."""
+    if not torch.compiler.is_compiling() and is_fake(send_counts):
+        peers = send_counts.shape[0]
+        even = [num_rows * (peer + 1) // peers - num_rows * peer // peers for peer in range(peers)]
+        return even, even
     sizes = torch.stack([send_counts.sum(dim=1), recv_counts.sum(dim=1)]).tolist()
     return sizes[0], sizes[1]
 
@@ -214,7 +220,7 @@ def _expert_parallel_ffn(rows: Tensor, expert_counts: Tensor, weights: ExpertWei
     send_counts = expert_counts.to(torch.long).view(ep_size, local)            # [peer, local expert]
     recv_counts = torch.empty_like(send_counts)
     dist.all_to_all_single(recv_counts, send_counts, group=ep_group)           # on the device
-    send_splits, recv_splits = _host_split_sizes(send_counts, recv_counts)
+    send_splits, recv_splits = _host_split_sizes(send_counts, recv_counts, rows.shape[0])
     # Routes without an expert (rows past the counted ones) are sent nowhere; zero rows come back in place.
     sent = sum(send_splits)
     received = _AllToAllRows.apply(rows[:sent], send_splits, recv_splits, ep_group)  # by (source rank, local expert)

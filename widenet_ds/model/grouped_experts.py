@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import is_fake
 from torch.utils.flop_counter import register_flop_formula
 
 # Rows per group boundary for torch._grouped_mm on CUDA (16 covers bf16's 16-byte TMA alignment and fp8's).
@@ -154,7 +155,7 @@ class SharedWeightGrad:
         if fresh:
             self._task = task
             self._sum = grad_out.new_empty(group_ends.shape[0], grad_out.shape[1], inputs.shape[1])
-        ends = group_ends.tolist()  # CPU only: no device to wait for
+        ends = host_group_ends(group_ends, grad_out.shape[0])  # CPU only: no device to wait for
         for group, (start, end) in enumerate(zip([0] + ends[:-1], ends)):
             if fresh:
                 torch.mm(grad_out[start:end].t(), inputs[start:end], out=self._sum[group])
@@ -187,6 +188,15 @@ def _grouped_mm_eager(a: Tensor, b: Tensor, group_ends: Tensor) -> Tensor:
     if grouped_mm_aligned(a, b):
         return torch._grouped_mm(a, b, offs=group_ends)
     return grouped_mm_per_group(a, b, group_ends)
+
+
+def host_group_ends(group_ends: Tensor, num_rows: int) -> list[int]:
+    """The groups' end rows as host ints. Fake tensors hold no values (a dry run counting a step's memory,
+    widenet_ds/engine/activation_memory.py): groups of even size then, which allocate what any sizes would."""
+    if not torch.compiler.is_compiling() and is_fake(group_ends):
+        groups = group_ends.shape[0]
+        return [num_rows * (group + 1) // groups for group in range(groups)]
+    return group_ends.tolist()
 
 
 def group_alignment(device: torch.device) -> int:
@@ -256,7 +266,7 @@ def _native_grouped_mm(a: Tensor, b: Tensor, group_ends: Tensor) -> Tensor:
 def grouped_mm_per_group(a: Tensor, b: Tensor, group_ends: Tensor) -> Tensor:
     """a [N, K] @ b[g] [K, M] for the rows of each group g: one GEMM per group, any dtype, device and alignment
     (the group sizes are read on the host: a sync on a GPU)."""
-    ends = group_ends.tolist()
+    ends = host_group_ends(group_ends, a.shape[0])
     starts = [0] + ends[:-1]
     return torch.cat([a[s:e] @ b[g] for g, (s, e) in enumerate(zip(starts, ends))])
 
@@ -282,7 +292,7 @@ def grouped_mm_weight_grad(a: Tensor, grad: Tensor, group_ends: Tensor) -> Tenso
     """[G, K, M]: a[group g]^T @ grad[group g] for each group g (the weight gradient of grouped_mm)."""
     if grouped_mm_aligned(a, grad):
         return torch._grouped_mm(a.t(), grad, offs=group_ends)
-    ends = group_ends.tolist()
+    ends = host_group_ends(group_ends, a.shape[1])
     starts = [0] + ends[:-1]
     return torch.stack([a[s:e].t() @ grad[s:e] for s, e in zip(starts, ends)])
 

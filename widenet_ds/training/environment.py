@@ -38,9 +38,9 @@ def check_every_rank(cfg: RunConfig) -> None:
                                      f"the {cfg.TASK} settings")
 
 
-def environment_problems(cfg: RunConfig, lock_holder: bool = True) -> list[str]:
+def environment_problems(cfg: RunConfig, lock_holder: bool = True, data: bool = True) -> list[str]:
     """What `cfg` names that this machine lacks, each with its fix (`lock_holder`: also whether another run holds
-    the output folder's lock)."""
+    the output folder's lock; `data` False: all but the task's data, `cfg.data_problems()`)."""
     problems = []
     if cfg.init_from is not None and not cfg.init_from.exists():
         problems.append(f"--init-from {cfg.init_from} does not exist; pass a checkpoint folder (`widenet-ds convert "
@@ -50,7 +50,7 @@ def environment_problems(cfg: RunConfig, lock_holder: bool = True) -> list[str]:
                         f"JSON file, e.g. ds_configs/{cfg.EXAMPLE_DS_CONFIG} (see ds_configs/README.md).")
     if cfg.compile != "none":
         problems += compile_backend_problems(cfg.compile_backend)
-    return problems + cfg.data_problems() + output_dir_problems(cfg, lock_holder)
+    return problems + (cfg.data_problems() if data else []) + output_dir_problems(cfg, lock_holder)
 
 
 def compile_backend_problems(backend: str) -> list[str]:

@@ -110,11 +110,12 @@ def branch_parallel_notes(parallel: ParallelPlan, model_config) -> tuple[str, ..
             f"step the same only without them: {' '.join(fixes + routing_fixes(routing))}).",)
 
 
-def plan_layout(cfg: RunConfig, model_config, world_size: int, rank: int) -> tuple[ParallelPlan, DeepSpeedSettings,
-                                                                                   OptimizerPlan]:
-    """The parallel layout, the DeepSpeed JSON checked against it, and the optimizer that will run."""
+def plan_layout(cfg: RunConfig, model_config, world_size: int, rank: int, cuda: bool | None = None
+                ) -> tuple[ParallelPlan, DeepSpeedSettings, OptimizerPlan]:
+    """The parallel layout, the DeepSpeed JSON checked against it, and the optimizer that will run (`cuda`: whether
+    the ranks have a GPU; None: this machine's answer)."""
     parallel = ParallelPlan.plan(world_size, rank, cfg.ep_size, cfg.branch_parallel, model_config)
-    cuda = torch.cuda.is_available()
+    cuda = torch.cuda.is_available() if cuda is None else cuda
     ds = validate_ds_config(load_ds_config(cfg.deepspeed_config), world_size=parallel.data_parallel_size,
                             has_moe=model_config.is_moe, cuda_available=cuda)
     parallel.check_deepspeed(ds)
@@ -175,12 +176,27 @@ def check_resume_changes(cfg: RunConfig, where: Path, changes: list[str]) -> Non
 
 
 def plan_task(cfg: RunConfig, task, world_size: int, rank: int) -> RunPlan:
-    """Every check of a run of `task` into its folder, then the task's loaders: errors of every rank alike (they
-    read the same inputs), printed once. A resumed run's settings are compared with its run_config.json here
-    (a finetuning sweep compares them once for all its seeds: `check_resume_changes`)."""
+    """Every check of a run of `task` into its folder (`check_plan`), then the task's loaders."""
+    plan = check_plan(cfg, task, world_size, rank)
+    try:
+        task.prepare(plan)
+    except WideNetError as err:
+        raise mark_same_on_every_rank(err)
+    return plan
+
+
+def check_plan(cfg: RunConfig, task, world_size: int, rank: int, cuda: bool | None = None,
+               data_here: bool = True) -> RunPlan:
+    """Every check of a run of `task` into its folder on `world_size` ranks, as rank `rank` makes them: errors of
+    every rank alike (they read the same inputs), printed once. A resumed run's settings are compared with its
+    run_config.json here (a finetuning sweep compares them once for all its seeds: `check_resume_changes`). The start
+    of a run (`plan_task`) and a dry run on another machine (launch/dry_run.py: `cuda`, whether the job's ranks have
+    a GPU; `data_here` False: the task's data is not on this machine, and the model is sized from the settings) make
+    the same checks."""
     try:
         resume = find_resume(cfg, task.folder)
-        plan = plan_resume(cfg, task, plan_run(cfg, task, world_size, rank, resume), resume)
+        plan = plan_run(cfg, task, world_size, rank, resume, cuda, data_here)
+        plan = plan_resume(cfg, task, plan, resume, data_here)
         if plan.resume is not None:
             # (a setting the new shape needs, a micro batch the ranks can form, is no change to accept)
             needed = plan.new_shape.accepted_changes if plan.new_shape else ()
@@ -188,41 +204,48 @@ def plan_task(cfg: RunConfig, task, world_size: int, rank: int) -> RunPlan:
                        if c.partition(":")[0] not in needed]
             plan = replace(plan, changes=tuple(changes))
             check_resume_changes(cfg, cfg.output_dir, changes)
-        task.prepare(plan)
     except WideNetError as err:
         raise mark_same_on_every_rank(err)
     return plan
 
 
-def plan_run(cfg: RunConfig, task, world_size: int, rank: int, resume: CheckpointSource | None = None) -> RunPlan:
+def plan_run(cfg: RunConfig, task, world_size: int, rank: int, resume: CheckpointSource | None = None,
+             cuda: bool | None = None, data_here: bool = True) -> RunPlan:
     """The checks every task shares, made once per run (a finetuning sweep's seeds share them): the task's model
     (its data read and checked), the layout, the DeepSpeed settings, the data, the branch schedule and the
     length. The hooks are called in the order training/task.py lists. `resume`: the checkpoint the run
-    continues, when it is known (`find_resume`): its needs are named before the DeepSpeed JSON's."""
-    model_config = task.model_config()
+    continues, when it is known (`find_resume`): its needs are named before the DeepSpeed JSON's. `data_here`
+    False (a dry run): the model as the settings give it, and no data read."""
+    model_config = task.model_config() if data_here else task.model_config_from_settings()
     # The layout's own refusals (an ep size or branch group the ranks or experts cannot form) come before a resume's
     # micro-batch one: theirs is the fix to make first.
     ParallelPlan.plan(world_size, rank, cfg.ep_size, cfg.branch_parallel, model_config)
     try:
-        parallel, ds, optimizer = plan_layout(cfg, model_config, world_size, rank)
+        parallel, ds, optimizer = plan_layout(cfg, model_config, world_size, rank, cuda)
     except ConfigError:  # a resume on other ranks: what the checkpoint needs comes first (its fix, not the JSON's)
         if resume is not None:
             check_micro_batches_divide(resume, world_size // cfg.branch_parallel, model_config.is_moe)
         raise
     task.check_settings(ds)
-    task.load_data()
-    schedule = plan_branch_schedule(cfg.branch_schedule, model_config.num_branches,
-                                    task.batches_per_epoch(ds.batch.train_batch_size), ds, cfg.prefix_cycle_batches,
-                                    cfg.stage_steps)
+    if data_here:
+        task.load_data()
+    epoch = task.batches_per_epoch(ds.batch.train_batch_size) if data_here else None
+    if epoch is None and cfg.branch_schedule == "prefix" and cfg.prefix_cycle_batches is None:
+        raise ConfigError("--branch-schedule prefix cycles once per epoch of the data, which is not on this machine: "
+                          "pass --prefix-cycle-batches N to plan the run here.")
+    schedule = plan_branch_schedule(cfg.branch_schedule, model_config.num_branches, epoch, ds,
+                                    cfg.prefix_cycle_batches, cfg.stage_steps)
     also = cfg.schedule_change_flags(resuming=resume is not None)
     max_steps = schedule.end_step(resolve_max_steps(task.requested_steps(ds), ds, also))
     notes = schedule_notes(max_steps, ds, also) + branch_parallel_notes(parallel, model_config)
     return RunPlan(model_config, parallel, ds, optimizer, schedule, max_steps, notes=notes)
 
 
-def plan_resume(cfg: RunConfig, task, plan: RunPlan, source: CheckpointSource | None) -> RunPlan:
+def plan_resume(cfg: RunConfig, task, plan: RunPlan, source: CheckpointSource | None,
+                data_here: bool = True) -> RunPlan:
     """`plan` for continuing from `source` (`find_resume` of the run's folder, or of a finetuning seed's folder for
-    each seed): checked to continue this run exactly, with the model in the checkpoint's dispatch."""
+    each seed): checked to continue this run exactly, with the model in the checkpoint's dispatch (`data_here`
+    False: the checkpoint's data is not compared with the task's, which is not on this machine)."""
     if source is None:
         return plan
     meta = source.meta
@@ -231,7 +254,8 @@ def plan_resume(cfg: RunConfig, task, plan: RunPlan, source: CheckpointSource | 
     if meta.branch_schedule != plan.schedule.kind:
         raise CheckpointError(f"checkpoint {source.tag_dir} was trained with --branch-schedule {meta.branch_schedule}; "
                               f"resume with the same schedule.")
-    task.check_resume(meta, source)
+    if data_here:
+        task.check_resume(meta, source)
     new_shape = plan_new_shape(source, plan.parallel, plan.ds, model_config)
     return replace(plan, model_config=model_config, resume=source, new_shape=new_shape, data_order=meta.data_order,
                    loss_normalisation=new_shape.loss_normalisation if new_shape else meta.loss_normalisation)

@@ -8,6 +8,9 @@ The order of the calls (torchtitan's `Trainer` hooks are the model):
                                  requested_steps(ds) -> check_resume(meta, source) -> prepare(plan)
     loop (training/trainer.py)   train_loader, build_model -> start -> [micro_batch (-> loss_weights) -> forward
                                  -> metrics, train_scalars, train_line]* with evaluate between -> finish -> its Results
+
+A dry run without the data (launch/dry_run.py) asks model_config_from_settings in place of model_config, and
+neither load_data, batches_per_epoch, check_resume nor prepare.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from widenet_ds.checkpoint.manager import TrainingState
 from widenet_ds.checkpoint.marker import CheckpointMeta
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.engine.ds_config import DeepSpeedSettings
+from widenet_ds.errors import ConfigError
 from widenet_ds.results import Results
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.training.log import TrainingLog
@@ -45,6 +49,12 @@ class Task(ABC):
     @abstractmethod
     def model_config(self):
         """The model this run trains (its data read as far as the model depends on it, and checked)."""
+
+    def model_config_from_settings(self):
+        """The model as the settings alone give it, for a dry run on a machine without the task's data
+        (launch/dry_run.py). A task whose model cannot be known without its data refuses."""
+        raise ConfigError(f"a dry run of {self.cfg.TASK} needs its data on this machine (the model depends on it): "
+                          f"pass a --data folder that is here, or plan the job on the cluster.")
 
     def check_settings(self, ds: DeepSpeedSettings) -> None:
         """The task's own checks of the DeepSpeed settings (finetuning: the task's recipe)."""

@@ -69,6 +69,10 @@ class PretrainTask(Task):
                                        model.vocab_size, tokenizer_file=self.data.tokenizer_file)
         return model
 
+    def model_config_from_settings(self) -> ModelConfig:
+        """Without the data: the preset's own vocabulary size (the data's manifest would set it)."""
+        return resolve_model_config(ModelConfig, self.cfg.model_config, self.init_source, self.cfg.overrides)
+
     def batches_per_epoch(self, train_batch_size: int) -> int:
         return max(1, self.manifest.splits["train"].examples // train_batch_size)
 
