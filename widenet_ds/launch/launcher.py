@@ -37,6 +37,7 @@ from widenet_ds.launch.node_env import ranks_env, runner_env_file
 from widenet_ds.launch.node_failures import NodeWatch, failure
 from widenet_ds.launch.options import (
     LOG_LEVEL_VAR,
+    PREFLIGHT_MODULE,
     PROG,
     TRAIN_MODULE,
     LaunchOptions,
@@ -129,8 +130,8 @@ def plan_launch(options: LaunchOptions, machine: Machine, environ: Mapping[str, 
     node_env = ranks_env(environ, env) if options.hostfile is not None else {}
     if options.hostfile is not None:
         env.update(ssh_keepalive_env(environ))
-    return LaunchPlan([runner, *ds_args, "--module", TRAIN_MODULE, options.task, *options.train_args], env, node_env,
-                      nodes)
+    module = PREFLIGHT_MODULE if options.preflight else TRAIN_MODULE
+    return LaunchPlan([runner, *ds_args, "--module", module, options.task, *options.train_args], env, node_env, nodes)
 
 
 def ssh_keepalive_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -190,6 +191,9 @@ def launch(options: LaunchOptions) -> int:
     """Plan (the launch options and hostfile checked), check the task's options, then start the ranks."""
     if options.dry_run is not None:  # (`widenet-ds launch --dry-run` runs launch/dry_run.py, which starts nothing)
         raise LaunchError("--dry-run plans a job without starting it: run it as `widenet-ds launch --dry-run ...`")
+    if options.preflight:  # (`widenet-ds launch --preflight` runs launch/preflight.py, which starts the checks)
+        raise LaunchError("--preflight checks the cluster without starting the job: run it as `widenet-ds launch "
+                          "--preflight ...`")
     plan = plan_launch(options, this_machine(), runner=deepspeed_runner())
     check_task_options(options)
     return run(plan)
