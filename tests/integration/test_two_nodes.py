@@ -15,7 +15,10 @@ node), one rank per node, a text run with ep_size 2 so that the MoE all-to-all c
   node 2's rank, which would wait for that rendezvous for 30 minutes, is stopped by `widenet-ds launch`;
 - a second run into the same folder started on node 2 while the first runs from node 1: refused, naming node 1;
 - node 2's rank SIGKILLed mid-run: node 1's rank ends within a bounded time with one clear error, and the last
-  checkpoint is untouched (same file hashes) and passes `widenet-ds verify`.
+  checkpoint is untouched (same file hashes) and passes `widenet-ds verify`;
+- the preflight of a pretraining job (`widenet-ds launch --preflight` over pdsh, `PREFLIGHT=1 sbatch`): every check
+  passes; with node 2's own problems (its run folder on its own disk, no data, another DeepSpeed and an all-to-all
+  that swaps what it sends, both first on its PYTHONPATH) each is a failed row naming node 2 and its fix.
 The cluster is brought up once for the file; its teardown asserts that nothing of it is left, also when the test
 using it fails (checked by a cluster of its own).
 """
@@ -45,6 +48,8 @@ from tests.support.launch_inputs import (
 from tests.support.launching import REPO, child_env, clear_stale_build_locks
 from tests.support.netns_cluster import leftovers, netns_cluster, unavailable_reason
 from tests.support.netns_slurm import slurm_on
+from tests.support.preflight_output import ROWS as PREFLIGHT_ROWS
+from tests.support.preflight_output import read_table
 from tests.support.pretrain_support import events, train_losses, write_ds_config
 from tests.support.slurm_cluster import missing_tools
 
@@ -738,6 +743,163 @@ def test_a_second_writer_on_node2_is_refused_then_node2_killed_ends_node1_with_o
     verify = subprocess.run([*WIDENET_DS, "verify", str(saved)], cwd=REPO, env=child_env(), capture_output=True,
                             text=True, timeout=120)
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+# --- the preflight (issue 56): the job's ranks check the cluster, one table from rank 0 ------------------------------
+PREFLIGHT_BOUND_S = 300  # start-up on both nodes, the checks (a few tens of seconds), the table
+OTHER_DEEPSPEED = "0.19.7"
+# Node 2's own DeepSpeed, first on its PYTHONPATH: the installed package's code (its folder on this package's path: the
+# op builders read the same sources, so no op is built again) reporting another version, as a second DeepSpeed would.
+OTHER_DEEPSPEED_INIT = """import os
+__path__ = [{real!r}]
+_init = os.path.join(__path__[0], "__init__.py")
+exec(compile(open(_init).read(), _init, "exec"))
+__version__ = {version!r}
+"""
+# Test-only, on node 2: every all_to_all_single of equal splits sends each peer's chunk to the next peer (a collective
+# library or link that swaps what peers send). It patches torch.distributed as that module is first imported.
+SWAPPING_SITECUSTOMIZE = """import importlib.abc, importlib.machinery, sys
+
+
+def _swap(dist):
+    original = dist.all_to_all_single
+
+    def swapped(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
+        if output_split_sizes is None and input_split_sizes is None:
+            import torch
+            chunks = list(input.chunk(dist.get_world_size(group)))
+            input = torch.cat(chunks[1:] + chunks[:1])
+        return original(output, input, output_split_sizes, input_split_sizes, group, async_op)
+
+    dist.all_to_all_single = swapped
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "torch.distributed":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        load = spec.loader.exec_module
+        spec.loader.exec_module = lambda module: (load(module), _swap(module))
+        return spec
+
+
+sys.meta_path.insert(0, _PatchOnImport())
+"""
+
+
+def node_pythonpath(cluster) -> str:
+    """PYTHONPATH for both nodes: the checkout, then the node-local folder (each node's own packages there)."""
+    return f"{REPO}{os.pathsep}{cluster.local / 'pypath'}"
+
+
+def give_node2_its_own_problems(cluster, inputs) -> tuple[Path, Path]:
+    """Node 2 alone: another DeepSpeed and the swapping all-to-all first on its PYTHONPATH, the run folder on its own
+    disk, no data (node 1 has it on its own disk). Returns (--data, --output-dir): the same paths on both nodes."""
+    import deepspeed
+
+    node1, node2 = cluster.nodes
+    corpus, _ = inputs
+    package = node2.local_dir / "pypath" / "deepspeed"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(OTHER_DEEPSPEED_INIT.format(real=str(Path(deepspeed.__file__).parent),
+                                                                     version=OTHER_DEEPSPEED))
+    (node2.local_dir / "pypath" / "sitecustomize.py").write_text(SWAPPING_SITECUSTOMIZE)
+    shutil.copytree(corpus, node1.local_dir / "corpus")
+    (node2.local_dir / "run").mkdir()
+    return cluster.local / "corpus", cluster.local / "run"
+
+
+def without_node2s_problems(cluster) -> None:
+    node1, node2 = cluster.nodes
+    for path in (node2.local_dir / "pypath", node1.local_dir / "corpus", node2.local_dir / "run"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def preflight_by(launcher: str, cluster, request, train: list[str], out: Path, log: Path) -> tuple[int, str]:
+    """(exit status, output) of the preflight of `train` into `out` on both nodes, by `widenet-ds launch` (pdsh) or
+    `PREFLIGHT=1 sbatch slurm/train.sbatch`, one rank per node, PYTHONPATH node_pythonpath."""
+    if launcher == "sbatch":
+        slurm = request.getfixturevalue("slurm")
+        env = dict(slurm.env, OUTPUT_DIR=str(out), PREFLIGHT="1", PYTHONPATH=node_pythonpath(cluster))
+        job = slurm.sbatch("--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1", "--time=10", f"--output={log}",
+                           str(REPO / "slurm" / "train.sbatch"), "pretrain", *train, env=env)
+        state = slurm.wait_done(job, PREFLIGHT_BOUND_S)
+        output = log.read_text()
+        status = int(slurm.field(job, "ExitCode").split(":")[0])
+        assert (state == "COMPLETED") == (status == 0), f"{state}, exit {status}:\n{output[-6000:]}"
+        return status, output
+    proc = on_node1(cluster, [*WIDENET_DS, "launch", "--preflight", "pretrain", "--hostfile",
+                              str(cluster.hostfile(slots=1)), "--num-nodes", "2", "--num-ranks", "1", "--", *train,
+                              "--output-dir", str(out)], child_env(PYTHONPATH=node_pythonpath(cluster)))
+    try:
+        output, _ = proc.communicate(timeout=PREFLIGHT_BOUND_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the preflight still ran {PREFLIGHT_BOUND_S} s after start:\n{give_up(cluster, proc)[-6000:]}")
+    return proc.returncode, output
+
+
+def preflight_options(inputs, data: Path) -> list[str]:
+    """The job's options with `data`, but --output-dir (slurm/train.sbatch adds OUTPUT_DIR's)."""
+    train = run_args((data, inputs[1]), Path("unused"))
+    at = train.index("--output-dir")
+    return train[:at] + train[at + 2:]
+
+
+@pytest.mark.parametrize("launcher", ["pdsh", "sbatch"])
+def test_the_preflight_of_a_pretraining_job_passes_on_both_nodes(launcher, cluster, inputs, tmp_path, request):
+    corpus, _ = inputs
+    status, output = preflight_by(launcher, cluster, request, preflight_options(inputs, corpus), tmp_path / "run",
+                                  tmp_path / "preflight.log")
+    rows, verdict = read_table(output)
+    print(f"{launcher}:\n{output[output.index('widenet-ds launch --preflight: pretrain on'):]}")
+    assert status == 0 and tuple(rows) == PREFLIGHT_ROWS, output[-6000:]
+    assert all(row.result == "ok" for row in rows.values()), output[-6000:]
+    assert verdict.startswith(f"preflight: all {len(PREFLIGHT_ROWS)} checks passed in "), verdict
+    node1, node2 = cluster.nodes
+    assert rows["DeepSpeed"].found.endswith(" on every node") and "rank 0 on node1 and rank 1 on node2" in \
+        rows["all-reduce"].found
+    assert rows["all-to-all"].found.startswith("1 expert-parallel group of 2: every value right")
+    assert not (tmp_path / "run").exists() and not list(tmp_path.glob(".widenet-preflight-*"))
+
+
+@pytest.mark.parametrize("launcher", ["pdsh", "sbatch"])
+def test_the_preflight_names_node2_and_the_fix_for_its_own_folder_data_deepspeed_and_all_to_all(
+        launcher, cluster, inputs, tmp_path, request):
+    """Each of node 2's problems is its own row naming node 2 and the fix; the job's steps, which would need the data
+    and the all-to-all right, are not run (the swapped all-to-all would give the job's own dispatch wrong split
+    sizes)."""
+    node1, node2 = cluster.nodes
+    data, out = give_node2_its_own_problems(cluster, inputs)
+    try:
+        status, output = preflight_by(launcher, cluster, request, preflight_options(inputs, data), out,
+                                      tmp_path / "preflight.log")
+    finally:
+        without_node2s_problems(cluster)
+    rows, verdict = read_table(output)
+    print(f"{launcher}:\n{output[output.index('widenet-ds launch --preflight: pretrain on'):]}")
+    assert status == 2 and tuple(rows) == PREFLIGHT_ROWS, output[-6000:]
+    failed = {name: row for name, row in rows.items() if row.result == "FAIL"}
+    assert set(failed) == {"DeepSpeed", "all-to-all", "output folder", "data folder", "expert routing"}, output[-6000:]
+    assert all(failed[name].nodes == (node2.name,) for name in failed if name != "expert routing"), output[-6000:]
+    ds = failed["DeepSpeed"]
+    assert ds.found.startswith(f"DeepSpeed {OTHER_DEEPSPEED} ({cluster.local / 'pypath' / 'deepspeed'}) on "
+                               f"{node2.name}"), ds
+    assert "remove the other DeepSpeed there, or the folder holding it from PYTHONPATH" in ds.fix
+    assert "rank 1 sent rank 0 the data meant for rank 1 (itself)" in failed["all-to-all"].found
+    assert "host name must resolve" in failed["all-to-all"].fix  # gloo's network, not NCCL's settings
+    assert (f"is not one folder for all ranks: rank 1 on {node2.name} does not see the file rank 0 on {node1.name} "
+            f"wrote there") in failed["output folder"].found
+    assert failed["output folder"].fix.startswith("put --output-dir on storage every node mounts at the same path")
+    assert f"rank 1 on {node2.name}: --data {data} does not exist" in failed["data folder"].found
+    assert failed["data folder"].fix.startswith(f"copy the data folder to {data} on {node2.name}")
+    assert "differ from a one-rank run's from step 1 on" in failed["expert routing"].found
+    assert [rows[name].result for name in ("job's steps", "checkpoint")] == ["skipped", "skipped"]
+    assert rows["clean-up"].result == "ok" and not list(node1.local_dir.glob(".widenet-preflight-*"))
+    assert verdict.startswith("preflight: 5 of 16 checks failed (DeepSpeed on node2; all-to-all on node2; ")
+    assert "Traceback" not in output
+
 
 
 def test_deepspeeds_multi_node_kill_reaches_the_named_nodes_processes_and_no_other(cluster):

@@ -1,6 +1,7 @@
-"""`widenet-ds launch --preflight` (launch/preflight.py): the job's own launch with the preflight's ranks in place of the
-trainer's, as light as the job's launch. Its refusals are rows of tests/integration/test_bad_inputs.py; the checks on
-two local ranks: tests/launch/test_preflight_rank.py; across nodes (pdsh, sbatch): tests/integration/test_two_nodes.py."""
+"""`widenet-ds launch --preflight` (launch/preflight.py): the job's own launch with the preflight's ranks in place of
+the trainer's, as light as the job's launch. Its refusals are rows of tests/integration/test_bad_inputs.py; the checks
+on two local ranks: tests/launch/test_preflight_rank.py; across nodes (pdsh, sbatch): tests/integration/
+test_two_nodes.py."""
 
 from __future__ import annotations
 

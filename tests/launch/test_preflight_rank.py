@@ -15,12 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.support.launching import REPO, child_env, clear_stale_build_locks
+from tests.support.preflight_output import ROWS, read_table
 from tests.support.pretrain_support import BOOKS, prepare_data
 
 pytestmark = pytest.mark.multirank
-ROWS = ("start-up checks", "torch", "CUDA", "GPU driver", "DeepSpeed", "DeepSpeed ops", "free memory", "free disk",
-        "all-reduce", "all-to-all", "output folder", "data folder", "expert routing", "job's steps", "checkpoint",
-        "clean-up")
 
 
 def hashes(folder: Path) -> dict[str, str]:
@@ -45,13 +43,11 @@ def test_the_readme_recipes_cpu_twin_on_two_ranks_passes_every_check_and_leaves_
     print(f"the preflight of 2 local ranks took {time.monotonic() - start:.1f} s")
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
-    table = proc.stdout[proc.stdout.index("widenet-ds launch --preflight: pretrain on"):].splitlines()
-    assert table[1].split() == ["check", "result", "node", "found"]
-    assert [line.split("  ")[0] for line in table[2:2 + len(ROWS)]] == list(ROWS), "\n".join(table)
-    assert all(line.split()[len(name.split())] == "ok" for line, name in zip(table[2:], ROWS)), "\n".join(table)
-    assert table[2 + len(ROWS)].startswith(f"preflight: all {len(ROWS)} checks passed in ")
-    assert proc.stdout.count("check  ") == 1 and "Traceback" not in output  # one table, from rank 0
-    assert "every loss within 8 ulps of a one-rank run's" in proc.stdout
-    assert "every value right" in proc.stdout and "loaded back: every rank's weights and the step restored" in proc.stdout
+    rows, verdict = read_table(proc.stdout)  # one table, from rank 0
+    assert tuple(rows) == ROWS and all(row.result == "ok" for row in rows.values()), proc.stdout[-6000:]
+    assert verdict.startswith(f"preflight: all {len(ROWS)} checks passed in ") and "Traceback" not in output
+    assert "every loss within 8 ulps of a one-rank run's" in rows["expert routing"].found
+    assert "every value right" in rows["all-to-all"].found
+    assert rows["checkpoint"].found.endswith("loaded back: every rank's weights and the step restored")
     assert hashes(run) == before and sorted(p.name for p in (tmp_path / "runs").iterdir()) == around
     assert not list(tmp_path.rglob(".widenet-preflight-*"))
