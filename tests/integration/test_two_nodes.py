@@ -320,8 +320,8 @@ def test_node2_vanishing_mid_run_ends_node1_and_the_launcher_naming_node2_and_no
     print(said[0])
     assert f"for rank 1 on {node2.name}" in said[0] and f"{saved}, is kept" in said[0] and "--resume" in said[0]
     assert not any("Traceback" in line for line in lines_of(output, node1)), output[-6000:]
-    assert (f"widenet-ds launch: the run ended with exit status 255 (ssh's own failure: a node was down, unreachable "
-            f"or refused the login, or its connection was lost mid-run" in output), output[-6000:]
+    assert ("widenet-ds launch: the run ended with exit status 255 (ssh's own failure: a node was down, unreachable "
+            "or refused the login, or its connection was lost mid-run" in output), output[-6000:]
     assert max(train_losses(out)) < KILLED_RUN_STEPS, "the run finished before node 2 vanished"
     assert file_hashes(saved) == before
 
@@ -493,7 +493,7 @@ def test_a_loopback_master_addr_with_two_nodes_is_refused_before_any_rank_starts
     except subprocess.TimeoutExpired:
         pytest.fail(f"the launch still ran 120 s later:\n{give_up(cluster, proc)[-4000:]}")
     assert proc.returncode == 2, output[-4000:]
-    assert (f"--master-addr 127.0.0.1 is a loopback address, and the ranks run on 2 nodes" in output
+    assert ("--master-addr 127.0.0.1 is a loopback address, and the ranks run on 2 nodes" in output
             and f"Use {node1.name} ({node1.address}), the address the other nodes reach rank 0's node by" in output)
     assert "--module widenet_ds.train" not in output and not out.exists()  # no runner started
     assert not node1.processes(RANK) and not node2.processes(RANK)

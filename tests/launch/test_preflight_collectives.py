@@ -13,6 +13,7 @@ from widenet_ds.launch.preflight_collectives import (
     collective_rows,
     culprits,
     job_groups,
+    rank_device,
     received_problems,
     sent_chunk,
 )
@@ -51,3 +52,11 @@ def test_on_one_rank_both_collectives_run_on_deepspeeds_groups_and_pass():
     assert [row.check for row in rows] == ["all-reduce", "all-to-all"] and all(row.passed for row in rows), rows
     assert rows[0].found.startswith("data-parallel rank 0 on node1: every sum right, ")
     assert rows[1].found == "--ep-size 1: no expert-parallel all-to-all between ranks"
+
+
+def test_a_rank_takes_the_gpu_of_its_local_rank(monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    if torch.cuda.is_available():
+        assert rank_device() == torch.device("cuda", 1)
+    else:
+        assert rank_device() == torch.device("cpu")

@@ -11,6 +11,7 @@ is named by rank and node.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -55,19 +56,23 @@ def job_groups(ep_size: int, data_before_experts: bool) -> str:
     return name
 
 
-def _device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+def rank_device() -> torch.device:
+    """This rank's device: its GPU by its local rank, as DeepSpeed's engine takes it (the collectives run before any
+    engine has set a current device)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
 
 
 def _timed(call, repeats: int = REPEATS) -> float:
     times = []
     for index in range(repeats + 1):
         if torch.cuda.is_available():
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(rank_device())
         start = time.perf_counter()
         call()
         if torch.cuda.is_available():
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(rank_device())
         if index:  # the first is the warm-up (connections, buffers)
             times.append(time.perf_counter() - start)
     return statistics.median(times)
@@ -76,8 +81,8 @@ def _timed(call, repeats: int = REPEATS) -> float:
 def all_reduce(group) -> Timed:
     """A sum over `group` of int64 values every rank knows the total of: rank r adds (r + 1) * (k % 7 + 1)."""
     size = torch_dist.get_world_size(group)
-    count = PAYLOAD_BYTES[_device().type] // 8
-    pattern = torch.arange(count, device=_device()) % 7 + 1
+    count = PAYLOAD_BYTES[rank_device().type] // 8
+    pattern = torch.arange(count, device=rank_device()) % 7 + 1
     ranks = groups._get_data_parallel_group_ranks()
     mine = (torch_dist.get_rank() + 1) * pattern
     work = mine.clone()
@@ -117,8 +122,8 @@ def received_problems(received: torch.Tensor, peers: list[int], me: int, world: 
 def all_to_all(group, ranks: list[int]) -> Timed:
     """An all-to-all in this rank's expert-parallel group (`ranks`, in group order), its data value-checked."""
     world, me = torch_dist.get_world_size(), torch_dist.get_rank()
-    chunk = PAYLOAD_BYTES[_device().type] // 8 // len(ranks)
-    send = torch.cat([sent_chunk(me, peer, world, chunk, _device()) for peer in ranks])
+    chunk = PAYLOAD_BYTES[rank_device().type] // 8 // len(ranks)
+    send = torch.cat([sent_chunk(me, peer, world, chunk, rank_device()) for peer in ranks])
     received = torch.empty_like(send)
     seconds = _timed(lambda: ds_comm.all_to_all_single(received, send, group=group))
     return Timed(seconds, chunk * 8 * (len(ranks) - 1), tuple(received_problems(received, ranks, me, world, chunk)))

@@ -17,6 +17,7 @@ import torch
 
 from widenet_ds.engine.extensions import SHM_OP, use_environment_extensions_dir
 from widenet_ds.fs.disk_space import free_bytes, mib, needed_bytes
+from widenet_ds.launch.preflight_collectives import rank_device
 from widenet_ds.launch.preflight_table import Row, failed, passed
 
 NO_GPU = "none (no GPU)"
@@ -84,7 +85,8 @@ def node_facts(ops: list[str], run_folder: Path) -> NodeFacts:
     import deepspeed
 
     if torch.cuda.is_available():
-        device, free_memory = torch.cuda.get_device_name(), torch.cuda.mem_get_info()[0]
+        gpu = rank_device()
+        device, free_memory = torch.cuda.get_device_name(gpu), torch.cuda.mem_get_info(gpu)[0]
     else:
         device, free_memory = "CPU", host_available_memory()
     return NodeFacts(socket.gethostname(), torch.__version__, torch.version.cuda or CPU_BUILD, gpu_driver(),

@@ -48,6 +48,7 @@ from widenet_ds.engine.compile import compile_for_training
 from widenet_ds.engine.ds_config import DeepSpeedSettings, validate_ds_config
 from widenet_ds.fs.checksums import total_size
 from widenet_ds.fs.disk_space import mib
+from widenet_ds.launch.options import PREFLIGHT_MODULE
 from widenet_ds.launch.preflight_table import Row, failed, passed
 from widenet_ds.model.config import ModelConfig
 from widenet_ds.model.counts import flops_per_token
@@ -68,7 +69,6 @@ JOB_STEPS = 3  # before the checkpoint; the first is the warm-up
 # Dense tensor-core peak of bf16/fp16 per GPU, TFLOP/s (NVIDIA's data sheets; SXM boards): the first name a GPU's
 # name contains.
 PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100": 989.0, "H200": 989.0, "A100": 312.0}
-REFERENCE_MODULE = "widenet_ds.launch.preflight_rank"
 RENDEZVOUS_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -142,7 +142,7 @@ def start_reference(layout: TinyLayout) -> subprocess.Popen:
     env.update(RANK="0", LOCAL_RANK=os.environ.get("LOCAL_RANK", "0"), WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()))
     spec = json.dumps(dataclasses.asdict(layout))
-    return subprocess.Popen([sys.executable, "-m", REFERENCE_MODULE, "--reference", spec], env=env,
+    return subprocess.Popen([sys.executable, "-m", PREFLIGHT_MODULE, "--reference", spec], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
