@@ -18,7 +18,8 @@ node), one rank per node, a text run with ep_size 2 so that the MoE all-to-all c
   checkpoint is untouched (same file hashes) and passes `widenet-ds verify`;
 - the preflight of a pretraining job (`widenet-ds launch --preflight` over pdsh, `PREFLIGHT=1 sbatch`): every check
   passes; with node 2's own problems (its run folder on its own disk, no data, another DeepSpeed and an all-to-all
-  that swaps what it sends, both first on its PYTHONPATH) each is a failed row naming node 2 and its fix.
+  that swaps what it sends, both first on its PYTHONPATH) each is a failed row naming node 2 and its fix, all four
+  at once and (pdsh) each alone, its row failing and no other but those that need what it broke.
 The cluster is brought up once for the file; its teardown asserts that nothing of it is left, also when the test
 using it fails (checked by a cluster of its own).
 """
@@ -794,27 +795,60 @@ def node_pythonpath(cluster) -> str:
     return f"{REPO}{os.pathsep}{cluster.local / 'pypath'}"
 
 
-def give_node2_its_own_problems(cluster, inputs) -> tuple[Path, Path]:
-    """Node 2 alone: another DeepSpeed and the swapping all-to-all first on its PYTHONPATH, the run folder on its own
-    disk, no data (node 1 has it on its own disk). Returns (--data, --output-dir): the same paths on both nodes."""
+NODE2_FAULTS = ("output folder", "data folder", "DeepSpeed", "all-to-all")  # each named by the row that finds it
+
+
+def give_node2_its_own_problems(cluster, inputs, shared_run: Path, faults=NODE2_FAULTS) -> tuple[Path, Path]:
+    """Node 2 alone, for each of `faults`: the run folder on its own disk, no data (node 1 has it on its own disk),
+    another DeepSpeed or the swapping all-to-all first on its PYTHONPATH. Returns (--data, --output-dir): the same
+    paths on both nodes (the shared data and `shared_run` for what is not a fault)."""
     import deepspeed
 
     node1, node2 = cluster.nodes
     corpus, _ = inputs
-    package = node2.local_dir / "pypath" / "deepspeed"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text(OTHER_DEEPSPEED_INIT.format(real=str(Path(deepspeed.__file__).parent),
-                                                                     version=OTHER_DEEPSPEED))
-    (node2.local_dir / "pypath" / "sitecustomize.py").write_text(SWAPPING_SITECUSTOMIZE)
-    shutil.copytree(corpus, node1.local_dir / "corpus")
-    (node2.local_dir / "run").mkdir()
-    return cluster.local / "corpus", cluster.local / "run"
+    pypath = node2.local_dir / "pypath"
+    pypath.mkdir()
+    if "DeepSpeed" in faults:
+        (pypath / "deepspeed").mkdir()
+        (pypath / "deepspeed" / "__init__.py").write_text(OTHER_DEEPSPEED_INIT.format(
+            real=str(Path(deepspeed.__file__).parent), version=OTHER_DEEPSPEED))
+    if "all-to-all" in faults:
+        (pypath / "sitecustomize.py").write_text(SWAPPING_SITECUSTOMIZE)
+    data, out = corpus, shared_run
+    if "data folder" in faults:
+        shutil.copytree(corpus, node1.local_dir / "corpus")
+        data = cluster.local / "corpus"
+    if "output folder" in faults:
+        (node2.local_dir / "run").mkdir()
+        out = cluster.local / "run"
+    return data, out
 
 
 def without_node2s_problems(cluster) -> None:
     node1, node2 = cluster.nodes
     for path in (node2.local_dir / "pypath", node1.local_dir / "corpus", node2.local_dir / "run"):
         shutil.rmtree(path, ignore_errors=True)
+
+
+def assert_names_node2_and_the_fix(fault: str, rows, cluster, data: Path) -> None:
+    """`fault`'s row fails on node 2 alone with what it found there and its fix."""
+    node1, node2 = cluster.nodes
+    row = rows[fault]
+    assert row.result == "FAIL" and row.nodes == (node2.name,), row
+    if fault == "DeepSpeed":
+        assert row.found.startswith(f"DeepSpeed {OTHER_DEEPSPEED} ({cluster.local / 'pypath' / 'deepspeed'}) on "
+                                    f"{node2.name}"), row
+        assert "remove the other DeepSpeed there, or the folder holding it from PYTHONPATH" in row.fix, row
+    elif fault == "all-to-all":
+        assert "rank 1 sent rank 0 the data meant for rank 1 (itself)" in row.found, row
+        assert "host name must resolve" in row.fix, row  # gloo's network, not NCCL's settings
+    elif fault == "output folder":
+        assert (f"is not one folder for all ranks: rank 1 on {node2.name} does not see the file rank 0 on "
+                f"{node1.name} wrote there") in row.found, row
+        assert row.fix.startswith("put --output-dir on storage every node mounts at the same path"), row
+    else:
+        assert f"rank 1 on {node2.name}: --data {data} does not exist" in row.found, row
+        assert row.fix.startswith(f"copy the data folder to {data} on {node2.name}"), row
 
 
 def preflight_by(launcher: str, cluster, request, train: list[str], out: Path, log: Path) -> tuple[int, str]:
@@ -871,7 +905,7 @@ def test_the_preflight_names_node2_and_the_fix_for_its_own_folder_data_deepspeed
     and the all-to-all right, are not run (the swapped all-to-all would give the job's own dispatch wrong split
     sizes)."""
     node1, node2 = cluster.nodes
-    data, out = give_node2_its_own_problems(cluster, inputs)
+    data, out = give_node2_its_own_problems(cluster, inputs, tmp_path / "run")
     try:
         status, output = preflight_by(launcher, cluster, request, preflight_options(inputs, data), out,
                                       tmp_path / "preflight.log")
@@ -880,26 +914,45 @@ def test_the_preflight_names_node2_and_the_fix_for_its_own_folder_data_deepspeed
     rows, verdict = read_table(output)
     print(f"{launcher}:\n{output[output.index('widenet-ds launch --preflight: pretrain on'):]}")
     assert status == 2 and tuple(rows) == PREFLIGHT_ROWS, output[-6000:]
-    failed = {name: row for name, row in rows.items() if row.result == "FAIL"}
-    assert set(failed) == {"DeepSpeed", "all-to-all", "output folder", "data folder", "expert routing"}, output[-6000:]
-    assert all(failed[name].nodes == (node2.name,) for name in failed if name != "expert routing"), output[-6000:]
-    ds = failed["DeepSpeed"]
-    assert ds.found.startswith(f"DeepSpeed {OTHER_DEEPSPEED} ({cluster.local / 'pypath' / 'deepspeed'}) on "
-                               f"{node2.name}"), ds
-    assert "remove the other DeepSpeed there, or the folder holding it from PYTHONPATH" in ds.fix
-    assert "rank 1 sent rank 0 the data meant for rank 1 (itself)" in failed["all-to-all"].found
-    assert "host name must resolve" in failed["all-to-all"].fix  # gloo's network, not NCCL's settings
-    assert (f"is not one folder for all ranks: rank 1 on {node2.name} does not see the file rank 0 on {node1.name} "
-            f"wrote there") in failed["output folder"].found
-    assert failed["output folder"].fix.startswith("put --output-dir on storage every node mounts at the same path")
-    assert f"rank 1 on {node2.name}: --data {data} does not exist" in failed["data folder"].found
-    assert failed["data folder"].fix.startswith(f"copy the data folder to {data} on {node2.name}")
-    assert "differ from a one-rank run's from step 1 on" in failed["expert routing"].found
+    failed = {name for name, row in rows.items() if row.result == "FAIL"}
+    assert failed == {*NODE2_FAULTS, "expert routing"}, output[-6000:]
+    for fault in NODE2_FAULTS:
+        assert_names_node2_and_the_fix(fault, rows, cluster, data)
+    assert "differ from a one-rank run's from step 1 on" in rows["expert routing"].found
     assert [rows[name].result for name in ("job's steps", "checkpoint")] == ["skipped", "skipped"]
     assert rows["clean-up"].result == "ok" and not list(node1.local_dir.glob(".widenet-preflight-*"))
     assert verdict.startswith("preflight: 5 of 16 checks failed (DeepSpeed on node2; all-to-all on node2; ")
     assert "Traceback" not in output
 
+
+# What else each of node 2's problems alone leaves failed or unrun: a wrong all-to-all fails the tiny model's losses
+# and holds back the job's steps; no data holds them back; an unshared output folder holds back the checkpoint.
+ALSO_FAILED = {"all-to-all": {"expert routing"}}
+NOT_RUN = {"all-to-all": {"job's steps", "checkpoint"}, "data folder": {"job's steps", "checkpoint"},
+           "output folder": {"checkpoint"}}
+
+
+@pytest.mark.parametrize("fault", NODE2_FAULTS)
+def test_each_of_node2s_problems_alone_fails_its_row_and_no_other(fault, cluster, inputs, tmp_path, request):
+    """One problem on node 2 at a time, under pdsh (the sbatch case of all four at once is above): its row fails
+    naming node 2 and the fix, the others pass, or are skipped where they need what failed."""
+    node1, node2 = cluster.nodes
+    data, out = give_node2_its_own_problems(cluster, inputs, tmp_path / "run", faults=(fault,))
+    try:
+        status, output = preflight_by("pdsh", cluster, request, preflight_options(inputs, data), out,
+                                      tmp_path / "preflight.log")
+    finally:
+        without_node2s_problems(cluster)
+    rows, verdict = read_table(output)
+    print(f"{fault}:\n{output[output.index('widenet-ds launch --preflight: pretrain on'):]}")
+    assert status == 2 and tuple(rows) == PREFLIGHT_ROWS, output[-6000:]
+    assert_names_node2_and_the_fix(fault, rows, cluster, data)
+    by_result = {result: {name for name, row in rows.items() if row.result == result} for result in
+                 ("FAIL", "skipped")}
+    assert by_result == {"FAIL": {fault, *ALSO_FAILED.get(fault, ())}, "skipped": NOT_RUN.get(fault, set())}, \
+        output[-6000:]
+    assert not list(node1.local_dir.glob(".widenet-preflight-*")) and not list(node2.local_dir.glob(".widenet-*"))
+    assert not list(tmp_path.glob(".widenet-preflight-*")) and "Traceback" not in output
 
 
 def test_deepspeeds_multi_node_kill_reaches_the_named_nodes_processes_and_no_other(cluster):

@@ -16,9 +16,12 @@ node, its checkpoint a shared output folder), which are skipped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from widenet_ds.engine.quiet import quiet_third_party
@@ -45,6 +48,7 @@ from widenet_ds.launch.preflight_env import (  # noqa: E402
     node_facts,
 )
 from widenet_ds.launch.preflight_folders import (  # noqa: E402
+    SCRATCH_PREFIX,
     cleanup_row,
     data_row,
     listing,
@@ -204,8 +208,10 @@ def preflight(argv: list[str]) -> int:
         steps = [skipped("job's steps", why_not), skipped("checkpoint", why_not)]
     else:
         keep = scratch is not None and output.passed
-        found = on_every_rank(lambda: job_steps(cfg, scratch / "run" if keep else scratch_parent(cfg.output_dir),
-                                                init_source(), checkpoint=keep))
+        with contextlib.ExitStack() as stack:  # without a shared scratch folder: one of each rank's own, saving nothing
+            run_dir = (scratch if keep else Path(stack.enter_context(
+                tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX)))) / "run"
+            found = on_every_rank(lambda: job_steps(cfg, run_dir, init_source(), checkpoint=keep))
         text, nodes = errors_of(found, hosts)
         if text:
             steps = [failed("job's steps", text, "the error says why (the job's own start would fail the same way)",
