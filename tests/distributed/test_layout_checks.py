@@ -52,7 +52,7 @@ def test_layouts_that_work_pass():
 
 def test_the_checks_import_neither_torch_nor_deepspeed():
     """`widenet-ds launch` makes them before any rank starts, in a process that never imports torch."""
-    code = ("import sys; import widenet_ds.distributed.layout_checks, widenet_ds.model.config, widenet_ds.vision.config; "
-            "print(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))")
+    code = ("import sys; import widenet_ds.distributed.layout_checks, widenet_ds.model.config, "
+            "widenet_ds.vision.config; print(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
