@@ -982,6 +982,21 @@ def test_a_launch_resuming_a_finished_run_says_its_scores_and_starts_nothing(ear
                     rf"median dev acc 0\.\d{{4}} \(trivial baseline: dev acc 0\.\d{{4}}\); its results: ", said), said
 
 
+@pytest.mark.parametrize("command", [["widenet-ds", "--help"], ["widenet-ds", "launch", "squad", "--help"],
+                                     ["widenet-ds", "params"], ["train", "--help"]])
+def test_output_into_a_closed_pipe_ends_without_a_traceback(command):
+    """`widenet-ds --help | head`: the reader gone before the output is written (its end of the pipe closed first),
+    the command ends with exit status 1 and no BrokenPipeError traceback, as Python's documentation advises."""
+    entry = ["-m", "widenet_ds.cli"] if command[0] == "widenet-ds" else ["-m", "widenet_ds.train"]
+    read, write_end = os.pipe()
+    os.close(read)
+    proc = subprocess.run([sys.executable, *entry, *command[1:]], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                          env=child_env(), timeout=120)
+    os.close(write_end)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, \
+        proc.stderr[-2000:]
+
+
 def test_a_run_shorter_than_its_schedule_says_so(earlier):
     """cpu_small.json's schedule decays over 300 steps (30 of warmup); the earlier run stopped at step 2."""
     notes = [e["event"] for e in read_metrics(earlier["run"] / "metrics.jsonl").events if "total_num_steps" in e["event"]]
