@@ -23,7 +23,7 @@ from widenet_ds.checkpoint.tokenizer_check import (
     saved_tokenizer_problem,
 )
 from widenet_ds.data.tokenizer import TokenizerFiles
-from widenet_ds.distributed.parallel import check_ep_size
+from widenet_ds.distributed.layout_checks import check_ep_size
 from widenet_ds.errors import CheckpointError
 from widenet_ds.fs.disk_space import check_free_space, disk_full_errors
 from widenet_ds.fs.run_lock import output_lock
