@@ -796,6 +796,7 @@ def node_pythonpath(cluster) -> str:
 
 
 NODE2_FAULTS = ("output folder", "data folder", "DeepSpeed", "all-to-all")  # each named by the row that finds it
+NODE_LOCAL_DATA, NODE_LOCAL_RUN = "preflight-corpus", "preflight-run"  # in the node-local folder (other tests use theirs)
 
 
 def give_node2_its_own_problems(cluster, inputs, shared_run: Path, faults=NODE2_FAULTS) -> tuple[Path, Path]:
@@ -816,17 +817,17 @@ def give_node2_its_own_problems(cluster, inputs, shared_run: Path, faults=NODE2_
         (pypath / "sitecustomize.py").write_text(SWAPPING_SITECUSTOMIZE)
     data, out = corpus, shared_run
     if "data folder" in faults:
-        shutil.copytree(corpus, node1.local_dir / "corpus")
-        data = cluster.local / "corpus"
+        shutil.copytree(corpus, node1.local_dir / NODE_LOCAL_DATA)
+        data = cluster.local / NODE_LOCAL_DATA
     if "output folder" in faults:
-        (node2.local_dir / "run").mkdir()
-        out = cluster.local / "run"
+        (node2.local_dir / NODE_LOCAL_RUN).mkdir()
+        out = cluster.local / NODE_LOCAL_RUN
     return data, out
 
 
 def without_node2s_problems(cluster) -> None:
     node1, node2 = cluster.nodes
-    for path in (node2.local_dir / "pypath", node1.local_dir / "corpus", node2.local_dir / "run"):
+    for path in (node2.local_dir / "pypath", node1.local_dir / NODE_LOCAL_DATA, node2.local_dir / NODE_LOCAL_RUN):
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -905,8 +906,8 @@ def test_the_preflight_names_node2_and_the_fix_for_its_own_folder_data_deepspeed
     and the all-to-all right, are not run (the swapped all-to-all would give the job's own dispatch wrong split
     sizes)."""
     node1, node2 = cluster.nodes
-    data, out = give_node2_its_own_problems(cluster, inputs, tmp_path / "run")
     try:
+        data, out = give_node2_its_own_problems(cluster, inputs, tmp_path / "run")
         status, output = preflight_by(launcher, cluster, request, preflight_options(inputs, data), out,
                                       tmp_path / "preflight.log")
     finally:
@@ -937,8 +938,8 @@ def test_each_of_node2s_problems_alone_fails_its_row_and_no_other(fault, cluster
     """One problem on node 2 at a time, under pdsh (the sbatch case of all four at once is above): its row fails
     naming node 2 and the fix, the others pass, or are skipped where they need what failed."""
     node1, node2 = cluster.nodes
-    data, out = give_node2_its_own_problems(cluster, inputs, tmp_path / "run", faults=(fault,))
     try:
+        data, out = give_node2_its_own_problems(cluster, inputs, tmp_path / "run", faults=(fault,))
         status, output = preflight_by("pdsh", cluster, request, preflight_options(inputs, data), out,
                                       tmp_path / "preflight.log")
     finally:
