@@ -14,26 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.launching import REPO
+from tests.support.launching import (
+    LAUNCHER_SH,
+    WIDENET_DS,
+    launcher_env,
+)
 from widenet_ds.errors import LaunchError
 from widenet_ds.launch.host_allocator import GLIBC_KEEP_FREED
 from widenet_ds.launch.launcher import failure, plan_launch
 from widenet_ds.launch.options import LaunchOptions, Machine, parse_launch_args
 from widenet_ds.tasks import TASKS
 from widenet_ds.training.command_line import build_parser
-
-BIN = Path(sys.executable).parent
-LAUNCHER_SH = REPO / "launcher.sh"
-WIDENET_DS = [sys.executable, "-m", "widenet_ds.cli"]
-TRAIN = [sys.executable, "-m", "widenet_ds.train"]
-
-
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """This environment without any rank variables of the test process itself, venv tools first."""
-    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("SLURM_", "PMI_", "OMPI_"))}
-    return {**env, "PATH": f"{BIN}:{env['PATH']}", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-            "WIDENET_VENV": str(BIN.parent), **extra}
 
 
 # --- widenet-ds launch ----------------------------------------------------------------------------
@@ -157,7 +148,7 @@ def test_bad_hostfile_is_refused_before_deepspeed_starts(tmp_path, front):
     hostfile = write(tmp_path / "hosts", "localhost slots=2\nno-such-node.invalid slots=2\n")
     start = time.monotonic()
     proc = subprocess.run([*front, "--hostfile", str(hostfile), "--", "--anything"],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=60)
+                          env=launcher_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "no-such-node.invalid" in proc.stderr and "remove its line" in proc.stderr
     assert proc.stderr.count("error") == 1, proc.stderr
@@ -166,7 +157,7 @@ def test_bad_hostfile_is_refused_before_deepspeed_starts(tmp_path, front):
 
     proc = subprocess.run([*front, "--hostfile", str(write(tmp_path / "one", "localhost slots=2\n")),
                            "--num-gpus", "4", "--", "--anything"],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=60)
+                          env=launcher_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "request at most 2 GPUs per node" in proc.stderr
 
 
@@ -176,7 +167,7 @@ def test_launch_starts_one_rank_per_core_on_this_machine(tmp_path):
     the data missing (said once for all of them)."""
     cores = len(os.sched_getaffinity(0))
     ranks = min(cores, 8)
-    env = {k: v for k, v in subprocess_env(WIDENET_DEEPSPEED_LOG_LEVEL="info").items()
+    env = {k: v for k, v in launcher_env(WIDENET_DEEPSPEED_LOG_LEVEL="info").items()
            if k not in ("OMP_NUM_THREADS", "DS_ACCELERATOR")}
     task = ["--model-config", "widenet-vit-digits", "--dataset", "imagenet-folder", "--data", str(tmp_path / "none"),
             "--deepspeed-config", str(tmp_path / "none.json"), "--output-dir", str(tmp_path / "out")]
@@ -201,7 +192,7 @@ def test_a_tasks_help_is_one_page_printed_once_without_a_rank(task):
     pages = []
     for argv in (["launch", task, "--help"], ["launch", task, "--", "--help"], ["launch", "--num-ranks", "2", task,
                                                                                "--", "--output-dir", "o", "-h"]):
-        proc = subprocess.run([sys.executable, "-c", code, *argv], env=subprocess_env(COLUMNS="120"),
+        proc = subprocess.run([sys.executable, "-c", code, *argv], env=launcher_env(COLUMNS="120"),
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0 and proc.stderr == "imported: []\n", proc.stderr
         pages.append(proc.stdout)
