@@ -42,13 +42,15 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 # A command's form run by another function: `launch --dry-run` plans the job in this process (it builds the model on
-# the meta device, with DeepSpeed), where `launch` itself never imports DeepSpeed.
-FORMS: dict[tuple[str, str], str] = {("launch", "--dry-run"): "widenet_ds.launch.dry_run:cli"}
+# the meta device, with DeepSpeed), where `launch` itself never imports DeepSpeed; `launch --preflight` starts the
+# preflight's ranks in place of the job's.
+FORMS: dict[tuple[str, str], str] = {("launch", "--dry-run"): "widenet_ds.launch.dry_run:cli",
+                                     ("launch", "--preflight"): "widenet_ds.launch.preflight:cli"}
 
 # Commands that never import DeepSpeed (start fast, print nothing of DeepSpeed's).
 # The launchers start DeepSpeed in the ranks only: a bad launch option fails at once.
 LIGHT_COMMANDS = {"squad-eval", "glue-eval", "model-config", "prepare-data", "train-tokenizer", "verify-data",
-                  "report", "launch", "demo", "vision-demo"}
+                  "report", "launch", "launch --preflight", "demo", "vision-demo"}
 
 
 def _usage() -> str:

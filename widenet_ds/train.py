@@ -25,6 +25,7 @@ quiet_third_party()  # before DeepSpeed is imported
 from widenet_ds.cli import quiet_on_closed_pipe, run_command  # noqa: E402
 from widenet_ds.distributed.console import process_rank  # noqa: E402
 from widenet_ds.distributed.groups import exit_rank  # noqa: E402
+from widenet_ds.distributed.launch_env import without_local_rank  # noqa: E402
 from widenet_ds.distributed.lost_peer import lost_peer_message  # noqa: E402
 from widenet_ds.errors import WideNetError, mark_same_on_every_rank  # noqa: E402
 from widenet_ds.run.run_task import run_task  # noqa: E402
@@ -40,20 +41,6 @@ def usage(prog: str = PROG) -> str:
     return "\n".join([f"usage: {prog} TASK [options]", "", "tasks:"]
                      + [f"  {name:<10} {spec.description}" for name, spec in TASKS.items()]
                      + ["", f"`{prog} TASK --help` lists the options of one task (docs/flags.md: all of them)."])
-
-
-def without_local_rank(argv: list[str]) -> list[str]:
-    """The arguments without the `--local_rank=N` the deepspeed launcher puts first (the rank comes from the
-    environment)."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in ("--local_rank", "--local-rank"):
-            skip = True
-        elif not arg.startswith(("--local_rank=", "--local-rank=")):
-            out.append(arg)
-    return out
 
 
 def cli(argv: list[str], prog: str = DISPATCHED, task_prog: str | None = None) -> int:

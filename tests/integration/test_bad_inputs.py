@@ -5,9 +5,9 @@ error) whose message names the problem (the row's pattern), before any training 
 file of a real earlier run untouched: the earlier run's data folder, pretraining run (with
 checkpoints), exported folder and resharded checkpoint are hashed once and compared after every row.
 
-Most rows call the entries' main(argv) in this process (widenet-ds, widenet-ds launch, and
-`python -m widenet_ds.train` for pretraining, GLUE and SQuAD finetuning and image classification); launcher.sh
-rows run as subprocesses.
+Most rows call the entries' main(argv) in this process (widenet-ds, widenet-ds launch, a preflight's rank, and
+`python -m widenet_ds.train` for pretraining, GLUE and SQuAD finetuning and image classification); launcher.sh and
+slurm/train.sbatch rows run as subprocesses.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from tests.support.pretrain_support import CPU_CONFIG, write_model_config
 from widenet_ds.cli import main as widenet_ds
 from widenet_ds.errors import WideNetError
 from widenet_ds.fs.run_lock import LOCK_FILE, Holder, _process_start
+from widenet_ds.launch.preflight_rank import main as preflight_rank
 from widenet_ds.run_folder import read_metrics
 from widenet_ds.train import main as train
 
@@ -303,7 +304,8 @@ def classify(env, tmp: Path, *extra: str, out: Path | None = None) -> list[str]:
 @dataclass(frozen=True)
 class Case:
     id: str
-    entry: str                                   # widenet-ds | pretrain | glue | squad | classify | launch | launcher
+    entry: str                                   # widenet-ds | pretrain | glue | squad | classify | launch | launcher |
+    #                                              preflight (a preflight's rank) | sbatch (slurm/train.sbatch)
     argv: Callable[[dict, Path], list[str]]      # (earlier run, this row's folder) -> arguments
     pattern: str                                 # what the message must say (regex, case-insensitive)
     env: tuple[tuple[str, str], ...] = ()        # environment of the row (a value "{closed_port}": a port nobody serves)
@@ -698,6 +700,22 @@ CASES = [
       "--", *pretrain(e, t)], r"--gpu, --seq-length size a job's plan: add --dry-run, or leave them out"),
     C("dry-run-gpus-without-a-count", "launch", lambda e, t: ["--dry-run", "--gpu", "H100", "--num-nodes", "2",
       "pretrain", "--", *pretrain(e, t)], r"give the GPUs of each node: --gpus-per-node G"),
+    # ---- widenet-ds launch --preflight (launch/preflight.py), its ranks (launch/preflight_rank.py) and PREFLIGHT=1 ----
+    C("launch-preflight-with-dry-run", "launch", lambda e, t: ["--dry-run", "--preflight", "pretrain", "--",
+      *pretrain(e, t)], r"--dry-run plans the job on this machine, --preflight checks the cluster it will run on: "
+                        r"give one"),
+    C("launch-preflight-of-a-finetuning-job", "launch", lambda e, t: ["--preflight", "--num-ranks", "2", "glue", "--",
+      *glue(e, t)], r"--preflight checks pretrain jobs; a glue run's model, data and steps depend on its dataset and "
+                    r"checkpoint, which its start-up checks \(run it on a few ranks first\)"),
+    C("preflight-rank-of-an-image-job", "preflight", lambda e, t: ["classify", *classify(e, t)],
+      r"the preflight checks pretrain jobs, not 'classify': the model, data and steps of a finetuning or image job"),
+    C("launch-preflight-batch-does-not-split-over-the-ranks", "launch", lambda e, t: ["--preflight", "pretrain",
+      "--num-ranks", "3", "--", *pretrain(e, t)],
+      r"widenet-ds launch: error: the pretrain run on 3 ranks: DeepSpeed config: train_batch_size 16 is not a multiple "
+      r"of train_micro_batch_size_per_gpu 8 x 3 data-parallel rank\(s\)"),
+    C("sbatch-preflight-neither-0-nor-1", "sbatch", lambda e, t: ["pretrain", *without(pretrain(e, t), "--output-dir")],
+      r"PREFLIGHT=yes: set PREFLIGHT=1 to check the cluster for the job, or leave it unset \(or 0\) to run the job",
+      env=(("PREFLIGHT", "yes"), ("OUTPUT_DIR", "/nonexistent/run"))),
     # ---- several nodes (issue 49): what a one-process row can show; each case's run across nodes is a test of
     # tests/integration/test_two_nodes.py (the table in docs/cluster.md, "What has run across nodes for real") ----
     C("launch-loopback-master-addr-with-two-nodes", "launch", lambda e, t: ["pretrain", "--hostfile", str(write(
@@ -867,11 +885,17 @@ def run_entry(entry: str, argv: list[str], capsys) -> tuple[int, str]:
         proc = subprocess.run([str(REPO / "launcher.sh"), *argv], capture_output=True, text=True, timeout=60,
                               env=child_env(WIDENET_VENV=str(venv)))
         return proc.returncode, proc.stdout + proc.stderr
+    if entry == "sbatch":  # the batch script's own checks, before its srun
+        proc = subprocess.run(["bash", str(REPO / "slurm" / "train.sbatch"), *argv], capture_output=True, text=True,
+                              timeout=60, env=child_env(WIDENET_HOME=str(REPO), PYTHON=sys.executable))
+        return proc.returncode, proc.stdout + proc.stderr
     try:
         if entry == "widenet-ds":
             code = widenet_ds(argv)
         elif entry == "launch":
             code = widenet_ds(["launch", *argv])
+        elif entry == "preflight":
+            code = preflight_rank(argv)
         else:
             code = train([entry, *argv])
     except SystemExit as exit_:  # argparse: usage + one error line
@@ -886,7 +910,7 @@ def run_entry(entry: str, argv: list[str], capsys) -> tuple[int, str]:
 def test_the_table_covers_every_entry_with_60_distinct_cases():
     assert len({case.id for case in CASES}) == len(CASES) >= 60
     assert {case.entry for case in CASES} == {"widenet-ds", "pretrain", "glue", "squad", "classify", "launch",
-                                              "launcher"}
+                                              "launcher", "preflight", "sbatch"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)

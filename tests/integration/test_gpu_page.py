@@ -91,9 +91,14 @@ def sbatch_options() -> set[str]:
             for option in names.split(", ")}
 
 
+def sbatch_commands() -> list[tuple[dict[str, str], list[str]]]:
+    return [(env, argv) for env, argv in map(program, commands()) if argv[0] == "sbatch"]
+
+
 def the_recipe() -> tuple[dict[str, str], dict[str, str], str, list[str]]:
-    """(the variables the job gets, sbatch options, task, the task's options) of the page's one sbatch command."""
-    (exported, job), = [(env, argv) for env, argv in map(program, commands()) if argv[0] == "sbatch"]
+    """(the variables the job gets, sbatch options, task, the task's options) of the page's one sbatch command of the
+    job (its preflight's is the same with PREFLIGHT=1)."""
+    (exported, job), = [(env, argv) for env, argv in sbatch_commands() if "PREFLIGHT" not in env]
     at = job.index("slurm/train.sbatch")
     options = dict(option.split("=", 1) for option in job[1:at])
     return exported, options, job[at + 1], job[at + 2:]
@@ -118,6 +123,16 @@ def test_the_slurm_recipe_gives_every_variable_and_parses_as_its_ranks_parse_it(
     config = load_ds_config(REPO / cfg.deepspeed_config)
     settings = validate_ds_config(config, world_size=parallel.data_parallel_size, has_moe=True, cuda_available=True)
     assert settings.precision == "bf16" and settings.zero_stage == 1
+
+
+def test_the_slurm_recipes_first_step_is_its_preflight_the_same_job_with_preflight_1():
+    jobs = sbatch_commands()
+    assert [env.get("PREFLIGHT") for env, _ in jobs] == ["1", None]  # the preflight first, then the job
+    (preflight_env, preflight), (job_env, job) = jobs
+    assert preflight == job and {**job_env, "PREFLIGHT": "1"} == preflight_env
+    assert '"${PREFLIGHT:-0}" == 1' in SBATCH.read_text() and "-m widenet_ds.launch.preflight_rank" in SBATCH.read_text()
+    assert "(cluster.md#check-the-cluster-before-the-job---preflight)" in PAGE.read_text()
+    assert "## Check the cluster before the job: `--preflight`" in (REPO / "docs" / "cluster.md").read_text()
 
 
 @pytest.mark.parametrize("nodes", [1, 2, 3, 4, 8])

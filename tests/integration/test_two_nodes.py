@@ -15,7 +15,11 @@ node), one rank per node, a text run with ep_size 2 so that the MoE all-to-all c
   node 2's rank, which would wait for that rendezvous for 30 minutes, is stopped by `widenet-ds launch`;
 - a second run into the same folder started on node 2 while the first runs from node 1: refused, naming node 1;
 - node 2's rank SIGKILLed mid-run: node 1's rank ends within a bounded time with one clear error, and the last
-  checkpoint is untouched (same file hashes) and passes `widenet-ds verify`.
+  checkpoint is untouched (same file hashes) and passes `widenet-ds verify`;
+- the preflight of a pretraining job (`widenet-ds launch --preflight` over pdsh, `PREFLIGHT=1 sbatch`): every check
+  passes; with node 2's own problems (its run folder on its own disk, no data, another DeepSpeed and an all-to-all
+  that swaps what it sends, both first on its PYTHONPATH) each is a failed row naming node 2 and its fix, all four
+  at once and (pdsh) each alone, its row failing and no other but those that need what it broke.
 The cluster is brought up once for the file; its teardown asserts that nothing of it is left, also when the test
 using it fails (checked by a cluster of its own).
 """
@@ -45,6 +49,8 @@ from tests.support.launch_inputs import (
 from tests.support.launching import REPO, child_env, clear_stale_build_locks
 from tests.support.netns_cluster import leftovers, netns_cluster, unavailable_reason
 from tests.support.netns_slurm import slurm_on
+from tests.support.preflight_output import ROWS as PREFLIGHT_ROWS
+from tests.support.preflight_output import read_table
 from tests.support.pretrain_support import events, train_losses, write_ds_config
 from tests.support.slurm_cluster import missing_tools
 
@@ -315,8 +321,8 @@ def test_node2_vanishing_mid_run_ends_node1_and_the_launcher_naming_node2_and_no
     print(said[0])
     assert f"for rank 1 on {node2.name}" in said[0] and f"{saved}, is kept" in said[0] and "--resume" in said[0]
     assert not any("Traceback" in line for line in lines_of(output, node1)), output[-6000:]
-    assert (f"widenet-ds launch: the run ended with exit status 255 (ssh's own failure: a node was down, unreachable "
-            f"or refused the login, or its connection was lost mid-run" in output), output[-6000:]
+    assert ("widenet-ds launch: the run ended with exit status 255 (ssh's own failure: a node was down, unreachable "
+            "or refused the login, or its connection was lost mid-run" in output), output[-6000:]
     assert max(train_losses(out)) < KILLED_RUN_STEPS, "the run finished before node 2 vanished"
     assert file_hashes(saved) == before
 
@@ -488,7 +494,7 @@ def test_a_loopback_master_addr_with_two_nodes_is_refused_before_any_rank_starts
     except subprocess.TimeoutExpired:
         pytest.fail(f"the launch still ran 120 s later:\n{give_up(cluster, proc)[-4000:]}")
     assert proc.returncode == 2, output[-4000:]
-    assert (f"--master-addr 127.0.0.1 is a loopback address, and the ranks run on 2 nodes" in output
+    assert ("--master-addr 127.0.0.1 is a loopback address, and the ranks run on 2 nodes" in output
             and f"Use {node1.name} ({node1.address}), the address the other nodes reach rank 0's node by" in output)
     assert "--module widenet_ds.train" not in output and not out.exists()  # no runner started
     assert not node1.processes(RANK) and not node2.processes(RANK)
@@ -738,6 +744,216 @@ def test_a_second_writer_on_node2_is_refused_then_node2_killed_ends_node1_with_o
     verify = subprocess.run([*WIDENET_DS, "verify", str(saved)], cwd=REPO, env=child_env(), capture_output=True,
                             text=True, timeout=120)
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+# --- the preflight (issue 56): the job's ranks check the cluster, one table from rank 0 ------------------------------
+PREFLIGHT_BOUND_S = 300  # start-up on both nodes, the checks (a few tens of seconds), the table
+OTHER_DEEPSPEED = "0.19.7"
+# Node 2's own DeepSpeed, first on its PYTHONPATH: the installed package's code (its folder on this package's path: the
+# op builders read the same sources, so no op is built again) reporting another version, as a second DeepSpeed would.
+OTHER_DEEPSPEED_INIT = """import os
+__path__ = [{real!r}]
+_init = os.path.join(__path__[0], "__init__.py")
+exec(compile(open(_init).read(), _init, "exec"))
+__version__ = {version!r}
+"""
+# Test-only, on node 2: every all_to_all_single of equal splits sends each peer's chunk to the next peer (a collective
+# library or link that swaps what peers send). It patches torch.distributed as that module is first imported.
+SWAPPING_SITECUSTOMIZE = """import importlib.abc, importlib.machinery, sys
+
+
+def _swap(dist):
+    original = dist.all_to_all_single
+
+    def swapped(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
+        if output_split_sizes is None and input_split_sizes is None:
+            import torch
+            chunks = list(input.chunk(dist.get_world_size(group)))
+            input = torch.cat(chunks[1:] + chunks[:1])
+        return original(output, input, output_split_sizes, input_split_sizes, group, async_op)
+
+    dist.all_to_all_single = swapped
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "torch.distributed":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        load = spec.loader.exec_module
+        spec.loader.exec_module = lambda module: (load(module), _swap(module))
+        return spec
+
+
+sys.meta_path.insert(0, _PatchOnImport())
+"""
+
+
+def node_pythonpath(cluster) -> str:
+    """PYTHONPATH for both nodes: the checkout, then the node-local folder (each node's own packages there)."""
+    return f"{REPO}{os.pathsep}{cluster.local / 'pypath'}"
+
+
+NODE2_FAULTS = ("output folder", "data folder", "DeepSpeed", "all-to-all")  # each named by the row that finds it
+NODE_LOCAL_DATA, NODE_LOCAL_RUN = "preflight-corpus", "preflight-run"  # in the node-local folder (other tests use theirs)
+
+
+def give_node2_its_own_problems(cluster, inputs, shared_run: Path, faults=NODE2_FAULTS) -> tuple[Path, Path]:
+    """Node 2 alone, for each of `faults`: the run folder on its own disk, no data (node 1 has it on its own disk),
+    another DeepSpeed or the swapping all-to-all first on its PYTHONPATH. Returns (--data, --output-dir): the same
+    paths on both nodes (the shared data and `shared_run` for what is not a fault)."""
+    import deepspeed
+
+    node1, node2 = cluster.nodes
+    corpus, _ = inputs
+    pypath = node2.local_dir / "pypath"
+    pypath.mkdir()
+    if "DeepSpeed" in faults:
+        (pypath / "deepspeed").mkdir()
+        (pypath / "deepspeed" / "__init__.py").write_text(OTHER_DEEPSPEED_INIT.format(
+            real=str(Path(deepspeed.__file__).parent), version=OTHER_DEEPSPEED))
+    if "all-to-all" in faults:
+        (pypath / "sitecustomize.py").write_text(SWAPPING_SITECUSTOMIZE)
+    data, out = corpus, shared_run
+    if "data folder" in faults:
+        shutil.copytree(corpus, node1.local_dir / NODE_LOCAL_DATA)
+        data = cluster.local / NODE_LOCAL_DATA
+    if "output folder" in faults:
+        (node2.local_dir / NODE_LOCAL_RUN).mkdir()
+        out = cluster.local / NODE_LOCAL_RUN
+    return data, out
+
+
+def without_node2s_problems(cluster) -> None:
+    node1, node2 = cluster.nodes
+    for path in (node2.local_dir / "pypath", node1.local_dir / NODE_LOCAL_DATA, node2.local_dir / NODE_LOCAL_RUN):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def assert_names_node2_and_the_fix(fault: str, rows, cluster, data: Path) -> None:
+    """`fault`'s row fails on node 2 alone with what it found there and its fix."""
+    node1, node2 = cluster.nodes
+    row = rows[fault]
+    assert row.result == "FAIL" and row.nodes == (node2.name,), row
+    if fault == "DeepSpeed":
+        assert row.found.startswith(f"DeepSpeed {OTHER_DEEPSPEED} ({cluster.local / 'pypath' / 'deepspeed'}) on "
+                                    f"{node2.name}"), row
+        assert "remove the other DeepSpeed there, or the folder holding it from PYTHONPATH" in row.fix, row
+    elif fault == "all-to-all":
+        assert "rank 1 sent rank 0 the data meant for rank 1 (itself)" in row.found, row
+        assert "host name must resolve" in row.fix, row  # gloo's network, not NCCL's settings
+    elif fault == "output folder":
+        assert (f"is not one folder for all ranks: rank 1 on {node2.name} does not see the file rank 0 on "
+                f"{node1.name} wrote there") in row.found, row
+        assert row.fix.startswith("put --output-dir on storage every node mounts at the same path"), row
+    else:
+        assert f"rank 1 on {node2.name}: --data {data} does not exist" in row.found, row
+        assert row.fix.startswith(f"copy the data folder to {data} on {node2.name}"), row
+
+
+def preflight_by(launcher: str, cluster, request, train: list[str], out: Path, log: Path) -> tuple[int, str]:
+    """(exit status, output) of the preflight of `train` into `out` on both nodes, by `widenet-ds launch` (pdsh) or
+    `PREFLIGHT=1 sbatch slurm/train.sbatch`, one rank per node, PYTHONPATH node_pythonpath."""
+    if launcher == "sbatch":
+        slurm = request.getfixturevalue("slurm")
+        env = dict(slurm.env, OUTPUT_DIR=str(out), PREFLIGHT="1", PYTHONPATH=node_pythonpath(cluster))
+        job = slurm.sbatch("--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1", "--time=10", f"--output={log}",
+                           str(REPO / "slurm" / "train.sbatch"), "pretrain", *train, env=env)
+        state = slurm.wait_done(job, PREFLIGHT_BOUND_S)
+        output = log.read_text()
+        status = int(slurm.field(job, "ExitCode").split(":")[0])
+        assert (state == "COMPLETED") == (status == 0), f"{state}, exit {status}:\n{output[-6000:]}"
+        return status, output
+    proc = on_node1(cluster, [*WIDENET_DS, "launch", "--preflight", "pretrain", "--hostfile",
+                              str(cluster.hostfile(slots=1)), "--num-nodes", "2", "--num-ranks", "1", "--", *train,
+                              "--output-dir", str(out)], child_env(PYTHONPATH=node_pythonpath(cluster)))
+    try:
+        output, _ = proc.communicate(timeout=PREFLIGHT_BOUND_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the preflight still ran {PREFLIGHT_BOUND_S} s after start:\n{give_up(cluster, proc)[-6000:]}")
+    return proc.returncode, output
+
+
+def preflight_options(inputs, data: Path) -> list[str]:
+    """The job's options with `data`, but --output-dir (slurm/train.sbatch adds OUTPUT_DIR's)."""
+    train = run_args((data, inputs[1]), Path("unused"))
+    at = train.index("--output-dir")
+    return train[:at] + train[at + 2:]
+
+
+@pytest.mark.parametrize("launcher", ["pdsh", "sbatch"])
+def test_the_preflight_of_a_pretraining_job_passes_on_both_nodes(launcher, cluster, inputs, tmp_path, request):
+    corpus, _ = inputs
+    status, output = preflight_by(launcher, cluster, request, preflight_options(inputs, corpus), tmp_path / "run",
+                                  tmp_path / "preflight.log")
+    rows, verdict = read_table(output)
+    print(f"{launcher}:\n{output[output.index('widenet-ds launch --preflight: pretrain on'):]}")
+    assert status == 0 and tuple(rows) == PREFLIGHT_ROWS, output[-6000:]
+    assert all(row.result == "ok" for row in rows.values()), output[-6000:]
+    assert verdict.startswith(f"preflight: all {len(PREFLIGHT_ROWS)} checks passed in "), verdict
+    node1, node2 = cluster.nodes
+    assert rows["DeepSpeed"].found.endswith(" on every node") and "rank 0 on node1 and rank 1 on node2" in \
+        rows["all-reduce"].found
+    assert rows["all-to-all"].found.startswith("1 expert-parallel group of 2: every value right")
+    assert not (tmp_path / "run").exists() and not list(tmp_path.glob(".widenet-preflight-*"))
+
+
+@pytest.mark.parametrize("launcher", ["pdsh", "sbatch"])
+def test_the_preflight_names_node2_and_the_fix_for_its_own_folder_data_deepspeed_and_all_to_all(
+        launcher, cluster, inputs, tmp_path, request):
+    """Each of node 2's problems is its own row naming node 2 and the fix; the job's steps, which would need the data
+    and the all-to-all right, are not run (the swapped all-to-all would give the job's own dispatch wrong split
+    sizes)."""
+    node1, node2 = cluster.nodes
+    try:
+        data, out = give_node2_its_own_problems(cluster, inputs, tmp_path / "run")
+        status, output = preflight_by(launcher, cluster, request, preflight_options(inputs, data), out,
+                                      tmp_path / "preflight.log")
+    finally:
+        without_node2s_problems(cluster)
+    rows, verdict = read_table(output)
+    print(f"{launcher}:\n{output[output.index('widenet-ds launch --preflight: pretrain on'):]}")
+    assert status == 2 and tuple(rows) == PREFLIGHT_ROWS, output[-6000:]
+    failed = {name for name, row in rows.items() if row.result == "FAIL"}
+    assert failed == {*NODE2_FAULTS, "expert routing"}, output[-6000:]
+    for fault in NODE2_FAULTS:
+        assert_names_node2_and_the_fix(fault, rows, cluster, data)
+    assert "differ from a one-rank run's from step 1 on" in rows["expert routing"].found
+    assert [rows[name].result for name in ("job's steps", "checkpoint")] == ["skipped", "skipped"]
+    assert rows["clean-up"].result == "ok" and not list(node1.local_dir.glob(".widenet-preflight-*"))
+    assert verdict.startswith("preflight: 5 of 16 checks failed (DeepSpeed on node2; all-to-all on node2; ")
+    assert "Traceback" not in output
+
+
+# What else each of node 2's problems alone leaves failed or unrun: a wrong all-to-all fails the tiny model's losses
+# and holds back the job's steps; no data holds them back; an unshared output folder holds back the checkpoint.
+ALSO_FAILED = {"all-to-all": {"expert routing"}}
+NOT_RUN = {"all-to-all": {"job's steps", "checkpoint"}, "data folder": {"job's steps", "checkpoint"},
+           "output folder": {"checkpoint"}}
+
+
+@pytest.mark.parametrize("fault", NODE2_FAULTS)
+def test_each_of_node2s_problems_alone_fails_its_row_and_no_other(fault, cluster, inputs, tmp_path, request):
+    """One problem on node 2 at a time, under pdsh (the sbatch case of all four at once is above): its row fails
+    naming node 2 and the fix, the others pass, or are skipped where they need what failed."""
+    node1, node2 = cluster.nodes
+    try:
+        data, out = give_node2_its_own_problems(cluster, inputs, tmp_path / "run", faults=(fault,))
+        status, output = preflight_by("pdsh", cluster, request, preflight_options(inputs, data), out,
+                                      tmp_path / "preflight.log")
+    finally:
+        without_node2s_problems(cluster)
+    rows, verdict = read_table(output)
+    print(f"{fault}:\n{output[output.index('widenet-ds launch --preflight: pretrain on'):]}")
+    assert status == 2 and tuple(rows) == PREFLIGHT_ROWS, output[-6000:]
+    assert_names_node2_and_the_fix(fault, rows, cluster, data)
+    by_result = {result: {name for name, row in rows.items() if row.result == result} for result in
+                 ("FAIL", "skipped")}
+    assert by_result == {"FAIL": {fault, *ALSO_FAILED.get(fault, ())}, "skipped": NOT_RUN.get(fault, set())}, \
+        output[-6000:]
+    assert not list(node1.local_dir.glob(".widenet-preflight-*")) and not list(node2.local_dir.glob(".widenet-*"))
+    assert not list(tmp_path.glob(".widenet-preflight-*")) and "Traceback" not in output
 
 
 def test_deepspeeds_multi_node_kill_reaches_the_named_nodes_processes_and_no_other(cluster):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from widenet_ds.data.manifest import read_manifest
@@ -17,10 +18,15 @@ from widenet_ds.data.tokenizer import TOKENIZER_FILE
 from widenet_ds.errors import DataError
 from widenet_ds.fs.checksums import file_sha256
 
+REBUILD = ("Re-run `widenet-ds prepare-data` with the same arguments and --output: it rebuilds the damaged shards "
+           "(byte-identical); a damaged tokenizer.json must be restored or the data prepared anew")
 
 
-def verify_data(data_dir: Path) -> dict[str, int]:
-    """Check every file the manifest names; raise DataError listing each damaged one. Returns counts."""
+def data_folder_problems(data_dir: Path, hashes: Callable[[int], bool] = lambda index: True
+                         ) -> tuple[list[str], dict[str, int]]:
+    """Every damaged or missing file the manifest names, one line each, and the counts: the tokenizer's SHA-256, and
+    each shard's files' (those of the shards whose place in the manifest `hashes` picks; of the others their presence
+    and sizes: a preflight spreads the reading over its ranks)."""
     data_dir = Path(data_dir)
     manifest = read_manifest(data_dir)
     problems: list[str] = []
@@ -29,20 +35,23 @@ def verify_data(data_dir: Path) -> dict[str, int]:
         problems.append(f"{tokenizer}: missing")
     elif file_sha256(tokenizer) != manifest.tokenizer_sha256:
         problems.append(f"{tokenizer}: not the tokenizer the shards were built with (SHA-256 differs)")
-    shards = files = 0
-    legacy = 0
+    shards = files = legacy = 0
     for info in manifest.splits.values():
         for entry in info.shards:
+            problems += shard_problems(data_dir / entry["name"], entry, contents=hashes(shards))
             shards += 1
             files += 2
             legacy += "idx_sha256" not in entry
-            problems += shard_problems(data_dir / entry["name"], entry)
+    return problems, {"shards": shards, "files": files, "unindexed": legacy}
+
+
+def verify_data(data_dir: Path) -> dict[str, int]:
+    """Check every file the manifest names; raise DataError listing each damaged one. Returns counts."""
+    problems, counts = data_folder_problems(data_dir)
     if problems:
         listed = "\n  ".join(problems[:20]) + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else "")
-        raise DataError(f"{data_dir}: {len(problems)} damaged or missing file(s):\n  {listed}\nRe-run "
-                        "`widenet-ds prepare-data` with the same arguments and --output: it rebuilds the damaged "
-                        "shards (byte-identical); a damaged tokenizer.json must be restored or the data prepared anew")
-    return {"shards": shards, "files": files, "unindexed": legacy}
+        raise DataError(f"{data_dir}: {len(problems)} damaged or missing file(s):\n  {listed}\n{REBUILD}")
+    return counts
 
 
 def cli(argv: list[str]) -> int:

@@ -308,3 +308,17 @@ def busy_port_error(env: LaunchEnv) -> LaunchError:
                              f"let a free port be chosen")
     return LaunchError(f"the rendezvous port {env.master_port} on {socket.gethostname()} is in use by "
                        f"{port_holder(env.master_port)}; rank 0 cannot serve the process group there. The port: {how}.")
+
+
+def without_local_rank(argv: list[str]) -> list[str]:
+    """A rank's arguments without the `--local_rank=N` the deepspeed launcher puts first (the rank comes from the
+    environment)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--local_rank", "--local-rank"):
+            skip = True
+        elif not arg.startswith(("--local_rank=", "--local-rank=")):
+            out.append(arg)
+    return out

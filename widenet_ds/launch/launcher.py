@@ -38,6 +38,7 @@ from widenet_ds.launch.node_env import ranks_env, runner_env_file
 from widenet_ds.launch.node_failures import NodeWatch, failure
 from widenet_ds.launch.options import (
     LOG_LEVEL_VAR,
+    PREFLIGHT_MODULE,
     PROG,
     TRAIN_MODULE,
     LaunchOptions,
@@ -135,8 +136,9 @@ def plan_launch(options: LaunchOptions, machine: Machine, environ: Mapping[str, 
     node_env = ranks_env(environ, env) if options.hostfile is not None else {}
     if options.hostfile is not None:
         env.update(ssh_keepalive_env(environ))
-    return LaunchPlan([runner, *ds_args, "--module", TRAIN_MODULE, options.task, *options.train_args], env, node_env,
-                      nodes, world)
+    module = PREFLIGHT_MODULE if options.preflight else TRAIN_MODULE
+    return LaunchPlan([runner, *ds_args, "--module", module, options.task, *options.train_args], env, node_env, nodes,
+                      world)
 
 
 def ssh_keepalive_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -201,6 +203,9 @@ def launch(options: LaunchOptions) -> int:
     launcher know (launch/job_checks.py), then start the ranks; a --resume of a finished run starts none."""
     if options.dry_run is not None:  # (`widenet-ds launch --dry-run` runs launch/dry_run.py, which starts nothing)
         raise LaunchError("--dry-run plans a job without starting it: run it as `widenet-ds launch --dry-run ...`")
+    if options.preflight:  # (`widenet-ds launch --preflight` runs launch/preflight.py, which starts the checks)
+        raise LaunchError("--preflight checks the cluster without starting the job: run it as `widenet-ds launch "
+                          "--preflight ...`")
     plan = plan_launch(options, this_machine(), runner=deepspeed_runner())
     cfg = check_task_options(options)
     if (complete := complete_line(cfg)) is not None:

@@ -18,6 +18,7 @@ from widenet_ds.training.command_line import build_parser
 
 PROG = "widenet-ds launch"
 TRAIN_MODULE = "widenet_ds.train"  # its tasks: widenet_ds/tasks/
+PREFLIGHT_MODULE = "widenet_ds.launch.preflight_rank"  # what `--preflight` starts in its place
 LOG_LEVEL_VAR = "WIDENET_DEEPSPEED_LOG_LEVEL"
 # Device memory of the GPUs a job is often sized for, GiB (`--dry-run --gpu NAME`).
 GPU_MEMORY_GIB = {"H100": 80.0, "H200": 141.0, "A100-40GB": 40.0, "A100-80GB": 80.0}
@@ -46,6 +47,7 @@ class LaunchOptions:
     ssh_check: bool = True
     run_config: Path | None = None  # a run's saved settings (run_config.json), read by launch/task_options.py
     dry_run: DryRun | None = None  # plan the job on this machine, start no rank (launch/dry_run.py)
+    preflight: bool = False  # start the checks of the cluster for this job in place of its ranks (launch/preflight.py)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -134,6 +136,11 @@ def parser() -> argparse.ArgumentParser:
                         "--output-dir, --resume)")
     p.add_argument("--gpus-per-node", type=_positive_int, metavar="G",
                    help="GPU ranks per node (as Slurm's --gpus-per-node; the same as --num-ranks G, on GPUs)")
+    p.add_argument("--preflight", action="store_true",
+                   help="check the cluster for this job before it runs: start its ranks on its nodes, as the job "
+                        "would, for a few minutes of checks (each node's environment, the collectives on its groups, "
+                        "the output and data folders, a few steps); one table, exit 0 when every check passes; the "
+                        "run folder is not written (docs/cluster.md)")
     dry = p.add_argument_group("dry run", "plan the job here without starting it (docs/cluster.md)")
     dry.add_argument("--dry-run", action="store_true",
                      help="the checks the job's start-up makes for this shape, its ranks' groups and each device's "
@@ -191,6 +198,8 @@ def parse_launch_args(argv: list[str]) -> LaunchOptions:
         known = ", ".join(a.option_strings[0] for a in p._actions if a.option_strings and a.dest != "help")
         p.error(f"unknown launch option {unknown[0]!r}; the launch options are {known}, and the task's own "
                 f"options go after `--`")
+    if args.dry_run and args.preflight:
+        p.error("--dry-run plans the job on this machine, --preflight checks the cluster it will run on: give one")
     if args.ranks_per_node is not None and args.gpus_per_node is not None:
         p.error("--num-ranks and --gpus-per-node both give the ranks per node; give one")
     sized = {"--gpu": args.gpu, "--device-memory": args.device_memory, "--seq-length": args.seq_length}
@@ -202,5 +211,6 @@ def parse_launch_args(argv: list[str]) -> LaunchOptions:
     return LaunchOptions(task=args.task, train_args=tuple(train_args),
                          ranks_per_node=args.ranks_per_node or args.gpus_per_node, num_nodes=args.num_nodes,
                          hostfile=args.hostfile, master_addr=args.master_addr, master_port=args.master_port,
-                         ssh_check=args.ssh_check, run_config=args.run_config, dry_run=dry_run)
+                         ssh_check=args.ssh_check, run_config=args.run_config, dry_run=dry_run,
+                         preflight=args.preflight)
 

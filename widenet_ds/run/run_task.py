@@ -79,11 +79,12 @@ def trainer_command(cfg: RunConfig) -> str:
     return f"python -m widenet_ds.train {cfg.TASK}"
 
 
-def check_shared_output(folder: Path, wait_s: float = 5.0) -> None:
+def check_shared_output(folder: Path, wait_s: float = 5.0, named: str | None = None) -> None:
     """Collective: every rank sees what rank 0 writes in the run folder. Every rank writes its part of a checkpoint
     there and rank 0 completes it (checkpoint/manager.py), so an --output-dir on node-local storage would leave
     each node a different, incomplete checkpoint (measured on the 2-node test cluster: rank 1's files stayed in
-    `step3.partial` on node 2, and a --resume hung); refused before anything is built."""
+    `step3.partial` on node 2, and a --resume hung); refused before anything is built. `named`: how the message names
+    the folder (default `--output-dir FOLDER`; the preflight's scratch folder stands for the run folder)."""
     if torch_dist.get_world_size() == 1:
         return
     probe = Path(folder) / rank0_value(f".widenet-ds-shared-{socket.gethostname()}-{os.getpid()}")
@@ -99,10 +100,10 @@ def check_shared_output(folder: Path, wait_s: float = 5.0) -> None:
         probe.unlink(missing_ok=True)
     if blind:
         raise mark_same_on_every_rank(ConfigError(
-            f"--output-dir {folder} is not one folder for all ranks: {', '.join(blind)} does not see the file rank 0 "
-            f"on {rank0_value(socket.gethostname())} wrote there. Every rank writes its part of each checkpoint into "
-            f"the run folder and rank 0 completes it, so it must be on storage every node mounts at the same path (a "
-            f"shared file system); node-local disks would leave each node an incomplete checkpoint."))
+            f"{named or f'--output-dir {folder}'} is not one folder for all ranks: {', '.join(blind)} does not see the "
+            f"file rank 0 on {rank0_value(socket.gethostname())} wrote there. Every rank writes its part of each "
+            f"checkpoint into the run folder and rank 0 completes it, so it must be on storage every node mounts at "
+            f"the same path (a shared file system); node-local disks would leave each node an incomplete checkpoint."))
 
 
 @contextmanager
