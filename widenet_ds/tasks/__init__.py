@@ -1,5 +1,5 @@
-"""The training tasks, one package each (pretrain/, classify/, glue/, squad/; finetune/ holds what the finetuning
-tasks share) and one row each in the one table of their names. A row is the task's settings (a `RunConfig`
+"""The training tasks, one package each (finetune/ holds what the finetuning tasks share), and one row each in the one
+table of their names. A row is the task's settings (a `RunConfig`
 subclass: its TASK is the name `python -m widenet_ds.train NAME` takes and run_config.json records, its DESCRIPTION
 the task's line of `--help`) and the type of its results.json. `python -m widenet_ds.train`, `widenet-ds launch`,
 the run folder's readers and the report list and tell apart the tasks from here; what trains each one is the run
