@@ -22,6 +22,7 @@ from widenet_ds.tasks.glue.config import GlueConfig
 from widenet_ds.tasks.pretrain.config import PretrainConfig
 from widenet_ds.tasks.pretrain.results import PretrainResults
 from widenet_ds.tasks.squad.config import SquadConfig
+from widenet_ds.tasks.text_classification.config import TextClassificationConfig
 from widenet_ds.training.run_config import RunConfig
 
 
@@ -50,6 +51,8 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
     TaskSpec(GlueConfig, FinetuneResults, "widenet_ds.tasks.glue.finetuning:GlueFinetuning"),
     TaskSpec(SquadConfig, FinetuneResults, "widenet_ds.tasks.squad.finetuning:SquadFinetuning"),
     TaskSpec(ClassifyConfig, ClassifyResults, "widenet_ds.tasks.classify.task:ClassifyTask"),
+    TaskSpec(TextClassificationConfig, FinetuneResults,
+             "widenet_ds.tasks.text_classification.finetuning:TextClassificationFinetuning"),
 )}
 
 
