@@ -4,8 +4,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-VENV="${WIDENET_VENV:-$ROOT/.venv}"
-PY="$VENV/bin/python" WDS="$VENV/bin/widenet-ds"
+VENV="${WIDENET_VENV:-$ROOT/.venv}"; PY="$VENV/bin/python" WDS="$VENV/bin/widenet-ds"
 export WIDENET_SHARED_DATA="${WIDENET_SHARED_DATA:-$(dirname "$ROOT")/shared/data}"
 
 usage() { cat <<'EOF_USAGE'
@@ -26,17 +25,16 @@ setup() {
   local stamp="$VENV/.widenet-setup" want
   want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
   [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && return 0
-  echo "[setup] creating $VENV and installing packages (first run: a few minutes)" >&2
   command -v python3.11 >/dev/null 2>&1 && BASE_PY=python3.11 || BASE_PY=python3
-  "$BASE_PY" -m venv "$VENV"
-  "$PY" -m pip install --quiet --upgrade pip
-  # torch first, pinned: an unpinned `torch` from another package would pull the multi-GB CUDA build.
-  "$PY" -m pip install --quiet "torch==2.13.0"
-  "$PY" -m pip install --quiet -e "$ROOT[test]"
-  install_tcmalloc || true
-  echo "$want" > "$stamp"
+  echo "[setup] 1/4 creating $VENV (a first set-up takes a few minutes)" >&2; "$BASE_PY" -m venv "$VENV"
+  pip_step 2/4 "pip itself" --upgrade pip
+  pip_step 3/4 "torch 2.13.0, pinned, first (else a package would pull its multi-GB CUDA build)" "torch==2.13.0"
+  pip_step 4/4 "widenet-ds from this checkout (editable) and its pinned packages" -e "$ROOT[test]"
+  install_tcmalloc || true; echo "$want" > "$stamp"
 }
 
+pip_step() {  # N/M WHAT ARGS: the step's line, then pip's own progress (its bars on a terminal), no setuptools notice
+  echo "[setup] $1 $2" >&2; shift 2; PYTHONWARNINGS="ignore:Editable installation" "$PY" -m pip install "$@" >&2; }
 apt_install() {  # PACKAGE HINT: a Debian package, installed as root; anyone else is told how
   [[ "$(id -u)" == "0" ]] || { echo "[setup] not root: cannot install $1; 'sudo apt-get install $1' $2" >&2; return 1; }
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1"; } >&2

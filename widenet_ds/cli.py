@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import importlib
+import os
 import sys
 from collections.abc import Callable
 
@@ -59,6 +60,25 @@ def _usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `widenet-ds` console command."""
+    return quiet_on_closed_pipe(lambda: dispatch(argv))
+
+
+def quiet_on_closed_pipe(command: Callable[[], int]) -> int:
+    """`command`'s exit status; where the reader of its output has gone (`widenet-ds --help | head`), no
+    BrokenPipeError traceback: as Python's documentation advises (library/signal.html, "Note on SIGPIPE"), the rest
+    of the output goes to /dev/null, and the exit status is 1."""
+    try:
+        try:
+            return command()
+        finally:
+            sys.stdout.flush()  # (inside: the pipe's error is raised here, not at the interpreter's exit)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def dispatch(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())

@@ -22,7 +22,7 @@ from widenet_ds.engine.quiet import quiet_third_party
 
 quiet_third_party()  # before DeepSpeed is imported
 
-from widenet_ds.cli import run_command  # noqa: E402
+from widenet_ds.cli import quiet_on_closed_pipe, run_command  # noqa: E402
 from widenet_ds.distributed.console import process_rank  # noqa: E402
 from widenet_ds.distributed.groups import exit_rank  # noqa: E402
 from widenet_ds.distributed.lost_peer import lost_peer_message  # noqa: E402
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None, task_prog: str | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     task = without_local_rank(argv)[:1]
     label = task_prog or (" ".join([PROG, *task]) if set(task) <= set(TASKS) else PROG)
-    return run_command("train", argv, label, lambda args: cli(args, PROG, task_prog))
+    return quiet_on_closed_pipe(lambda: run_command("train", argv, label, lambda args: cli(args, PROG, task_prog)))
 
 
 def run_script(task: str) -> NoReturn:

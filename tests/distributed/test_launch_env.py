@@ -5,7 +5,6 @@ and real `mpiexec -n 2` runs (process group through our code; the same losses as
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -20,27 +19,19 @@ from tests.support.launch_inputs import (
     tiny_model_config,
     train_losses,
 )
-from tests.support.launching import REPO, free_port
+from tests.support.launching import (
+    BIN,
+    TRAIN,
+    WIDENET_DS,
+    free_port,
+    launcher_env,
+)
 from widenet_ds.distributed.launch_env import (
     SLURM_PORT_BASE,
     first_host,
     resolve_launch_env,
 )
 from widenet_ds.errors import LaunchError
-
-BIN = Path(sys.executable).parent
-LAUNCHER_SH = REPO / "launcher.sh"
-WIDENET_DS = [sys.executable, "-m", "widenet_ds.cli"]
-TRAIN = [sys.executable, "-m", "widenet_ds.train"]
-
-
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """This environment without any rank variables of the test process itself, venv tools first."""
-    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("SLURM_", "PMI_", "OMPI_"))}
-    return {**env, "PATH": f"{BIN}:{env['PATH']}", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-            "WIDENET_VENV": str(BIN.parent), **extra}
-
 
 # --- resolve_launch_env --------------------------------------------------------------------------
 SLURM_STEP = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_LOCALID": "1",
@@ -140,7 +131,7 @@ with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}.json"), "w") as out:
 def test_mpiexec_two_ranks_initialise_through_launch_env(tmp_path):
     script = write(tmp_path / "all_reduce.py", ALL_REDUCE)
     proc = subprocess.run([str(BIN / "mpiexec"), "-n", "2", sys.executable, str(script), str(tmp_path)],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=180)
+                          env=launcher_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [(r["rank"], r["world"], r["local_rank"], r["sum"]) for r in rows] == [(0, 2, 0, 3.0), (1, 2, 1, 3.0)]
@@ -161,13 +152,13 @@ def test_mpiexec_and_deepspeed_launcher_give_the_same_losses_with_ep2(tmp_path, 
     steps = 5
     mpi = subprocess.run([str(BIN / "mpiexec"), "-n", "2", *TRAIN, "pretrain",
                           *pretrain_args(corpus, model, tmp_path / "mpi", steps, ep_size=2)],
-                         env=subprocess_env(), capture_output=True, text=True, timeout=300)
+                         env=launcher_env(), capture_output=True, text=True, timeout=300)
     assert mpi.returncode == 0, mpi.stdout[-3000:] + mpi.stderr[-3000:]
     hostfile = write(tmp_path / "hosts", "localhost slots=2\n")
     ds = subprocess.run([*WIDENET_DS, "launch", "pretrain", "--hostfile", str(hostfile), "--master-addr", "127.0.0.1",
                          "--master-port", str(free_port()), "--no-ssh-check", "--",
                          *pretrain_args(corpus, model, tmp_path / "ds", steps, ep_size=2)],
-                        env=subprocess_env(), capture_output=True, text=True, timeout=300)
+                        env=launcher_env(), capture_output=True, text=True, timeout=300)
     assert ds.returncode == 0, ds.stdout[-3000:] + ds.stderr[-3000:]
     assert "--hostfile" in ds.stdout.splitlines()[0]  # widenet-ds launch handed the hostfile to deepspeed
 
@@ -189,7 +180,7 @@ def test_ep_size_not_dividing_world_size_fails_fast_under_mpiexec(tmp_path, corp
     start = time.monotonic()
     proc = subprocess.run([str(BIN / "mpiexec"), "-n", "2", *TRAIN, "pretrain",
                            *pretrain_args(corpus, model, tmp_path / "run", 5, ep_size=4)],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=180)
+                          env=launcher_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode != 0
     assert "--ep-size 4 does not divide the 2 rank(s)" in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()

@@ -775,6 +775,22 @@ CASES = [
       r"'70000' is not a TCP port"),
     C("launch-without-task-options", "launch", lambda e, t: ["classify", "--num-ranks", "2"],
       r"the classify options after `--`: the following arguments are required: .*--output-dir"),
+    # ---- widenet-ds launch: what the ranks it starts cannot form (launch/job_checks.py), before they start ----
+    C("launch-resume-on-fewer-ranks-than-its-ep-size", "launch", lambda e, t: ["pretrain", "--num-ranks", "1",
+      "--config", str(saved_settings(e, t, lambda r: r.update(ep_size=2))), "--", "--resume", "--max-steps", "3"],
+      r"widenet-ds launch: error: the pretrain run on 1 rank: --ep-size 2 does not divide the 1 rank\(s\).* To run on "
+      r"these ranks, add `--ep-size 1` after `--` \(the resume re-lays its checkpoint out for them\)\."),
+    C("launch-batch-does-not-split-over-the-ranks", "launch", lambda e, t: ["pretrain", "--num-ranks", "3", "--",
+      *pretrain(e, t)], r"widenet-ds launch: error: the pretrain run on 3 ranks: DeepSpeed config: train_batch_size 16 "
+                        r"is not a multiple of train_micro_batch_size_per_gpu 8 x 3 data-parallel rank\(s\)"),
+    C("launch-branch-groups-the-ranks-cannot-form", "launch", lambda e, t: ["classify", "--num-ranks", "3", "--",
+      *classify(e, t, "--branch-parallel", "2")],
+      r"the classify run on 3 ranks: --branch-parallel 2: the model has one branch.*does not divide the 3 rank.*add "
+      r"`--branch-parallel 1` after"),
+    C("launch-finished-finetuning-resumed-for-other-steps", "launch", lambda e, t: ["glue", "--config", str(
+      finished_glue(e, t)), "--", "--resume", "--max-steps", "2"],
+      r"widenet-ds launch: error: the run in .*done is complete: each seed trained 1 steps .*--max-steps 2 cannot be "
+      r"applied to it"),
     # ---- widenet-ds launch --dry-run: the job's start-up refusals for its shape, planned here (launch/dry_run.py) ----
     C("dry-run-ep-size-does-not-divide", "launch", lambda e, t: ["--dry-run", "--num-nodes", "2", "--gpus-per-node", "8",
       "pretrain", "--", *pretrain(e, t, "--ep-size", "3")],
@@ -1067,6 +1083,43 @@ def test_resume_of_a_finished_run_says_it_is_complete_and_changes_nothing(earlie
     output = capsys.readouterr().err
     assert f"the run in {run} is complete (step 2)" in output and "training: steps" not in output, output[-2000:]
     assert digest(run) == before
+
+
+def test_a_launch_resuming_a_finished_run_says_its_scores_and_starts_nothing(earlier, tmp_path, capsys):
+    """`widenet-ds launch TASK --config RUN -- --resume` of a finished run: its scores in place of a launch (no rank
+    started: the echo of the runner's command is absent; the data not read: the saved --data is gone), the run
+    unchanged; a finetuning run's medians likewise (the settings' own check, `complete_results`, as the demo's)."""
+    run = saved_settings(earlier, tmp_path, lambda r: r.update(data=str(tmp_path / "gone"))).parent
+    before = digest(run)
+    capsys.readouterr()
+    assert widenet_ds(["launch", "pretrain", "--num-ranks", "2", "--config", str(run), "--", "--resume"]) == 0
+    output = capsys.readouterr()
+    assert output.out.startswith(f"widenet-ds launch: the pretrain run in {run} is complete: step 2, held-out "
+                                 f"valid/loss ") and f"; its results: {run / 'results.json'}. No rank started" \
+        in output.out and "deepspeed" not in output.out + output.err, output
+    assert digest(run) == before
+
+    done = finished_glue(earlier, tmp_path)
+    capsys.readouterr()
+    assert widenet_ds(["launch", "glue", "--config", str(done), "--", "--resume"]) == 0
+    said = capsys.readouterr().out
+    assert re.match(rf"widenet-ds launch: the glue run in {re.escape(str(done))} is complete: 1 seed\(s\) of 1 steps, "
+                    rf"median dev acc 0\.\d{{4}} \(trivial baseline: dev acc 0\.\d{{4}}\); its results: ", said), said
+
+
+@pytest.mark.parametrize("command", [["widenet-ds", "--help"], ["widenet-ds", "launch", "squad", "--help"],
+                                     ["widenet-ds", "params"], ["train", "--help"]])
+def test_output_into_a_closed_pipe_ends_without_a_traceback(command):
+    """`widenet-ds --help | head`: the reader gone before the output is written (its end of the pipe closed first),
+    the command ends with exit status 1 and no BrokenPipeError traceback, as Python's documentation advises."""
+    entry = ["-m", "widenet_ds.cli"] if command[0] == "widenet-ds" else ["-m", "widenet_ds.train"]
+    read, write_end = os.pipe()
+    os.close(read)
+    proc = subprocess.run([sys.executable, *entry, *command[1:]], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                          env=child_env(), timeout=120)
+    os.close(write_end)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, \
+        proc.stderr[-2000:]
 
 
 def test_a_run_shorter_than_its_schedule_says_so(earlier):

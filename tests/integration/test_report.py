@@ -82,6 +82,8 @@ def test_tables_show_the_runs_numbers(runs, rendered):
     # finetuning: the median, each seed and the majority-class baseline, from results.json
     results = RunFolder(runs["finetune"]).read_results(FinetuneResults)
     assert results.median["dev"]["acc"] is not None
+    # the start recorded resolved: the tag folder the run folder's `latest` named, absolute
+    assert results.init == str((runs["pretrain"] / "checkpoints" / f"step{PRETRAIN_STEPS}").resolve())
     assert_shows(cells, "sst2", "median", "dev/acc", results.median["dev"]["acc"])
     for seed_run in results.per_seed:
         assert_shows(cells, "sst2", f"seed{seed_run.seed}", "dev/acc", seed_run.metrics["dev"]["acc"])

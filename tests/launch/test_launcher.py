@@ -14,24 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.launching import REPO
+from tests.support.launching import (
+    LAUNCHER_SH,
+    WIDENET_DS,
+    launcher_env,
+)
 from widenet_ds.errors import LaunchError
 from widenet_ds.launch.host_allocator import GLIBC_KEEP_FREED
 from widenet_ds.launch.launcher import failure, plan_launch
 from widenet_ds.launch.options import LaunchOptions, Machine, parse_launch_args
-
-BIN = Path(sys.executable).parent
-LAUNCHER_SH = REPO / "launcher.sh"
-WIDENET_DS = [sys.executable, "-m", "widenet_ds.cli"]
-TRAIN = [sys.executable, "-m", "widenet_ds.train"]
-
-
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """This environment without any rank variables of the test process itself, venv tools first."""
-    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("SLURM_", "PMI_", "OMPI_"))}
-    return {**env, "PATH": f"{BIN}:{env['PATH']}", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-            "WIDENET_VENV": str(BIN.parent), **extra}
+from widenet_ds.tasks import TASKS
+from widenet_ds.training.command_line import build_parser
 
 
 # --- widenet-ds launch ----------------------------------------------------------------------------
@@ -97,6 +90,20 @@ def test_hostfile_is_checked_then_handed_to_deepspeed(tmp_path):
         plan(Machine(cores=2, has_gpu=False), hostfile=hostfile, ranks_per_node=3)
 
 
+def test_the_plan_knows_how_many_ranks_it_starts(tmp_path):
+    """What the launch's own checks compare --ep-size and the batch with (launch/job_checks.py)."""
+    def world(machine: Machine, **options) -> int | None:
+        return plan_launch(LaunchOptions("pretrain", (), **options), machine, {}).world_size
+
+    assert world(Machine(cores=6, has_gpu=False)) == 6 and world(Machine(cores=64, has_gpu=False)) == 8
+    assert world(Machine(cores=2, has_gpu=True), ranks_per_node=4) == 4
+    assert world(Machine(cores=2, has_gpu=True)) is None  # every GPU: deepspeed counts them
+    hostfile = write(tmp_path / "hosts", "localhost slots=2\n127.0.0.1 slots=3\n")
+    assert world(Machine(cores=2, has_gpu=True), hostfile=hostfile) == 5  # each host's slots
+    assert world(Machine(cores=2, has_gpu=True), hostfile=hostfile, ranks_per_node=2) == 4
+    assert world(Machine(cores=2, has_gpu=True), hostfile=hostfile, num_nodes=1) == 2
+
+
 def test_a_hostfile_launch_gives_pdshs_ssh_keepalives_after_the_users_own_options(tmp_path):
     """A node that vanishes mid-run closes no connection: without keep-alives pdsh's ssh, and the run, wait for it
     for ever (the real case: tests/integration/test_two_nodes.py)."""
@@ -141,7 +148,7 @@ def test_bad_hostfile_is_refused_before_deepspeed_starts(tmp_path, front):
     hostfile = write(tmp_path / "hosts", "localhost slots=2\nno-such-node.invalid slots=2\n")
     start = time.monotonic()
     proc = subprocess.run([*front, "--hostfile", str(hostfile), "--", "--anything"],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=60)
+                          env=launcher_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "no-such-node.invalid" in proc.stderr and "remove its line" in proc.stderr
     assert proc.stderr.count("error") == 1, proc.stderr
@@ -150,20 +157,59 @@ def test_bad_hostfile_is_refused_before_deepspeed_starts(tmp_path, front):
 
     proc = subprocess.run([*front, "--hostfile", str(write(tmp_path / "one", "localhost slots=2\n")),
                            "--num-gpus", "4", "--", "--anything"],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=60)
+                          env=launcher_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "request at most 2 GPUs per node" in proc.stderr
 
 
 @pytest.mark.multirank
-def test_launch_starts_one_rank_per_core_on_this_machine():
-    """The real count: every rank the runner starts prints the task's help once."""
+def test_launch_starts_one_rank_per_core_on_this_machine(tmp_path):
+    """The real count: the processes deepspeed's launch.py spawns (its own log, at level info), each of which finds
+    the data missing (said once for all of them)."""
     cores = len(os.sched_getaffinity(0))
     ranks = min(cores, 8)
-    env = {k: v for k, v in subprocess_env().items() if k not in ("OMP_NUM_THREADS", "DS_ACCELERATOR")}
-    proc = subprocess.run([*WIDENET_DS, "launch", "classify", "--", "--help"], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    env = {k: v for k, v in launcher_env(WIDENET_DEEPSPEED_LOG_LEVEL="info").items()
+           if k not in ("OMP_NUM_THREADS", "DS_ACCELERATOR")}
+    task = ["--model-config", "widenet-vit-digits", "--dataset", "imagenet-folder", "--data", str(tmp_path / "none"),
+            "--deepspeed-config", str(tmp_path / "none.json"), "--output-dir", str(tmp_path / "out")]
+    proc = subprocess.run([*WIDENET_DS, "launch", "classify", "--", *task], env=env, capture_output=True, text=True,
+                          timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output[-3000:]
     echo = proc.stdout.splitlines()[0]
     assert echo.startswith(f"widenet-ds launch: DS_ACCELERATOR=cpu OMP_NUM_THREADS={cores // ranks} ")
-    assert f" --num_gpus {ranks} " in echo and echo.endswith("--module widenet_ds.train classify --help")
-    assert proc.stdout.count("usage: ") == ranks
+    assert f" --num_gpus {ranks} " in echo and echo.endswith(f"--module widenet_ds.train classify {' '.join(task)}")
+    assert len(re.findall(r"process \d+ spawned with command", output)) == ranks, output[-3000:]
+    assert output.count(f"--data {tmp_path / 'none'} does not exist") == 1, output[-3000:]
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_a_tasks_help_is_one_page_printed_once_without_a_rank(task):
+    """`widenet-ds launch TASK --help` and `... -- --help`: the launch options and every option of the task, in this
+    process alone (no rank starts, neither torch nor DeepSpeed is imported)."""
+    code = ("import sys\nfrom widenet_ds.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as exit_:\n"
+            "    assert exit_.code == 0, exit_.code\n"
+            "print('imported:', sorted(m for m in ('torch', 'deepspeed') if m in sys.modules), file=sys.stderr)")
+    pages = []
+    for argv in (["launch", task, "--help"], ["launch", task, "--", "--help"], ["launch", "--num-ranks", "2", task,
+                                                                               "--", "--output-dir", "o", "-h"]):
+        proc = subprocess.run([sys.executable, "-c", code, *argv], env=launcher_env(COLUMNS="120"),
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and proc.stderr == "imported: []\n", proc.stderr
+        pages.append(proc.stdout)
+    assert pages[0] == pages[1] == pages[2]
+    page = pages[0]
+    assert page.count("usage: ") == 1 and page.startswith(f"usage: widenet-ds launch {task} [launch options] -- ")
+    flags = [o for a in build_parser(TASKS[task].config)._actions for o in a.option_strings if a.dest != "help"]
+    after = page.split(f"{task} options, after `--`", 1)[1]
+    assert all(re.search(rf"(^|[ ,]){re.escape(flag)}\b", after, re.MULTILINE) for flag in flags), \
+        [flag for flag in flags if flag not in after]
+    assert "--hostfile FILE" in page.split(f"{task} options, after `--`", 1)[0]  # the launch options first
+
+
+def test_the_launch_help_without_a_task_names_the_tasks_help(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_launch_args(["--help"])
+    assert exit_.value.code == 0
+    page = capsys.readouterr().out
+    assert "`widenet-ds launch TASK --help` lists its options" in " ".join(page.split())
+    assert all(name in page for name in TASKS)

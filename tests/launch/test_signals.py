@@ -73,12 +73,12 @@ def wait_for_checkpoint(proc: subprocess.Popen, out: Path) -> list[psutil.Proces
 
 
 def assert_stopped_and_saved(proc: subprocess.Popen, ranks: list[psutil.Process], out: Path, signalled: float,
-                             signal_name: str) -> str:
+                             signal_name: str, said: str) -> str:
     output, _ = proc.communicate(timeout=60)
     assert time.monotonic() - signalled < 60
     assert proc.returncode == 0, output[-4000:]
     assert not any(r.is_running() and r.status() != psutil.STATUS_ZOMBIE for r in ranks), "a rank outlived the launcher"
-    assert f"widenet-ds launch: {signal_name} sent to 2 rank(s)" in output
+    assert f"widenet-ds launch: {said}{signal_name} sent to the 2 ranks, which save a checkpoint and exit\n" in output
     assert any(e.startswith(f"stopped by {signal_name}") for e in events(out)), events(out)
     stop_step = max(train_losses(out))
     assert stop_step < STEPS, "the run finished before the signal; the test proved nothing"
@@ -102,7 +102,7 @@ def test_sigterm_to_the_launcher_pid_stops_both_ranks_with_a_checkpoint_and_resu
     ranks = wait_for_checkpoint(proc, out)
     signalled = time.monotonic()
     os.kill(proc.pid, signal.SIGTERM)  # the launcher's own PID, as a user or scheduler would
-    assert_stopped_and_saved(proc, ranks, out, signalled, "SIGTERM")
+    assert_stopped_and_saved(proc, ranks, out, signalled, "SIGTERM", "")
 
     finish(launch(inputs, out, "--resume"))
     expected, got = train_losses(reference), train_losses(out)
@@ -118,7 +118,7 @@ def test_ctrl_c_in_a_terminal_saves_like_sigterm(inputs):
     ranks = wait_for_checkpoint(proc, out)
     signalled = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
-    output = assert_stopped_and_saved(proc, ranks, out, signalled, "SIGTERM")
+    output = assert_stopped_and_saved(proc, ranks, out, signalled, "SIGTERM", said="Ctrl-C (SIGINT): ")
     assert "KeyboardInterrupt" not in output and "Traceback" not in output
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -27,8 +28,10 @@ DS = REPO / "ds_configs/cpu_small.json"
 def launched(monkeypatch):
     """The options a launch starts the ranks with, checked as it checks them; no rank started."""
     seen: list[LaunchOptions] = []
-    monkeypatch.setattr(launcher, "plan_launch", lambda options, machine, **_: options)  # its plan: the options
-    monkeypatch.setattr(launcher, "run", lambda options: seen.append(options) or 0)
+    # its plan: the options, on the ranks they ask for
+    monkeypatch.setattr(launcher, "plan_launch", lambda options, machine, **_: SimpleNamespace(
+        options=options, world_size=options.ranks_per_node))
+    monkeypatch.setattr(launcher, "run", lambda plan: seen.append(plan.options) or 0)
     return seen
 
 

@@ -5,12 +5,15 @@ old folders without run_config.json, live and damaged files, and paths that are 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tests.support.run_folders import BEFORE, MODEL, finetune_folder, image_folder, pretrain_folder, write_jsonl
-from widenet_ds.report.metrics import FinetuneRun, ImageRun, PretrainRun, Problem, load_runs
+from widenet_ds.report.metrics import FinetuneRun, ImageRun, PretrainRun, Problem, load_runs, resolved_init
+from widenet_ds.run_folder import RunFolder
+from widenet_ds.tasks.finetune.results import FinetuneResults
 
 
 def only_run(paths: list[Path]):
@@ -184,3 +187,18 @@ def test_a_folder_of_runs_stands_for_them_and_each_run_is_read_once(tmp_path):
     assert runs[0].notes == [f"given 3 times ({study / 'a' / 'run'}, {study / 'a' / 'run'}, "
                              f"{study / 'b' / '..' / 'a' / 'run'}): shown once"]
     assert runs[1].notes == []
+
+
+def test_a_finetuning_runs_start_is_its_checkpoint_resolved(tmp_path):
+    """results.json's init as runs of this version write it (absolute), as older ones did (as typed: relative, read
+    through run_config.json's absolute init_from), and a random start's preset."""
+    folder = RunFolder(tmp_path / "ft")
+    folder.path.mkdir()
+    results = FinetuneResults("SST-2", "runs/pre", 4, 1, {}, [])
+    assert resolved_init(folder, results) == "runs/pre"  # nothing tells where it was relative to
+    folder.write_run_config({"task": "glue", "init_from": str(tmp_path / "runs" / "pre")})
+    assert resolved_init(folder, results) == str(tmp_path / "runs" / "pre")
+    assert resolved_init(folder, replace(results, init=f"{tmp_path}/runs/../runs/pre/checkpoints/step4")) == \
+        str(tmp_path / "runs" / "pre" / "checkpoints" / "step4")
+    assert resolved_init(folder, replace(results, init="preset:widenet-tiny-e4")) == "preset:widenet-tiny-e4"
+    assert resolved_init(folder, None) is None

@@ -12,6 +12,8 @@ import pytest
 from widenet_ds.report.metrics import load_runs
 from widenet_ds.report.page import fmt, render
 from widenet_ds.report.plots import Plot
+from widenet_ds.run_folder import RunFolder
+from widenet_ds.tasks.finetune.results import FinetuneResults, SeedResults
 
 from tests.support.report_page import Cells, assert_shows
 from tests.support.run_folders import BEFORE, finetune_folder, image_folder, pretrain_folder
@@ -83,8 +85,9 @@ def test_states_problems_and_notes_are_shown_escaped(tmp_path):
     assert "<td>finished" in rows["a&lt;b&gt;"] and "<td>being written (live)" in rows["live"]
     assert "<td>running or stopped" in rows["stopped"]
     assert "the last line is still being written" in rows["live"]
-    assert f'<div class="problems" id="problems"><b>Folders not used:</b><ul><li><code>{tmp_path / "missing"}' \
-           f"</code>: does not exist</li></ul></div>" in text
+    assert '<div class="problems" id="problems"><b>Folders not used:</b><ul><li><code>missing' \
+           "</code>: does not exist</li></ul></div>" in text  # (the runs' common folder is the test's own)
+    assert str(tmp_path) not in text
 
 
 def test_each_plot_is_a_figure_in_its_own_section(tmp_path):
@@ -105,3 +108,26 @@ def test_each_plot_is_a_figure_in_its_own_section(tmp_path):
     # the pretraining run's expert-load table follows its figure; the image run logged no routing: neither
     assert text.index("expert_load_pre.png") < text.index("<p>pre, step 4: share of each block's routes")
     assert "<p>img, step" not in text and not any(key[0] == "img" and "moe/" in key[2] for key in cells.cells)
+
+
+def test_one_checkpoint_named_two_ways_is_one_row_and_no_machine_path_is_shown(tmp_path):
+    """The demo names its start checkpoint absolute, a user's command relative (an older run recorded it as typed;
+    its run_config.json holds it absolute): one model, one row of the Finetuning table; every path on the page is
+    relative to the folder holding the runs, never this machine's."""
+    start = tmp_path / "runs" / "demo" / "pretrain-300steps"
+    for name, task, kind, init, metrics in (
+            ("sst2", "SST-2", "glue", str(start), {"dev": {"acc": 0.7}}),
+            ("squad", "SQuAD1.1", "squad", "runs/demo/pretrain-300steps", {"dev": {"exact_match": 3.0, "f1": 7.0}})):
+        folder = RunFolder(tmp_path / "runs" / name)
+        folder.path.mkdir(parents=True)
+        folder.write_run_config({"task": kind, "init_from": str(start)})
+        seed = SeedResults(1, metrics)
+        folder.write_results(FinetuneResults(task, init, 4, 1, metrics, [seed], seed=1,
+                                             primary_metric=next(iter(metrics["dev"]))))
+    runs, problems = load_runs([tmp_path / "runs" / "sst2", tmp_path / "runs" / "squad"])
+    assert [run.init for run in runs] == [str(start)] * 2
+    text = render(runs, problems, [], "runs", [str(tmp_path / "runs" / "sst2"), str(tmp_path / "runs" / "squad")])
+    summary = text.split("by initialisation.</p>", 1)[1].split("</table>", 1)[0]
+    assert summary.count("<tr><td><code>") == 1 and "<code>demo/pretrain-300steps</code>" in summary, summary
+    assert str(tmp_path) not in text and "(paths in runs/)" in text
+    assert "<td><code>sst2</code></td>" in text  # the runs' folders, by name

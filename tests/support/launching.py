@@ -50,6 +50,19 @@ def child_env(**extra: str) -> dict[str, str]:
     return {**env, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **extra}
 
 
+BIN = Path(sys.executable).parent
+LAUNCHER_SH = REPO / "launcher.sh"
+WIDENET_DS = [sys.executable, "-m", "widenet_ds.cli"]
+TRAIN = [sys.executable, "-m", "widenet_ds.train"]
+
+
+def launcher_env(**extra: str) -> dict[str, str]:
+    """A user's shell for a launcher run: no rank variables of this test process, no scheduler's or MPI's
+    variables, the venv's tools first."""
+    env = {k: v for k, v in child_env().items() if not k.startswith(("SLURM_", "PMI_", "OMPI_"))}
+    return {**env, "PATH": f"{BIN}:{env['PATH']}", "WIDENET_VENV": str(BIN.parent), **extra}
+
+
 def free_port() -> int:
     import socket
     with socket.socket() as sock:

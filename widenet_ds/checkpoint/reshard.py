@@ -36,7 +36,7 @@ from widenet_ds.checkpoint.shape_free import (
 )
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.checkpoint.tags import MODEL_STATES
-from widenet_ds.distributed.parallel import check_ep_size
+from widenet_ds.distributed.layout_checks import check_ep_size
 from widenet_ds.errors import CheckpointError, ConfigError
 from widenet_ds.fs.atomic import atomic_folder
 from widenet_ds.fs.checksums import record_files

@@ -10,7 +10,12 @@ import sys
 from pathlib import Path
 
 from widenet_ds.checkpoint.reshard import reshard
-from widenet_ds.checkpoint.shape_free import STATE_FILE, TENSORS_FILE, read_shape_free, save_shape_free
+from widenet_ds.checkpoint.shape_free import (
+    STATE_FILE,
+    TENSORS_FILE,
+    read_shape_free,
+    save_shape_free,
+)
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource
 from widenet_ds.checkpoint.tokenizer_check import (
     check_tokenizer_for_checkpoint,
@@ -18,6 +23,7 @@ from widenet_ds.checkpoint.tokenizer_check import (
     saved_tokenizer_problem,
 )
 from widenet_ds.data.tokenizer import TokenizerFiles
+from widenet_ds.distributed.layout_checks import check_ep_size
 from widenet_ds.errors import CheckpointError
 from widenet_ds.fs.disk_space import check_free_space, disk_full_errors
 from widenet_ds.fs.run_lock import output_lock
@@ -188,7 +194,13 @@ def _convert(args, source: CheckpointSource | None) -> int:
               f"{described}")
     elif args.command == "reshard":
         # what a --resume of the copy will do, or the refusal it would meet, before anything is written
-        continues = None if args.model_states_only or args.world_size <= 0 else continuation_on(source, args.world_size)
+        continues = None
+        if not args.model_states_only and args.world_size > 0:
+            saved_model = (source.meta.model_config if source.meta else None) or {}
+            if saved_model:  # the layout's own refusal is the fix to make first (reshard checks it again)
+                experts = (saved_model.get("moe") or {}).get("num_experts") if saved_model.get("ffn") == "moe" else None
+                check_ep_size(args.ep_size, args.world_size, experts)
+            continues = continuation_on(source, args.world_size)
         out, why_not = reshard(source, Path(args.output), ep_size=args.ep_size, world_size=args.world_size,
                                model_config=args.model_config, overwrite=args.overwrite,
                                model_states_only=args.model_states_only)

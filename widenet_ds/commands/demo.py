@@ -36,7 +36,6 @@ from widenet_ds.tasks.classify.results import ClassifyResults
 from widenet_ds.tasks.finetune.results import FinetuneResults
 from widenet_ds.tasks.glue.config import GlueConfig
 from widenet_ds.tasks.pretrain.config import PretrainConfig
-from widenet_ds.tasks.pretrain.results import PretrainResults
 from widenet_ds.training.run_config import LATEST, RunConfig
 from widenet_ds.vision.datasets import DEBIAN_FASHION_MNIST, FASHION_MNIST_FIX
 
@@ -125,33 +124,35 @@ def demo(output: Path, steps: int, finetune_steps: int) -> int:
     model = output / "model.json"
     ModelConfig.from_preset(MODEL_PRESET, vocab_size=read_manifest(data).vocab_size).to_json(model)
 
-    # A run of this demo that ended at its steps with its results is reused without a launch: its ranks would
-    # import torch, build the engine and load the last checkpoint only to say so (~20 s of CPU).
-    if pretrain.results.is_file() and pretrain.read_results(PretrainResults).step == steps:
+    # A run of this demo that ended at its steps with its results is reused without a launch (the settings' own
+    # check, `complete_results`, as `widenet-ds launch` makes it): its ranks would import torch, build the engine and
+    # load the last checkpoint only to say so (~20 s of CPU).
+    pretraining = PretrainConfig(
+        model_config=str(model), deepspeed_config=schedule_for("cpu_small.json", steps, output / "ds_configs"),
+        data=data, output_dir=pretrain.path, max_steps=steps, ep_size=EP_SIZE, save_interval=100, eval_interval=100,
+        resume=LATEST)
+    if pretraining.complete_results() is not None:
         say(f"[demo] 2/3 the pretraining in {pretrain.path} is complete (step {steps}): reused")
     else:
         say(f"[demo] 2/3 pretraining {MODEL_PRESET} on {RANKS} CPU ranks, expert parallel {EP_SIZE}, {steps} steps "
             f"-> {pretrain.path}")
-        status = launch_run(PretrainConfig(
-            model_config=str(model), deepspeed_config=schedule_for("cpu_small.json", steps, output / "ds_configs"),
-            data=data, output_dir=pretrain.path, max_steps=steps, ep_size=EP_SIZE, save_interval=100,
-            eval_interval=100, resume=LATEST))
-        if status:
+        if status := launch_run(pretraining):
             return status
 
     local_sst2 = shared_data() / "glue" / "SST-2"
     found = find_sst2(local_sst2)
-    if found is not None and sst2.results.is_file() and sst2.read_results(FinetuneResults).steps == finetune_steps:
-        say(f"[demo] 3/3 the SST-2 finetuning in {sst2.path} is complete (step {finetune_steps}): reused")
-    elif found is not None:
-        say(f"[demo] 3/3 finetuning on SST-2 ({found[1]}), {finetune_steps} steps -> {sst2.path}")
-        status = launch_run(GlueConfig(
+    if found is not None:
+        finetuning = GlueConfig(
             glue_task="sst2", data=found[0], init_from=pretrain.path, tokenizer=str(data), output_dir=sst2.path,
             deepspeed_config=schedule_for("finetune_cpu_small.json", finetune_steps, output / "ds_configs"),
             allow_recipe_mismatch=True,
-            max_steps=finetune_steps, max_train_examples=6000, max_seq_length=64, resume=LATEST))
-        if status:
-            return status
+            max_steps=finetune_steps, max_train_examples=6000, max_seq_length=64, resume=LATEST)
+        if finetuning.complete_results() is not None:
+            say(f"[demo] 3/3 the SST-2 finetuning in {sst2.path} is complete (step {finetune_steps}): reused")
+        else:
+            say(f"[demo] 3/3 finetuning on SST-2 ({found[1]}), {finetune_steps} steps -> {sst2.path}")
+            if status := launch_run(finetuning):
+                return status
 
     print("\n== widenet-ds demo ==")
     metrics = pretrain.read_metrics()

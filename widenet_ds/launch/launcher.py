@@ -33,6 +33,7 @@ from widenet_ds.distributed.ports import free_port, port_holder, port_is_free
 from widenet_ds.errors import LaunchError
 from widenet_ds.launch.host_allocator import allocator_env
 from widenet_ds.launch.hostfile import check_hostfile
+from widenet_ds.launch.job_checks import check_job, complete_line
 from widenet_ds.launch.node_env import ranks_env, runner_env_file
 from widenet_ds.launch.node_failures import NodeWatch, failure
 from widenet_ds.launch.options import (
@@ -44,7 +45,7 @@ from widenet_ds.launch.options import (
     parse_launch_args,
     this_machine,
 )
-from widenet_ds.launch.signals import forward
+from widenet_ds.launch.signals import forward, pressed
 from widenet_ds.launch.task_options import check_task_options, with_saved_settings
 from widenet_ds.training.run_config import RunConfig
 
@@ -53,6 +54,7 @@ MAX_CPU_RANKS = 8
 # pdsh's ssh: a keep-alive every 5 s, 4 unanswered ones end the session (a vanished node is seen within 20-25 s)
 SSH_OPTIONS = ("-o ServerAliveInterval=5", "-o ServerAliveCountMax=4", "-o ConnectTimeout=15")
 SSH_SILENCE_S = 25
+CLEAR_LINE = "\r\x1b[K"
 RELAYED = {signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGTERM, signal.SIGHUP: signal.SIGTERM,
            signal.SIGUSR1: signal.SIGUSR1}
 
@@ -64,6 +66,7 @@ class LaunchPlan:
     # With a hostfile: what every node's ranks must get, which the runner's ssh does not carry (launch/node_env.py)
     node_env: dict[str, str] = field(default_factory=dict)
     nodes: tuple[str, ...] = ()  # with a hostfile: the nodes the run uses
+    world_size: int | None = None  # the ranks it starts (None: every GPU of this machine, counted by deepspeed)
 
     def echo(self) -> str:
         shown = {k: v for k, v in self.env_changes.items() if k != "PYTHONPATH"}
@@ -86,9 +89,11 @@ def plan_launch(options: LaunchOptions, machine: Machine, environ: Mapping[str, 
     ds_args: list[str] = []
     ranks = options.ranks_per_node
     nodes: tuple[str, ...] = ()
+    world: int | None = None
     if options.hostfile is not None:
         # Unresolvable hosts, malformed lines or too few slots: one error naming the line, no rank started.
-        nodes = tuple(check_hostfile(options.hostfile, num_nodes=options.num_nodes, ranks_per_node=ranks))
+        slots = check_hostfile(options.hostfile, num_nodes=options.num_nodes, ranks_per_node=ranks)
+        nodes, world = tuple(slots), sum(ranks or count for count in slots.values())
         if options.master_addr is not None:
             check_rendezvous_address(options.master_addr, len(nodes), "--master-addr", f"leave out --master-addr "
                                      f"(deepspeed then asks {nodes[0]} for its address over ssh)", first=nodes[0])
@@ -99,6 +104,7 @@ def plan_launch(options: LaunchOptions, machine: Machine, environ: Mapping[str, 
         ranks = min(machine.cores, MAX_CPU_RANKS)
     if ranks is not None:
         ds_args += ["--num_gpus", str(ranks)]
+        world = world or ranks
     if options.master_addr is not None:
         ds_args += ["--master_addr", options.master_addr]
     # One machine: a free port, so that two runs on it do not both take deepspeed's 29500; a port given for
@@ -130,7 +136,7 @@ def plan_launch(options: LaunchOptions, machine: Machine, environ: Mapping[str, 
     if options.hostfile is not None:
         env.update(ssh_keepalive_env(environ))
     return LaunchPlan([runner, *ds_args, "--module", TRAIN_MODULE, options.task, *options.train_args], env, node_env,
-                      nodes)
+                      nodes, world)
 
 
 def ssh_keepalive_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -161,9 +167,13 @@ def _run_runner(command: list[str], env: dict[str, str], nodes: tuple[str, ...])
     watch = NodeWatch(runner, nodes=nodes, env=env) if nodes else None
 
     def relay(signum: int, frame) -> None:
-        message = forward(RELAYED[signal.Signals(signum)], runner.pid)
+        received = signal.Signals(signum)
+        message = forward(RELAYED[received], runner.pid)
         try:
-            print(f"{PROG}: {message}; the ranks save a checkpoint and exit", file=sys.stderr, flush=True)
+            said = message if RELAYED[received] == received else f"{pressed(received)}: {message}"
+            # On a terminal, in place of the line the cursor is on (the "^C" echoed there, or a rank's progress bar,
+            # which the rank draws again below): the ANSI carriage return and erase-line.
+            print(f"{CLEAR_LINE if sys.stderr.isatty() else ''}{PROG}: {said}", file=sys.stderr, flush=True)
         except OSError:  # the terminal has gone (HUP)
             pass
 
@@ -187,11 +197,16 @@ def _run_runner(command: list[str], env: dict[str, str], nodes: tuple[str, ...])
 
 
 def launch(options: LaunchOptions) -> int:
-    """Plan (the launch options and hostfile checked), check the task's options, then start the ranks."""
+    """Plan (the launch options and hostfile checked), check the task's options and what the job's shape lets the
+    launcher know (launch/job_checks.py), then start the ranks; a --resume of a finished run starts none."""
     if options.dry_run is not None:  # (`widenet-ds launch --dry-run` runs launch/dry_run.py, which starts nothing)
         raise LaunchError("--dry-run plans a job without starting it: run it as `widenet-ds launch --dry-run ...`")
     plan = plan_launch(options, this_machine(), runner=deepspeed_runner())
-    check_task_options(options)
+    cfg = check_task_options(options)
+    if (complete := complete_line(cfg)) is not None:
+        print(f"{PROG}: {complete}", flush=True)
+        return 0
+    check_job(cfg, plan.world_size)
     return run(plan)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from widenet_ds.errors import LaunchError
 from widenet_ds.launch.host_allocator import find_tcmalloc
 from widenet_ds.tasks import TASKS
+from widenet_ds.training.command_line import build_parser
 
 PROG = "widenet-ds launch"
 TRAIN_MODULE = "widenet_ds.train"  # its tasks: widenet_ds/tasks/
@@ -108,8 +109,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG, allow_abbrev=False, usage=f"{PROG} {{{','.join(TASKS)}}} [launch options] -- [options of the task]",
         description="Run `python -m widenet_ds.train TASK` on several ranks under the deepspeed launcher. "
-                    "Everything after `--` goes to the task unchanged (`python -m widenet_ds.train TASK --help` "
-                    "lists its options).",
+                    "Everything after `--` goes to the task unchanged (`widenet-ds launch TASK --help` lists its "
+                    "options with these).",
         epilog=f"Environment: {LOG_LEVEL_VAR} (default critical) sets the deepspeed runner's log level; "
                "OMP_NUM_THREADS and DS_ACCELERATOR, when set, are kept. SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 to "
                "this process: the ranks save a checkpoint and exit 0; continue with the same command plus --resume.")
@@ -149,10 +150,41 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def launch_help(task: str | None) -> str:
+    """`widenet-ds launch [TASK] --help`: the launch options, and with a TASK its own options (those after `--`) on
+    the same page, which this process prints alone (no rank starts for a help)."""
+    p = parser()
+    if task is None:
+        return p.format_help()
+    p.usage = f"{PROG} {task} [launch options] -- [{task} options]"
+    p.description = (f"{TASKS[task].description} Run on several ranks under the deepspeed launcher; everything after "
+                     f"`--` goes to the task unchanged. Batch sizes, learning rate, schedule, precision and ZeRO stage "
+                     f"come from the DeepSpeed JSON only (docs/flags.md: every flag of every task).")
+    next(a for a in p._actions if a.dest == "task").help = argparse.SUPPRESS  # (named by the usage)
+    epilog, p.epilog = p.epilog, None
+    task_parser = build_parser(TASKS[task].config)
+    formatter = task_parser._get_formatter()
+    for group in task_parser._action_groups:
+        actions = [a for a in group._group_actions if a.dest != "help"]
+        if not actions:
+            continue
+        own = group is task_parser._optionals
+        formatter.start_section(f"{task} options, after `--`" + ("" if own else f": {group.title}"))
+        formatter.add_text(None if own else group.description)
+        formatter.add_arguments(actions)
+        formatter.end_section()
+    formatter.add_text(epilog)
+    return p.format_help() + "\n" + formatter.format_help()
+
+
 def parse_launch_args(argv: list[str]) -> LaunchOptions:
-    """Launch options before `--`, the task's options after it. argparse errors exit 2 with one line."""
+    """Launch options before `--`, the task's options after it. argparse errors exit 2 with one line; `--help`
+    (before or after `--`) prints `launch_help` and exits 0."""
     cut = argv.index("--") if "--" in argv else len(argv)
     launch_args, train_args = argv[:cut], argv[cut + 1:]
+    if {"-h", "--help"} & set(argv):
+        print(launch_help(next((arg for arg in launch_args if arg in TASKS), None)), end="", flush=True)
+        raise SystemExit(0)
     p = parser()
     args, unknown = p.parse_known_args(launch_args)
     if unknown:

@@ -38,10 +38,20 @@ def signal_targets(runner_pid: int) -> tuple[list[int], str]:
             continue
     ranks = [child.pid for launcher in launchers for child in launcher.children()]
     if ranks:
-        return ranks, f"{len(ranks)} rank(s)"
+        return ranks, ("the rank, which saves a checkpoint and exits" if len(ranks) == 1 else
+                       f"the {len(ranks)} ranks, which save a checkpoint and exit")
     if launchers:
         return [p.pid for p in launchers], "the local launcher (no rank started yet)"
-    return [runner_pid], "the deepspeed runner"
+    return [runner_pid], "the deepspeed runner, which passes it to the ranks of every node"
+
+
+# What a user did, for the signals a terminal sends (the others are named as they are: a scheduler's SIGTERM, ...).
+PRESSED = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGHUP: "the terminal closed (SIGHUP)"}
+
+
+def pressed(sig: signal.Signals) -> str:
+    """The signal received, as a user knows it ("Ctrl-C (SIGINT)")."""
+    return PRESSED.get(sig, sig.name)
 
 
 def forward(sig: signal.Signals, runner_pid: int) -> str:

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import widenet_ds
 from widenet_ds.errors import ConfigError, LaunchError, RunFolderError
-from widenet_ds.launch.options import PROG, TRAIN_MODULE, LaunchOptions, this_machine
+from widenet_ds.launch.options import PROG, LaunchOptions, this_machine
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.run_folder import read_run_config as read_settings
 from widenet_ds.tasks import TASKS
@@ -25,17 +25,14 @@ CPU_EVAL_EXAMPLES = 500  # SQuAD questions (or GLUE examples) a CPU machine eval
 
 
 def _refuse_task_options(task: str, message: str) -> NoReturn:
-    raise LaunchError(f"the {task} options after `--`: {message} (`python -m {TRAIN_MODULE} {task} --help` lists "
-                      f"them)")
+    raise LaunchError(f"the {task} options after `--`: {message} (`{PROG} {task} --help` lists them)")
 
 
-def check_task_options(options: LaunchOptions) -> None:
-    """The syntax and the values (a RunConfig reads no file): the files the options name may exist on the nodes
-    alone."""
+def check_task_options(options: LaunchOptions) -> RunConfig:
+    """The task's settings, their syntax and values checked (a RunConfig reads no file): the files the options name
+    may exist on the nodes alone."""
     task_parser = build_parser(TASKS[options.task].config)
     task_parser.error = lambda message: _refuse_task_options(options.task, message)  # type: ignore[method-assign]
-    if {"-h", "--help"} & set(options.train_args):  # asked for: every rank prints it (tests count ranks so)
-        return
     task_parser.parse_args(list(options.train_args))
     try:
         cfg = parse(TASKS[options.task].config, list(options.train_args))
@@ -43,6 +40,7 @@ def check_task_options(options: LaunchOptions) -> None:
         _refuse_task_options(options.task, str(err))
     if (advice := cpu_advice(cfg, this_machine().has_gpu)) is not None:
         print(f"{PROG}: {advice}", file=sys.stderr, flush=True)
+    return cfg
 
 
 def cpu_advice(cfg: RunConfig, has_gpu: bool) -> str | None:
@@ -142,7 +140,5 @@ def check_resumes_the_run(cfg: RunConfig, run: Path) -> None:
 
 def with_saved_settings(options: LaunchOptions) -> LaunchOptions:
     """`--config RUN`: the run's saved settings, then the options after `--`, as the task's options."""
-    if {"-h", "--help"} & set(options.train_args):  # asked for: the task's help, as without --config
-        return dataclasses.replace(options, run_config=None)
     cfg = read_run_config(options.task, options.run_config, options.train_args)
     return dataclasses.replace(options, train_args=tuple(cfg.to_argv()), run_config=None)

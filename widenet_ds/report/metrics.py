@@ -14,6 +14,7 @@ the page and stderr show.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -270,6 +271,7 @@ class FinetuneRun:
     seeds: list[SeedRun]
     notes: list[str] = field(default_factory=list)
     settings: type[RunConfig] | None = None  # the settings class of its task (None: the folder does not say)
+    init: str | None = None  # the checkpoint it started from, one key for every way of naming it (`resolved_init`)
     kind: str = "finetune"
     title: ClassVar[str] = "finetuning"
 
@@ -396,7 +398,21 @@ def _load_finetune(folder: RunFolder, name: str, settings: type[RunConfig] | Non
         seeds.append(SeedRun(seed, seed_folder.path, metrics))
     if results is None and not seeds:
         return Problem(folder.path, "; ".join(notes) or "no readable results")
-    return FinetuneRun(name, folder.path, results, seeds, notes, settings)
+    return FinetuneRun(name, folder.path, results, seeds, notes, settings, resolved_init(folder, results))
+
+
+def resolved_init(folder: RunFolder, results: FinetuneResults | None) -> str | None:
+    """The checkpoint a finetuning run started from as an absolute path (a preset's "preset:<name>" as it is): the
+    results' init, which runs resolve (an absolute tag folder); an init an older run recorded as typed, relative to
+    a directory the folder does not tell, is the run_config.json's init_from, which every run saves absolute."""
+    init = results.init if results is not None else None
+    if init is None or init.startswith("preset:") or os.path.isabs(init):
+        return os.path.normpath(init) if init is not None and os.path.isabs(init) else init
+    try:
+        saved = folder.read_run_config().get("init_from") if folder.run_config.is_file() else None
+    except RunFolderError:
+        saved = None
+    return os.path.normpath(saved) if isinstance(saved, str) and os.path.isabs(saved) else init
 
 
 def _is_run(folder: RunFolder) -> bool:

@@ -9,8 +9,11 @@ from (the run, the seed or step, the metrics key), so that a reader or a test ca
 from __future__ import annotations
 
 import html
+import os
 import statistics
+from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 
 from widenet_ds.report.branches import BranchCurve, branch_curves, by_measure, widest
 from widenet_ds.report.metrics import FinetuneRun, ImageRun, LoggedRun, PretrainRun, Problem, Run
@@ -53,6 +56,32 @@ code { background: #f5f5f5; padding: 0 0.2em; }
 """
 
 
+@dataclass(frozen=True)
+class PagePaths:
+    """How the page shows a path: relative to the folder holding every run on it (`root`), never as this machine's
+    path (a report is copied and shared); a path outside that folder by its last parts."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, runs: list[Run], problems: list[Problem]) -> PagePaths:
+        folders = [Path(os.path.abspath(r.path)) for r in runs] + [Path(os.path.abspath(p.path)) for p in problems]
+        if not folders:
+            return cls(Path.cwd())
+        root = Path(os.path.commonpath(folders))
+        return cls(root.parent if root in folders else root)  # a run itself is shown by its name
+
+    def show(self, path: str | Path) -> str:
+        absolute = Path(os.path.abspath(path))
+        if absolute.is_relative_to(self.root) and absolute != self.root:
+            return str(absolute.relative_to(self.root))
+        return str(Path("…", *absolute.parts[-3:]))
+
+    def init(self, init: str | None) -> str:
+        """A finetuning run's start: its checkpoint shown as a path, a preset as it is."""
+        return "?" if init is None else init if init.startswith("preset:") else self.show(init)
+
+
 def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
@@ -81,7 +110,7 @@ def _notes(notes: list[str]) -> str:
     return f'<ul class="notes">{"".join(f"<li>{_e(n)}</li>" for n in notes)}</ul>' if notes else ""
 
 
-def _runs_table(runs: list[Run]) -> str:
+def _runs_table(runs: list[Run], paths: PagePaths) -> str:
     rows = []
     for run in runs:
         if isinstance(run, PretrainRun):
@@ -93,12 +122,12 @@ def _runs_table(runs: list[Run]) -> str:
             state = (f"finished ({RESULTS_FILE})" if run.finished else
                      "being written (live)" if run.live_tail else "running or stopped")
         else:
-            what = f"{run.task}, init {run.results.init or '?'}" if run.results else run.task
+            what = f"{run.task}, init {paths.init(run.init)}" if run.results else run.task
             step = run.results.steps if run.results else max(
                 (s.records[-1]["step"] for s in run.seeds if s.records), default=None)
             state = f"finished ({RESULTS_FILE})" if run.finished else "running or stopped"
-        rows.append(f"<tr><td>{_e(run.name)}</td><td>{_e(run.title)}</td><td><code>{_e(run.path)}</code>"
-                    f"</td><td>{_e(what)}</td>{_num(step, run.name, 'last', 'step')}<td>{_e(state)}"
+        rows.append(f"<tr><td>{_e(run.name)}</td><td>{_e(run.title)}</td><td><code>{_e(paths.show(run.path))}"
+                    f"</code></td><td>{_e(what)}</td>{_num(step, run.name, 'last', 'step')}<td>{_e(state)}"
                     f"{_notes(run.notes)}</td></tr>")
     return ("<table><tr><th>run</th><th>kind</th><th>folder</th><th>model / task</th><th>last step</th>"
             f"<th>state</th></tr>{''.join(rows)}</table>")
@@ -182,7 +211,7 @@ def _branches_section(curves: list[BranchCurve], plots: list[Plot]) -> list[str]
     return body
 
 
-def _finetune_section(run: FinetuneRun) -> str:
+def _finetune_section(run: FinetuneRun, paths: PagePaths) -> str:
     per_seed = run.per_seed_metrics()
     columns = sorted({f"{split}/{metric}" for metrics in per_seed.values() for split, values in metrics.items()
                       for metric in values})
@@ -190,7 +219,7 @@ def _finetune_section(run: FinetuneRun) -> str:
     if run.results:
         r = run.results
         ds = r.deepspeed
-        parts.append(f"<p>init <code>{_e(r.init)}</code>; {_e(r.steps)} steps; {_e(r.seeds)} "
+        parts.append(f"<p>init <code>{_e(paths.init(run.init))}</code>; {_e(r.steps)} steps; {_e(r.seeds)} "
                      f"seed(s); primary metric <b>{_e(r.primary_metric)}</b>; batch "
                      f"{_e(ds and ds.train_batch_size)}, peak lr {_e(ds and ds.lr)}; max length "
                      f"{_e(r.max_seq_length)}.</p>")
@@ -222,24 +251,25 @@ def _finetune_section(run: FinetuneRun) -> str:
     return "".join(parts)
 
 
-def _finetune_summary(runs: list[FinetuneRun]) -> str:
-    """Finished runs side by side: the median of each task's primary metric, one row per initialisation."""
+def _finetune_summary(runs: list[FinetuneRun], paths: PagePaths) -> str:
+    """Finished runs side by side: the median of each task's primary metric, one row per initialisation (the
+    checkpoint resolved: one model is one row however each run named it)."""
     finished = [r for r in runs if r.results]
     if len(finished) < 2:
         return ""
     tasks = sorted({r.task for r in finished})
-    inits = list(dict.fromkeys(str(r.results.init) for r in finished))
+    inits = list(dict.fromkeys(r.init for r in finished))
     rows = []
     for init in inits:
         cells = []
         for task in tasks:
-            run = next((r for r in finished if r.task == task and str(r.results.init) == init), None)
+            run = next((r for r in finished if r.task == task and r.init == init), None)
             if run is None:
                 cells.append("<td></td>")
                 continue
             key, value = run.results.primary_median()
             cells.append(_num(value, run.name, "median", key))
-        rows.append(f"<tr><td><code>{_e(init)}</code></td>{''.join(cells)}</tr>")
+        rows.append(f"<tr><td><code>{_e(paths.init(init))}</code></td>{''.join(cells)}</tr>")
     primary = {r.task: (r, r.results.primary_median()[0]) for r in finished}
     head = "".join(f"<th>{_e(t)}{_scale(*primary[t])}</th>" for t in tasks)
     return (f"<p>Median over seeds of each task's primary metric, by initialisation.</p>"
@@ -271,12 +301,14 @@ def render(runs: list[Run], problems: list[Problem], plots: list[Plot], title: s
     images = [r for r in runs if isinstance(r, ImageRun)]
     finetune = [r for r in runs if isinstance(r, FinetuneRun)]
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    paths = PagePaths.of(runs, problems)
     body = [f"<h1>{_e(title)}</h1>",
-            f'<p class="meta">widenet-ds report, {now}, of {_e(" ".join(sources))}</p>']
+            f'<p class="meta">widenet-ds report, {now}, of {_e(" ".join(map(paths.show, sources)))} (paths in '
+            f'{_e(paths.root.name or paths.root)}/)</p>']
     if problems:
-        items = "".join(f"<li><code>{_e(p.path)}</code>: {_e(p.message)}</li>" for p in problems)
+        items = "".join(f"<li><code>{_e(paths.show(p.path))}</code>: {_e(p.message)}</li>" for p in problems)
         body.append(f'<div class="problems" id="problems"><b>Folders not used:</b><ul>{items}</ul></div>')
-    body += ["<h2>Runs</h2>", _runs_table(runs)]
+    body += ["<h2>Runs</h2>", _runs_table(runs, paths)]
     if pretrain:
         body += ["<h2>Pretraining</h2>", _last_values_table(pretrain, PRETRAIN_COLUMNS)]
         body.append('<div class="plots">' + "".join(_figure(p) for p in plots if p.section == "pretrain") + "</div>")
@@ -294,8 +326,8 @@ def render(runs: list[Run], problems: list[Problem], plots: list[Plot], title: s
     if curves:
         body += _branches_section(curves, plots)
     if finetune:
-        body += ["<h2>Finetuning</h2>", _finetune_summary(finetune)]
-        body += [_finetune_section(run) for run in finetune]
+        body += ["<h2>Finetuning</h2>", _finetune_summary(finetune, paths)]
+        body += [_finetune_section(run, paths) for run in finetune]
         body += [_figure(p) for p in plots if p.section == "finetune"]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{_e(title)}</title>"

@@ -19,7 +19,7 @@ import torch.distributed as torch_dist
 
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.distributed.console import say
-from widenet_ds.errors import ConfigError, WideNetError, mark_same_on_every_rank
+from widenet_ds.errors import WideNetError, mark_same_on_every_rank
 from widenet_ds.results import numbers
 from widenet_ds.tasks.finetune.config import FinetuneConfig
 from widenet_ds.tasks.finetune.finetuning import Finetuning
@@ -27,7 +27,6 @@ from widenet_ds.tasks.finetune.results import DeepSpeedUsed, FinetuneResults, Se
 from widenet_ds.tasks.finetune.task import (
     FinetuneInputs,
     FinetuneTask,
-    metrics_line,
     peak_lr,
 )
 from widenet_ds.tasks.finetune.weights import model_overrides
@@ -68,7 +67,10 @@ class SeedSweep:
         runlog = TrainingLog(cfg.folder, enabled=rank == 0, tensorboard=False, progress_bar=False, start_step=0,
                              max_steps=0, console_label="finetune")
         try:
-            complete = self.complete_results()
+            try:  # (the settings' own check, which `widenet-ds launch` and the demo make before any rank starts)
+                complete = cfg.complete_results()
+            except WideNetError as err:
+                raise mark_same_on_every_rank(err)
             if complete is not None:
                 runlog.event(None, f"{name}: the run in {cfg.output_dir} is complete; results in {cfg.folder.results}")
                 return complete
@@ -88,13 +90,13 @@ class SeedSweep:
                 result = self._train_seed(first if seed == seeds[0] else None, seed, inputs, plan, stop)
                 if result is None:
                     return None
-                runlog.event(None, f"seed {seed} done: {metrics_line(result.metrics, cfg)}")
+                runlog.event(None, f"seed {seed} done: {cfg.scores_line(result.metrics)}")
                 per_seed.append(result)
             summary = self.summary(inputs, plan, per_seed)
             if rank == 0:
                 cfg.folder.write_results(summary)
-            runlog.event(None, f"{name} median over {cfg.seeds} seed(s): {metrics_line(summary.median, cfg)} (trivial "
-                               f"baseline: {metrics_line(summary.baseline, cfg)}); written to {cfg.folder.results}")
+            runlog.event(None, f"{name} median over {cfg.seeds} seed(s): {cfg.scores_line(summary.median)} (trivial "
+                               f"baseline: {cfg.scores_line(summary.baseline)}); written to {cfg.folder.results}")
             return summary
         finally:
             runlog.close()
@@ -124,28 +126,16 @@ class SeedSweep:
         torch_dist.barrier()
         return result
 
-    def complete_results(self) -> FinetuneResults | None:
-        """results.json of a finished run being resumed with the same seeds."""
-        cfg = self.cfg
-        folder = cfg.folder
-        if not (cfg.resume and folder.results.is_file()):
-            return None
-        results = folder.read_results(FinetuneResults)
-        if results.seeds != cfg.seeds:
-            return None
-        done, asked = results.steps, cfg.max_steps
-        if asked is not None and asked != done:  # pretraining continues to a new --max-steps; finetuning cannot
-            raise mark_same_on_every_rank(ConfigError(
-                f"the run in {cfg.output_dir} is complete: each seed trained {done} steps ({folder.results}); "
-                f"--max-steps {asked} cannot be applied to it, as every seed trains from its start weights to the end "
-                f"of its schedule. Drop --max-steps to read its results, or train {asked} steps into a new "
-                f"--output-dir."))
-        return results
+    @property
+    def weights_used(self) -> str:
+        """The checkpoint every seed started from, resolved (a run folder named as typed, relative or absolute, is
+        its tag folder's absolute path: one model is one row of the report), or the preset of a random start."""
+        return str(self.init_source.path.resolve()) if self.init_source is not None else self.cfg.weights_source
 
     def summary(self, inputs: FinetuneInputs, plan: RunPlan, per_seed: list[SeedResults]) -> FinetuneResults:
         cfg, finetuning, ds = self.cfg, self.finetuning, plan.ds
         return FinetuneResults(
-            task=finetuning.name, init=cfg.weights_source, steps=plan.max_steps, seed=cfg.seed, seeds=cfg.seeds,
+            task=finetuning.name, init=self.weights_used, steps=plan.max_steps, seed=cfg.seed, seeds=cfg.seeds,
             primary_metric=finetuning.primary_metric, median=median_over_seeds(per_seed), per_seed=per_seed,
             baseline=finetuning.baseline(inputs.data), load_report=inputs.load_report,
             recipe={**asdict(inputs.recipe), "model_overrides": model_overrides(cfg, inputs.recipe)},

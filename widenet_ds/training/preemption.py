@@ -71,6 +71,8 @@ class SavePoints:
 
     def save(self, engine, state, loader, meta) -> bool:
         """Write `state.step`'s checkpoint (unless on disk already); True when the loop is to stop now."""
+        if self.stopping or state.step >= self.max_steps:  # the last step: the progress bar ends above what follows
+            self.log.end_progress()
         if self.saved_step != state.step:
             tag_dir = self.checkpoints.save(engine, state, loader, meta)
             self.saved_step = state.step

@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Literal
 from widenet_ds.distributed.timeouts import INIT_TIMEOUT_S, MIN_TIMEOUT_S, TRAIN_TIMEOUT_S
 from widenet_ds.engine.compile import CompileMode
 from widenet_ds.errors import ConfigError, problems_text
-from widenet_ds.model.config import PRESETS
+from widenet_ds.model.config import PRESETS, EncoderConfig, ModelConfig
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.training.branch_schedule import ScheduleKind
 from widenet_ds.training.flags import flag, int_list, to_argv
@@ -185,6 +185,7 @@ class RunConfig:
         return problems
 
     POSITIVE: ClassVar[tuple[str, ...]] = ()  # the task's own settings that must be positive when given
+    MODEL: ClassVar[type[EncoderConfig]] = ModelConfig  # the kind of model config --model-config names
     EXAMPLE_DS_CONFIG: ClassVar[str] = "cpu_small.json"
     # Settings whose value may name a file or folder (a task adds its own; `names_a_path` says whether a value does).
     PATH_SETTINGS: ClassVar[frozenset[str]] = frozenset({"deepspeed_config", "output_dir", "init_from",
@@ -212,6 +213,24 @@ class RunConfig:
         """What evaluating the whole dev set costs on a few CPU cores, in words, when it takes minutes (None: seconds,
         or no dev set): `widenet-ds launch` then advises --max-eval-examples on a machine without a GPU."""
         return None
+
+    def complete_results(self) -> Any | None:
+        """The results of this run when its folder holds them for these settings, finished: a --resume would only
+        read them again (`widenet-ds launch` and the demo then start no rank, the ranks return them). None: not a
+        --resume, nothing finished there, or a length only the ranks know (the DeepSpeed schedule's, epochs of the
+        data). A task whose runs finish says how (its results.json's step or steps); the base finishes none here."""
+        return None
+
+    def results_line(self, results: Any) -> str:
+        """What the finished run scored (its `complete_results`), in one line as the console shows it."""
+        raise NotImplementedError(f"{type(self).__name__} has no complete_results")
+
+    def _finished_at(self, results_type) -> Any | None:
+        """A finished run's results (`results_type`, its `step` at least --max-steps) for a bare --resume."""
+        if self.resume != LATEST or self.max_steps is None or not self.folder.results.is_file():
+            return None
+        results = self.folder.read_results(results_type)
+        return results if results.step >= self.max_steps else None
 
     # -- derived -------------------------------------------------------------------------------------
     @property

@@ -218,7 +218,7 @@ class Trainer:
                     if branched:
                         scalars["branches/active"] = active
                     log.record(state.step, scalars)
-                    log.console(state.step, task.train_line(scalars), status=True)
+                    log.console(state.step, task.train_line(scalars))
                     window_seconds = 0.0
                 if cfg.eval_interval and state.step % cfg.eval_interval == 0 and state.step != plan.max_steps:
                     task.evaluate(engine, state.step, log)

@@ -351,12 +351,10 @@ def test_a_finetuning_run_opens_its_init_from_checkpoint_once_and_plans_once(sha
 def test_the_console_shows_squad_scores_as_percentages_and_accuracies_as_fractions(tmp_path):
     """Item 6: `exact_match 0.3333` read as 33 %; it is 0.33 % on SQuAD's official 0-100 scale (each task says the
     scale of its scores: `score_scale`)."""
-    from widenet_ds.tasks.finetune.task import metrics_line
-
     squad = _cfg(tmp_path, SquadConfig, version="1.1")
-    assert metrics_line({"dev": {"exact_match": 0.3333, "f1": 4.2706, "total": 10}}, squad) == \
+    assert squad.scores_line({"dev": {"exact_match": 0.3333, "f1": 4.2706, "total": 10}}) == \
         "dev exact_match 0.3333%, f1 4.2706%, total 10.0000"
-    assert metrics_line({"dev": {"acc": 0.5092, "f1": 0.6}}, _cfg(tmp_path)) == "dev acc 0.5092, f1 0.6000"
+    assert _cfg(tmp_path).scores_line({"dev": {"acc": 0.5092, "f1": 0.6}}) == "dev acc 0.5092, f1 0.6000"
 
 
 def test_a_long_evaluation_says_how_far_it_is_and_a_short_one_says_nothing():

@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from widenet_ds.errors import ConfigError
+from widenet_ds.tasks.classify.results import ClassifyResults
 from widenet_ds.training.flags import flag
 from widenet_ds.training.run_config import DATA_HELP, DATASET_HELP, EVAL_SUBSET_HELP, MONITORING, RunConfig, missing
 from widenet_ds.vision.augment_config import AugmentConfig
+from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.datasets import DATASETS, data_fix
 
 _AUGMENT = ("augmentation (the authors' ImageNet recipe: --randaugment 2,15 --inception-crop --flip --mixup-alpha 0.5 "
@@ -37,6 +39,7 @@ class ClassifyConfig(RunConfig):
         "ViT-WideNet / ViT / ViT-MoE / ParaFormer image classification (docs/vision.md)."
     POSITIVE: ClassVar[tuple[str, ...]] = ("max_eval_examples",)
     EXAMPLE_DS_CONFIG: ClassVar[str] = "vision_cpu_small.json"
+    MODEL: ClassVar[type[VisionConfig]] = VisionConfig
     PATH_SETTINGS: ClassVar[frozenset[str]] = RunConfig.PATH_SETTINGS | {"data"}
 
     dataset: Literal[DATASETS] = field(  # type: ignore[valid-type]
@@ -80,6 +83,13 @@ class ClassifyConfig(RunConfig):
 
     def data_problems(self) -> list[str]:
         return missing("--data", self.data, data_fix(self.dataset)) if self.data else []
+
+    def complete_results(self) -> ClassifyResults | None:
+        """Finished at --max-steps or later (a run of --epochs: its length is the data's, which the ranks read)."""
+        return self._finished_at(ClassifyResults)
+
+    def results_line(self, results: ClassifyResults) -> str:
+        return f"step {results.step}, " + ", ".join(f"{key} {value:.4f}" for key, value in results.test.items())
 
     @property
     def augment(self) -> AugmentConfig:

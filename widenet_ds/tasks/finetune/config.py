@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from widenet_ds.errors import ConfigError
+from widenet_ds.results import Scores, is_number, with_scale
+from widenet_ds.tasks.finetune.results import FinetuneResults
 from widenet_ds.training.flags import flag
 from widenet_ds.training.run_config import (
     DATA_HELP,
@@ -96,3 +99,31 @@ class FinetuneConfig(RunConfig):
     @property
     def weights_source(self) -> str:
         return str(self.init_from) if self.init_from is not None else f"preset:{self.model_config}"
+
+    def complete_results(self) -> FinetuneResults | None:
+        """The results.json of a finished run resumed with the same seeds. Asked for another --max-steps, it cannot
+        be continued: every seed trains from its start weights to the end of its schedule."""
+        folder = self.folder
+        if not (self.resume and folder.results.is_file()):
+            return None
+        results = folder.read_results(FinetuneResults)
+        if results.seeds != self.seeds:
+            return None
+        done, asked = results.steps, self.max_steps
+        if asked is not None and asked != done:  # pretraining continues to a new --max-steps; finetuning cannot
+            raise ConfigError(
+                f"the run in {self.output_dir} is complete: each seed trained {done} steps ({folder.results}); "
+                f"--max-steps {asked} cannot be applied to it, as every seed trains from its start weights to the end "
+                f"of its schedule. Drop --max-steps to read its results, or train {asked} steps into a new "
+                f"--output-dir.")
+        return results
+
+    def results_line(self, results: FinetuneResults) -> str:
+        return (f"{results.seeds} seed(s) of {results.steps} steps, median {self.scores_line(results.median)} "
+                f"(trivial baseline: {self.scores_line(results.baseline)})")
+
+    def scores_line(self, scores: Scores) -> str:
+        """Each split's scores as the console shows them, each on its task's scale (`score_scale`)."""
+        return "; ".join(f"{split} " + ", ".join(f"{name} {with_scale(value, self.score_scale(name))}"
+                                                 for name, value in values.items() if is_number(value))
+                         for split, values in scores.items())

@@ -22,7 +22,7 @@ from widenet_ds.distributed.console import say
 from widenet_ds.engine.ds_config import DeepSpeedSettings
 from widenet_ds.errors import CheckpointError, ConfigError, raise_config_problems
 from widenet_ds.portable.weights import load_into
-from widenet_ds.results import Scores, is_number, with_scale
+from widenet_ds.results import Scores
 from widenet_ds.run_folder import RunFolder, read_metrics
 from widenet_ds.seeds import SEED_SPACING
 from widenet_ds.tasks.finetune.config import FinetuneConfig
@@ -221,7 +221,7 @@ class FinetuneTask(Task):
                    for split, features in self.inputs.data.evals.items()}
         log.record(step, {f"eval/{split}/{name}": value for split, values in metrics.items()
                           for name, value in values.items() if isinstance(value, (int, float))})
-        log.event(step, f"eval {metrics_line(metrics, self.cfg)}")
+        log.event(step, f"eval {self.cfg.scores_line(metrics)}")
         return metrics
 
     def finish(self, engine, state, log: TrainingLog) -> SeedResults:
@@ -242,10 +242,3 @@ class FinetuneTask(Task):
             losses = read_metrics(self.folder.metrics).series("train/loss")
             final_loss = losses[max(losses)] if losses else None
         return SeedResults(self.seed, metrics, final_loss)
-
-
-def metrics_line(metrics: Scores, cfg: FinetuneConfig) -> str:
-    """Each split's scores as the console shows them, each on its task's scale (`score_scale`)."""
-    return "; ".join(f"{split} " + ", ".join(f"{name} {with_scale(value, cfg.score_scale(name))}"
-                                             for name, value in values.items() if is_number(value))
-                     for split, values in metrics.items())

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from widenet_ds.tasks.pretrain.results import PretrainResults
 from widenet_ds.training.flags import flag
 from widenet_ds.training.run_config import DATA_HELP, MONITORING, RunConfig, missing
 
@@ -29,3 +30,12 @@ class PretrainConfig(RunConfig):
 
     def data_problems(self) -> list[str]:
         return missing("--data", self.data, "pass the folder `widenet-ds prepare-data --output` wrote")
+
+    def complete_results(self) -> PretrainResults | None:
+        """Pretraining finished at --max-steps or later (a larger --max-steps continues it)."""
+        return self._finished_at(PretrainResults)
+
+    def results_line(self, results: PretrainResults) -> str:
+        held_out = ", ".join(f"{key} {value:.4f}" for key, value in results.held_out.items()
+                             if key.startswith("valid/"))
+        return f"step {results.step}" + (f", held-out {held_out}" if held_out else "")
