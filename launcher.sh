@@ -14,9 +14,9 @@ usage: ./launcher.sh <command> [options]
                          ranks (expert parallelism 2), finetune it on SST-2, print the scores, write a report
   vision-demo [OPTIONS]  set up, install Fashion-MNIST (Debian package, as root), then `widenet-ds vision-demo`
   test [--fast] [ARGS]   set up, install Slurm, Chromium, Fashion-MNIST (as root), run the tests; --fast: lane 1
-  TASK [L] -- ARGS       widenet-ds launch TASK [L] -- ARGS (L: `widenet-ds launch --help`); TASK: pretrain glue
-                         squad classify; also `vision` (classify), `finetune` (glue), `finetune --squad` (squad)
-  anything else          widenet-ds with the same arguments (launch, convert, report, ...)
+  TASK [L] -- ARGS       widenet-ds launch TASK [L] -- ARGS (L: `widenet-ds launch --help`); TASK: any task of
+                         `widenet-ds train --help`; also `vision` (classify), `finetune` (glue), `finetune --squad`
+  anything else          widenet-ds with the same arguments (launch, convert, report, ...; a task: launch TASK)
 Environment (default): WIDENET_VENV (.venv), WIDENET_SHARED_DATA (../shared/data), WIDENET_TEST_WORKERS (3; --fast: 2)
 EOF_USAGE
 }
@@ -72,7 +72,5 @@ case "$cmd" in
   *) [[ -x "$WDS" ]] || setup
     [[ "$cmd" == vision ]] && cmd=classify
     [[ "$cmd" == finetune ]] && { [[ "${1:-}" == --squad ]] && shift && cmd=squad || cmd=glue; }
-    # the tasks of widenet_ds/tasks/__init__.py (tests/test_tasks.py compares them)
-    case "$cmd" in pretrain|glue|squad|classify) exec "$WDS" launch "$cmd" "$@" ;; esac
-    exec "$WDS" "$cmd" "$@" ;;
+    exec "$WDS" "$cmd" "$@" ;;  # a task's name launches it (widenet_ds/cli.py reads the task table)
 esac

@@ -1,8 +1,9 @@
 """The one table of training tasks (widenet_ds/tasks/): torch-free, so that the launcher's task list and the report
 read it without torch; each row names its settings and results by reference; every tool that lists or tells apart
-the tasks reads it (`python -m widenet_ds.train`, `widenet-ds launch`, the run folder's task, the report); and the
-shell scripts, which cannot import it: launcher.sh names exactly its tasks, and the one Slurm script names none (it
-hands its arguments to the trainer) but shows every one."""
+the tasks reads it (`python -m widenet_ds.train`, `widenet-ds launch`, `widenet-ds TASK`, the run folder's task, the
+report); and the shell scripts, which cannot import it, name none: launcher.sh hands a task's name to widenet-ds, the
+one Slurm script hands its arguments to the trainer. A new task is its package and its row: no list of task names
+elsewhere to keep."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from widenet_ds.report.metrics import load_runs
 from widenet_ds import tasks
+from widenet_ds.cli import SUBCOMMANDS
+from widenet_ds.cli import main as widenet_ds
+from widenet_ds.report.metrics import load_runs
 from widenet_ds.run_folder import RunFolder
 from widenet_ds.tasks import TASKS, task_of
 from widenet_ds.train import usage
@@ -27,8 +30,8 @@ from widenet_ds.training.command_line import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_BEFORE = REPO / "tests" / "assets" / "results_before"
-EXAMPLE_RESULTS = {"pretrain": "pretrain.json", "glue": "finetune.json", "squad": "finetune.json",
-                   "classify": "classify.json"}
+# a results.json of each kind of results (a row's results type)
+EXAMPLE_RESULTS = {"pretrain": "pretrain.json", "finetune": "finetune.json", "classify": "classify.json"}
 
 # Run with torch unimportable: a meta-path finder first in line that refuses it.
 WITHOUT_TORCH = """
@@ -86,7 +89,7 @@ def test_the_run_folder_and_the_report_know_each_task(tmp_path, name):
     folder = RunFolder(tmp_path / name)
     folder.write_run_config({"task": name})
     (folder.path / "metrics.jsonl").write_text(json.dumps({"step": 1, "train/loss": 2.0}) + "\n")
-    shutil.copy(RESULTS_BEFORE / EXAMPLE_RESULTS[name], folder.results)  # a results.json of its shape
+    shutil.copy(RESULTS_BEFORE / EXAMPLE_RESULTS[TASKS[name].results.KIND], folder.results)  # one of its shape
     assert task_of(folder) == name
     runs, problems = load_runs([folder.path])
     assert not problems and [run.kind for run in runs] == [TASKS[name].results.KIND]
@@ -115,15 +118,26 @@ def test_folders_of_before_run_config_named_the_task_are_told_by_their_files(tmp
     assert task_of(text) == "pretrain"
 
 
-def test_launcher_sh_launches_and_lists_exactly_the_tasks_of_the_table():
+def test_launcher_sh_names_no_task_and_widenet_ds_launches_every_task_by_its_name(capsys):
+    """launcher.sh hands a task's name to `widenet-ds`, where it is `widenet-ds launch TASK` (here refused by the
+    launcher's own check of its options, before anything starts)."""
     text = (REPO / "launcher.sh").read_text()
-    launched = re.search(r'case "\$cmd" in ([\w|-]+)\) exec "\$WDS" launch "\$cmd"', text).group(1)
-    assert launched.split("|") == list(TASKS)
-    listed = re.search(r"TASK: ([\w\s]+);", text).group(1)
-    assert listed.split() == list(TASKS)
+    lines = text[text.rindex("EOF_USAGE"):].splitlines()  # its commands (the usage's words are no dispatch)
+    code = "\n".join(line for line in lines if not line.lstrip().startswith("#"))
+    aliases = {"classify", "glue", "squad"}  # what its older names `vision`, `finetune [--squad]` stand for
+    named = [name for name in TASKS if name not in aliases and re.search(rf"(?<![\w-]){name}(?![\w-])", code)]
+    assert not named, f"launcher.sh names the tasks {named}: it should hand them to widenet-ds"
+    assert not set(TASKS) & set(SUBCOMMANDS), "a task's name is its command: no other command may have it"
+    for name in TASKS:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exited:  # argparse's exit, as the launch options are refused
+            widenet_ds([name, "--num-ranks", "0", "--", "--x"])
+        assert exited.value.code == 2, name
+        assert "widenet-ds launch: error: argument --num-ranks/--num-gpus: '0' must be a whole number >= 1" in \
+            capsys.readouterr().err, name
 
 
-def test_the_one_slurm_script_takes_its_task_from_its_arguments_and_shows_every_task():
+def test_the_one_slurm_script_takes_its_task_from_its_arguments():
     scripts = sorted(p.name for p in (REPO / "slurm").glob("*.sbatch"))
     assert scripts == ["train.sbatch"], "one batch script for every task (its first argument is the task)"
     lines = (REPO / "slurm" / "train.sbatch").read_text().splitlines()
@@ -131,5 +145,6 @@ def test_the_one_slurm_script_takes_its_task_from_its_arguments_and_shows_every_
     named = [name for name in TASKS if re.search(rf"\b{name}\b", code)]
     assert not named, f"the script's commands name tasks {named}: it should pass its first argument on"
     assert 'widenet_ds.train "$TASK" "$@"' in code
-    examples = {m.group(1) for line in lines for m in re.finditer(r"slurm/train\.sbatch ([a-z]\w*)", line)}
-    assert examples == set(TASKS)
+    # its examples (a few tasks: any task runs the same way) name tasks of the table
+    examples = {m.group(1) for line in lines for m in re.finditer(r"slurm/train\.sbatch ([a-z][\w-]*)", line)}
+    assert examples and examples <= set(TASKS), examples

@@ -56,7 +56,8 @@ LIGHT_COMMANDS = {"squad-eval", "glue-eval", "model-config", "prepare-data", "tr
 def _usage() -> str:
     lines = ["usage: widenet-ds <command> [options]", "", "commands:"]
     lines += [f"  {name:<16} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
-    lines += ["", "`widenet-ds <command> --help` shows the options of one command."]
+    lines += [f"  {'TASK':<16} `launch TASK`: a task's name is the command that launches it ({', '.join(TASKS)})",
+              "", "`widenet-ds <command> --help` shows the options of one command."]
     return "\n".join(lines)
 
 
@@ -85,8 +86,10 @@ def dispatch(argv: list[str] | None = None) -> int:
         print(_usage())
         return 0
     name, rest = argv[0], argv[1:]
+    if name in TASKS:  # every task of the table, with no list of them anywhere else (launcher.sh hands them here)
+        name, rest = "launch", argv
     if name not in SUBCOMMANDS:
-        close = difflib.get_close_matches(name, SUBCOMMANDS, n=1)
+        close = difflib.get_close_matches(name, [*SUBCOMMANDS, *TASKS], n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         print(f"widenet-ds: unknown command {name!r}.{hint}\n\n{_usage()}", file=sys.stderr)
         return 2

@@ -38,8 +38,9 @@ DISPATCHED = "widenet-ds train"  # the same entry as a command of widenet-ds (cl
 
 
 def usage(prog: str = PROG) -> str:
+    width = max(map(len, TASKS))
     return "\n".join([f"usage: {prog} TASK [options]", "", "tasks:"]
-                     + [f"  {name:<10} {spec.description}" for name, spec in TASKS.items()]
+                     + [f"  {name:<{width}}  {spec.description}" for name, spec in TASKS.items()]
                      + ["", f"`{prog} TASK --help` lists the options of one task (docs/flags.md: all of them)."])
 
 

@@ -34,6 +34,7 @@ from widenet_ds.errors import WideNetError
 from widenet_ds.fs.run_lock import LOCK_FILE, Holder, _process_start
 from widenet_ds.launch.preflight_rank import main as preflight_rank
 from widenet_ds.run_folder import read_metrics
+from widenet_ds.tasks import TASKS
 from widenet_ds.train import main as train
 
 pytestmark = pytest.mark.usefixtures("dist")
@@ -295,16 +296,61 @@ def glue(env, tmp: Path, *extra: str, ds: Path | None = None, data: Path | None 
             "--max-steps", "1", *extra]
 
 
+SENTENCES = "sentence,label\nfine film,1\ndull film,0\n"  # a good CSV of labelled sentences
+
+
+def own_data(env, tmp: Path, *extra: str, train: str | bytes | None = SENTENCES, train_name: str = "train.csv",
+             validation: str | bytes | None = SENTENCES, validation_name: str = "validation.csv") -> list[str]:
+    """A text-classification run on files of the row's own (written into its folder; None: no such flag)."""
+    files = []
+    for flag, content, name in (("--train-file", train, train_name), ("--validation-file", validation,
+                                                                      validation_name)):
+        if content is not None:
+            files += [flag, str(write(tmp / name, content))]
+    return [*files, "--text-fields", "sentence", "--model-config", "widenet-tiny-e4", "--tokenizer",
+            str(env["bert_vocab"]), "--deepspeed_config", str(REPO / "ds_configs/finetune_cpu_small.json"),
+            "--allow-recipe-mismatch", "--output-dir", str(tmp / "ft"), "--max-steps", "1", *extra]
+
+
+def parquet(rows: list[dict]) -> bytes:
+    """`rows` as the bytes of a Parquet file."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buffer)
+    return buffer.getvalue()
+
+
+def files_in(folder: Path, *names: str) -> Path:
+    """`folder` holding the files `names`, each of the same labelled sentences."""
+    for name in names:
+        write(folder / name, SENTENCES)
+    return folder
+
+
+def hf_folder_without_validation(tmp: Path) -> Path:
+    write(tmp / "mine" / "train.csv", SENTENCES)  # a folder HF datasets reads: its train split only
+    return tmp / "mine"
+
+
 def classify(env, tmp: Path, *extra: str, out: Path | None = None) -> list[str]:
     return ["--model-config", "widenet-vit-digits", "--dataset", "digits", "--deepspeed-config", str(VISION_CONFIG),
             "--output-dir", str(out or tmp / "out"), "--max-steps", "2", "--workers", "0", "--no-progress-bar",
             "--no-tensorboard", *extra]
 
 
+# Entries whose every refusal comes before any rank builds a model (some of the others' come from DeepSpeed's own
+# checks of its JSON, once the model exists)
+REFUSED_BEFORE_THE_MODEL = {"text-classification"}
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
-    entry: str                                   # widenet-ds | pretrain | glue | squad | classify | launch | launcher |
+    entry: str                                   # widenet-ds | launch | launcher | a task of the table |
     #                                              preflight (a preflight's rank) | sbatch (slurm/train.sbatch)
     argv: Callable[[dict, Path], list[str]]      # (earlier run, this row's folder) -> arguments
     pattern: str                                 # what the message must say (regex, case-insensitive)
@@ -639,6 +685,84 @@ CASES = [
       r"--branch-parallel 2: the model has one branch.*does not divide the 1 rank"),
     C("classify-ds-json-broken", "classify", lambda e, t: classify(e, t, "--deepspeed-config",
       str(write(t / "ds.json", '{"a": 1,'))), r"ds\.json is not valid JSON"),
+    # ---- finetuning on your own labelled texts (text-classification): settings, files, their contents ----
+    C("own-data-nothing-to-train-on", "text-classification", lambda e, t: own_data(e, t, train=None, validation=None),
+      r"nothing to train on: pass --train-file and --validation-file, a --data folder holding train\.EXT"),
+    C("own-data-dataset-and-files", "text-classification", lambda e, t: own_data(e, t, "--dataset", "imdb"),
+      r"--dataset reads the HF dataset's own splits; drop --train-file and --validation-file"),
+    C("own-data-data-hf", "text-classification", lambda e, t: own_data(e, t, "--data", "hf", train=None,
+      validation=None), r"--data hf: name the HF dataset with --dataset NAME\[@CONFIG\] instead"),
+    C("own-data-spreadsheet-file", "text-classification", lambda e, t: own_data(e, t, train_name="train.xlsx"),
+      r"--train-file .*train\.xlsx: \.xlsx is no format this task reads; save it as \.csv, \.tsv, \.jsonl"),
+    C("own-data-label-among-the-texts", "text-classification", lambda e, t: own_data(e, t, "--label-field",
+      "sentence"), r"--label-field sentence is also one of --text-fields"),
+    C("own-data-three-text-fields", "text-classification", lambda e, t: own_data(e, t, "--text-fields", "a,b,c"),
+      r"--text-fields: 'a,b,c': expected one field name, or two different ones for a pair"),
+    C("own-data-train-file-missing", "text-classification", lambda e, t: own_data(e, t, "--train-file",
+      str(t / "none.csv")), r"--train-file .*none\.csv does not exist"),
+    C("own-data-folder-without-validation", "text-classification", lambda e, t: own_data(e, t, "--data",
+      str(write(t / "d" / "train.csv", SENTENCES).parent), train=None, validation=None),
+      r"no validation file: pass --validation-file, or a --data folder holding validation\.EXT or dev\.EXT"),
+    C("own-data-folder-with-two-training-files", "text-classification", lambda e, t: own_data(e, t, "--data", str(
+      files_in(t / "d", "train.csv", "train.jsonl", "dev.csv")), train=None, validation=None),
+      r"--data .*d holds train\.csv and train\.jsonl: pass --train-file to choose one"),
+    C("own-data-data-is-a-file", "text-classification", lambda e, t: own_data(e, t, "--data", str(write(
+      t / "all.csv", SENTENCES)), train=None, validation=None), r"--data .*all\.csv is a file; pass it as --train-file"),
+    C("own-data-missing-text-field", "text-classification", lambda e, t: own_data(e, t, "--text-fields", "text"),
+      r"train\.csv has no field 'text'; its fields: sentence, label\. Name the text and label fields with "
+      r"--text-fields"),
+    C("own-data-missing-label-field-in-validation", "text-classification", lambda e, t: own_data(
+      e, t, validation="sentence,sentiment\nfine,1\n"),
+      r"validation\.csv has no field 'label'; its fields: sentence, sentiment\. .*with --label-field"),
+    C("own-data-validation-label-training-never-saw", "text-classification", lambda e, t: own_data(
+      e, t, train="sentence,label\na,positive\nb,negative\n", validation="sentence,label\na,positive\nb,neutral\n"),
+      r"validation\.csv: label\(s\) 'neutral' \(line 3\) never appear in the training file .*train\.csv, so the "
+      r"model has no class for them \(its classes: negative, positive\)"),
+    C("own-data-empty-file", "text-classification", lambda e, t: own_data(e, t, train=""),
+      r"train\.csv is empty; pass a file with a header and labelled rows"),
+    C("own-data-header-only", "text-classification", lambda e, t: own_data(e, t, validation="sentence,label\n"),
+      r"validation\.csv holds no examples \(a header only\)"),
+    C("own-data-labels-mixing-numbers-and-text", "text-classification", lambda e, t: own_data(
+      e, t, train="sentence,label\na,1\nb,positive\nc,0\n"),
+      r"train\.csv: the label field 'label' mixes numbers \(line 2: 1\) and text \(line 3: 'positive'\)"),
+    C("own-data-latin-1-file", "text-classification", lambda e, t: own_data(
+      e, t, train="sentence,label\nfine,1\ncaf\u00e9 film,0\n".encode("latin-1")),
+      r"train\.csv is not UTF-8 text: line 3 holds the byte 0xe9.*Convert it to UTF-8: iconv -f latin1 -t utf8 "
+      r".*train\.csv > .*train\.utf8\.csv"),
+    C("own-data-utf-16-file", "text-classification", lambda e, t: own_data(e, t, train=SENTENCES.encode("utf-16")),
+      r"train\.csv is not UTF-8 text.*UTF-16 .*iconv -f utf16 -t utf8"),
+    C("own-data-one-class", "text-classification", lambda e, t: own_data(e, t, train="sentence,label\na,1\nb,1\n",
+      validation="sentence,label\na,1\n"), r"train\.csv: every label is '1'; a classifier needs examples of two"),
+    C("own-data-scores-as-classes", "text-classification", lambda e, t: own_data(
+      e, t, train="sentence,label\na,3.8\nb,1\n"),
+      r"the labels are numbers with fractions \(line 2: 3\.8\), scores rather than classes; pass --regression"),
+    C("own-data-regression-of-class-names", "text-classification", lambda e, t: own_data(
+      e, t, "--regression", train="sentence,label\na,good\nb,bad\n"),
+      r"--regression predicts numbers, but the labels are text \(line 2: 'good'\); drop --regression"),
+    C("own-data-csv-row-with-an-unquoted-comma", "text-classification", lambda e, t: own_data(
+      e, t, train="sentence,label\nfine,1\nlong, dull film,0\n"),
+      r"train\.csv, line 3: 3 fields where the header \(line 1\) has 2; quote a field that holds commas"),
+    C("own-data-header-naming-a-column-twice", "text-classification", lambda e, t: own_data(
+      e, t, train="sentence,label,label\nfine,1,0\n"), r"train\.csv, line 1: the header names 'label' twice"),
+    C("own-data-rows-without-a-label", "text-classification", lambda e, t: own_data(
+      e, t, train="sentence,label\nfine,1\ndull, \nok,0\n"),
+      r"train\.csv: 1 row\(s\) without a label in 'label' \(line 3\); label every example"),
+    C("own-data-json-lines-not-json", "text-classification", lambda e, t: own_data(
+      e, t, train='{"sentence": "fine", "label": 1}\n{"sentence": "dull", label: 0}\n', train_name="train.jsonl"),
+      r"train\.jsonl, line 2: not JSON \(Expecting property name"),
+    C("own-data-json-lines-not-objects", "text-classification", lambda e, t: own_data(
+      e, t, train='["fine", 1]\n', train_name="train.jsonl"), r"train\.jsonl, line 1: a JSON list, not an object"),
+    C("own-data-parquet-not-parquet", "text-classification", lambda e, t: own_data(e, t, train_name="train.parquet"),
+      r"train\.parquet cannot be read as Parquet"),
+    C("own-data-text-field-of-numbers", "text-classification", lambda e, t: own_data(e, t, train=parquet(
+      [{"sentence": 5, "label": "a"}, {"sentence": 6, "label": "b"}]), train_name="train.parquet"),
+      r"train\.parquet, row 0: the text field 'sentence' holds 5 \(int\), not a text"),
+    C("own-data-hf-dataset-unreadable", "text-classification", lambda e, t: own_data(
+      e, t, "--dataset", str(mkdir(t / "empty")), train=None, validation=None),
+      r"--dataset .*empty: HF datasets could not read it \(EmptyDatasetError"),
+    C("own-data-hf-dataset-without-validation", "text-classification", lambda e, t: own_data(
+      e, t, "--dataset", str(hf_folder_without_validation(t)), train=None, validation=None),
+      r"--dataset .*mine has no validation split \(its splits: train\); pass the files of both"),
     # ---- widenet-ds launch: refused before anything starts ----
     C("launch-zero-ranks", "launch", lambda e, t: ["pretrain", "--num-ranks", "0", "--", "--x"],
       r"--num-ranks/--num-gpus: '0' must be a whole number >= 1"),
@@ -909,8 +1033,8 @@ def run_entry(entry: str, argv: list[str], capsys) -> tuple[int, str]:
 
 def test_the_table_covers_every_entry_with_60_distinct_cases():
     assert len({case.id for case in CASES}) == len(CASES) >= 60
-    assert {case.entry for case in CASES} == {"widenet-ds", "pretrain", "glue", "squad", "classify", "launch",
-                                              "launcher", "preflight", "sbatch"}
+    assert {case.entry for case in CASES} == {"widenet-ds", "launch", "launcher", "preflight", "sbatch",
+                                              *TASKS}  # every task has rows
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
@@ -929,6 +1053,8 @@ def test_bad_input_fails_with_one_clear_error_and_touches_no_earlier_file(case, 
     assert code == 2, f"exit status {code}, expected 2 (a user error):\n{output[-3000:]}"
     assert re.search(case.pattern, output, re.IGNORECASE | re.DOTALL), f"message does not name the problem:\n{output[-3000:]}"
     assert "Traceback" not in output, output[-3000:]
+    if case.entry in REFUSED_BEFORE_THE_MODEL:
+        assert "building the model" not in output, f"refused only once a rank built its model:\n{output[-3000:]}"
     errors = [line for line in output.splitlines() if re.search(r"\berror\b", line, re.IGNORECASE)]
     assert len(errors) <= 1, f"more than one error line:\n{output[-3000:]}"
     assert not (tmp_path / "out" / "metrics.jsonl").exists() and not (tmp_path / "ft" / "results.json").exists()

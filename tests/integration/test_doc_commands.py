@@ -31,8 +31,7 @@ VENV_LINE = "source .venv/bin/activate"
 CHEAP = [".venv/bin/widenet-ds params"]  # run as written, in the checkout
 SCRIPT_TASKS = {"pretrain/run_pretrain.py": "pretrain", "finetune/run_glue.py": "glue",
                 "finetune/run_squad.py": "squad"}
-LAUNCHER_TASKS = {"pretrain": "pretrain", "glue": "glue", "squad": "squad", "classify": "classify",
-                  "vision": "classify"}
+LAUNCHER_ALIASES = {"vision": "classify"}  # launcher.sh's older name of a task
 SBATCH_ADDS = ["--output-dir", "runs/sbatch-job", "--resume", "--no-progress-bar"]  # what slurm/train.sbatch adds
 
 
@@ -136,10 +135,13 @@ def check_launch(args: list[str], what: str) -> None:
 
 def check_widenet_ds(args: list[str], what: str) -> None:
     from widenet_ds.cli import SUBCOMMANDS
+    from widenet_ds.tasks import TASKS
 
-    assert args and args[0] in SUBCOMMANDS, f"{what}: no such widenet-ds command"
+    assert args and (args[0] in SUBCOMMANDS or args[0] in TASKS), f"{what}: no such widenet-ds command"
     name, rest = args[0], args[1:]
-    if name == "launch":
+    if name in TASKS:  # `widenet-ds TASK ...` is `widenet-ds launch TASK ...`
+        check_launch(args, what)
+    elif name == "launch":
         check_launch(rest, what)
     elif name == "train":
         check_task(rest[0], rest[1:], what)
@@ -206,8 +208,8 @@ def check_launcher(args: list[str], what: str) -> None:
         assert not rest, what
     elif name == "test":
         check_test_paths([arg for arg in rest if arg != "--fast"], what)
-    elif name in LAUNCHER_TASKS:
-        check_launch([LAUNCHER_TASKS[name], *rest], what)
+    elif name in LAUNCHER_ALIASES:
+        check_launch([LAUNCHER_ALIASES[name], *rest], what)
     else:
         check_widenet_ds(args, what)
 

@@ -2,13 +2,14 @@
 loaded in a fresh virtualenv that has torch, transformers and safetensors (+ Pillow, which transformers' image
 pipelines need, and accelerate, which its Trainer needs) and neither widenet-ds nor DeepSpeed.
 
-Runs (2 launcher ranks each, but SQuAD's): pretraining of widenet-tiny-e4 with ep_size 2; SST-2 finetuning with
-ep_size 2 and --save-model; a short SQuAD run with --save-model (1 rank, in this process); ViT-WideNet on digits
-with ep_size 2. On the transformers
-side (tests/scripts/hf_fresh_venv_side.py, in the fresh venv's python):
+Runs (2 launcher ranks each, but SQuAD's and text-classification's): pretraining of widenet-tiny-e4 with ep_size 2;
+SST-2 finetuning with ep_size 2 and --save-model; a short SQuAD run and a text-classification run on SST-2 as a
+user's CSVs (its classes named in words) with --save-model (1 rank each, in this process); ViT-WideNet on digits
+with ep_size 2. On the transformers side (tests/scripts/hf_fresh_venv_side.py, in the fresh venv's python):
   1. AutoModelForMaskedLM / ForPreTraining / ForSequenceClassification / ForQuestionAnswering /
      ForImageClassification give our model's eval outputs within 1e-5, with both dispatches and with eval
-     dropping; pipeline("fill-mask") and pipeline("image-classification") give our predictions and scores;
+     dropping; pipeline("fill-mask"), pipeline("image-classification") and pipeline("text-classification")
+     (the user's class names) give our predictions and scores;
   2. the SST-2 model scored with transformers on the dev set gives the accuracy our run reported;
   3. three Trainer steps on the masked-LM model lower its loss (aux loss included);
   4. (in this process) to-hf -> from-hf of the real runs is bit-identical.
@@ -35,6 +36,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.support.labelled_files import glue_rows, write_rows
 from tests.support.launching import RANK_VARS, REPO, run_train
 from tests.support.pretrain_support import prepare_data, train_in_process
 from widenet_ds.checkpoint.source import CONVERT, CheckpointSource, load_pretrained
@@ -46,6 +48,7 @@ from widenet_ds.model.widenet import (
     WideNetForSequenceClassification,
 )
 from widenet_ds.portable.format import read_folder
+from widenet_ds.tasks.finetune.features import encode_pairs
 from widenet_ds.vision.augment import normalize
 from widenet_ds.vision.datasets import digits
 from widenet_ds.vision.model import ViTWideNetForImageClassification
@@ -151,12 +154,21 @@ def runs(tmp_path_factory, shared_data) -> dict[str, Path]:
         "--allow-recipe-mismatch", "--max-steps", "3", "--max-train-examples", "32", "--max-eval-examples", "32",
         "--max-seq-length", "128", "--doc-stride", "32", "--save-model", "--output-dir", str(root / "squad"),
         *COMMON]) is not None
+    words = {"0": "negative", "1": "positive"}  # SST-2 as a user's own CSVs, its classes named in words
+    for split, file in (("train", "train.csv"), ("dev", "validation.csv")):
+        write_rows(root / "reviews" / file, [{"review": row["sentence"], "sentiment": words[row["label"]]}
+                                             for row in glue_rows(shared_data / "glue" / "SST-2" / f"{split}.tsv")[1]])
+    assert train_in_process("text-classification", [
+        "--data", str(root / "reviews"), "--text-fields", "review", "--label-field", "sentiment", "--tokenizer", vocab,
+        "--model-config", "widenet-tiny-e4", "--deepspeed_config", str(REPO / "ds_configs" / "finetune_cpu_small.json"),
+        "--allow-recipe-mismatch", "--max-steps", "30", "--max-train-examples", "1024", "--max-eval-examples", "64",
+        "--max-seq-length", "64", "--save-model", "--output-dir", str(root / "own"), *COMMON]) is not None
     run_train("classify", ["--model-config", "widenet-vit-digits", "--dataset", "digits", "--ep-size", "2",
                            "--deepspeed_config", str(root / "vision_ds.json"), "--max-steps", "30",
                            "--eval-interval", "0", "--max-eval-examples", "64", "--workers", "0",
                            "--output-dir", str(root / "classify"), *COMMON])
     return {"pretrain": root / "pretrain", "sst2": root / "sst2", "squad": root / "squad",
-            "classify": root / "classify"}
+            "classify": root / "classify", "own": root / "own"}
 
 
 # --- our side: the folders and our model's eval outputs ---------------------------------------------------
@@ -211,7 +223,7 @@ PARITY = [
 def weights_source(runs: dict[str, Path], run: str) -> Path:
     """What to-hf converts: the DeepSpeed checkpoints of pretraining and images (ep 2), the finetuned models'
     folders (--save-model; finetuning removes a seed's checkpoints once it is done)."""
-    return runs[run] / "seed1234" / "model" if run in ("sst2", "squad") else runs[run]
+    return runs[run] / "seed1234" / "model" if run in ("sst2", "squad", "own") else runs[run]
 
 
 @pytest.fixture(scope="module")
@@ -280,6 +292,19 @@ def hf_side(runs, exported, digit_images, fresh_hf_python, shared_data, tmp_path
     job["image_classification"] = {"folder": str(exported["classify"]), "images": [str(p) for p in digit_images[0]],
                                    "top_k": 3}
 
+    # text-classification: our model's class probabilities of dev sentences, one a call as the pipeline runs them
+    sentences = [row["sentence"] for row in glue_rows(shared_data / "glue" / "SST-2" / "dev.tsv")[1][:8]]
+    model, _ = load_pretrained(WideNetForSequenceClassification, weights_source(runs, "own"))
+    model.ensure_process_groups()
+    tokenizer = load_tokenizer(weights_source(runs, "own") / "tokenizer.json")
+    with torch.no_grad():
+        ours["text_probs"] = []
+        for sentence in sentences:
+            encoded = encode_pairs(tokenizer, [sentence], None, 64)
+            ids, types = torch.tensor(encoded.input_ids), torch.tensor(encoded.token_type_ids)
+            ours["text_probs"].append(torch.softmax(model.eval()(ids, types, torch.ones_like(ids)).logits[0], dim=-1))
+    job["text_classification"] = {"folder": str(exported["own"]), "texts": sentences}
+
     job["sst2"] = {"folder": str(exported["sst2"]), "dev": str(shared_data / "glue" / "SST-2" / "dev.tsv"),
                    "max_length": 64}
     corpus = (shared_data / "glue" / "SST-2" / "dev.tsv").read_text().splitlines()[1:9]
@@ -324,6 +349,22 @@ def test_image_classification_pipeline_gives_our_predictions(hf_side):
         assert max(abs(r["score"] - p) for r, p in zip(results, top.values.tolist())) <= 1e-5
 
 
+def test_the_text_classification_pipeline_names_the_classes_of_the_users_file(hf_side, exported, tmp_path):
+    """A model finetuned on a user's own CSV (text-classification, classes named in words): its HF export's id2label
+    holds those names, pipeline("text-classification") prints them with our model's probabilities, and from-hf
+    keeps them."""
+    theirs = hf_side["theirs"]["text_classification"]
+    assert theirs["id2label"] == {"0": "negative", "1": "positive"}
+    names = ["negative", "positive"]
+    for probs, result in zip(hf_side["ours"]["text_probs"], theirs["results"]):
+        assert result["label"] == names[int(probs.argmax())], (result, probs)
+        assert abs(result["score"] - float(probs.max())) <= 1e-5
+    assert len(theirs["results"]) == 8
+    assert widenet_ds(["convert", "from-hf", str(exported["own"]), str(tmp_path / "back")]) == 0
+    assert read_folder(tmp_path / "back").provenance["label_names"] == names
+    assert "- task: text-classification" in (exported["own"] / "README.md").read_text()
+
+
 def test_sst2_scored_with_transformers_gives_the_accuracy_our_run_reported(runs, hf_side):
     reported = json.loads((runs["sst2"] / "results.json").read_text())["per_seed"][0]["metrics"]["dev"]["acc"]
     theirs = hf_side["theirs"]["sst2"]
@@ -357,7 +398,7 @@ def test_model_cards_say_what_the_runs_were(runs, exported):
     assert "test/accuracy" in image_card and "- dataset: digits" in image_card
 
 
-@pytest.mark.parametrize("run", ["pretrain", "sst2", "classify"])
+@pytest.mark.parametrize("run", ["pretrain", "sst2", "classify", "own"])
 def test_real_runs_round_trip_bit_identical(runs, exported, run, tmp_path):
     assert widenet_ds(["convert", "from-hf", str(exported[run]), str(tmp_path / "back")]) == 0
     original, back = CheckpointSource.open(weights_source(runs, run), "source", purpose=CONVERT).read_weights(), read_folder(tmp_path / "back")

@@ -49,6 +49,15 @@ def image_classification(case: dict) -> list[list[dict]]:
             for result in pipe(images, top_k=case["top_k"])]
 
 
+def text_classification(case: dict) -> dict:
+    """pipeline("text-classification") on texts, one a call: each one's top class by its name, and its score."""
+    pipe = transformers.pipeline("text-classification", model=case["folder"], trust_remote_code=True)
+    results = [pipe(text)[0] for text in case["texts"]]
+    print("text-classification:", results)
+    return {"results": [{"label": r["label"], "score": r["score"]} for r in results],
+            "id2label": pipe.model.config.id2label}
+
+
 def sst2_accuracy(case: dict) -> dict:
     """The dev set scored as a user would: AutoTokenizer + AutoModelForSequenceClassification, argmax."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(case["folder"], trust_remote_code=True)
@@ -102,6 +111,7 @@ def main(job_path: str, result_path: str) -> None:
               "parity": {name: parity(case) for name, case in job["parity"].items()},
               "fill_mask": fill_mask(job["fill_mask"]),
               "image_classification": image_classification(job["image_classification"]),
+              "text_classification": text_classification(job["text_classification"]),
               "sst2": sst2_accuracy(job["sst2"]),
               "trainer": trainer_steps(job["trainer"])}
     json.dump(result, open(result_path, "w"), indent=2)

@@ -42,7 +42,8 @@ def test_every_flag_has_one_meaning_and_the_doc_table_is_current():
 
 def test_the_shared_flags_parse_alike_in_every_task(tmp_path):
     extra = {"pretrain": ["--data", str(tmp_path)], "glue": ["--data", "hf", "--glue-task", "sst2"],
-             "squad": ["--data", "hf", "--version", "1.1"], "classify": ["--dataset", "digits"]}
+             "squad": ["--data", "hf", "--version", "1.1"], "classify": ["--dataset", "digits"],
+             "text-classification": ["--dataset", "imdb"]}
     for task, spec in TASKS.items():
         cfg = parse(spec.config, [*_common(tmp_path), "--model-config", "widenet-tiny-e4", "--set", "moe.top_k=1",
                            "--set", "hidden_dropout=0.1", "--resume", "--compile", "--stage-steps", "3,5",
@@ -58,7 +59,9 @@ def test_a_configuration_written_as_a_command_line_parses_back_to_itself(tmp_pat
     extra = {"pretrain": ["--data", str(tmp_path), "--max-steps", "7"],
              "glue": ["--data", "hf", "--glue-task", "sst2", "--seeds", "2", "--predict-test"],
              "squad": ["--data", "hf", "--version", "2.0", "--doc-stride", "64"],
-             "classify": ["--dataset", "digits", "--flip", "--randaugment", "2,15"]}
+             "classify": ["--dataset", "digits", "--flip", "--randaugment", "2,15"],
+             "text-classification": ["--train-file", "t.csv", "--validation-file", "v.jsonl", "--text-fields", "a,b",
+                                     "--label-field", "score", "--regression"]}
     for task, spec in TASKS.items():
         for argv in ([*_common(tmp_path), *extra[task], "--model-config", "widenet-tiny-e4"],
                      [*_common(tmp_path), *extra[task], "--model-config", "widenet-tiny-e4", "--set", "moe.top_k=1",

@@ -25,7 +25,7 @@ from widenet_ds.engine.extensions import announce_op_builds
 from widenet_ds.errors import ConfigError, WideNetError, mark_same_on_every_rank
 from widenet_ds.fs.disk_space import DiskFullError
 from widenet_ds.fs.run_lock import FolderLockedError, folder_lock
-from widenet_ds.run.trainers import TRAINERS
+from widenet_ds.run.trainers import trainer_of
 from widenet_ds.training.environment import check_every_rank, check_run
 from widenet_ds.training.preemption import StopRequest
 from widenet_ds.training.run_config import LATEST, RunConfig
@@ -62,7 +62,7 @@ def run_task(cfg: RunConfig) -> Any:
                 except WideNetError as err:
                     raise mark_same_on_every_rank(err)
             say(f"{torch_dist.get_world_size()} rank(s); checking the data, model config and DeepSpeed JSON")
-            result = TRAINERS[type(cfg)](cfg, init_source, stop)  # (finetuning: one trainer per seed)
+            result = trainer_of(cfg.TASK)(cfg, init_source, stop)  # (finetuning: one trainer per seed)
             # Every rank leaves together: a rank tearing its gloo group down while another still writes the
             # results (rank 0) aborts at exit ("terminate called without an active exception"). No watch after it:
             # the rendezvous store it beats into ends with rank 0.

@@ -1,10 +1,10 @@
-"""What trains each task, keyed by the class of its settings: the one list of the tasks' trainers (the table of
-their names, widenet_ds/tasks/, is torch-free; this is the half that imports the training code, as torchtitan's
-models/__init__.py imports every model). A task trains as one run of its `Task`, or, finetuning, as a sweep of
-`FinetuneTask`s over the seeds on what it finetunes on."""
+"""What trains each task: the class its row of the task table (widenet_ds/tasks/) names by its import path, imported
+here (the table is torch-free; the class imports the training code). A `Task` trains as one run; a `Finetuning`
+(what a finetuning task finetunes on) as a sweep of `FinetuneTask`s over the seeds."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,15 +14,8 @@ import torch.distributed as torch_dist
 from widenet_ds.checkpoint.source import CheckpointSource
 from widenet_ds.distributed.console import say
 from widenet_ds.run.sweep import SeedSweep
-from widenet_ds.tasks.classify.config import ClassifyConfig
-from widenet_ds.tasks.classify.task import ClassifyTask
+from widenet_ds.tasks import TASKS
 from widenet_ds.tasks.finetune.finetuning import Finetuning
-from widenet_ds.tasks.glue.config import GlueConfig
-from widenet_ds.tasks.glue.finetuning import GlueFinetuning
-from widenet_ds.tasks.pretrain.config import PretrainConfig
-from widenet_ds.tasks.pretrain.task import PretrainTask
-from widenet_ds.tasks.squad.config import SquadConfig
-from widenet_ds.tasks.squad.finetuning import SquadFinetuning
 from widenet_ds.training.plan import plan_task
 from widenet_ds.training.preemption import StopRequest
 from widenet_ds.training.run_config import RunConfig
@@ -58,9 +51,8 @@ class OverSeeds:
         return SeedSweep(cfg, self.finetuning(cfg), init_source).run(stop)
 
 
-TRAINERS: dict[type[RunConfig], Train] = {
-    PretrainConfig: OneRun(PretrainTask),
-    GlueConfig: OverSeeds(GlueFinetuning),
-    SquadConfig: OverSeeds(SquadFinetuning),
-    ClassifyConfig: OneRun(ClassifyTask),
-}
+def trainer_of(task: str) -> Train:
+    """What trains the task named `task`: its row's class, imported."""
+    module, _, name = TASKS[task].trains.partition(":")
+    trains = getattr(importlib.import_module(module), name)
+    return OneRun(trains) if issubclass(trains, Task) else OverSeeds(trains)

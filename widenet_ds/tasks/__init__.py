@@ -1,13 +1,12 @@
-"""The training tasks, one package each (pretrain/, classify/, glue/, squad/; finetune/ holds what the finetuning
-tasks share) and one row each in the one table of their names. A row is the task's settings (a `RunConfig`
-subclass: its TASK is the name `python -m widenet_ds.train NAME` takes and run_config.json records, its DESCRIPTION
-the task's line of `--help`) and the type of its results.json. `python -m widenet_ds.train`, `widenet-ds launch`,
-the run folder's readers and the report list and tell apart the tasks from here; what trains each one is the run
-layer's (widenet_ds/run/trainers.py, keyed by the settings' class). A new task is its package, its row here and its
-trainer's row there.
+"""The training tasks, one package each (finetune/ holds what the finetuning tasks share), and one row each in the one
+table of their names. A row is the task's settings (a `RunConfig` subclass: its TASK is the name `python -m
+widenet_ds.train NAME` takes and run_config.json records, its DESCRIPTION the task's line of `--help`), the type of
+its results.json, and what trains it, named by its import path (the run layer imports it: widenet_ds/run/trainers.py).
+`python -m widenet_ds.train`, `widenet-ds launch`, the run folder's readers and the report list and tell apart the
+tasks from here. A new task is its package and its row here.
 
-Imports neither torch nor DeepSpeed (the settings and results are plain values): the launcher and the report read
-it on machines that only have run folders.
+Imports neither torch nor DeepSpeed (the settings and results are plain values, the trainer a name): the launcher
+and the report read it on machines that only have run folders.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from widenet_ds.tasks.glue.config import GlueConfig
 from widenet_ds.tasks.pretrain.config import PretrainConfig
 from widenet_ds.tasks.pretrain.results import PretrainResults
 from widenet_ds.tasks.squad.config import SquadConfig
+from widenet_ds.tasks.text_classification.config import TextClassificationConfig
 from widenet_ds.training.run_config import RunConfig
 
 
@@ -32,6 +32,9 @@ class TaskSpec:
 
     config: type[RunConfig]  # its settings; `config.TASK` is its name
     results: type[PretrainResults | ClassifyResults | FinetuneResults]  # its results.json (finetuning: the seeds')
+    # "module:Class" in the task's package: a `Task` (trained as one run) or a `Finetuning` (a sweep over the seeds);
+    # a name, not the class, as the class imports torch
+    trains: str
 
     @property
     def name(self) -> str:
@@ -44,10 +47,12 @@ class TaskSpec:
 
 
 TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
-    TaskSpec(PretrainConfig, PretrainResults),
-    TaskSpec(GlueConfig, FinetuneResults),
-    TaskSpec(SquadConfig, FinetuneResults),
-    TaskSpec(ClassifyConfig, ClassifyResults),
+    TaskSpec(PretrainConfig, PretrainResults, "widenet_ds.tasks.pretrain.task:PretrainTask"),
+    TaskSpec(GlueConfig, FinetuneResults, "widenet_ds.tasks.glue.finetuning:GlueFinetuning"),
+    TaskSpec(SquadConfig, FinetuneResults, "widenet_ds.tasks.squad.finetuning:SquadFinetuning"),
+    TaskSpec(ClassifyConfig, ClassifyResults, "widenet_ds.tasks.classify.task:ClassifyTask"),
+    TaskSpec(TextClassificationConfig, FinetuneResults,
+             "widenet_ds.tasks.text_classification.finetuning:TextClassificationFinetuning"),
 )}
 
 

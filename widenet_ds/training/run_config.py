@@ -54,6 +54,10 @@ DATA_HELP = ("the training data: pretraining, a prepared folder (`widenet-ds pre
          "evaluation's); finetuning, the task's files in their original format (a folder or file) or `hf` for HF "
          "datasets; images, the --dataset's folder (fashion-mnist default: /usr/share/datasets/fashion-mnist)")
 EVAL_SUBSET_HELP = "evaluate on the first N examples of the evaluation split only"
+DATASET_HELP = ("the dataset to train on: images, fashion-mnist (Debian's dataset-fashion-mnist), digits (sklearn, "
+                "8x8), cifar10/cifar100 (torchvision layout), imagenet-folder (ImageFolder) or hf (a HF datasets "
+                "folder in --data); labelled texts, a HF dataset NAME[@CONFIG] (a hub name or a local folder) with its "
+                "train and validation splits")
 
 
 class InvalidConfig(ConfigError):

@@ -11,7 +11,7 @@ from typing import ClassVar, Literal
 from widenet_ds.errors import ConfigError
 from widenet_ds.tasks.classify.results import ClassifyResults
 from widenet_ds.training.flags import flag
-from widenet_ds.training.run_config import DATA_HELP, EVAL_SUBSET_HELP, MONITORING, RunConfig, missing
+from widenet_ds.training.run_config import DATA_HELP, DATASET_HELP, EVAL_SUBSET_HELP, MONITORING, RunConfig, missing
 from widenet_ds.vision.augment_config import AugmentConfig
 from widenet_ds.vision.config import VisionConfig
 from widenet_ds.vision.datasets import DATASETS, data_fix
@@ -42,9 +42,8 @@ class ClassifyConfig(RunConfig):
     MODEL: ClassVar[type[VisionConfig]] = VisionConfig
     PATH_SETTINGS: ClassVar[frozenset[str]] = RunConfig.PATH_SETTINGS | {"data"}
 
-    dataset: Literal[DATASETS] = field(default="fashion-mnist", metadata=flag(  # type: ignore[valid-type]
-        "fashion-mnist (Debian's dataset-fashion-mnist), digits (sklearn, 8x8), cifar10/cifar100 (torchvision "
-        "layout), imagenet-folder (ImageFolder), hf (datasets)"))
+    dataset: Literal[DATASETS] = field(  # type: ignore[valid-type]
+        default="fashion-mnist", metadata=flag(DATASET_HELP))
     data: Path | None = field(default=None, metadata=flag(DATA_HELP))
     epochs: float | None = field(default=None, metadata=flag("passes over the train split instead of --max-steps"))
     max_eval_examples: int | None = field(default=None, metadata=flag(EVAL_SUBSET_HELP, metavar="N",

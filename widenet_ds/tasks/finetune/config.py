@@ -21,6 +21,10 @@ from widenet_ds.training.run_config import (
     missing,
 )
 
+# The help of flags several finetuning tasks take: one meaning per flag (docs/flags.md).
+TRAIN_FILE_HELP = ("the file to train on, in the task's format (default: the task's training file in --data; SQuAD: "
+                   "train-v<version>.json, or --data itself when it is a file)")
+
 
 @dataclass(kw_only=True)
 class FinetuneConfig(RunConfig):

@@ -18,6 +18,7 @@ from widenet_ds.tasks.finetune.recipe import FinetuneRecipe
 from widenet_ds.tasks.glue.config import GlueConfig
 from widenet_ds.tasks.glue.datasets import (
     GLUE_DATASETS,
+    GlueDataset,
     get_glue_dataset,
     glue_split_path,
     load_glue_split,
@@ -27,8 +28,8 @@ from widenet_ds.tasks.glue.metrics import glue_metrics
 from widenet_ds.tasks.glue.recipes import GLUE_RECIPES
 
 
-def _glue_predictions(dataset, engine, features, batching: Batching) -> np.ndarray:
-    """Class indices (argmax), or scores for regression, in dataset order."""
+def glue_predictions(dataset: GlueDataset, engine, features, batching: Batching) -> np.ndarray:
+    """Class indices (argmax), or scores for regression, in dataset order (collective)."""
     logits = np.stack(predict(engine, features, batching, ("logits",))["logits"])
     return logits[:, 0] if dataset.is_regression else logits.argmax(axis=1)
 
@@ -71,7 +72,7 @@ class GlueFinetuning:
         return Prepared(train, evals, notes)
 
     def evaluate(self, engine, split: str, features, batching: Batching, out_dir: Path) -> dict[str, float]:
-        preds = _glue_predictions(self.dataset, engine, features, batching)
+        preds = glue_predictions(self.dataset, engine, features, batching)
         if torch_dist.get_rank() == 0:
             write_glue_predictions(self.dataset, split, features.guids, preds.tolist(), out_dir)
         return glue_metrics(self.dataset, preds, features.labels)
@@ -96,7 +97,7 @@ class GlueFinetuning:
                 lines.append(f"no AX.tsv near {data_path}: the diagnostic set is not predicted")
         for dataset, split, source in jobs:
             features = glue_features(load_glue_split(dataset, split, source), tokenizer, max_len)
-            preds = _glue_predictions(dataset, engine, features, batching)
+            preds = glue_predictions(dataset, engine, features, batching)
             if torch_dist.get_rank() == 0:
                 path = write_glue_predictions(dataset, split, features.guids, preds.tolist(), out_dir)
                 lines.append(f"{len(preds)} test predictions -> {path}")

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from widenet_ds.tasks.finetune.config import FinetuneConfig
+from widenet_ds.tasks.finetune.config import TRAIN_FILE_HELP, FinetuneConfig
 from widenet_ds.training.flags import flag
 
 NOT_SCORES = ("total", "threshold", "thresh")  # the endings of the official script's entries that are no scores
@@ -19,8 +19,7 @@ class SquadConfig(FinetuneConfig):
     PATH_SETTINGS: ClassVar[frozenset[str]] = FinetuneConfig.PATH_SETTINGS | {"train_file", "dev_file"}
 
     version: Literal["1.1", "2.0"] = field(metadata=flag("SQuAD version"))
-    train_file: str | None = field(default=None, metadata=flag(
-        "SQuAD JSON to train on (default: --data/train-v<version>.json, or --data itself when it is a file)"))
+    train_file: str | None = field(default=None, metadata=flag(TRAIN_FILE_HELP))  # a SQuAD JSON
     dev_file: str | None = field(default=None, metadata=flag(
         "SQuAD JSON to evaluate on (default: --data/dev-v<version>.json, or --data itself when it is a file)"))
     doc_stride: int | None = field(default=None, metadata=flag(
