@@ -162,7 +162,8 @@ def test_bad_and_partial_folders_are_listed_not_fatal(runs, tmp_path):
                       (no_metrics, "without metrics.jsonl"), (garbled, "no readable record"),
                       (a_file, "is not a folder"), (tmp_path / "missing", "does not exist")):
         assert f"{path}: " in proc.stderr and why in proc.stderr, (path, why, proc.stderr)
-        assert str(path) in page and why in page
+        assert f"{path.name}</code>: " in page and why in page
+    assert str(tmp_path) not in page  # each folder by its path under the runs' common folder, none of this machine
     assert json.loads((out / "report.json").read_text())["runs"][0]["name"] == "pretrain"
 
     # nothing usable at all: exit 1, and no output written

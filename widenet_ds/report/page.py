@@ -77,6 +77,10 @@ class PagePaths:
             return str(absolute.relative_to(self.root))
         return str(Path("…", *absolute.parts[-3:]))
 
+    def in_text(self, text: str) -> str:
+        """A message naming files under the runs' folder (a problem's): those paths relative to it, as `show` writes."""
+        return text.replace(f"{self.root}{os.sep}", "")
+
     def init(self, init: str | None) -> str:
         """A finetuning run's start: its checkpoint shown as a path, a preset as it is."""
         return "?" if init is None else init if init.startswith("preset:") else self.show(init)
@@ -306,7 +310,7 @@ def render(runs: list[Run], problems: list[Problem], plots: list[Plot], title: s
             f'<p class="meta">widenet-ds report, {now}, of {_e(" ".join(map(paths.show, sources)))} (paths in '
             f'{_e(paths.root.name or paths.root)}/)</p>']
     if problems:
-        items = "".join(f"<li><code>{_e(paths.show(p.path))}</code>: {_e(p.message)}</li>" for p in problems)
+        items = "".join(f"<li><code>{_e(paths.show(p.path))}</code>: {_e(paths.in_text(p.message))}</li>" for p in problems)
         body.append(f'<div class="problems" id="problems"><b>Folders not used:</b><ul>{items}</ul></div>')
     body += ["<h2>Runs</h2>", _runs_table(runs, paths)]
     if pretrain:
